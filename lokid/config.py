@@ -1,0 +1,449 @@
+"""Config files: ``lokid.toml`` and ``presets/<name>.toml`` → typed, validated values.
+
+The layout (``$LOKI_CONFIG_DIR``, default ``/etc/loki``)::
+
+    lokid.toml            engine, model_dirs, host, port
+    presets/<name>.toml   one preset per file
+
+Files are read with tomllib. Every error names the file, the line when it can
+be found, the key, and what would be valid. A broken preset is reported and
+skipped: it never hides the others (:func:`load_presets`).
+
+The ``[spec]`` table is kept raw on purpose: speculative decoding is an
+optional acceleration, so a bad value there is not a config error. The plan
+drops it with a note and the engine still starts.
+
+This module is part of the pure core: it reads files, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, NotFoundError
+
+GLOBAL_FILE = "lokid.toml"
+PRESETS_DIR = "presets"
+PRESET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+DEFAULT_ENGINE = "llama-server"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+DEFAULT_CTX = 32768
+
+GLOBAL_KEYS = ("engine", "model_dirs", "host", "port")
+PRESET_KEYS = (
+    "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
+    "extra_args", "env", "op_offload_min_batch", "spec",
+)
+SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    """``lokid.toml``: what every preset shares."""
+
+    engine: str = DEFAULT_ENGINE
+    model_dirs: tuple[str, ...] = ()
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    path: str = ""  # the file it came from, "" when absent (defaults)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """The ``[spec]`` table, raw: the plan validates it and explains what it drops.
+
+    ``None`` means the key is absent. ``unknown`` lists keys that mean nothing.
+    """
+
+    mode: object = None
+    draft: object = None
+    n_max: object = None
+    sampling: object = None
+    unknown: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One ``presets/<name>.toml``, validated."""
+
+    name: str
+    path: str
+    model: str
+    mmproj: str | None = None
+    ctx: int = DEFAULT_CTX
+    gpus: str | None = None
+    gpu_layers: str | None = None  # "N", "auto" or "all": passed to -ngl as is
+    ubatch: int | None = None
+    port: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    op_offload_min_batch: int | None = None
+    spec: SpecConfig = field(default_factory=SpecConfig)
+
+
+def valid_preset_name(name: str) -> bool:
+    return PRESET_NAME_RE.fullmatch(name) is not None
+
+
+def check_preset_name(name: str) -> None:
+    if not valid_preset_name(name):
+        raise ConfigError(
+            f"invalid preset name {name!r}: use 1 to 64 characters from A-Z a-z 0-9 _ . -, "
+            "starting with a letter or a digit"
+        )
+
+
+# --- reading TOML with locations -------------------------------------------------
+
+_TOML_AT = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def _read_toml(path: str) -> tuple[dict[str, Any], str]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ConfigError("no such file", path) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start})", path) from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as e:
+        message = str(e)
+        m = _TOML_AT.search(message)
+        line = int(m.group(1)) if m else None
+        message = _TOML_AT.sub("", message).strip()
+        raise ConfigError(f"TOML syntax error: {message}", path, line) from None
+
+
+def _key_line(text: str, key: str, table: str = "") -> int | None:
+    """The line where ``key`` is assigned (inside ``[table]`` if given), when findable.
+
+    tomllib gives no positions for values, so this scans the text. It
+    understands plain and quoted keys, ``[table]`` headers and dotted keys
+    (``spec.mode = …``); anything fancier just yields no line number.
+    """
+    current = ""
+    dotted = f"{table}.{key}" if table else key
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        header = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]\s*(#.*)?", stripped)
+        if header:
+            current = header.group(1).replace('"', "").replace("'", "").replace(" ", "")
+            continue
+        m = re.match(r"""([A-Za-z0-9_."' -]+?)\s*=""", stripped)
+        if not m:
+            continue
+        name = m.group(1).replace('"', "").replace("'", "").replace(" ", "")
+        full = f"{current}.{name}" if current else name
+        if full == dotted:
+            return number
+    return None
+
+
+class _Checker:
+    """Typed access to one parsed file, raising errors that say where and what."""
+
+    def __init__(self, path: str, text: str, data: dict[str, Any], table: str = ""):
+        self.path = path
+        self.text = text
+        self.data = data
+        self.table = table
+
+    def error(self, key: str, message: str) -> ConfigError:
+        shown = f"{self.table}.{key}" if self.table else key
+        return ConfigError(message, self.path, _key_line(self.text, key, self.table), shown)
+
+    def reject_unknown(self, known: tuple[str, ...]) -> None:
+        for key in self.data:
+            if key not in known:
+                hint = _close_match(key, known)
+                raise self.error(
+                    key, f"unknown key{hint}; valid keys: {', '.join(known)}"
+                )
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise self.error(key, f"must be a string, not {_tname(value)}")
+        if "\0" in value:
+            raise self.error(key, "must not contain a NUL character")
+        return value
+
+    def integer(self, key: str, lo: int, hi: int, what: str) -> int | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be an integer ({what}), not {_tname(value)}")
+        if not lo <= value <= hi:
+            raise self.error(key, f"{value} is out of range ({what})")
+        return value
+
+    def string_list(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list of strings, not {_tname(value)}")
+        out = []
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.error(key, f"item {i} must be a string, not {_tname(item)}")
+            if "\0" in item:
+                raise self.error(key, f"item {i} must not contain a NUL character")
+            out.append(item)
+        return tuple(out)
+
+
+def _tname(value: object) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "a table"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _close_match(key: str, known: tuple[str, ...]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _path_setting(c: _Checker, key: str, value: str) -> str:
+    """A model-like setting: a bare file name (looked up in model_dirs) or an absolute path."""
+    if not value.strip():
+        raise c.error(key, "must not be empty")
+    if "/" in value and not os.path.isabs(value):
+        raise c.error(
+            key, f"{value!r} is a relative path: use a bare file name found in model_dirs, "
+            "or an absolute path"
+        )
+    return value
+
+
+# --- lokid.toml -------------------------------------------------------------------
+
+
+def load_global(config_dir: str) -> GlobalConfig:
+    """Read ``lokid.toml``; a missing file means all defaults."""
+    path = os.path.join(config_dir, GLOBAL_FILE)
+    if not os.path.exists(path):
+        return GlobalConfig()
+    data, text = _read_toml(path)
+    c = _Checker(path, text, data)
+    c.reject_unknown(GLOBAL_KEYS)
+    engine = c.string("engine", DEFAULT_ENGINE) or ""
+    if not engine.strip():
+        raise c.error("engine", "must not be empty (the path to llama-server)")
+    if "/" in engine and not os.path.isabs(engine):
+        raise c.error("engine", f"{engine!r}: use an absolute path, or a command name found in PATH")
+    dirs = c.string_list("model_dirs")
+    for d in dirs:
+        if not os.path.isabs(d):
+            raise c.error("model_dirs", f"{d!r} is not an absolute path")
+    host = c.string("host", DEFAULT_HOST) or ""
+    if not host.strip():
+        raise c.error("host", "must not be empty (an address such as 127.0.0.1 or 0.0.0.0)")
+    port = c.integer("port", 1, 65535, "1 to 65535")
+    return GlobalConfig(
+        engine=engine, model_dirs=dirs, host=host,
+        port=DEFAULT_PORT if port is None else port, path=path,
+    )
+
+
+# --- presets ----------------------------------------------------------------------
+
+
+def preset_path(config_dir: str, name: str) -> str:
+    return os.path.join(config_dir, PRESETS_DIR, name + ".toml")
+
+
+def load_preset(config_dir: str, name: str) -> Preset:
+    """Read and validate one preset; NotFoundError when it does not exist."""
+    check_preset_name(name)
+    path = preset_path(config_dir, name)
+    if not os.path.exists(path):
+        raise NotFoundError(f"no preset {name!r} (expected {path})")
+    return parse_preset(name, path)
+
+
+def parse_preset(name: str, path: str) -> Preset:
+    data, text = _read_toml(path)
+    c = _Checker(path, text, data)
+    c.reject_unknown(PRESET_KEYS)
+
+    model = c.string("model")
+    if model is None:
+        raise ConfigError(
+            "missing required key 'model' (a file name found in model_dirs, or an absolute path)",
+            path, None, "model",
+        )
+    model = _path_setting(c, "model", model)
+    mmproj = c.string("mmproj")
+    if mmproj is not None:
+        mmproj = _path_setting(c, "mmproj", mmproj)
+
+    ctx = c.integer("ctx", 0, 2**31 - 1, "tokens; 0 = not fixed, --fit may shrink it")
+    ubatch = c.integer("ubatch", 1, 2**31 - 1, "tokens, at least 1")
+    port = c.integer("port", 1, 65535, "1 to 65535")
+    offload = c.integer("op_offload_min_batch", 0, 2**31 - 1, "tokens, 0 or more")
+    if offload is not None and "GGML_OP_OFFLOAD_MIN_BATCH" in (data.get("env") or {}):
+        raise c.error("op_offload_min_batch",
+                      "env.GGML_OP_OFFLOAD_MIN_BATCH is set too: keep only one of them")
+
+    return Preset(
+        name=name,
+        path=path,
+        model=model,
+        mmproj=mmproj,
+        ctx=DEFAULT_CTX if ctx is None else ctx,
+        gpus=_gpus(c),
+        gpu_layers=_gpu_layers(c),
+        ubatch=ubatch,
+        port=port,
+        extra_args=_extra_args(c),
+        env=_env(c),
+        op_offload_min_batch=offload,
+        spec=_spec(c),
+    )
+
+
+def _gpus(c: _Checker) -> str | None:
+    value = c.data.get("gpus")
+    if value is None:
+        return None
+    items: list[object] = value if isinstance(value, list) else [value]
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    out = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise c.error("gpus", f"must be GPU indices or UUIDs, not {_tname(item)}")
+        text = str(item).strip()
+        if isinstance(item, int) and item < 0:
+            raise c.error("gpus", f"{item} is not a GPU index (0 or more)")
+        if not re.fullmatch(r"[0-9]+|(GPU|MIG)-[A-Za-z0-9/-]+", text):
+            raise c.error(
+                "gpus", f"{text!r} is neither a GPU index nor a GPU-/MIG- UUID "
+                "(e.g. gpus = [0, 1] or gpus = \"GPU-8f6a…\")"
+            )
+        out.append(text)
+    if not out:
+        raise c.error("gpus", "is empty: list at least one GPU, or remove the key")
+    if "CUDA_VISIBLE_DEVICES" in (c.data.get("env") or {}):
+        raise c.error("gpus", "env.CUDA_VISIBLE_DEVICES is set too: keep only one of them")
+    return ",".join(out)
+
+
+def _gpu_layers(c: _Checker) -> str | None:
+    value = c.data.get("gpu_layers")
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("auto", "all"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise c.error("gpu_layers", f"{value!r} is not valid: an integer ≥ 0, \"auto\" or \"all\"")
+    return str(value)
+
+
+def _extra_args(c: _Checker) -> tuple[str, ...]:
+    args = c.string_list("extra_args")
+    for arg in args:
+        # One string per argument: "-c 4096" would reach llama-server as one
+        # unknown flag, since nothing passes through a shell.
+        if arg.startswith("-") and any(ch.isspace() for ch in arg.split("=", 1)[0]):
+            parts = ", ".join(repr(p) for p in arg.split())
+            raise c.error(
+                "extra_args", f"{arg!r} holds several arguments: write each as its own "
+                f"string, e.g. [{parts}]"
+            )
+    return args
+
+
+def _env(c: _Checker) -> dict[str, str]:
+    value = c.data.get("env")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise c.error("env", f"must be a table of NAME = \"value\", not {_tname(value)}")
+    out = {}
+    for key, item in value.items():
+        if not ENV_NAME_RE.fullmatch(key):
+            raise c.error("env", f"{key!r} is not a valid environment variable name")
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise c.error("env", f"{key}: must be a string or an integer, not {_tname(item)}")
+        text = str(item)
+        if "\0" in text:
+            raise c.error("env", f"{key}: must not contain a NUL character")
+        out[key] = text
+    return out
+
+
+def _spec(c: _Checker) -> SpecConfig:
+    value = c.data.get("spec")
+    if value is None:
+        return SpecConfig()
+    if not isinstance(value, dict):
+        raise c.error("spec", f"must be a table ([spec]), not {_tname(value)}")
+    unknown = tuple(k for k in value if k not in SPEC_KEYS)
+    return SpecConfig(
+        mode=value.get("mode"), draft=value.get("draft"), n_max=value.get("n_max"),
+        sampling=value.get("sampling"), unknown=unknown,
+    )
+
+
+def preset_names(config_dir: str) -> list[str]:
+    """Names of every ``presets/*.toml`` file, valid or not, sorted."""
+    directory = os.path.join(config_dir, PRESETS_DIR)
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(e[:-5] for e in entries if e.endswith(".toml") and not e.startswith("."))
+
+
+def load_presets(config_dir: str) -> tuple[dict[str, Preset], dict[str, ConfigError]]:
+    """Every preset: the valid ones, and an error per broken one (never raised)."""
+    good: dict[str, Preset] = {}
+    bad: dict[str, ConfigError] = {}
+    for name in preset_names(config_dir):
+        path = preset_path(config_dir, name)
+        try:
+            check_preset_name(name)
+            good[name] = parse_preset(name, path)
+        except ConfigError as e:
+            if not e.path:
+                e = ConfigError(e.reason, path, e.line, e.key)
+            bad[name] = e
+    return good, bad
+
+
+def resolve_file(value: str, model_dirs: tuple[str, ...]) -> str | None:
+    """Where a model-like setting points: an absolute path as is, a bare name in model_dirs.
+
+    A bare name is tried as given, then with ``.gguf`` added, in each
+    directory in order. ``None`` when nothing exists; the caller says what
+    that means for its setting.
+    """
+    if os.path.isabs(value):
+        return value if os.path.exists(value) else None
+    for directory in model_dirs:
+        for candidate in (value, value + ".gguf"):
+            path = os.path.join(directory, candidate)
+            if os.path.isfile(path):
+                return path
+    return None
