@@ -250,7 +250,8 @@ def load_global(config_dir: str) -> GlobalConfig:
     if not engine.strip():
         raise c.error("engine", "must not be empty (the path to llama-server)")
     if "/" in engine and not os.path.isabs(engine):
-        raise c.error("engine", f"{engine!r}: use an absolute path, or a command name found in PATH")
+        raise c.error("engine",
+                      f"{engine!r}: use an absolute path, or a command name found in PATH")
     dirs = c.string_list("model_dirs")
     for d in dirs:
         if not os.path.isabs(d):

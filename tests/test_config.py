@@ -1,4 +1,4 @@
-"""lokid.config: valid files parse to typed values; each bad file gives a message naming where and what."""
+"""lokid.config: typed values from valid files; for bad ones, a message naming where and what."""
 
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ BAD_PRESETS = [
     ("env_not_table", 'model = "m"\nenv = ["A=1"]\n', "must be a table", 2),
     ("env_bad_name", 'model = "m"\nenv = { "1A" = "x" }\n', "not a valid environment variable", 2),
     ("env_bad_value", 'model = "m"\nenv = { A = [1] }\n', "A: must be a string or an integer", 2),
-    ("offload_twice", 'model = "m"\nop_offload_min_batch = 128\nenv = { GGML_OP_OFFLOAD_MIN_BATCH = "9" }\n',
+    ("offload_twice",
+     'model = "m"\nop_offload_min_batch = 128\nenv = { GGML_OP_OFFLOAD_MIN_BATCH = "9" }\n',
      "keep only one", 2),
     ("offload_negative", 'model = "m"\nop_offload_min_batch = -5\n', "out of range", 2),
     ("spec_not_table", 'model = "m"\nspec = "auto"\n', "must be a table", 2),

@@ -1,0 +1,150 @@
+"""The plan: a preset, with everything known about its files and engine → the exact launch.
+
+:func:`build_plan` is a pure function. The argv is, in order: the engine,
+``-m``, host, port, ``-c``, ``--mmproj``, ``-ngl``, ``-ub``; then the flags
+lokid adds for speculative decoding (:mod:`lokid.spec`); then the preset's
+``extra_args`` verbatim, last, so that the operator's own flags win. ``env``
+is what lokid adds to the engine's environment. ``notes`` say what was
+decided and why, one sentence each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .argscan import flag_value
+from .caps import EngineCaps
+from .config import GlobalConfig, Preset
+from .modelinfo import ModelInfo
+from .spec import DraftInput, SpecInputs, plan_spec
+
+OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the plan depends on, gathered by the caller."""
+
+    preset: Preset
+    config: GlobalConfig
+    model_path: str                      # resolved
+    model: ModelInfo
+    caps: EngineCaps
+    mmproj_path: str | None = None       # resolved
+    draft: DraftInput | None = None
+    environ: Mapping[str, str] = field(default_factory=dict)  # lokid's own environment
+    host_memory: int = 0                 # bytes, 0 = unknown
+    auto_blocked: str = ""               # attempt verdict, "" = allowed
+
+
+@dataclass(frozen=True)
+class SpecSummary:
+    mode: str
+    types: tuple[str, ...]
+    auto: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    preset: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    notes: tuple[str, ...]
+    spec: SpecSummary
+    host: str
+    port: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form (``lokid plan --json``, and later the D-Bus Plan())."""
+        return {
+            "preset": self.preset,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "notes": list(self.notes),
+            "spec": {"mode": self.spec.mode, "types": list(self.spec.types),
+                     "auto": self.spec.auto},
+        }
+
+
+def engine_env(inp: PlanInputs) -> dict[str, str]:
+    """What lokid adds to the engine's environment."""
+    p = inp.preset
+    env = dict(p.env)
+    if p.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = p.gpus
+    if p.op_offload_min_batch is not None:
+        env[OFFLOAD_ENV] = str(p.op_offload_min_batch)
+    return env
+
+
+def _effective_env(inp: PlanInputs, added: Mapping[str, str]) -> dict[str, str]:
+    """The engine's LLAMA_ARG_* / GGML_* settings: lokid's own environment, then the preset's."""
+    out = {k: v for k, v in inp.environ.items() if k.startswith(("LLAMA_ARG_", "GGML_"))}
+    out.update(added)
+    return out
+
+
+def _offload_batch(env: Mapping[str, str]) -> int | None:
+    value = env.get(OFFLOAD_ENV, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def build_plan(inp: PlanInputs) -> Plan:
+    p = inp.preset
+    port = p.port if p.port is not None else inp.config.port
+    host = inp.config.host
+    notes: list[str] = []
+
+    argv = [inp.caps.path, "-m", inp.model_path, "--host", host, "--port", str(port),
+            "-c", str(p.ctx)]
+    if inp.mmproj_path:
+        argv += ["--mmproj", inp.mmproj_path]
+    if p.gpu_layers is not None:
+        argv += ["-ngl", p.gpu_layers]
+    if p.ubatch is not None:
+        argv += ["-ub", str(p.ubatch)]
+    if p.ctx == 0:
+        notes.append("ctx = 0: the context is not fixed, --fit may shrink it to fit VRAM")
+
+    env = engine_env(inp)
+    arg_env = _effective_env(inp, env)
+    spec = plan_spec(SpecInputs(
+        spec=p.spec,
+        extra_args=p.extra_args,
+        arg_env=arg_env,
+        model=inp.model,
+        draft=inp.draft,
+        caps=inp.caps,
+        gpu_layers=p.gpu_layers,
+        ctx=p.ctx,
+        mmproj=inp.mmproj_path is not None,
+        offload_min_batch=_offload_batch(arg_env),
+        host_memory=inp.host_memory,
+        auto_blocked=inp.auto_blocked,
+    ))
+    argv += spec.args
+    notes += spec.notes
+    argv += p.extra_args
+
+    # The operator's flags come last and win: host and port are where the
+    # engine will really listen.
+    extra_port = flag_value(p.extra_args, "--port")
+    if extra_port is not None:
+        if extra_port.isdigit() and 0 < int(extra_port) < 65536:
+            port = int(extra_port)
+            notes.append(f"extra_args sets --port {port}: it overrides the preset's port")
+    extra_host = flag_value(p.extra_args, "--host")
+    if extra_host:
+        host = extra_host
+
+    return Plan(
+        preset=p.name,
+        argv=tuple(argv),
+        env=env,
+        notes=tuple(notes),
+        spec=SpecSummary(mode=spec.mode, types=tuple(spec.types), auto=spec.auto),
+        host=host,
+        port=port,
+    )
