@@ -59,13 +59,16 @@ def parse_flags(help_text: str) -> frozenset[str]:
     """
     flags: set[str] = set()
     for line in help_text.splitlines():
-        stripped = line.lstrip()
-        if not stripped.startswith("-"):
+        # Option lines start in column 0; indented lines continue a description.
+        if not line.startswith("-"):
             continue
-        # The option column ends at the first run of two spaces before the text.
-        column = re.split(r"\s{2,}", stripped, maxsplit=1)[0]
-        for m in _FLAG.finditer(column):
-            flags.add(m.group(1))
+        # Aliases are separated by ", " or by a run of spaces ("-fit,  --fit"); the
+        # description is the first segment that does not start with a dash.
+        for segment in re.split(r"\s{2,}", line.strip()):
+            if not segment.startswith("-"):
+                break
+            for m in _FLAG.finditer(segment):
+                flags.add(m.group(1))
     return frozenset(flags)
 
 
