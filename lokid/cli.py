@@ -1,0 +1,95 @@
+"""The ``lokid`` command: ``plan`` and ``run`` (the daemon and unit helpers come later).
+
+Arguments become typed calls here; no argparse object leaves this module.
+Errors are one line on stderr (a traceback only with ``--debug``). Exit
+status: 0 on success, 2 for a config/preset/model/engine problem, 1 for a
+busy port; ``run`` otherwise exits with the engine's own status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import traceback
+from collections.abc import Sequence
+
+from . import __version__, paths
+from .errors import LokiError, PortBusyError
+from .gather import make_plan
+from .plan import Plan
+
+EXIT_CONFIG = 2
+EXIT_BUSY = 1
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"preset {plan.preset}"]
+    if plan.env:
+        lines.append("environment:")
+        lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())]
+    lines.append("command:")
+    lines.append("  " + shlex.join(plan.argv))
+    types = ",".join(plan.spec.types) or "none"
+    lines.append(f"speculative decoding: mode {plan.spec.mode}, active {types}"
+                 + (" (automatic)" if plan.spec.auto else ""))
+    if plan.notes:
+        lines.append("notes:")
+        lines += [f"  - {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
+    plan = make_plan(config_dir, preset)
+    if as_json:
+        print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+def cmd_run(config_dir: str, preset: str) -> int:
+    from .run import run_plan  # httpx and subprocess only where needed
+
+    return run_plan(make_plan(config_dir, preset))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lokid", description="Run llama-server presets.")
+    p.add_argument("--version", action="version", version=f"lokid {__version__}")
+    p.add_argument("--config-dir", help="config directory (default $LOKI_CONFIG_DIR or "
+                   f"{paths.DEFAULT_CONFIG_DIR})")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="show the engine command line for a preset, and why")
+    plan.add_argument("preset")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    run = sub.add_parser("run", help="run a preset's engine in the foreground")
+    run.add_argument("preset")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config_dir: str = args.config_dir or paths.config_dir()
+    command: str = args.command
+    preset: str = args.preset
+    try:
+        if command == "plan":
+            return cmd_plan(config_dir, preset, bool(args.json))
+        return cmd_run(config_dir, preset)
+    except PortBusyError as e:
+        print(f"lokid: {e}", file=sys.stderr)
+        return EXIT_BUSY
+    except LokiError as e:
+        print(f"lokid: {e}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
