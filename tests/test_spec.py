@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import pytest
-from engine_data import B11434, caps_build, caps_without
+from engine_data import B11434, SKULK_BUILD1, caps_build, caps_without
 
 from lokid.caps import EngineCaps
 from lokid.config import SpecConfig
@@ -477,3 +477,22 @@ def test_spec_synth_flags_are_warned_about_in_every_mode(kw: dict[str, object]) 
 
 def test_unknown_spec_keys_are_noted() -> None:
     assert "spec.nmax is not a spec setting" in joined(run("auto", unknown=("nmax",)))
+
+
+# --- a real other build: prebuilt Vulkan llama-server reporting build 1 -------------------
+
+
+def test_recorded_other_build_refuses_auto_by_its_build_number() -> None:
+    assert SKULK_BUILD1.build == 1
+    res = run("auto")
+    assert res.auto
+    res = run("auto", caps=SKULK_BUILD1)
+    assert res.args == [] and "engine build b1 is older than b11009" in joined(res)
+
+
+def test_recorded_other_build_without_draft_sampling_gets_mtp_and_ngram_unpinned() -> None:
+    res = run("mtp+ngram", caps=SKULK_BUILD1, sampling="probabilistic")
+    assert res.args == ["--spec-type", "draft-mtp,ngram-mod", *NGRAM_ARGS]
+    res = run("mtp", caps=SKULK_BUILD1, sampling="probabilistic", n_max=5)
+    assert res.args == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "5"]
+    assert "does not know --spec-draft-sampling probabilistic: greedy" in joined(res)
