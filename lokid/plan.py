@@ -10,6 +10,8 @@ decided and why, one sentence each.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,3 +150,17 @@ def build_plan(inp: PlanInputs) -> Plan:
         host=host,
         port=port,
     )
+
+
+def fingerprint(plan: Plan, model: ModelInfo) -> str:
+    """What identifies a launch configuration for the attempt token.
+
+    The plan as it would be with automatic speculation allowed (argv without
+    the engine path, which the mark holds apart, and the environment lokid
+    adds), plus the model file's size: editing the preset's settings, or
+    replacing the model, makes a new configuration that deserves a new try.
+    A comment-only edit does not.
+    """
+    data = json.dumps({"argv": list(plan.argv[1:]), "env": dict(sorted(plan.env.items())),
+                       "model_size": model.file_size}, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:24]

@@ -1,0 +1,228 @@
+"""The state DB: attempt tokens and the memory of failed automatic launches.
+
+An automatic speculative-decoding launch that takes the engine down must not
+be replayed: under systemd it would restart in a loop, reloading tens of GB
+each time. The engine helper cannot see its own failure (it may be killed, or
+hang before answering), so before such a launch it sets a *token* for the
+preset's *mark* (configuration fingerprint + engine path + engine build),
+and whoever sees the engine answer clears it. A token still there at the next
+start of the same mark means "never answered": automatic speculation is cut
+for that mark and the reason recorded. A changed preset or a new engine
+build is a new mark, so it retries; with nothing to clear the token, the next
+start falls back to off, the safe side.
+
+The order matters (each step answers a real bug of the reference):
+- :meth:`StateDB.peek` only reads. A second start refused because the first
+  is still loading (port taken) must not take the first one's token for a
+  failure.
+- :meth:`StateDB.settle`, once the port is known free, consumes the old
+  token, records the failure if due, and sets a new token only if this
+  launch adds automatic flags.
+- :meth:`StateDB.clear` removes only the caller's own token, re-read under
+  the write lock: another launch may have set a newer one meanwhile.
+
+SQLite (stdlib) in WAL mode with a busy timeout; every write is one
+``BEGIN IMMEDIATE`` transaction, so concurrent processes serialise. The
+schema version lives in ``PRAGMA user_version`` and grows by migrations.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .errors import LokiError
+
+DB_FILE = "state.db"
+FAILED_MAX = 32          # failed marks kept per preset, oldest forgotten first
+BUSY_TIMEOUT_MS = 10_000
+NEVER_ANSWERED = "the last automatic launch with this configuration never answered"
+
+# Migration n brings the schema from version n to n + 1.
+_MIGRATIONS = [
+    """
+    CREATE TABLE attempt (
+        preset  TEXT PRIMARY KEY,
+        mark    TEXT NOT NULL,
+        since   REAL NOT NULL
+    );
+    CREATE TABLE failed (
+        preset  TEXT NOT NULL,
+        mark    TEXT NOT NULL,
+        reason  TEXT NOT NULL,
+        at      REAL NOT NULL,
+        PRIMARY KEY (preset, mark)
+    );
+    """,
+]
+
+
+class StateError(LokiError):
+    """The state DB cannot be opened or written."""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One combination of preset configuration and engine binary."""
+
+    fingerprint: str
+    engine: str
+    build: int
+
+    def key(self) -> str:
+        return f"{self.fingerprint}|{self.engine}|{self.build}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why automatic speculation is cut for a mark ("" = allowed), and whether
+    settling must record that as a new failure."""
+
+    why: str = ""
+    record: bool = False
+
+
+@dataclass(frozen=True)
+class Failure:
+    mark: str
+    reason: str
+    at: float
+
+
+def verdict(mark: str, attempt: str | None, failed: dict[str, str]) -> Verdict:
+    """Pure: the verdict for ``mark`` given the current token and the failed marks."""
+    if mark in failed:
+        return Verdict(failed[mark], False)
+    if attempt == mark:
+        return Verdict(NEVER_ANSWERED, True)
+    return Verdict()
+
+
+class StateDB:
+    """The state database of one ``$LOKI_STATE_DIR``."""
+
+    def __init__(self, state_dir: str):
+        self.path = os.path.join(state_dir, DB_FILE)
+        try:
+            os.makedirs(state_dir, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+                                       isolation_level=None)
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except (OSError, sqlite3.Error) as e:
+            raise StateError(f"state database {self.path}: {e}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken before reading (so reads are under the lock)."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StateError(f"state database {self.path}: {e}") from None
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        else:
+            self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(_MIGRATIONS):
+                raise StateError(f"state database {self.path} has schema version {version}, "
+                                 f"newer than this lokid ({len(_MIGRATIONS)}): upgrade lokid")
+            for n in range(version, len(_MIGRATIONS)):
+                # executescript() would commit the transaction: one statement at a time
+                for statement in _MIGRATIONS[n].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(f"PRAGMA user_version = {len(_MIGRATIONS)}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _read(self, db: sqlite3.Connection, preset: str) -> tuple[str | None, dict[str, str]]:
+        row = db.execute("SELECT mark FROM attempt WHERE preset = ?", (preset,)).fetchone()
+        failed = dict(db.execute("SELECT mark, reason FROM failed WHERE preset = ?", (preset,)))
+        return (row[0] if row else None), failed
+
+    def _record(self, db: sqlite3.Connection, preset: str, mark: str, why: str) -> None:
+        db.execute("INSERT OR REPLACE INTO failed (preset, mark, reason, at) VALUES (?, ?, ?, ?)",
+                   (preset, mark, why, time.time()))
+        db.execute("""DELETE FROM failed WHERE preset = ? AND mark NOT IN (
+                          SELECT mark FROM failed WHERE preset = ?
+                          ORDER BY at DESC, rowid DESC LIMIT ?)""",
+                   (preset, preset, FAILED_MAX))
+
+    # --- the attempt token ---------------------------------------------------------
+
+    def peek(self, preset: str, mark: Mark) -> Verdict:
+        """Read-only verdict for the next launch of ``mark``."""
+        attempt, failed = self._read(self._db, preset)
+        return verdict(mark.key(), attempt, failed)
+
+    def settle(self, preset: str, mark: Mark, found: Verdict, attempt: bool) -> None:
+        """Once the port is free, just before launching: consume the old token, record
+        the failure ``found`` by :meth:`peek` if due, set a token if ``attempt``."""
+        with self._write() as db:
+            db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
+            if found.record:
+                self._record(db, preset, mark.key(), found.why)
+            if attempt:
+                db.execute("INSERT INTO attempt (preset, mark, since) VALUES (?, ?, ?)",
+                           (preset, mark.key(), time.time()))
+
+    def clear(self, preset: str, mark: Mark, why: str = "") -> bool:
+        """Remove ``mark``'s token, and only it; with ``why``, record ``mark`` as failed.
+
+        Returns whether the token was there.
+        """
+        with self._write() as db:
+            current, _ = self._read(db, preset)
+            if current != mark.key():
+                return False
+            db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
+            if why:
+                self._record(db, preset, mark.key(), why)
+            return True
+
+    def record_failure(self, preset: str, mark: Mark, why: str) -> None:
+        """Record ``mark`` as failed whatever the token (a verdict from the journal)."""
+        with self._write() as db:
+            self._record(db, preset, mark.key(), why)
+
+    def attempt(self, preset: str) -> str | None:
+        return self._read(self._db, preset)[0]
+
+    def failures(self, preset: str) -> list[Failure]:
+        rows = self._db.execute(
+            "SELECT mark, reason, at FROM failed WHERE preset = ? ORDER BY at, rowid", (preset,))
+        return [Failure(m, r, a) for m, r, a in rows]
+
+    def clear_failures(self, preset: str) -> int:
+        with self._write() as db:
+            return db.execute("DELETE FROM failed WHERE preset = ?", (preset,)).rowcount
+
+    def forget(self, preset: str) -> None:
+        """Everything about a deleted preset."""
+        with self._write() as db:
+            db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
+            db.execute("DELETE FROM failed WHERE preset = ?", (preset,))
