@@ -1,4 +1,5 @@
-"""The ``lokid`` command: ``plan`` and ``run`` (the daemon and unit helpers come later).
+"""The ``lokid`` command: ``plan``, ``run``, and the unit helpers ``prestart``, ``engine``,
+``generate`` (the daemon comes later).
 
 Arguments become typed calls here; no argparse object leaves this module.
 Errors are one line on stderr (a traceback only with ``--debug``). Exit
@@ -55,6 +56,27 @@ def cmd_run(config_dir: str, preset: str) -> int:
     return run_plan(make_plan(config_dir, preset))
 
 
+def cmd_prestart(config_dir: str, preset: str) -> int:
+    from .unit import prestart
+
+    prestart(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
+    return 0
+
+
+def cmd_engine(preset: str) -> int:
+    from .unit import engine
+
+    return engine(paths.state_dir(), paths.runtime_dir(), preset)
+
+
+def cmd_generate(config_dir: str, dirs: list[str]) -> int:
+    from .generator import generate
+
+    # systemd passes three directories (normal, early, late); by hand, one is enough.
+    generate(config_dir, dirs[0])
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lokid", description="Run llama-server presets.")
     p.add_argument("--version", action="version", version=f"lokid {__version__}")
@@ -67,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     run = sub.add_parser("run", help="run a preset's engine in the foreground")
     run.add_argument("preset")
+    pre = sub.add_parser("prestart", help="ExecStartPre of loki-engine@.service: plan, "
+                         "check the port, settle the attempt token")
+    pre.add_argument("preset")
+    eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: supervise the "
+                         "engine planned by prestart")
+    eng.add_argument("preset")
+    gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
+    gen.add_argument("dirs", nargs="+", metavar="DIR")
     return p
 
 
@@ -74,11 +104,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     config_dir: str = args.config_dir or paths.config_dir()
     command: str = args.command
-    preset: str = args.preset
     try:
         if command == "plan":
-            return cmd_plan(config_dir, preset, bool(args.json))
-        return cmd_run(config_dir, preset)
+            return cmd_plan(config_dir, args.preset, bool(args.json))
+        if command == "run":
+            return cmd_run(config_dir, args.preset)
+        if command == "prestart":
+            return cmd_prestart(config_dir, args.preset)
+        if command == "engine":
+            return cmd_engine(args.preset)
+        return cmd_generate(config_dir, list(args.dirs))
     except PortBusyError as e:
         print(f"lokid: {e}", file=sys.stderr)
         return EXIT_BUSY

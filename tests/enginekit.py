@@ -119,3 +119,46 @@ def write_preset(config: Path, name: str, text: str) -> Path:
     path = config / "presets" / f"{name}.toml"
     path.write_text(text)
     return path
+
+
+class NotifyListener:
+    """A real sd_notify socket (AF_UNIX datagrams) collecting what a helper tells systemd."""
+
+    def __init__(self, path: Path):
+        import threading
+
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.messages: list[str] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while not self._closed:
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.messages.extend(data.decode().split("\n"))
+
+    def wait_for(self, prefix: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in list(self.messages):
+                if m.startswith(prefix):
+                    return m
+            time.sleep(0.02)
+        raise AssertionError(f"no {prefix!r} notification; got {self.messages}")
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for m in list(self.messages) if m.startswith(prefix))
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(1)
+        self.sock.close()

@@ -1,0 +1,264 @@
+"""The engine supervisor: llama-server as a child, its readiness told to systemd.
+
+Used by ``lokid engine`` (ExecStart of ``loki-engine@.service``) and by
+``lokid run``. It starts llama-server with the plan's argv and environment,
+its stdout/stderr inherited (under systemd: straight into the journal, never
+through a Python pipe a stalled reader could block), then:
+
+- while loading: ``STATUS=loading …`` with the elapsed time and the resident
+  memory, ``EXTEND_TIMEOUT_USEC=`` while the process makes progress (CPU
+  time, memory or I/O moving), and ``WATCHDOG=1`` while it is alive;
+- once ``/health`` answers 200: ``READY=1`` and ``STATUS=ready: …``, then
+  ``WATCHDOG=1`` only while ``/health`` keeps answering, so a hung engine is
+  restarted by systemd's watchdog;
+- on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
+  after a grace period), and return the engine's status;
+- if the engine dies on its own, report it (``unexpected_exit_fails``: as a
+  failure even with status 0, so that ``Restart=on-failure`` applies).
+
+Outside systemd (``NOTIFY_SOCKET`` unset) the notifications are no-ops. The
+``/health`` probe is a raw HTTP/1.1 request on a socket: it costs nothing to
+import and answers within milliseconds, which keeps lokid's readiness
+overhead over the raw engine small (see ``benchmarks/readiness.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import EngineError
+
+POLL_LOADING = 0.01      # /health polls while loading: readiness latency
+POLL_READY = 1.0         # /health polls once ready (STATUS and watchdog)
+STATUS_EVERY = 2.0       # STATUS= refresh while loading
+EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
+EXTEND_BY = 30.0         # seconds granted per extension
+STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
+
+
+class Notifier:
+    """sd_notify over $NOTIFY_SOCKET; silent when not run by systemd."""
+
+    def __init__(self, env: Mapping[str, str] | None = None):
+        env = os.environ if env is None else env
+        address = env.get("NOTIFY_SOCKET", "")
+        self._sock: socket.socket | None = None
+        self._addr = ""
+        if address:
+            self._addr = "\0" + address[1:] if address.startswith("@") else address
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        usec = env.get("WATCHDOG_USEC", "")
+        pid = env.get("WATCHDOG_PID", "")
+        self.watchdog_interval: float | None = None
+        if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
+            self.watchdog_interval = int(usec) / 1e6
+
+    @property
+    def enabled(self) -> bool:
+        return self._sock is not None
+
+    def send(self, *fields: str) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._sock.sendto("\n".join(fields).encode(), self._addr)
+        except OSError:
+            pass  # systemd gone (shutdown): nothing to tell
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+
+
+def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
+    """HTTP status of GET /health, or None when nothing answers."""
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: lokid\r\nConnection: close\r\n\r\n")
+            head = s.recv(64)
+    except OSError:
+        return None
+    parts = head.split(b" ", 2)
+    if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _die_with_parent() -> None:
+    # The engine has its own process group (Ctrl-C reaches the supervisor only,
+    # which stops it once); PR_SET_PDEATHSIG keeps it from outliving a killed
+    # supervisor outside systemd. Under systemd, KillMode= covers both anyway.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _progress(pid: int) -> tuple[int, ...]:
+    """Counters that move while a process works: CPU ticks, resident pages, bytes read."""
+    out: list[int] = []
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        out += [int(fields[11]) + int(fields[12]), int(fields[21])]  # utime+stime, rss
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            out += [int(line.split()[1]) for line in f if line.startswith((b"rchar", b"read_b"))]
+    except (OSError, ValueError, IndexError):
+        pass  # /proc/<pid>/io needs ptrace access: a different user may not have it
+    return tuple(out)
+
+
+def _resident(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    kib = int(line.split()[1])
+                    return f", {kib / 2**20:.1f} GiB resident" if kib >= 2**20 else \
+                        f", {kib / 1024:.0f} MiB resident"
+    except (OSError, ValueError, IndexError):
+        pass
+    return ""
+
+
+@dataclass
+class Launch:
+    """What to supervise: a plan's argv, environment, address, and a label."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    host: str
+    port: int
+    label: str  # what is loading, for STATUS=
+
+    @classmethod
+    def of(cls, preset: str, argv: Sequence[str], env: Mapping[str, str], host: str,
+           port: int) -> Launch:
+        """A launch labelled with the preset and its model file's name."""
+        model = argv[list(argv).index("-m") + 1] if "-m" in argv else ""
+        label = f"{preset} ({model.rsplit('/', 1)[-1]})" if model else preset
+        return cls(argv=tuple(argv), env=dict(env), host=host, port=port, label=label)
+
+
+def supervise(launch: Launch, *, notifier: Notifier, log: Callable[[str], None],
+              on_ready: Callable[[str], None] | None = None,
+              unexpected_exit_fails: bool = False) -> int:
+    """Run the engine until it exits or we are told to stop; return the exit status."""
+    stop: list[int] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop.append(signum)
+
+    old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
+                                    stdin=subprocess.DEVNULL, process_group=0,
+                                    preexec_fn=_die_with_parent)
+        except OSError as e:
+            raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
+        return _loop(proc, launch, notifier, log, on_ready, stop, unexpected_exit_fails)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
+          log: Callable[[str], None], on_ready: Callable[[str], None] | None,
+          stop: list[int], unexpected_exit_fails: bool) -> int:
+    started = time.monotonic()
+    url = f"http://{launch.host}:{launch.port}"
+    ready = False
+    stopping_since: float | None = None
+    next_status = started
+    next_extend = started + EXTEND_EVERY
+    last_progress = _progress(proc.pid)
+    next_check = started
+    watchdog_every = (notifier.watchdog_interval or 0) / 3 or None
+    next_watchdog = started
+    answering = True
+    notifier.send(f"STATUS=starting {launch.label}")
+
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            break
+        now = time.monotonic()
+        if stop and stopping_since is None:
+            notifier.send("STOPPING=1", "STATUS=stopping")
+            log("stopping the engine")
+            proc.send_signal(signal.SIGTERM)
+            stopping_since = now
+        if stopping_since is not None:
+            if now - stopping_since > STOP_GRACE and not notifier.enabled:
+                log(f"the engine ignored SIGTERM for {STOP_GRACE:.0f} s: killing it")
+                proc.kill()
+            time.sleep(0.05)
+            continue
+
+        if not ready:
+            if health_status(launch.host, launch.port, timeout=1.0) == 200:
+                ready = True
+                took = now - started
+                notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
+                              f"(loaded in {took:.1f} s)")
+                log(f"ready at {url}")
+                if on_ready is not None:
+                    on_ready(url)
+                next_check = now + POLL_READY
+                continue
+            if now >= next_status:
+                notifier.send(f"STATUS=loading {launch.label}: {now - started:.0f} s"
+                              f"{_resident(proc.pid)}")
+                next_status = now + STATUS_EVERY
+            if now >= next_extend:
+                progress = _progress(proc.pid)
+                if progress != last_progress:
+                    notifier.send(f"EXTEND_TIMEOUT_USEC={int(EXTEND_BY * 1e6)}")
+                last_progress = progress
+                next_extend = now + EXTEND_EVERY
+            if watchdog_every and now >= next_watchdog:
+                notifier.send("WATCHDOG=1")  # alive and loading: the start timeout judges
+                next_watchdog = now + watchdog_every
+            time.sleep(POLL_LOADING)
+            continue
+
+        if now >= next_check:
+            ok = health_status(launch.host, launch.port, timeout=2.0) == 200
+            if ok and watchdog_every and now >= next_watchdog:
+                notifier.send("WATCHDOG=1")
+                next_watchdog = now + watchdog_every
+            if ok != answering:
+                answering = ok
+                if ok:
+                    notifier.send(f"STATUS=ready: {launch.label} at {url}")
+                    log("the engine answers /health again")
+                else:
+                    notifier.send(f"STATUS=not answering /health: {launch.label} at {url}")
+                    log("the engine stopped answering /health")
+            next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
+        time.sleep(0.05)
+
+    if rc < 0:
+        rc = 128 - rc
+    if stopping_since is not None:
+        return rc
+    log(f"the engine exited with status {rc}" + ("" if ready else " before it was ready"))
+    if unexpected_exit_fails and rc == 0:
+        return 1
+    return rc
