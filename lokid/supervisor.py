@@ -218,9 +218,12 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                 notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
                               f"(loaded in {took:.1f} s)")
                 log(f"ready at {url}")
+                if watchdog_every:
+                    notifier.send("WATCHDOG=1")
+                    next_watchdog = now + watchdog_every
                 if on_ready is not None:
                     on_ready(url)
-                next_check = now + POLL_READY
+                next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
                 continue
             if now >= next_status:
                 notifier.send(f"STATUS=loading {launch.label}: {now - started:.0f} s"
