@@ -16,13 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .argscan import flag_value
+from .argscan import flag_value, has_flag
 from .caps import EngineCaps
 from .config import GlobalConfig, Preset
 from .modelinfo import ModelInfo
 from .spec import DraftInput, SpecInputs, plan_spec
 
 OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
+# At the engine's default verbosity (3) the llama library's load lines,
+# "offloaded N/M layers to GPU" among them, are not printed; 4 prints them.
+VERDICT_VERBOSITY = "4"
+VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,12 @@ def build_plan(inp: PlanInputs) -> Plan:
     ))
     argv += spec.args
     notes += spec.notes
+    if spec.auto and inp.caps.knows("-lv") and not has_flag(p.extra_args, *VERBOSITY_FLAGS) \
+            and not arg_env.get("LLAMA_ARG_LOG_VERBOSITY", "").strip():
+        # The layers-in-RAM verdict on an automatic launch reads those lines.
+        argv += ["-lv", VERDICT_VERBOSITY]
+        notes.append("automatic speculation: engine log verbosity 4, so that the journal shows "
+                     "whether every layer reached the GPU (set -lv in extra_args to choose)")
     argv += p.extra_args
 
     # The operator's flags come last and win: host and port are where the

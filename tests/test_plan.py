@@ -112,3 +112,16 @@ def test_json_form_has_exactly_the_documented_keys() -> None:
     assert data["env"] == {"CUDA_VISIBLE_DEVICES": "1"}
     assert data["spec"] == {"mode": "auto", "types": ["draft-mtp"], "auto": True}
     assert all(isinstance(n, str) for n in data["notes"])
+
+
+def test_an_automatic_launch_raises_the_engine_log_verbosity_for_the_verdict() -> None:
+    plan = build_plan(inputs(preset(spec=SpecConfig(mode="auto"))))
+    assert plan.spec.auto and plan.argv[-2:] == ("-lv", "4")
+    assert any("log verbosity 4" in n for n in plan.notes)
+    forced = build_plan(inputs(preset(spec=SpecConfig(mode="mtp"))))
+    assert "-lv" not in forced.argv
+    own = build_plan(inputs(preset(spec=SpecConfig(mode="auto"), extra_args=("-lv", "2"))))
+    assert own.argv.count("-lv") == 1 and own.argv[-1] == "2"
+    env = build_plan(inputs(preset(spec=SpecConfig(mode="auto"),
+                                   env={"LLAMA_ARG_LOG_VERBOSITY": "3"})))
+    assert "-lv" not in env.argv
