@@ -1,0 +1,158 @@
+"""Following the engines' journal: events per invocation, and the layers-in-RAM verdict.
+
+A reusable component (the daemon runs it; ``lokid watch`` runs it alone). It
+reads the journal of every ``loki-engine@*.service`` (matched by their
+common slice, ``system-loki\\x2dengine.slice``), tracks each start by
+``_SYSTEMD_INVOCATION_ID`` and feeds its lines to :mod:`lokid.enginelog`.
+When an invocation becomes ready (the supervisor's "ready at" entry) its load
+is judged: if automatic speculation was on and the model or its draft did not
+fully reach the GPU, --fit pushed layers to RAM to make room for the draft —
+the engine runs, slower than without it — so the mark is recorded as failed
+and the next start runs without automatic speculation. The journal gets a
+structured entry (``MESSAGE_ID`` :data:`MESSAGE_AUTO_CUT`) saying so.
+
+If a whole load goes by without any line the parser knows, the engine's log
+format has probably changed: a warning says so.
+
+The journal's fd is integrated into asyncio with ``add_reader`` (no polling
+loop); :meth:`JournalWatcher.drain` is also usable synchronously, on journal
+files (``systemd.journal.Reader(files=…)``) in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from systemd import journal
+
+from .enginelog import LoadTracker
+from .state import StateDB
+from .unit import StalePlanError, read_runtime_plan
+
+ENGINE_SLICE = "system-loki\\x2dengine.slice"
+UNIT_PREFIX = "loki-engine@"
+UNIT_SUFFIX = ".service"
+# lokid's MESSAGE_IDs (sd-id128, generated once for lokid).
+MESSAGE_AUTO_CUT = "6f1c3a5e2b8d4e0a9c7b1d3f5a2e4c6b"
+MESSAGE_FORMAT_UNKNOWN = "0d2b4f6a8c1e3a5b7d9f1b3d5f7a9c2e"
+READY_PREFIX = "ready at "
+
+
+@dataclass
+class Invocation:
+    preset: str
+    invocation: str
+    tracker: LoadTracker = field(default_factory=LoadTracker)
+    judged: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    preset: str
+    invocation: str
+    reason: str
+
+
+def preset_of(unit: str) -> str | None:
+    if unit.startswith(UNIT_PREFIX) and unit.endswith(UNIT_SUFFIX):
+        return unit[len(UNIT_PREFIX):-len(UNIT_SUFFIX)] or None
+    return None
+
+
+class JournalWatcher:
+    """Turns engine journal entries into verdicts recorded in the state DB."""
+
+    def __init__(self, reader: Any, state_dir: str, runtime_dir: str,
+                 on_verdict: Callable[[Verdict], None] | None = None,
+                 log: Callable[..., None] | None = None):
+        self.reader = reader
+        self.state_dir = state_dir
+        self.runtime_dir = runtime_dir
+        self.on_verdict = on_verdict
+        self.log = log or journal.send
+        self.invocations: dict[str, Invocation] = {}
+        self.verdicts: list[Verdict] = []
+        reader.add_match(_SYSTEMD_SLICE=ENGINE_SLICE)
+
+    @classmethod
+    def system(cls, state_dir: str, runtime_dir: str, **kw: Any) -> JournalWatcher:
+        """A watcher on the system journal, from its end (only what happens from now)."""
+        reader = journal.Reader(flags=journal.SYSTEM_ONLY)
+        reader.seek_tail()
+        reader.get_previous()
+        return cls(reader, state_dir, runtime_dir, **kw)
+
+    def drain(self) -> int:
+        """Handle every entry available now; return how many."""
+        count = 0
+        for entry in self.reader:
+            self.handle(entry)
+            count += 1
+        return count
+
+    def handle(self, entry: dict[str, Any]) -> None:
+        preset = preset_of(str(entry.get("_SYSTEMD_UNIT", "")))
+        invocation = str(entry.get("_SYSTEMD_INVOCATION_ID", "") or "")
+        message = entry.get("MESSAGE", "")
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        if preset is None or not invocation or not isinstance(message, str):
+            return
+        inv = self.invocations.get(invocation)
+        if inv is None:
+            inv = self.invocations[invocation] = Invocation(preset, invocation)
+            # a new start of this preset: forget its older invocations
+            for key in [k for k, v in self.invocations.items()
+                        if v.preset == preset and k != invocation]:
+                del self.invocations[key]
+        if entry.get("SYSLOG_IDENTIFIER") == "lokid" and entry.get("LOKI_PRESET"):
+            if message.startswith(READY_PREFIX) and not inv.judged:
+                inv.judged = True
+                self._judge(inv)
+            return
+        for line in message.splitlines():
+            inv.tracker.feed(line)
+
+    def _judge(self, inv: Invocation) -> None:
+        load = inv.tracker.current or inv.tracker.before
+        if load.known == 0 and inv.tracker.before.known == 0:
+            self.log(f"no known llama-server line during the load of preset {inv.preset}: "
+                     "the engine's log format may have changed, lokid's verdicts are blind",
+                     MESSAGE_ID=MESSAGE_FORMAT_UNKNOWN, PRIORITY=4, LOKI_PRESET=inv.preset,
+                     SYSLOG_IDENTIFIER="lokid")
+        why = load.layers_in_ram()
+        if not why:
+            return
+        try:
+            rp = read_runtime_plan(self.runtime_dir, inv.preset, inv.invocation)
+        except StalePlanError:
+            return  # no plan of this start any more: nothing to attribute the verdict to
+        if not rp.auto:
+            return  # forced or no speculation: the operator chose it
+        with StateDB(self.state_dir) as db:
+            db.record_failure(inv.preset, rp.mark, why)
+        verdict = Verdict(inv.preset, inv.invocation, why)
+        self.verdicts.append(verdict)
+        self.log(f"preset {inv.preset}: automatic speculative decoding cut for the next start: "
+                 f"{why} (mode = \"mtp\" forces it)",
+                 MESSAGE_ID=MESSAGE_AUTO_CUT, PRIORITY=4, LOKI_PRESET=inv.preset,
+                 LOKI_REASON=why, SYSLOG_IDENTIFIER="lokid")
+        if self.on_verdict is not None:
+            self.on_verdict(verdict)
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Follow the journal from the event loop: its fd wakes us, no polling."""
+        fd = self.reader.fileno()
+
+        def ready() -> None:
+            if self.reader.process() != journal.NOP:
+                self.drain()
+
+        loop.add_reader(fd, ready)
+        self.drain()
+
+    def detach(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.remove_reader(self.reader.fileno())
