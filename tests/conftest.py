@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import models as gen
 import pytest
+import systemd_harness
 from enginekit import engine_binary
 
 # --- the real engine (lead) ---------------------------------------------------------
@@ -27,7 +29,6 @@ def engine() -> str:
 # --- generated models (tests/models.py) ---------------------------------------------
 # Every model is written on first use into one directory per test session; see
 # tests/models.py for what each one is. Corrupt variants are derived from `llama`.
-
 
 
 class Models:
@@ -243,3 +244,27 @@ class Models:
 def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     """The generated GGUF fixtures of this test session (see Models)."""
     return Models(tmp_path_factory.mktemp("models"))
+
+
+# --- a real systemd (tests/systemd_harness.py) --------------------------------------
+# One container for the whole session: Debian bookworm with systemd as PID 1. The
+# repository is bound read-only at /opt/lokid, and the real engine's directory
+# read-only at its own path, so an engine path in a config names the same binary
+# inside the container and out.
+
+
+@pytest.fixture(scope="session")
+def systemd_container() -> Iterator[systemd_harness.Container]:
+    """The session's booted container. Fails (never skips) when it cannot boot: CI must
+    run the real-systemd tests."""
+    try:
+        engine_dir = os.path.dirname(engine_binary())
+        ct = systemd_harness.Container(
+            binds={"/opt/lokid": str(systemd_harness.REPO), engine_dir: engine_dir})
+        ct.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        pytest.fail(f"cannot boot a real systemd for the tests: {e}")
+    try:
+        yield ct
+    finally:
+        ct.stop()
