@@ -9,39 +9,29 @@ busy port; ``run`` otherwise exits with the engine's own status.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
 import sys
-import traceback
-from collections.abc import Sequence
 
 from . import __version__, paths
 from .errors import LokiError, PortBusyError
-from .gather import make_plan
-from .plan import Plan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+
+# Imports of each command stay inside it: `lokid engine` is on the path from
+# `systemctl start` to READY, and every module loaded there delays readiness.
 
 EXIT_CONFIG = 2
 EXIT_BUSY = 1
 
 
-def format_plan(plan: Plan) -> str:
-    lines = [f"preset {plan.preset}"]
-    if plan.env:
-        lines.append("environment:")
-        lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())]
-    lines.append("command:")
-    lines.append("  " + shlex.join(plan.argv))
-    types = ",".join(plan.spec.types) or "none"
-    lines.append(f"speculative decoding: mode {plan.spec.mode}, active {types}"
-                 + (" (automatic)" if plan.spec.auto else ""))
-    if plan.notes:
-        lines.append("notes:")
-        lines += [f"  - {note}" for note in plan.notes]
-    return "\n".join(lines)
-
-
 def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
+    import json
+
+    from .gather import make_plan
+    from .plan import format_plan
+
     plan = make_plan(config_dir, preset)
     if as_json:
         print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
@@ -51,7 +41,8 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
 
 
 def cmd_run(config_dir: str, preset: str) -> int:
-    from .run import run_plan  # httpx and subprocess only where needed
+    from .gather import make_plan
+    from .run import run_plan
 
     return run_plan(make_plan(config_dir, preset))
 
@@ -78,6 +69,8 @@ def cmd_generate(config_dir: str, dirs: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse
+
     p = argparse.ArgumentParser(prog="lokid", description="Run llama-server presets.")
     p.add_argument("--version", action="version", version=f"lokid {__version__}")
     p.add_argument("--config-dir", help="config directory (default $LOKI_CONFIG_DIR or "
@@ -101,10 +94,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "engine" and not argv[1].startswith("-"):
+        # The unit's ExecStart, a fixed command line: skip argparse (and the
+        # regular-expression machinery it imports) on the way to READY.
+        return _guard(lambda: cmd_engine(argv[1]), debug=False)
     args = _parser().parse_args(argv)
     config_dir: str = args.config_dir or paths.config_dir()
     command: str = args.command
-    try:
+
+    def dispatch() -> int:
         if command == "plan":
             return cmd_plan(config_dir, args.preset, bool(args.json))
         if command == "run":
@@ -114,17 +113,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "engine":
             return cmd_engine(args.preset)
         return cmd_generate(config_dir, list(args.dirs))
+
+    return _guard(dispatch, debug=bool(args.debug))
+
+
+def _guard(call: Callable[[], int], debug: bool) -> int:
+    """Run a command; a LokiError becomes one line on stderr and an exit status."""
+    try:
+        return call()
     except PortBusyError as e:
         print(f"lokid: {e}", file=sys.stderr)
         return EXIT_BUSY
     except LokiError as e:
         print(f"lokid: {e}", file=sys.stderr)
-        if args.debug:
+        if debug:
+            import traceback
+
             traceback.print_exc()
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,8 +29,8 @@ from typing import Any
 from systemd import journal
 
 from .enginelog import LoadTracker
+from .runtime import StalePlanError, read_runtime_plan
 from .state import StateDB
-from .unit import StalePlanError, read_runtime_plan
 
 ENGINE_SLICE = "system-loki\\x2dengine.slice"
 UNIT_PREFIX = "loki-engine@"

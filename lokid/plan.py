@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,3 +175,19 @@ def fingerprint(plan: Plan, model: ModelInfo) -> str:
     data = json.dumps({"argv": list(plan.argv[1:]), "env": dict(sorted(plan.env.items())),
                        "model_size": model.file_size}, sort_keys=True)
     return hashlib.sha256(data.encode()).hexdigest()[:24]
+
+
+def format_plan(plan: Plan) -> str:
+    lines = [f"preset {plan.preset}"]
+    if plan.env:
+        lines.append("environment:")
+        lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())]
+    lines.append("command:")
+    lines.append("  " + shlex.join(plan.argv))
+    types = ",".join(plan.spec.types) or "none"
+    lines.append(f"speculative decoding: mode {plan.spec.mode}, active {types}"
+                 + (" (automatic)" if plan.spec.auto else ""))
+    if plan.notes:
+        lines.append("notes:")
+        lines += [f"  - {note}" for note in plan.notes]
+    return "\n".join(lines)

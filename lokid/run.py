@@ -18,7 +18,7 @@ from typing import TextIO
 
 from .errors import PortBusyError
 from .plan import Plan
-from .supervisor import Launch, Notifier, supervise
+from .supervisor import Launch, supervise
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -57,4 +57,4 @@ def run_plan(plan: Plan, out: TextIO = sys.stderr,
         print(f"lokid: {message}", file=out, flush=True)
 
     launch = Launch.of(plan.preset, plan.argv, plan.env, plan.host, plan.port)
-    return supervise(launch, notifier=Notifier(), log=log, on_ready=on_ready)
+    return supervise(launch, log=log, on_ready=on_ready)

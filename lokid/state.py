@@ -35,12 +35,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from .errors import LokiError
+
+__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateError", "Failure"]
 
 DB_FILE = "state.db"
 FAILED_MAX = 32          # failed marks kept per preset, oldest forgotten first
 BUSY_TIMEOUT_MS = 10_000
-NEVER_ANSWERED = "the last automatic launch with this configuration never answered"
 
 # Migration n brings the schema from version n to n + 1.
 _MIGRATIONS = [
@@ -66,40 +68,10 @@ class StateError(LokiError):
 
 
 @dataclass(frozen=True)
-class Mark:
-    """One combination of preset configuration and engine binary."""
-
-    fingerprint: str
-    engine: str
-    build: int
-
-    def key(self) -> str:
-        return f"{self.fingerprint}|{self.engine}|{self.build}"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Why automatic speculation is cut for a mark ("" = allowed), and whether
-    settling must record that as a new failure."""
-
-    why: str = ""
-    record: bool = False
-
-
-@dataclass(frozen=True)
 class Failure:
     mark: str
     reason: str
     at: float
-
-
-def verdict(mark: str, attempt: str | None, failed: dict[str, str]) -> Verdict:
-    """Pure: the verdict for ``mark`` given the current token and the failed marks."""
-    if mark in failed:
-        return Verdict(failed[mark], False)
-    if attempt == mark:
-        return Verdict(NEVER_ANSWERED, True)
-    return Verdict()
 
 
 class StateDB:

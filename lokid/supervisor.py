@@ -24,18 +24,23 @@ overhead over the raw engine small (see ``benchmarks/readiness.py``).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from .errors import EngineError
 
-POLL_LOADING = 0.01      # /health polls while loading: readiness latency
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    import socket
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
+
+# socket and ctypes are imported where used: the engine is spawned first, and
+# what loads while it loads costs no readiness time.
+
+POLL_LOADING = 0.002     # /health polls while loading (a refused connect costs ~0.1 ms)
 POLL_READY = 1.0         # /health polls once ready (STATUS and watchdog)
 STATUS_EVERY = 2.0       # STATUS= refresh while loading
 EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
@@ -47,6 +52,8 @@ class Notifier:
     """sd_notify over $NOTIFY_SOCKET; silent when not run by systemd."""
 
     def __init__(self, env: Mapping[str, str] | None = None):
+        import socket
+
         env = os.environ if env is None else env
         address = env.get("NOTIFY_SOCKET", "")
         self._sock: socket.socket | None = None
@@ -79,6 +86,8 @@ class Notifier:
 
 def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
     """HTTP status of GET /health, or None when nothing answers."""
+    import socket
+
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
     elif host == "::":
@@ -100,10 +109,16 @@ def _die_with_parent() -> None:
     # which stops it once); PR_SET_PDEATHSIG keeps it from outliving a killed
     # supervisor outside systemd. Under systemd, KillMode= covers both anyway.
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _ctypes().CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _ctypes() -> Any:
+    import ctypes  # imported by the parent before forking (see supervise): no import in the child
+
+    return ctypes
 
 
 def _progress(pid: int) -> tuple[int, ...]:
@@ -136,15 +151,18 @@ def _resident(pid: int) -> str:
     return ""
 
 
-@dataclass
 class Launch:
-    """What to supervise: a plan's argv, environment, address, and a label."""
+    """What to supervise: a plan's argv, environment, address, and a label (for STATUS=)."""
 
-    argv: Sequence[str]
-    env: Mapping[str, str]
-    host: str
-    port: int
-    label: str  # what is loading, for STATUS=
+    __slots__ = ("argv", "env", "host", "port", "label")
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], host: str, port: int,
+                 label: str):
+        self.argv = tuple(argv)
+        self.env = dict(env)
+        self.host = host
+        self.port = port
+        self.label = label
 
     @classmethod
     def of(cls, preset: str, argv: Sequence[str], env: Mapping[str, str], host: str,
@@ -155,10 +173,15 @@ class Launch:
         return cls(argv=tuple(argv), env=dict(env), host=host, port=port, label=label)
 
 
-def supervise(launch: Launch, *, notifier: Notifier, log: Callable[[str], None],
+def supervise(launch: Launch, *, log: Callable[[str], None],
+              notifier: Notifier | None = None,
               on_ready: Callable[[str], None] | None = None,
               unexpected_exit_fails: bool = False) -> int:
-    """Run the engine until it exits or we are told to stop; return the exit status."""
+    """Run the engine until it exits or we are told to stop; return the exit status.
+
+    The engine is spawned before anything else is set up; ``notifier`` None
+    means one from this process's environment, made once the engine runs.
+    """
     stop: list[int] = []
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -166,13 +189,20 @@ def supervise(launch: Launch, *, notifier: Notifier, log: Callable[[str], None],
 
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        # Under systemd, KillMode= takes the engine down with us; elsewhere
+        # PR_SET_PDEATHSIG does (ctypes loaded here, in the parent).
+        orphan_guard = None
+        if "NOTIFY_SOCKET" not in os.environ:
+            _ctypes()
+            orphan_guard = _die_with_parent
         try:
             proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
                                     stdin=subprocess.DEVNULL, process_group=0,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=orphan_guard)
         except OSError as e:
             raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
-        return _loop(proc, launch, notifier, log, on_ready, stop, unexpected_exit_fails)
+        return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
+                     unexpected_exit_fails)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)

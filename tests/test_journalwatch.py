@@ -111,7 +111,7 @@ def test_layers_pushed_to_ram_on_an_auto_launch_cut_auto_next_time(setup: Setup)
 
 
 def db_mark(setup: Setup) -> Any:
-    from lokid.unit import read_runtime_plan
+    from lokid.runtime import read_runtime_plan
 
     return read_runtime_plan(setup.runtime, "p").mark
 

@@ -18,8 +18,9 @@ import pytest
 from enginekit import NotifyListener, free_port, write_config, write_preset
 
 from lokid.errors import PortBusyError
+from lokid.runtime import StalePlanError, read_runtime_plan
 from lokid.state import NEVER_ANSWERED, StateDB
-from lokid.unit import StalePlanError, prestart, read_runtime_plan
+from lokid.unit import prestart
 
 pytestmark = pytest.mark.engine
 

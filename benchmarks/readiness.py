@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Readiness overhead of lokid's supervisor against the raw engine, side by side.
+
+For the same generated tiny model and the real llama-server b11434:
+
+- raw: spawn llama-server with the plan's argv, then poll GET /health every
+  millisecond until it answers 200 (the best any manager could do);
+- lokid: spawn `lokid engine <preset>` (the unit's ExecStart, after `lokid
+  prestart`), as systemd would, with NOTIFY_SOCKET on a real datagram socket;
+  the time is when READY=1 arrives.
+
+Runs alternate (raw, lokid, raw, …) so machine noise hits both alike; prints
+both medians and the median extra time. Goal: at most 60 ms extra. Exits 1
+when the median overhead is above --max-extra-ms.
+
+    .venv/bin/python benchmarks/readiness.py [--runs 15] [--max-extra-ms 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from enginekit import engine_binary, free_port, write_config, write_preset  # noqa: E402
+from models import write_llama  # noqa: E402
+
+from lokid.supervisor import health_status  # noqa: E402
+from lokid.unit import prestart  # noqa: E402
+
+
+def wait_port_free(port: int) -> None:
+    while health_status("127.0.0.1", port, timeout=0.2) is not None:
+        time.sleep(0.01)
+
+
+def raw_run(argv: list[str], port: int) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while health_status("127.0.0.1", port, timeout=1.0) != 200:
+            if proc.poll() is not None:
+                raise RuntimeError("llama-server exited")
+            time.sleep(0.001)
+        return time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def lokid_run(env: dict[str, str], sock_path: str) -> float:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(sock_path)
+        sock.settimeout(60)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "engine", "bench"],
+                                env={**env, "NOTIFY_SOCKET": sock_path},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            while True:
+                data = sock.recv(4096).decode()
+                if "READY=1" in data.split("\n"):
+                    return time.perf_counter() - t0
+        finally:
+            proc.terminate()
+            proc.wait()
+            os.unlink(sock_path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--max-extra-ms", type=float, default=60.0)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "models").mkdir()
+        write_llama(root / "models" / "tiny.gguf")
+        config = write_config(root, engine_binary(), [root / "models"])
+        port = free_port()
+        write_preset(config, "bench", f'model = "tiny.gguf"\nctx = 2048\nport = {port}\n')
+        state, runtime = str(root / "state"), str(root / "run")
+        plan = prestart(str(config), state, runtime, "bench", environ={})
+        env = {**os.environ, "LOKI_CONFIG_DIR": str(config), "LOKI_STATE_DIR": state,
+               "LOKI_RUNTIME_DIR": runtime, "PYTHONPATH": str(ROOT)}
+        env.pop("NOTIFY_SOCKET", None)
+
+        raw, lok = [], []
+        raw_run(list(plan.argv), port)  # warm the page cache and the binary
+        wait_port_free(port)
+        for i in range(args.runs):
+            raw.append(raw_run(list(plan.argv), port))
+            wait_port_free(port)
+            lok.append(lokid_run(env, str(root / f"notify-{i}")))
+            wait_port_free(port)
+
+    raw_ms = statistics.median(raw) * 1000
+    lok_ms = statistics.median(lok) * 1000
+    extra = statistics.median(b - a for a, b in zip(raw, lok, strict=True)) * 1000
+    print(f"runs: {args.runs} each, alternating, same model and argv")
+    print(f"raw llama-server, spawn -> first /health 200 : median {raw_ms:7.1f} ms "
+          f"(min {min(raw) * 1000:.1f})")
+    print(f"lokid engine,     spawn -> READY=1          : median {lok_ms:7.1f} ms "
+          f"(min {min(lok) * 1000:.1f})")
+    print(f"readiness overhead (median of paired differences): {extra:+.1f} ms "
+          f"(goal <= {args.max_extra_ms:.0f} ms); ratio {lok_ms / raw_ms:.2f}x")
+    return 0 if extra <= args.max_extra_ms else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Attempt marks and verdicts: the pure half of the attempt token (see :mod:`lokid.state`).
+
+A *mark* names one combination of preset configuration and engine binary;
+:func:`verdict` says whether automatic speculation may be tried for it, given
+the token left by the last launch and the marks recorded as failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NEVER_ANSWERED = "the last automatic launch with this configuration never answered"
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One combination of preset configuration and engine binary."""
+
+    fingerprint: str
+    engine: str
+    build: int
+
+    def key(self) -> str:
+        return f"{self.fingerprint}|{self.engine}|{self.build}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why automatic speculation is cut for a mark ("" = allowed), and whether
+    settling must record that as a new failure."""
+
+    why: str = ""
+    record: bool = False
+
+
+def verdict(mark: str, attempt: str | None, failed: dict[str, str]) -> Verdict:
+    """Pure: the verdict for ``mark`` given the current token and the failed marks."""
+    if mark in failed:
+        return Verdict(failed[mark], False)
+    if attempt == mark:
+        return Verdict(NEVER_ANSWERED, True)
+    return Verdict()
