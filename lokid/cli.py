@@ -1,5 +1,5 @@
-"""The ``lokid`` command: ``plan``, ``run``, and the unit helpers ``prestart``, ``engine``,
-``generate`` (the daemon comes later).
+"""The ``lokid`` command: ``plan``, ``run``, the unit helpers ``prestart``, ``engine``,
+``generate``, and ``watch`` (the journal watcher alone; the daemon comes later).
 
 Arguments become typed calls here; no argparse object leaves this module.
 Errors are one line on stderr (a traceback only with ``--debug``). Exit
@@ -60,6 +60,31 @@ def cmd_engine(preset: str) -> int:
     return engine(paths.state_dir(), paths.runtime_dir(), preset)
 
 
+def cmd_watch() -> int:
+    """Follow the engines' journal and record layers-in-RAM verdicts until stopped."""
+    import asyncio
+    import signal
+
+    from .journalwatch import JournalWatcher
+
+    async def watch() -> None:
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, done.set)
+        watcher = JournalWatcher.system(
+            paths.state_dir(), paths.runtime_dir(),
+            on_verdict=lambda v: print(f"lokid: {v.preset}: {v.reason}", flush=True))
+        watcher.attach(loop)
+        try:
+            await done.wait()
+        finally:
+            watcher.detach(loop)
+
+    asyncio.run(watch())
+    return 0
+
+
 def cmd_generate(config_dir: str, dirs: list[str]) -> int:
     from .generator import generate
 
@@ -88,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: supervise the "
                          "engine planned by prestart")
     eng.add_argument("preset")
+    sub.add_parser("watch", help="follow the engines' journal and record verdicts (what the "
+                   "daemon does; for hosts without it)")
     gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
     gen.add_argument("dirs", nargs="+", metavar="DIR")
     return p
@@ -112,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_prestart(config_dir, args.preset)
         if command == "engine":
             return cmd_engine(args.preset)
+        if command == "watch":
+            return cmd_watch()
         return cmd_generate(config_dir, list(args.dirs))
 
     return _guard(dispatch, debug=bool(args.debug))
