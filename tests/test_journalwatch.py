@@ -81,6 +81,11 @@ class Setup:
         return JournalWatcher(reader, self.state, self.runtime,
                               log=lambda msg, **kw: self.logged.append((msg, kw)))
 
+    def load(self, invocation: str, lines: list[str]) -> JournalWatcher:
+        """A watcher on a journal holding one start's engine lines, then its "ready at"."""
+        entries = engine_entries("p", invocation, lines) + [ready_entry("p", invocation)]
+        return self.watcher(write_journal(self.root / "j.journal", entries))
+
 
 @pytest.fixture
 def setup(tmp_path: Path, engine: str, models: Any) -> Setup:
@@ -96,9 +101,7 @@ def test_layers_pushed_to_ram_on_an_auto_launch_cut_auto_next_time(setup: Setup)
     assert plan.spec.auto
     with StateDB(setup.state) as db:  # the engine answered: the supervisor cleared it
         db.clear("p", db_mark(setup))
-    path = write_journal(setup.root / "j.journal",
-                         engine_entries("p", "inv1", fit_log()) + [ready_entry("p", "inv1")])
-    w = setup.watcher(path)
+    w = setup.load("inv1", fit_log())
     assert w.drain() > 100
     assert [v.reason for v in w.verdicts] == [
         "only 0/3 layers on GPU with the draft: --fit moved layers to RAM"]
@@ -119,18 +122,14 @@ def db_mark(setup: Setup) -> Any:
 def test_a_fully_offloaded_launch_keeps_auto(setup: Setup) -> None:
     setup.start("inv1")
     lines = [line.replace("offloaded 0/3", "offloaded 3/3") for line in fit_log()]
-    path = write_journal(setup.root / "j.journal",
-                         engine_entries("p", "inv1", lines) + [ready_entry("p", "inv1")])
-    w = setup.watcher(path)
+    w = setup.load("inv1", lines)
     w.drain()
     assert w.verdicts == [] and setup.logged == []
 
 
 def test_a_verdict_needs_the_plan_of_that_very_start(setup: Setup) -> None:
     setup.start("inv-current")
-    path = write_journal(setup.root / "j.journal",
-                         engine_entries("p", "inv-old", fit_log()) + [ready_entry("p", "inv-old")])
-    w = setup.watcher(path)
+    w = setup.load("inv-old", fit_log())
     w.drain()
     assert w.verdicts == []
 
@@ -139,9 +138,7 @@ def test_forced_speculation_is_never_cut(setup: Setup, models: Any) -> None:
     write_preset(setup.config, "p", f'model = "{models.mtp_full}"\nctx = 2048\n'
                  f'port = {free_port()}\n[spec]\nmode = "mtp"\n')
     setup.start("inv1")
-    path = write_journal(setup.root / "j.journal",
-                         engine_entries("p", "inv1", fit_log()) + [ready_entry("p", "inv1")])
-    w = setup.watcher(path)
+    w = setup.load("inv1", fit_log())
     w.drain()
     assert w.verdicts == []
 
@@ -149,9 +146,7 @@ def test_forced_speculation_is_never_cut(setup: Setup, models: Any) -> None:
 def test_a_load_with_no_known_line_warns_that_the_format_changed(setup: Setup) -> None:
     setup.start("inv1")
     lines = ["starting something", "weights: 3 of 3 on accelerator", "serving"]
-    path = write_journal(setup.root / "j.journal",
-                         engine_entries("p", "inv1", lines) + [ready_entry("p", "inv1")])
-    w = setup.watcher(path)
+    w = setup.load("inv1", lines)
     w.drain()
     assert [kw["MESSAGE_ID"] for _, kw in setup.logged] == [MESSAGE_FORMAT_UNKNOWN]
 
@@ -167,9 +162,7 @@ def test_other_units_are_ignored(setup: Setup) -> None:
 
 def test_attach_follows_the_journal_fd_from_asyncio(setup: Setup) -> None:
     setup.start("inv1")
-    path = write_journal(setup.root / "j.journal",
-                         engine_entries("p", "inv1", fit_log()) + [ready_entry("p", "inv1")])
-    w = setup.watcher(path)
+    w = setup.load("inv1", fit_log())
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
