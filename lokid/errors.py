@@ -7,7 +7,7 @@ what would be valid. Nothing here formats a traceback.
 
 from __future__ import annotations
 
-ERROR_PREFIX = "org.lokid.Lokid1.Error."
+from .names import ERROR_PREFIX
 
 
 class LokiError(Exception):

@@ -25,8 +25,8 @@ import sys
 
 from . import config as cfg
 from .errors import ConfigError
+from .names import engine_unit
 
-UNIT_TEMPLATE = "loki-engine@.service"
 DROPIN_NAME = "50-lokid-preset.conf"
 BASE_START_TIMEOUT = 120        # seconds for a model of unknown or tiny size
 START_SECONDS_PER_GIB = 20      # a slow disk reads ~50 MiB/s; the engine then extends
@@ -82,7 +82,7 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
         print(f"lokid-generator: skipping preset {name}: {error}", file=sys.stderr)
     written = []
     for name, preset in sorted(presets.items()):
-        unit = f"loki-engine@{name}.service"
+        unit = engine_unit(name)
         directory = os.path.join(out_dir, unit + ".d")
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, DROPIN_NAME), "w", encoding="utf-8") as f:

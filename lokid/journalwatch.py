@@ -29,15 +29,16 @@ from typing import Any
 from systemd import journal
 
 from .enginelog import LoadTracker
+from .names import (
+    ENGINE_SLICE,
+    MESSAGE_AUTO_CUT,
+    MESSAGE_FORMAT_UNKNOWN,
+    SYSLOG_IDENTIFIER,
+    preset_of_unit,
+)
 from .runtime import StalePlanError, read_runtime_plan
 from .state import StateDB
 
-ENGINE_SLICE = "system-loki\\x2dengine.slice"
-UNIT_PREFIX = "loki-engine@"
-UNIT_SUFFIX = ".service"
-# lokid's MESSAGE_IDs (sd-id128, generated once for lokid).
-MESSAGE_AUTO_CUT = "6f1c3a5e2b8d4e0a9c7b1d3f5a2e4c6b"
-MESSAGE_FORMAT_UNKNOWN = "0d2b4f6a8c1e3a5b7d9f1b3d5f7a9c2e"
 READY_PREFIX = "ready at "
 
 
@@ -54,12 +55,6 @@ class Verdict:
     preset: str
     invocation: str
     reason: str
-
-
-def preset_of(unit: str) -> str | None:
-    if unit.startswith(UNIT_PREFIX) and unit.endswith(UNIT_SUFFIX):
-        return unit[len(UNIT_PREFIX):-len(UNIT_SUFFIX)] or None
-    return None
 
 
 class JournalWatcher:
@@ -94,7 +89,7 @@ class JournalWatcher:
         return count
 
     def handle(self, entry: dict[str, Any]) -> None:
-        preset = preset_of(str(entry.get("_SYSTEMD_UNIT", "")))
+        preset = preset_of_unit(str(entry.get("_SYSTEMD_UNIT", "")))
         invocation = str(entry.get("_SYSTEMD_INVOCATION_ID", "") or "")
         message = entry.get("MESSAGE", "")
         if isinstance(message, bytes):
@@ -108,7 +103,7 @@ class JournalWatcher:
             for key in [k for k, v in self.invocations.items()
                         if v.preset == preset and k != invocation]:
                 del self.invocations[key]
-        if entry.get("SYSLOG_IDENTIFIER") == "lokid" and entry.get("LOKI_PRESET"):
+        if entry.get("SYSLOG_IDENTIFIER") == SYSLOG_IDENTIFIER and entry.get("LOKI_PRESET"):
             if message.startswith(READY_PREFIX) and not inv.judged:
                 inv.judged = True
                 self._judge(inv)
@@ -122,7 +117,7 @@ class JournalWatcher:
             self.log(f"no known llama-server line during the load of preset {inv.preset}: "
                      "the engine's log format may have changed, lokid's verdicts are blind",
                      MESSAGE_ID=MESSAGE_FORMAT_UNKNOWN, PRIORITY=4, LOKI_PRESET=inv.preset,
-                     SYSLOG_IDENTIFIER="lokid")
+                     SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
         why = load.layers_in_ram()
         if not why:
             return
@@ -139,7 +134,7 @@ class JournalWatcher:
         self.log(f"preset {inv.preset}: automatic speculative decoding cut for the next start: "
                  f"{why} (mode = \"mtp\" forces it)",
                  MESSAGE_ID=MESSAGE_AUTO_CUT, PRIORITY=4, LOKI_PRESET=inv.preset,
-                 LOKI_REASON=why, SYSLOG_IDENTIFIER="lokid")
+                 LOKI_REASON=why, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
         if self.on_verdict is not None:
             self.on_verdict(verdict)
 

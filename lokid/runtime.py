@@ -12,6 +12,7 @@ import os
 import sys
 
 from .errors import LokiError
+from .names import SYSLOG_IDENTIFIER
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def journal_log(preset: str, message: str, priority: int = 5) -> None:
             from systemd import journal
 
             journal.send(message, PRIORITY=priority, LOKI_PRESET=preset,
-                         SYSLOG_IDENTIFIER="lokid")
+                         SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
             return
         except (ImportError, OSError):
             pass
