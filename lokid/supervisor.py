@@ -12,7 +12,8 @@ through a Python pipe a stalled reader could block), then:
   ``WATCHDOG=1`` only while ``/health`` keeps answering, so a hung engine is
   restarted by systemd's watchdog;
 - on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
-  after a grace period), and return the engine's status;
+  after a grace period), and return the engine's status (0 when our SIGTERM
+  killed it: a stop while loading is still a clean stop);
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
   failure even with status 0, so that ``Restart=on-failure`` applies).
 
@@ -287,6 +288,11 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
         time.sleep(0.05)
 
+    if stopping_since is not None and rc == -signal.SIGTERM:
+        # The stop we asked for. llama-server installs its SIGTERM handler only once
+        # the model is loaded, so a stop while loading kills it with our signal;
+        # status 143 would make systemd mark the unit failed after `systemctl stop`.
+        return 0
     if rc < 0:
         rc = 128 - rc
     if stopping_since is not None:
