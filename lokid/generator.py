@@ -70,16 +70,32 @@ def dropin(preset: cfg.Preset, model_dirs: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _warn(message: str) -> None:
+    """A warning where a generator's output goes: systemd runs generators with
+    stdout/stderr on /dev/null (and $SYSTEMD_SCOPE set, since v251), so they log
+    to the kernel log, which the journal reads. By hand, or without /dev/kmsg (a
+    container), stderr."""
+    line = f"lokid-generator: {message}"
+    if os.environ.get("SYSTEMD_SCOPE"):
+        try:
+            with open("/dev/kmsg", "w", encoding="utf-8") as kmsg:
+                kmsg.write(f"<4>{line}\n")  # <4>: warning
+            return
+        except OSError:
+            pass
+    print(line, file=sys.stderr)
+
+
 def generate(config_dir: str, out_dir: str) -> list[str]:
     """Write one drop-in per valid preset; return the units written."""
     try:
         glob = cfg.load_global(config_dir)
     except ConfigError as e:
-        print(f"lokid-generator: {e}", file=sys.stderr)
+        _warn(str(e))
         glob = cfg.GlobalConfig()
     presets, broken = cfg.load_presets(config_dir)
     for name, error in sorted(broken.items()):
-        print(f"lokid-generator: skipping preset {name}: {error}", file=sys.stderr)
+        _warn(f"skipping preset {name}: {error}")
     written = []
     for name, preset in sorted(presets.items()):
         unit = engine_unit(name)
