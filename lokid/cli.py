@@ -13,6 +13,7 @@ import sys
 
 from . import __version__, paths
 from .errors import LokiError, PortBusyError
+from .runtime import journal_log
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -151,10 +152,10 @@ def _guard(call: Callable[[], int], debug: bool) -> int:
     try:
         return call()
     except PortBusyError as e:
-        print(f"lokid: {e}", file=sys.stderr)
+        journal_log("", str(e), priority=3)
         return EXIT_BUSY
     except LokiError as e:
-        print(f"lokid: {e}", file=sys.stderr)
+        journal_log("", str(e), priority=3)
         if debug:
             import traceback
 

@@ -95,6 +95,12 @@ def test_a_preset_runs_as_a_notify_unit(lk: LokidSystem) -> None:
     log = ct.wait_journal(unit(name), "llama_server: listening on")
     log = ct.wait_journal(unit(name), f"plan: {lk.engine} -m /var/lib/loki-models/{LLAMA}")
     assert f"--port {port}" in log
+    # ... told apart by identifier: the engine's lines are llama-server's, the plan lokid's.
+    by_id = {ident: ct.run(["journalctl", "-u", unit(name), f"SYSLOG_IDENTIFIER={ident}",
+                            "-o", "cat", "--no-pager"]).stdout for ident in ("llama-server",
+                                                                              "lokid")}
+    assert "llama_server: listening on" in by_id["llama-server"]
+    assert "plan: " not in by_id["llama-server"] and "plan: " in by_id["lokid"]
     # Everything runs as loki: the supervisor (MainPID) and the engine.
     procs = lk.processes(name)
     assert {comm for _, _, comm in procs} == {"python3", "llama-server"}, procs
@@ -262,6 +268,13 @@ def test_a_hung_engine_is_restarted_by_the_watchdog(lk: LokidSystem) -> None:
     _notes.append(f"watchdog: SIGSTOP to restart in {took:.1f} s")
 
 
+def lokid_errors(ct: Any, unit_name: str) -> list[str]:
+    """lokid's own error entries in the unit's journal (not the engine's lines)."""
+    r = ct.run(["journalctl", "-u", unit_name, "SYSLOG_IDENTIFIER=lokid", "PRIORITY=3",
+                "-o", "cat", "--no-pager"], check=False)
+    return r.stdout.splitlines()
+
+
 def test_an_invalid_preset_fails_with_one_line(lk: LokidSystem) -> None:
     ct = lk.ct
     bad = "broken"
@@ -273,9 +286,10 @@ def test_an_invalid_preset_fails_with_one_line(lk: LokidSystem) -> None:
     props = lk.show(bad, "ActiveState", "SubState", "Result")
     assert props["Result"] == "exit-code" and props["ActiveState"] != "active", props
     log = ct.wait_journal(unit(bad), "status=2/INVALIDARGUMENT")   # lokid's EXIT_CONFIG
-    lines = [s for s in log.splitlines() if "broken.toml" in s]
+    # lokid's own entry (SYSLOG_IDENTIFIER=lokid, priority err), not the engine's output
+    lines = [s for s in lokid_errors(ct, unit(bad)) if "broken.toml" in s]
     assert lines, log
-    assert lines[0] == ("lokid: /etc/loki/presets/broken.toml:3: ctx: must be an integer "
+    assert lines[0] == ("/etc/loki/presets/broken.toml:3: ctx: must be an integer "
                         "(tokens; 0 = not fixed, --fit may shrink it), not a string"), lines
     assert "Traceback" not in log, log
     # It affects no other preset: the generator skipped only the broken one (the
@@ -315,7 +329,8 @@ def test_a_busy_port_fails_without_touching_the_token(lk: LokidSystem) -> None:
     props = lk.show(name, "ActiveState", "Result")
     assert props["Result"] == "exit-code" and props["ActiveState"] != "active", props
     log = ct.wait_journal(unit(name), "status=1/FAILURE")   # lokid's EXIT_BUSY
-    assert f"lokid: port {port} on 127.0.0.1 is already in use by another process" in log
+    assert any(f"port {port} on 127.0.0.1 is already in use by another process" in line
+               for line in lokid_errors(ct, unit(name))), log
     assert "Traceback" not in log
     # The other start's token is untouched: not consumed, not recorded as a failure.
     assert lk.state(name) == before

@@ -52,7 +52,7 @@ def write_journal(path: Path, entries: list[dict[str, str]]) -> Path:
 def engine_entries(preset: str, invocation: str, lines: list[str]) -> list[dict[str, str]]:
     return [{"MESSAGE": line, "_SYSTEMD_UNIT": f"loki-engine@{preset}.service",
              "_SYSTEMD_SLICE": ENGINE_SLICE, "_SYSTEMD_INVOCATION_ID": invocation,
-             "SYSLOG_IDENTIFIER": "lokid", "_TRANSPORT": "stdout"} for line in lines]
+             "SYSLOG_IDENTIFIER": "llama-server", "_TRANSPORT": "stdout"} for line in lines]
 
 
 def ready_entry(preset: str, invocation: str) -> dict[str, str]:
