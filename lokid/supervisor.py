@@ -85,16 +85,26 @@ class Notifier:
             self._sock.close()
 
 
+def reachable_host(host: str) -> str:
+    """Where to reach an engine listening on ``host``: a wildcard means loopback."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def engine_url(host: str, port: int) -> str:
+    host = reachable_host(host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
     """HTTP status of GET /health, or None when nothing answers."""
     import socket
 
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
     try:
-        with socket.create_connection((host, port), timeout=timeout) as s:
+        with socket.create_connection((reachable_host(host), port), timeout=timeout) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: lokid\r\nConnection: close\r\n\r\n")
             head = s.recv(64)
     except OSError:
@@ -213,7 +223,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
           log: Callable[[str], None], on_ready: Callable[[str], None] | None,
           stop: list[int], unexpected_exit_fails: bool) -> int:
     started = time.monotonic()
-    url = f"http://{launch.host}:{launch.port}"
+    url = engine_url(launch.host, launch.port)
     ready = False
     stopping_since: float | None = None
     next_status = started

@@ -226,3 +226,14 @@ def test_engine_helper_refuses_a_plan_of_another_invocation(dirs: Dirs, models: 
                        timeout=60)
     assert r.returncode == 2 and "belongs to another start" in r.stderr
     assert json.loads(Path(dirs.runtime, "p.json").read_text())["invocation"] == "first"
+
+
+@pytest.mark.parametrize("host,url", [
+    ("127.0.0.1", "http://127.0.0.1:8080"), ("0.0.0.0", "http://127.0.0.1:8080"),
+    ("::", "http://[::1]:8080"), ("::1", "http://[::1]:8080"),
+    ("gpu1.lan", "http://gpu1.lan:8080"),
+])
+def test_the_ready_url_is_one_a_client_can_use(host: str, url: str) -> None:
+    from lokid.supervisor import engine_url
+
+    assert engine_url(host, 8080) == url
