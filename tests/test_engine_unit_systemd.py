@@ -51,10 +51,10 @@ def _say(config: pytest.Config, message: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def lokid_system(systemd_container: Container, engine: str, models: Any,
+def lokid_system(systemd_container: Container, container_engine: str, models: Any,
                  pytestconfig: pytest.Config) -> Iterator[LokidSystem]:
     t0 = time.monotonic()
-    system = install(systemd_container, engine, [models.llama, models.mtp_full])
+    system = install(systemd_container, container_engine, [models.llama, models.mtp_full])
     installed = time.monotonic() - t0
     yield system
     total = time.monotonic() - t0

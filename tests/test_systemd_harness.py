@@ -107,13 +107,13 @@ def test_lokid_imports_with_debian_python(systemd_container: Container) -> None:
 
 
 @pytest.mark.engine
-def test_real_engine_runs_inside(systemd_container: Container, engine: str) -> None:
-    r = systemd_container.run([engine, "--version"])
+def test_real_engine_runs_inside(systemd_container: Container, container_engine: str) -> None:
+    r = systemd_container.run([container_engine, "--version"])
     assert "build 11434" in r.stdout + r.stderr
 
 
 @pytest.mark.engine
-def test_real_engine_serves_from_a_unit(systemd_container: Container, engine: str,
+def test_real_engine_serves_from_a_unit(systemd_container: Container, container_engine: str,
                                         models: Any) -> None:
     ct = systemd_container
     model = "/srv/harness-models/llama.gguf"
@@ -121,7 +121,7 @@ def test_real_engine_serves_from_a_unit(systemd_container: Container, engine: st
     port = free_port()       # the container shares the host's network
     unit = "engine-smoke.service"
     ct.systemctl("reset-failed", unit, check=False)
-    ct.run(["systemd-run", f"--unit={unit}", "--collect", "--", engine, "-m", model,
+    ct.run(["systemd-run", f"--unit={unit}", "--collect", "--", container_engine, "-m", model,
             "--host", "127.0.0.1", "--port", str(port), "-c", "512"])
     try:
         deadline = time.monotonic() + 60
