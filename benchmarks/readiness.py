@@ -39,6 +39,17 @@ from lokid.supervisor import health_status  # noqa: E402
 from lokid.unit import prestart  # noqa: E402
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL: llama-server b11434 sometimes misses a SIGTERM that
+    arrives right after it first answers /health (seen here: it kept running)."""
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_port_free(port: int) -> None:
     while health_status("127.0.0.1", port, timeout=0.2) is not None:
         time.sleep(0.01)
@@ -54,8 +65,7 @@ def raw_run(argv: list[str], port: int) -> float:
             time.sleep(0.001)
         return time.perf_counter() - t0
     finally:
-        proc.terminate()
-        proc.wait()
+        stop(proc)
 
 
 def lokid_run(env: dict[str, str], sock_path: str) -> float:
@@ -72,8 +82,7 @@ def lokid_run(env: dict[str, str], sock_path: str) -> float:
                 if "READY=1" in data.split("\n"):
                     return time.perf_counter() - t0
         finally:
-            proc.terminate()
-            proc.wait()
+            stop(proc)
             os.unlink(sock_path)
 
 

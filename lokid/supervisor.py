@@ -47,6 +47,7 @@ STATUS_EVERY = 2.0       # STATUS= refresh while loading
 EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
 EXTEND_BY = 30.0         # seconds granted per extension
 STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
+STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
 
 
 class Notifier:
@@ -226,6 +227,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
     url = engine_url(launch.host, launch.port)
     ready = False
     stopping_since: float | None = None
+    resent = False
     next_status = started
     next_extend = started + EXTEND_EVERY
     last_progress = _progress(proc.pid)
@@ -246,6 +248,14 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             proc.send_signal(signal.SIGTERM)
             stopping_since = now
         if stopping_since is not None:
+            if now - stopping_since > STOP_RESEND and not resent:
+                # llama-server b11434 answers /health before it installs its signal
+                # handler and starts its loop; a SIGTERM in between is lost and the
+                # engine runs on. Its answer to a second signal is an immediate exit.
+                log(f"the engine is still running {STOP_RESEND:.0f} s after SIGTERM: "
+                    "sending it again")
+                proc.send_signal(signal.SIGTERM)
+                resent = True
             if now - stopping_since > STOP_GRACE and not notifier.enabled:
                 log(f"the engine ignored SIGTERM for {STOP_GRACE:.0f} s: killing it")
                 proc.kill()
@@ -298,10 +308,11 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
         time.sleep(0.05)
 
-    if stopping_since is not None and rc == -signal.SIGTERM:
+    if stopping_since is not None and (rc == -signal.SIGTERM or (resent and rc == 1)):
         # The stop we asked for. llama-server installs its SIGTERM handler only once
-        # the model is loaded, so a stop while loading kills it with our signal;
-        # status 143 would make systemd mark the unit failed after `systemctl stop`.
+        # the model is loaded, so a stop while loading kills it with our signal, and
+        # after a resent SIGTERM it exits 1 at once ("terminating immediately");
+        # either status would make systemd mark the unit failed after `systemctl stop`.
         return 0
     if rc < 0:
         rc = 128 - rc

@@ -237,3 +237,45 @@ def test_the_ready_url_is_one_a_client_can_use(host: str, url: str) -> None:
     from lokid.supervisor import engine_url
 
     assert engine_url(host, 8080) == url
+
+
+# llama-server b11434 answers /health 200 before it installs its SIGTERM handler and
+# enters its loop (tools/server/server.cpp): a SIGTERM in that window is lost, and the
+# engine's answer to a second signal is exit(1) at once. The window is too narrow to
+# hit on purpose with the real engine, so this stand-in has the same two behaviours.
+MISSES_FIRST_SIGTERM = """
+import http.server, os, signal, sys
+seen = []
+def on_term(signum, frame):
+    if seen:
+        os._exit(1)
+    seen.append(signum)
+signal.signal(signal.SIGTERM, on_term)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_missed_sigterm_is_sent_again_and_the_stop_stays_clean(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from lokid import supervisor
+
+    monkeypatch.setattr(supervisor, "STOP_RESEND", 0.5)
+    port = free_port()
+    launch = supervisor.Launch([sys.executable, "-c", MISSES_FIRST_SIGTERM, str(port)], {},
+                               "127.0.0.1", port, "stand-in")
+    logged: list[str] = []
+
+    def on_ready(url: str) -> None:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    started = time.monotonic()
+    rc = supervisor.supervise(launch, log=logged.append, on_ready=on_ready)
+    assert rc == 0, logged
+    assert any("sending it again" in m for m in logged), logged
+    assert time.monotonic() - started < 20
