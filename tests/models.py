@@ -115,6 +115,27 @@ def _embeddings(wt: _Weights, n_embd: int, predict: str | None
     return tok_embd, output
 
 
+def _output_tensors(w: gguf.GGUFWriter, wt: _Weights, n_embd: int, predict: str | None
+                    ) -> None:
+    """token_embd, output_norm and output (see _embeddings for ``predict``)."""
+    tok_embd, output = _embeddings(wt, n_embd, predict)
+    w.add_tensor("token_embd.weight", tok_embd)
+    w.add_tensor("output_norm.weight", wt.ones(n_embd))
+    w.add_tensor("output.weight", output)
+
+
+def _attention_tensors(w: gguf.GGUFWriter, wt: _Weights, i: int, *, n_embd: int, n_head: int,
+                       n_head_kv: int, head_dim: int, post_norm: str) -> None:
+    """Block ``i``'s attention, then its ``post_norm`` (ffn_norm for llama,
+    post_attention_norm for GLM)."""
+    w.add_tensor(f"blk.{i}.attn_norm.weight", wt.ones(n_embd))
+    w.add_tensor(f"blk.{i}.attn_q.weight", wt.rand(n_head * head_dim, n_embd))
+    w.add_tensor(f"blk.{i}.attn_k.weight", wt.rand(n_head_kv * head_dim, n_embd))
+    w.add_tensor(f"blk.{i}.attn_v.weight", wt.rand(n_head_kv * head_dim, n_embd))
+    w.add_tensor(f"blk.{i}.attn_output.weight", wt.rand(n_embd, n_head * head_dim))
+    w.add_tensor(f"blk.{i}.{post_norm}.weight", wt.ones(n_embd))
+
+
 def _llama_writer(path: PathLike, *, n_layers: int, n_embd: int, n_head: int, n_head_kv: int,
                   n_ff: int, context_length: int, name: str, seed: int,
                   predict: str | None) -> tuple[gguf.GGUFWriter, _Weights]:
@@ -136,17 +157,10 @@ def _llama_writer(path: PathLike, *, n_layers: int, n_embd: int, n_head: int, n_
     _byte_tokenizer(w)
 
     wt = _Weights(seed)
-    tok_embd, output = _embeddings(wt, n_embd, predict)
-    w.add_tensor("token_embd.weight", tok_embd)
-    w.add_tensor("output_norm.weight", wt.ones(n_embd))
-    w.add_tensor("output.weight", output)
+    _output_tensors(w, wt, n_embd, predict)
     for i in range(n_layers):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", wt.ones(n_embd))
-        w.add_tensor(f"blk.{i}.attn_q.weight", wt.rand(n_head * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_k.weight", wt.rand(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_v.weight", wt.rand(n_head_kv * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_output.weight", wt.rand(n_embd, n_head * head_dim))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", wt.ones(n_embd))
+        _attention_tensors(w, wt, i, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                           head_dim=head_dim, post_norm="ffn_norm")
         w.add_tensor(f"blk.{i}.ffn_gate.weight", wt.rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", wt.rand(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_down.weight", wt.rand(n_embd, n_ff))
@@ -247,19 +261,12 @@ def write_glm4moe_mtp(path: PathLike, *, part: GlmPart = "full", agree: bool = T
     _byte_tokenizer(w)
 
     wt = _Weights(0)
-    tok_embd, output = _embeddings(wt, n_embd, "a" if agree else None)
     # Every part, the head file included, carries the embeddings and output head.
-    w.add_tensor("token_embd.weight", tok_embd)
-    w.add_tensor("output_norm.weight", wt.ones(n_embd))
-    w.add_tensor("output.weight", output)
+    _output_tensors(w, wt, n_embd, "a" if agree else None)
 
     def attention(i: int) -> None:
-        w.add_tensor(f"blk.{i}.attn_norm.weight", wt.ones(n_embd))
-        w.add_tensor(f"blk.{i}.attn_q.weight", wt.rand(n_head * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_k.weight", wt.rand(n_head * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_v.weight", wt.rand(n_head * head_dim, n_embd))
-        w.add_tensor(f"blk.{i}.attn_output.weight", wt.rand(n_embd, n_head * head_dim))
-        w.add_tensor(f"blk.{i}.post_attention_norm.weight", wt.ones(n_embd))
+        _attention_tensors(w, wt, i, n_embd=n_embd, n_head=n_head, n_head_kv=n_head,
+                           head_dim=head_dim, post_norm="post_attention_norm")
 
     if part != "head":
         for i in range(n_trunk):
