@@ -27,5 +27,42 @@ def preset_of_unit(unit: str) -> str | None:
 MESSAGE_AUTO_CUT = "6f1c3a5e2b8d4e0a9c7b1d3f5a2e4c6b"
 MESSAGE_FORMAT_UNKNOWN = "0d2b4f6a8c1e3a5b7d9f1b3d5f7a9c2e"
 
-# D-Bus errors (the daemon's API; the error classes carry these already).
-ERROR_PREFIX = "org.lokid.Lokid1.Error."
+# D-Bus: everything derives from the API version.
+API_VERSION = 1
+BUS_NAME = f"org.lokid.Lokid{API_VERSION}"
+OBJECT_PATH = f"/org/lokid/Lokid{API_VERSION}"
+PRESET_PATH_PREFIX = OBJECT_PATH + "/preset/"
+MANAGER_INTERFACE = BUS_NAME + ".Manager"
+PRESET_INTERFACE = BUS_NAME + ".Preset"
+ERROR_PREFIX = BUS_NAME + ".Error."
+
+
+def preset_object_path(preset: str) -> str:
+    """The preset's object path, its name escaped as sd_bus_path_encode() does:
+    every byte outside [A-Za-z0-9] becomes _xx (hex), so "a-b.c_d" is
+    "a_2db_2ec_5fd" (the same as busctl's and systemd's own escaping)."""
+    escaped = "".join(c if c.isascii() and c.isalnum() else
+                      "".join(f"_{b:02x}" for b in c.encode()) for c in preset)
+    return PRESET_PATH_PREFIX + (escaped or "_")
+
+
+def preset_of_object_path(path: str) -> str | None:
+    """The preset name of a preset object path, or None."""
+    if not path.startswith(PRESET_PATH_PREFIX):
+        return None
+    label = path[len(PRESET_PATH_PREFIX):]
+    if label == "_":
+        return ""
+    out = bytearray()
+    i = 0
+    while i < len(label):
+        if label[i] == "_":
+            try:
+                out.append(int(label[i + 1:i + 3], 16))
+            except ValueError:
+                return None
+            i += 3
+        else:
+            out += label[i].encode()
+            i += 1
+    return out.decode("utf-8", "replace")

@@ -23,27 +23,40 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy kno
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .plan import Plan
+    from .attempt import Mark, Verdict
+    from .plan import Plan, PlanInputs
+    from .state import StateDB
+
+
+def decide(inputs: PlanInputs, db: StateDB) -> tuple[Plan, Mark, Verdict]:
+    """The plan of a start, given the attempt verdict for its mark (read-only on ``db``).
+
+    The mark is the plan's as it would be with automatic speculation allowed, so
+    that a cut configuration keeps the same mark.
+    """
+    from dataclasses import replace
+
+    from .attempt import Mark
+    from .plan import build_plan, fingerprint
+
+    allowed = build_plan(inputs)
+    mark = Mark(fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
+    found = db.peek(inputs.preset.name, mark)
+    plan = build_plan(replace(inputs, auto_blocked=found.why)) if found.why else allowed
+    return plan, mark, found
 
 
 def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
              environ: Mapping[str, str] | None = None) -> Plan:
     """Plan the launch of ``name``, settle its attempt token, write the runtime plan."""
-    from dataclasses import replace
-
-    from .attempt import Mark
     from .gather import gather
-    from .plan import build_plan, fingerprint
     from .run import check_port_free, describe
     from .state import StateDB
 
     environ = dict(os.environ if environ is None else environ)
     inputs = gather(config_dir, name, environ)
-    allowed = build_plan(inputs)
-    mark = Mark(fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
     with StateDB(state_dir) as db:
-        found = db.peek(name, mark)
-        plan = build_plan(replace(inputs, auto_blocked=found.why)) if found.why else allowed
+        plan, mark, found = decide(inputs, db)
         # Before any token moves: a second start refused because the first is
         # still loading must not count the first one's token as a failure.
         check_port_free(plan.host, plan.port)
