@@ -1,5 +1,5 @@
 """The ``lokid`` command: ``plan``, ``run``, the unit helpers ``prestart``, ``engine``,
-``generate``, and ``watch`` (the journal watcher alone; the daemon comes later).
+``generate``, ``watch`` (the journal watcher alone) and ``daemon`` (the D-Bus service).
 
 Arguments become typed calls here; no argparse object leaves this module.
 Errors are one line on stderr (a traceback only with ``--debug``). Exit
@@ -86,6 +86,12 @@ def cmd_watch() -> int:
     return 0
 
 
+def cmd_daemon(config_dir: str, bus: str, bus_address: str | None) -> int:
+    from .daemon import main as daemon_main
+
+    return daemon_main(config_dir, paths.state_dir(), paths.runtime_dir(), bus, bus_address)
+
+
 def cmd_generate(config_dir: str, dirs: list[str]) -> int:
     from .generator import generate
 
@@ -114,6 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: supervise the "
                          "engine planned by prestart")
     eng.add_argument("preset")
+    dmn = sub.add_parser("daemon", help="serve the presets on D-Bus as org.lokid.Lokid1")
+    dmn.add_argument("--bus", choices=("system", "session"), default="system",
+                     help="which bus (default: system; session for development)")
+    dmn.add_argument("--bus-address", help="connect to this bus address instead")
     sub.add_parser("watch", help="follow the engines' journal and record verdicts (what the "
                    "daemon does; for hosts without it)")
     gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
@@ -142,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_engine(args.preset)
         if command == "watch":
             return cmd_watch()
+        if command == "daemon":
+            return cmd_daemon(config_dir, args.bus, args.bus_address)
         return cmd_generate(config_dir, list(args.dirs))
 
     return _guard(dispatch, debug=bool(args.debug))

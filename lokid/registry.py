@@ -1,0 +1,92 @@
+"""What the daemon knows about each preset: its settings, its plan, its recorded verdict.
+
+:meth:`Registry.load` reads every preset and computes each plan as the next
+start would (``unit.decide``: the attempt verdict applied), the way ``lokid
+prestart`` will. It does I/O (config files, GGUF headers, the engine's
+``--help``), so the daemon runs it in a worker thread; D-Bus property reads
+are then served from the snapshot. A broken preset is kept with its error and
+never hides the others; a preset that cannot be planned (missing model,
+missing engine) is served with the reason instead of a plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import config as cfg
+from .errors import ConfigError, LokiError, NotFoundError
+from .gather import gather
+from .names import engine_unit
+from .state import StateDB
+from .unit import decide
+
+
+@dataclass(frozen=True)
+class PresetView:
+    """One valid preset file, with its plan or the reason it has none."""
+
+    name: str
+    path: str
+    model: str                      # the setting as written
+    spec_mode: str                  # the setting as written ("off" when absent)
+    plan: dict[str, Any] | None     # lokid plan --json, as the next start would run it
+    error: str = ""                 # why there is no plan
+    auto_blocked: str = ""          # recorded reason automatic speculation is cut, or ""
+
+    @property
+    def unit(self) -> str:
+        return engine_unit(self.name)
+
+    @property
+    def notes(self) -> list[str]:
+        return list(self.plan["notes"]) if self.plan else [self.error]
+
+    @property
+    def argv(self) -> list[str]:
+        return list(self.plan["argv"]) if self.plan else []
+
+
+@dataclass
+class Registry:
+    config_dir: str
+    state_dir: str
+    presets: dict[str, PresetView] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)   # name → the error, one line
+
+    def load(self) -> None:
+        """Read every preset again and replace the snapshot (blocking: run in a thread)."""
+        good, bad = cfg.load_presets(self.config_dir)
+        views = {}
+        with StateDB(self.state_dir) as db:
+            for name, preset in good.items():
+                views[name] = self._view(preset, db)
+        self.presets = views
+        self.broken = {name: str(error) for name, error in bad.items()}
+
+    def refresh(self, name: str) -> PresetView:
+        """Plan one preset again (after a verdict was recorded for it)."""
+        preset = cfg.load_preset(self.config_dir, name)
+        with StateDB(self.state_dir) as db:
+            view = self._view(preset, db)
+        self.presets = {**self.presets, name: view}
+        return view
+
+    def _view(self, preset: cfg.Preset, db: StateDB) -> PresetView:
+        mode = preset.spec.mode if isinstance(preset.spec.mode, str) else "off"
+        base = dict(name=preset.name, path=preset.path, model=preset.model,
+                    spec_mode=mode or "off")
+        try:
+            inputs = gather(self.config_dir, preset.name)
+            plan, _, found = decide(inputs, db)
+        except LokiError as e:
+            return PresetView(**base, plan=None, error=str(e))
+        return PresetView(**base, plan=plan.to_json(), auto_blocked=found.why)
+
+    def get(self, name: str) -> PresetView:
+        view = self.presets.get(name)
+        if view is None:
+            if name in self.broken:
+                raise ConfigError(f"preset {name!r} is invalid: {self.broken[name]}")
+            raise NotFoundError(f"no preset {name!r} (known: {', '.join(sorted(self.presets))})")
+        return view
