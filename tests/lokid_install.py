@@ -39,6 +39,8 @@ GENERATOR_DIR = "/etc/systemd/system-generators"
 GENERATED_DIR = "/run/systemd/generator"
 TEMPLATE = "loki-engine@.service"
 GENERATOR = "lokid-engine-generator"
+DAEMON_UNIT = "lokid.service"
+BUS_NAME = "org.lokid.Lokid1"
 
 # A stand-in for the Debian package's /usr/bin/lokid, which comes later: Debian's
 # own python3 and libraries (python3-systemd, ...) run the repository's code.
@@ -92,6 +94,14 @@ class LokidSystem:
         ct.write_file(f"{UNIT_DIR}/{TEMPLATE}", (REPO / "units" / TEMPLATE).read_bytes())
         ct.write_file(f"{GENERATOR_DIR}/{GENERATOR}", (REPO / "units" / GENERATOR).read_bytes(),
                       mode=0o755)
+        # The daemon: its unit, its bus policy and its D-Bus activation file.
+        ct.write_file(f"{UNIT_DIR}/{DAEMON_UNIT}", (REPO / "units" / DAEMON_UNIT).read_bytes())
+        ct.write_file(f"/usr/share/dbus-1/system.d/{BUS_NAME}.conf",
+                      (REPO / "data" / "dbus" / f"{BUS_NAME}.conf").read_bytes())
+        ct.write_file(f"/usr/share/dbus-1/system-services/{BUS_NAME}.service",
+                      (REPO / "data" / "dbus" / f"{BUS_NAME}.service").read_bytes())
+        ct.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                "org.freedesktop.DBus", "ReloadConfig"])
         self.set_engine(self.engine)
         self._engine_changed = False
         ct.run(["mkdir", "-p", f"{CONFIG_DIR}/presets", MODEL_DIR])
