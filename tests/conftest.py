@@ -276,3 +276,20 @@ def systemd_container() -> Iterator[systemd_harness.Container]:
 def container_engine(systemd_container: systemd_harness.Container) -> str:
     """The real llama-server's path inside the container."""
     return f"{CONTAINER_ENGINE_DIR}/{os.path.basename(engine_binary())}"
+
+
+# --- a private D-Bus (the real dbus-daemon) --------------------------------------------
+
+
+@pytest.fixture
+def bus_address(tmp_path: Path) -> Iterator[str]:
+    """A private session bus: the real dbus-daemon, its own socket."""
+    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
+                             f"--address=unix:path={tmp_path / 'bus'}"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()
+    assert address.startswith("unix:"), address
+    yield address
+    proc.terminate()
+    proc.wait(10)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +36,6 @@ from lokid.names import (
 from lokid.state import Mark, StateDB
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture
-def bus_address(tmp_path: Path) -> Iterator[str]:
-    """A private session bus: the real dbus-daemon, its own socket."""
-    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
-                             f"--address=unix:path={tmp_path / 'bus'}"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()
-    assert address.startswith("unix:"), address
-    yield address
-    proc.terminate()
-    proc.wait(10)
 
 
 @pytest.fixture
