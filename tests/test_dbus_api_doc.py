@@ -1,0 +1,47 @@
+"""The documented API (data/dbus/org.lokid.Lokid1.xml) is exactly what the daemon exports,
+and every member is described."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from lokid.dbusapi import ManagerInterface, PresetInterface
+from lokid.registry import Registry
+
+DOC = Path(__file__).resolve().parent.parent / "data" / "dbus" / "org.lokid.Lokid1.xml"
+DOCSTRING = "org.gtk.GDBus.DocString"
+
+
+def members(iface: ET.Element) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(kind, name) → signature: arg types with directions, or property type and access."""
+    out: dict[tuple[str, str], tuple[str, ...]] = {}
+    for el in iface:
+        if el.tag == "property":
+            out[("property", el.get("name", ""))] = (el.get("type", ""), el.get("access", ""))
+        elif el.tag in ("method", "signal"):
+            out[(el.tag, el.get("name", ""))] = tuple(
+                f"{a.get('direction', 'out')}:{a.get('type')}" for a in el if a.tag == "arg")
+    return out
+
+
+def documented() -> dict[str, ET.Element]:
+    return {i.get("name", ""): i for i in ET.parse(DOC).getroot() if i.tag == "interface"}
+
+
+@pytest.mark.parametrize("cls", [ManagerInterface, PresetInterface])
+def test_the_document_matches_the_exported_interface(cls: type) -> None:
+    iface = cls(Registry("/nonexistent", "/nonexistent"), *(["p"] if cls is PresetInterface
+                                                           else []))
+    live = iface.introspect().to_xml()
+    doc = documented()[live.get("name")]
+    assert members(doc) == members(live)
+
+
+def test_every_interface_and_member_is_described() -> None:
+    for iface in documented().values():
+        for el in [iface, *[e for e in iface if e.tag in ("property", "method", "signal")]]:
+            docs = [a for a in el if a.tag == "annotation" and a.get("name") == DOCSTRING]
+            assert docs and len(docs[0].get("value", "")) > 10, el.get("name")
