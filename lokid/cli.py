@@ -2,7 +2,8 @@
 ``generate``, ``watch`` (the journal watcher alone) and ``daemon`` (the D-Bus service).
 
 Arguments become typed calls here; no argparse object leaves this module.
-Errors are one line on stderr (a traceback only with ``--debug``). Exit
+Errors are one line on stderr, or one journal entry when stderr is the
+journal (a traceback only with ``--debug``). Exit
 status: 0 on success, 2 for a config/preset/model/engine problem, 1 for a
 busy port; ``run`` otherwise exits with the engine's own status.
 """
