@@ -84,11 +84,29 @@ class StateDB:
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
                                        isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._db.execute("PRAGMA journal_mode = WAL")
+            self._wal()
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except (OSError, sqlite3.Error) as e:
             raise StateError(f"state database {self.path}: {e}") from None
+
+    def _wal(self) -> None:
+        """Switch to WAL (persistent: only the first opener of a new file changes it).
+
+        Changing the journal mode needs the database to itself, and SQLite does not
+        wait on its busy handler for that: two helpers opening a new state DB at
+        once (two presets starting at boot) got "database is locked". Retried here
+        within the busy timeout.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def close(self) -> None:
         self._db.close()
