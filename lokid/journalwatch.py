@@ -47,7 +47,8 @@ class Invocation:
     preset: str
     invocation: str
     tracker: LoadTracker = field(default_factory=LoadTracker)
-    judged: bool = False
+    judged: bool = False    # its "ready at" entry was seen
+    cut: bool = False       # a verdict was recorded for it
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,18 @@ class JournalWatcher:
                 inv.judged = True
                 self._judge(inv)
             return
+        late_offload = False
         for line in message.splitlines():
-            inv.tracker.feed(line)
+            event = inv.tracker.feed(line)
+            late_offload |= event is not None and event.kind == "offloaded"
+        if late_offload and inv.judged and not inv.cut:
+            # The engine's lines and lokid's "ready at" entry reach the journal by
+            # different streams: an offload line may land after it.
+            self._judge(inv, late=True)
 
-    def _judge(self, inv: Invocation) -> None:
+    def _judge(self, inv: Invocation, late: bool = False) -> None:
         load = inv.tracker.current or inv.tracker.before
-        if load.known == 0 and inv.tracker.before.known == 0:
+        if not late and load.known == 0 and inv.tracker.before.known == 0:
             self.log(f"no known llama-server line during the load of preset {inv.preset}: "
                      "the engine's log format may have changed, lokid's verdicts are blind",
                      MESSAGE_ID=MESSAGE_FORMAT_UNKNOWN, PRIORITY=4, LOKI_PRESET=inv.preset,
@@ -129,6 +136,7 @@ class JournalWatcher:
             return  # forced or no speculation: the operator chose it
         with StateDB(self.state_dir) as db:
             db.record_failure(inv.preset, rp.mark, why)
+        inv.cut = True
         verdict = Verdict(inv.preset, inv.invocation, why)
         self.verdicts.append(verdict)
         self.log(f"preset {inv.preset}: automatic speculative decoding cut for the next start: "

@@ -119,6 +119,19 @@ def db_mark(setup: Setup) -> Any:
     return read_runtime_plan(setup.runtime, "p").mark
 
 
+def test_an_offload_line_landing_after_ready_is_still_judged_once(setup: Setup) -> None:
+    setup.start("inv1")
+    lines = fit_log()
+    at = next(i for i, line in enumerate(lines) if "offloaded 0/3" in line)
+    late = lines[at]
+    entries = (engine_entries("p", "inv1", lines[:at] + lines[at + 1:])
+               + [ready_entry("p", "inv1")] + engine_entries("p", "inv1", [late, late]))
+    w = setup.watcher(write_journal(setup.root / "j.journal", entries))
+    w.drain()
+    assert [v.reason for v in w.verdicts] == [
+        "only 0/3 layers on GPU with the draft: --fit moved layers to RAM"]
+
+
 def test_a_fully_offloaded_launch_keeps_auto(setup: Setup) -> None:
     setup.start("inv1")
     lines = [line.replace("offloaded 0/3", "offloaded 3/3") for line in fit_log()]
