@@ -58,6 +58,7 @@ lint: venv
 bench: setup
 	$(PY) benchmarks/probe_vs_ggufreader.py
 	$(PY) benchmarks/readiness.py
+	$(PY) benchmarks/dbus_api.py
 
 clean:
 	rm -rf $(VENV) .cache demo .pytest_cache .mypy_cache .ruff_cache
