@@ -17,7 +17,19 @@ ENGINE_CMAKE_ARGS := -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_
 ENGINE_WHEELS := .cache/engine-wheels/b11434-cpu
 ENGINE_STAMP := $(VENV)/.engine-$(ENGINE_VERSION)
 
-.PHONY: demo test setup system venv engine lint bench clean
+.PHONY: all man demo test setup system venv engine lint bench clean
+
+MAN_SOURCES := $(wildcard packaging/man/*.rst)
+MAN_PAGES := $(patsubst packaging/man/%.rst,build/man/%,$(MAN_SOURCES))
+
+all: man
+
+# Man pages from reStructuredText (docutils' rst2man, a dev dependency).
+man: $(MAN_PAGES)
+
+build/man/%: packaging/man/%.rst $(VENV)/.installed
+	@mkdir -p build/man
+	$(VENV)/bin/rst2man --halt=warning $< $@
 
 demo: setup
 	$(PY) scripts/demo.py
@@ -61,4 +73,4 @@ bench: setup
 	$(PY) benchmarks/dbus_api.py
 
 clean:
-	rm -rf $(VENV) .cache demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,62 @@
+# bash completion for lokid and lokictl
+# Presets are the files in $LOKI_CONFIG_DIR/presets (default /etc/loki/presets).
+
+_lokid_presets() {
+    local dir="${LOKI_CONFIG_DIR:-/etc/loki}/presets" f
+    for f in "$dir"/*.toml; do
+        [ -e "$f" ] || continue
+        f="${f##*/}"
+        printf '%s\n' "${f%.toml}"
+    done
+}
+
+_lokid() {
+    local cur prev words cword
+    _init_completion 2>/dev/null || {
+        cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[COMP_CWORD-1]}"
+        words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD
+    }
+    local commands="plan run prestart engine generate watch daemon"
+    local i cmd=""
+    for ((i = 1; i < cword; i++)); do
+        case "${words[i]}" in
+            plan|run|prestart|engine|generate|watch|daemon) cmd="${words[i]}"; break ;;
+        esac
+    done
+    case "$prev" in
+        --config-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+        --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
+    esac
+    case "$cmd" in
+        "") COMPREPLY=($(compgen -W "$commands --config-dir --debug --version --help" -- "$cur")) ;;
+        plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
+        run|prestart|engine) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
+        generate) COMPREPLY=($(compgen -d -- "$cur")) ;;
+        daemon) COMPREPLY=($(compgen -W "--bus --bus-address" -- "$cur")) ;;
+    esac
+}
+
+_lokictl() {
+    local cur prev words cword
+    _init_completion 2>/dev/null || {
+        cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[COMP_CWORD-1]}"
+        words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD
+    }
+    local i cmd=""
+    for ((i = 1; i < cword; i++)); do
+        case "${words[i]}" in
+            status|presets|show|plan) cmd="${words[i]}"; break ;;
+        esac
+    done
+    case "$prev" in
+        --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
+    esac
+    case "$cmd" in
+        "") COMPREPLY=($(compgen -W "status presets show plan --bus --address --help" -- "$cur")) ;;
+        status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
+        show|plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
+    esac
+}
+
+complete -F _lokid lokid
+complete -F _lokictl lokictl
