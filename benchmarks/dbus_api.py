@@ -34,8 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
-from enginekit import NotifyListener, engine_binary, write_config, write_preset  # noqa: E402
-from models import write_llama  # noqa: E402
+from enginekit import NotifyListener, tiny_config  # noqa: E402
 
 from lokid.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
 
@@ -97,10 +96,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "models").mkdir()
-        write_llama(root / "models" / "tiny.gguf")
-        config = write_config(root, engine_binary(), [root / "models"])
-        write_preset(config, "tiny", 'model = "tiny.gguf"\nctx = 2048\n')
+        config = tiny_config(root, "tiny", "")
         bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
                                 f"--address=unix:path={root / 'bus'}"],
                                stdout=subprocess.PIPE, text=True)

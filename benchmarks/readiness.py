@@ -32,8 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from enginekit import engine_binary, free_port, write_config, write_preset  # noqa: E402
-from models import write_llama  # noqa: E402
+from enginekit import free_port, tiny_config  # noqa: E402
 
 from lokid.supervisor import health_status  # noqa: E402
 from lokid.unit import prestart  # noqa: E402
@@ -94,11 +93,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "models").mkdir()
-        write_llama(root / "models" / "tiny.gguf")
-        config = write_config(root, engine_binary(), [root / "models"])
         port = free_port()
-        write_preset(config, "bench", f'model = "tiny.gguf"\nctx = 2048\nport = {port}\n')
+        config = tiny_config(root, "bench", f"port = {port}\n")
         state, runtime = str(root / "state"), str(root / "run")
         plan = prestart(str(config), state, runtime, "bench", environ={})
         env = {**os.environ, "LOKI_CONFIG_DIR": str(config), "LOKI_STATE_DIR": state,

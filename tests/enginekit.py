@@ -162,3 +162,14 @@ class NotifyListener:
         self._closed = True
         self._thread.join(1)
         self.sock.close()
+
+
+def tiny_config(root: Path, preset: str, body: str) -> Path:
+    """A config dir whose one preset serves the generated tiny llama (models/tiny.gguf)."""
+    from models import write_llama
+
+    (root / "models").mkdir(exist_ok=True)
+    write_llama(root / "models" / "tiny.gguf")
+    config = write_config(root, engine_binary(), [root / "models"])
+    write_preset(config, preset, 'model = "tiny.gguf"\nctx = 2048\n' + body)
+    return config
