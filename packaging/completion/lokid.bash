@@ -10,12 +10,18 @@ _lokid_presets() {
     done
 }
 
-_lokid() {
-    local cur prev words cword
+# Sets the caller's cur, prev, words and cword (bash's dynamic scope), with
+# bash-completion's _init_completion when it is there.
+_lokid_init() {
     _init_completion 2>/dev/null || {
         cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[COMP_CWORD-1]}"
         words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD
     }
+}
+
+_lokid() {
+    local cur prev words cword
+    _lokid_init
     local commands="plan run prestart engine generate watch daemon"
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
@@ -38,10 +44,7 @@ _lokid() {
 
 _lokictl() {
     local cur prev words cword
-    _init_completion 2>/dev/null || {
-        cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[COMP_CWORD-1]}"
-        words=("${COMP_WORDS[@]}"); cword=$COMP_CWORD
-    }
+    _lokid_init
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
