@@ -87,10 +87,11 @@ def cmd_watch() -> int:
     return 0
 
 
-def cmd_daemon(config_dir: str, bus: str, bus_address: str | None) -> int:
+def cmd_daemon(config_dir: str, bus: str, bus_address: str | None, runner: str) -> int:
     from .daemon import main as daemon_main
 
-    return daemon_main(config_dir, paths.state_dir(), paths.runtime_dir(), bus, bus_address)
+    return daemon_main(config_dir, paths.state_dir(), paths.runtime_dir(), bus, bus_address,
+                       runner)
 
 
 def cmd_generate(config_dir: str, dirs: list[str]) -> int:
@@ -125,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     dmn.add_argument("--bus", choices=("system", "session"), default="system",
                      help="which bus (default: system; session for development)")
     dmn.add_argument("--bus-address", help="connect to this bus address instead")
+    dmn.add_argument("--runner", choices=("auto", "systemd", "local"), default="auto",
+                     help="how engines run: systemd units, or the daemon's own children "
+                     "(default auto: systemd on the system bus of a systemd host)")
     sub.add_parser("watch", help="follow the engines' journal and record verdicts (what the "
                    "daemon does; for hosts without it)")
     gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
@@ -154,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "watch":
             return cmd_watch()
         if command == "daemon":
-            return cmd_daemon(config_dir, args.bus, args.bus_address)
+            return cmd_daemon(config_dir, args.bus, args.bus_address, args.runner)
         return cmd_generate(config_dir, list(args.dirs))
 
     return _guard(dispatch, debug=bool(args.debug))

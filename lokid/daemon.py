@@ -1,19 +1,27 @@
-"""``lokid daemon``: the presets on the bus as ``org.lokid.Lokid1``, and the journal watcher.
+"""``lokid daemon``: the presets on the bus as ``org.lokid.Lokid1``, their engines, the journal.
 
 asyncio and dbus-fast, on the system bus (``--bus session`` for development
 and tests). Readiness means ready: READY=1 goes to systemd only once the
-presets are loaded and the bus name is owned. WATCHDOG=1 is sent from the
-event loop itself, so a blocked loop stops the pings. SIGHUP reloads the
-presets (a broken file is reported and skipped, the others stay served);
-SIGTERM/SIGINT stop the daemon.
+presets are loaded, the engines' state is known and the bus name is owned.
+WATCHDOG=1 is sent from the event loop itself, so a blocked loop stops the
+pings. ``Reload()`` and SIGHUP read the presets again (a broken file is
+reported and skipped, the others stay served) and, under systemd, rerun the
+generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
+stop the daemon.
 
-The journal watcher (:mod:`lokid.journalwatch`) runs in the same loop when
-the journal is readable: its verdicts are recorded in the state DB, the
-preset is planned again and ``VerdictRecorded`` is emitted.
+Engines are run by a runner (:mod:`lokid.engines`): through systemd's D-Bus
+API when systemd is the system manager and the daemon is on the system bus
+(:mod:`lokid.sdrunner`), else as the daemon's own children
+(:mod:`lokid.localrunner`). Their changes become the preset objects'
+``State``/``Status``/``SpecActive`` properties, the manager's
+``ActivePresets`` and the ``EngineStateChanged`` signal.
 
-This is the read-only part of the daemon; the verbs (start, stop, restart,
-reload over the bus) come with the engine runners and the authorisation
-model.
+Layers-in-RAM verdicts come from the engines' output: the journal watcher
+(:mod:`lokid.journalwatch`) under systemd, the local runner's pipes
+otherwise. A verdict is recorded in the state DB, the preset is planned again
+and ``VerdictRecorded`` is emitted.
+
+Verbs are authorised per call (:mod:`lokid.authz`) before they run.
 """
 
 from __future__ import annotations
@@ -28,10 +36,14 @@ from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
+from .authz import MANAGE_GROUP, Authority
 from .dbusapi import ManagerInterface, PresetInterface
+from .engines import LIVE, EngineState, Runner
 from .errors import LokiError
 from .names import BUS_NAME, OBJECT_PATH, preset_object_path
 from .registry import Registry
+from .runtime import StalePlanError, read_runtime_plan
+from .state import StateDB
 from .supervisor import Notifier
 
 log = logging.getLogger("lokid.daemon")
@@ -43,22 +55,96 @@ class DaemonError(LokiError):
 
 class Daemon:
     def __init__(self, config_dir: str, state_dir: str, runtime_dir: str, bus_type: BusType,
-                 bus_address: str | None = None):
+                 bus_address: str | None = None, runner: str = "auto",
+                 manage_group: str = MANAGE_GROUP):
+        self.config_dir = config_dir
         self.registry = Registry(config_dir, state_dir)
         self.runtime_dir = runtime_dir
         self.bus_type = bus_type
         self.bus_address = bus_address
+        self.runner_kind = runner
+        self.manage_group = manage_group
         self.bus: MessageBus | None = None
-        self.manager = ManagerInterface(self.registry)
+        self.authority: Authority | None = None
+        self.runner: Runner | None = None
+        self.manager = ManagerInterface(self)
         self.exported: dict[str, PresetInterface] = {}
+        self.spec_in_use: dict[str, list[str]] = {}
+        self.signalled: dict[str, str] = {}   # preset → the state EngineStateChanged last said
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.watcher: Any = None
 
+    # -- what the D-Bus interfaces read (dbusapi.Backend) --------------------------
+
+    def engine_state(self, name: str) -> EngineState:
+        return self.runner.state(name) if self.runner is not None else EngineState()
+
+    def spec_active(self, name: str) -> list[str]:
+        return list(self.spec_in_use.get(name, []))
+
+    def active_presets(self) -> list[str]:
+        if self.runner is None:
+            return []
+        return sorted(n for n, st in self.runner.states.items() if st.state in LIVE)
+
     def status(self) -> str:
         broken = len(self.registry.broken)
+        active = len(self.active_presets())
         return (f"serving {len(self.registry.presets)} presets"
+                + (f", {active} running" if active else "")
                 + (f", {broken} broken" if broken else ""))
+
+    # -- verbs ----------------------------------------------------------------------
+
+    async def authorize(self, member: str, action: str) -> None:
+        assert self.authority is not None
+        await self.authority.check(member, action)
+
+    def _startable(self, name: str) -> None:
+        view = self.registry.get(name)
+        if view.plan is None:
+            raise view.failure()
+
+    async def start(self, name: str) -> None:
+        self._startable(name)
+        assert self.runner is not None
+        log.info("starting preset %s", name)
+        await self.runner.start(name)
+
+    async def restart(self, name: str) -> None:
+        self._startable(name)
+        assert self.runner is not None
+        log.info("restarting preset %s", name)
+        await self.runner.restart(name)
+
+    async def stop(self, name: str) -> None:
+        assert self.runner is not None
+        if self.runner.state(name).state not in LIVE:
+            self.registry.get(name)  # NotFound for a name that is neither known nor running
+        log.info("stopping preset %s", name)
+        await self.runner.stop(name)
+
+    async def clear_failures(self, name: str) -> int:
+        self.registry.get(name)
+
+        def clear() -> int:
+            with StateDB(self.registry.state_dir) as db:
+                return db.clear_failures(name)
+
+        count = await asyncio.to_thread(clear)
+        log.info("preset %s: %d recorded automatic-speculation failures forgotten", name, count)
+        await self._refresh(name)
+        return count
+
+    async def reload(self) -> None:
+        """Read the presets again; under systemd, rerun the generator too."""
+        await self.load_presets()
+        if self.runner is not None:
+            await self.runner.reload()
+            await self.runner.track(sorted(self.registry.presets))
+
+    # -- presets and engines --------------------------------------------------------
 
     def _sync_objects(self) -> None:
         """Export one object per preset now known, unexport the ones gone."""
@@ -66,11 +152,11 @@ class Daemon:
         for name in set(self.exported) - set(self.registry.presets):
             self.bus.unexport(preset_object_path(name), self.exported.pop(name))
         for name in set(self.registry.presets) - set(self.exported):
-            iface = PresetInterface(self.registry, name)
+            iface = PresetInterface(self, name)
             self.bus.export(preset_object_path(name), iface)
             self.exported[name] = iface
 
-    async def reload(self) -> None:
+    async def load_presets(self) -> None:
         await asyncio.to_thread(self.registry.load)
         for name, error in sorted(self.registry.broken.items()):
             log.warning("preset %s skipped: %s", name, error)
@@ -84,6 +170,38 @@ class Daemon:
                                            "AutoSpecBlocked": view.auto_blocked})
         self.notifier.send(f"STATUS={self.status()}")
         log.info("presets loaded: %s", self.status())
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload()
+        except LokiError as e:
+            log.warning("reload: %s", e)
+
+    def _on_engine(self, name: str, state: EngineState) -> None:
+        """A runner saw an engine change: properties, the signal, the summary."""
+        before = self.spec_in_use.get(name, [])
+        self.spec_in_use[name] = self._spec_types(name) if state.state in LIVE else []
+        iface = self.exported.get(name)
+        if iface is not None:
+            changed: dict[str, Any] = {"State": state.state, "Status": state.status}
+            if self.spec_in_use[name] != before:
+                changed["SpecActive"] = self.spec_in_use[name]
+            iface.emit_properties_changed(changed)
+        if self.signalled.get(name) != state.state:  # the signal is for states; Status
+            self.signalled[name] = state.state       # changes are PropertiesChanged only
+            log.info("preset %s: %s%s", name, state.state,
+                     f" ({state.detail})" if state.detail else "")
+            self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
+            self.manager.emit_properties_changed({"ActivePresets": self.active_presets()})
+            self.notifier.send(f"STATUS={self.status()}")
+
+    def _spec_types(self, name: str) -> list[str]:
+        """The speculation types of the running start (its runtime plan)."""
+        try:
+            rp = read_runtime_plan(self.runtime_dir, name)
+        except StalePlanError:
+            return []
+        return [str(t) for t in rp.plan.get("spec", {}).get("types", [])]
 
     def _on_verdict(self, verdict: Any) -> None:
         log.warning("preset %s: automatic speculative decoding cut: %s",
@@ -101,6 +219,26 @@ class Daemon:
         if iface is not None:
             iface.emit_properties_changed({"AutoSpecBlocked": view.auto_blocked,
                                            "Notes": view.notes, "Argv": view.argv})
+
+    def _make_runner(self) -> Runner:
+        assert self.bus is not None
+        from .sdrunner import SystemdRunner, systemd_reachable
+
+        kind = self.runner_kind
+        if kind == "auto":
+            kind = "systemd" if systemd_reachable(self.bus_type == BusType.SYSTEM) else "local"
+        if kind == "systemd":
+            return SystemdRunner(self.bus, self._on_engine)
+        from .journalwatch import LoadJudge
+        from .localrunner import LocalRunner
+
+        def judge_log(message: str, **fields: Any) -> None:
+            log.warning("%s", message)
+
+        judge = LoadJudge(self.registry.state_dir, self.runtime_dir,
+                          on_verdict=self._on_verdict, log=judge_log)
+        return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
+                           self.runtime_dir, judge=judge)
 
     def _start_watcher(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -125,7 +263,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self.reload()))
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload_logged()))
         await asyncio.to_thread(self.registry.load)
         try:
             self.bus = await MessageBus(bus_address=self.bus_address,
@@ -133,16 +271,29 @@ class Daemon:
         except (OSError, ValueError) as e:
             raise DaemonError(f"cannot connect to the {self.bus_type.name.lower()} bus: {e}") \
                 from None
+        self.authority = Authority(self.bus, self.manage_group)
+        self.authority.install()
+        self.runner = self._make_runner()
+        try:
+            await self.runner.attach()
+            await self.runner.track(sorted(self.registry.presets))
+        except Exception as e:
+            self.bus.disconnect()
+            raise DaemonError(f"cannot follow the engines ({self.runner.kind} runner): "
+                              f"{e}") from None
         self.bus.export(OBJECT_PATH, self.manager)
         self._sync_objects()
         reply = await self.bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
+            await self.runner.close()
             self.bus.disconnect()
             raise DaemonError(f"cannot own {BUS_NAME} on the bus ({reply.name}): another "
                               "lokid daemon runs, or the bus policy denies it")
-        self._start_watcher(loop)
+        if self.runner.kind == "systemd":
+            self._start_watcher(loop)
         self.notifier.send("READY=1", f"STATUS={self.status()}")
-        log.info("%s on the %s bus: %s", BUS_NAME, self.bus_type.name.lower(), self.status())
+        log.info("%s on the %s bus, %s runner: %s", BUS_NAME, self.bus_type.name.lower(),
+                 self.runner.kind, self.status())
         watchdog = loop.create_task(self._watchdog())
         try:
             await self.stopping.wait()
@@ -151,6 +302,7 @@ class Daemon:
             watchdog.cancel()
             if self.watcher is not None:
                 self.watcher.detach(loop)
+            await self.runner.close()
             self.bus.disconnect()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
@@ -158,9 +310,9 @@ class Daemon:
 
 
 def main(config_dir: str, state_dir: str, runtime_dir: str, bus: str,
-         bus_address: str | None = None) -> int:
+         bus_address: str | None = None, runner: str = "auto") -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     bus_type = BusType.SESSION if bus == "session" else BusType.SYSTEM
-    daemon = Daemon(config_dir, state_dir, runtime_dir, bus_type, bus_address)
+    daemon = Daemon(config_dir, state_dir, runtime_dir, bus_type, bus_address, runner)
     return asyncio.run(daemon.run())

@@ -7,11 +7,17 @@ which every version accepts (Debian 12 ships 1.84; ``dbus_fast.annotations``
 exists only from 4.0) — and so this module does not use postponed
 annotations.
 
+The interfaces hold no state of their own: they read the daemon's
+snapshot (:class:`Backend`: the registry and the runner's engine states) and
+hand the verbs to it. A verb returns as soon as the job is under way; the
+engine's progress comes as ``EngineStateChanged`` and ``PropertiesChanged``.
+
 Deny by default: every exported method declares who may call it with
-:func:`access`; a test walks the interfaces and fails on a method that does
-not. This first part of the API is read-only (``READ``: anyone); the verbs
-that change things (start, stop, reload, clear failures) come with the
-authorisation model.
+:func:`access`: ``READ`` (anyone; the bus policy lets anyone call those) or
+a polkit action, checked by :mod:`lokid.authz` before the method runs. A
+test walks the interfaces and fails on a method that does not declare one.
+Preset names are checked at the boundary (the preset file name rule, so
+at most 64 characters) before anything else sees them.
 
 No traceback crosses the bus: :func:`guarded` turns lokid's own errors into
 their ``org.lokid.Lokid1.Error.*`` names with the operator's message, and
@@ -22,31 +28,78 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from dbus_fast import DBusError, PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from . import __version__
-from .errors import LokiError
-from .names import ERROR_PREFIX, MANAGER_INTERFACE, PRESET_INTERFACE, preset_object_path
+from .config import valid_preset_name
+from .engines import EngineState
+from .errors import LokiError, NotFoundError
+from .names import (
+    ACTION_MANAGE,
+    ERROR_PREFIX,
+    MANAGER_INTERFACE,
+    PRESET_INTERFACE,
+    preset_object_path,
+)
 from .registry import PresetView, Registry
 
 log = logging.getLogger("lokid.dbus")
 
-READ = "read"        # anyone may call it
-MANAGE = "manage"    # needs authorisation (the authorisation model comes with the verbs)
+READ = "read"            # anyone may call it
+MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
 ACCESS_ATTR = "_lokid_access"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class Backend(Protocol):
+    """What the interfaces need from the daemon."""
+
+    registry: Registry
+
+    def engine_state(self, name: str) -> EngineState: ...
+    def spec_active(self, name: str) -> list[str]: ...
+    def active_presets(self) -> list[str]: ...
+    async def authorize(self, member: str, action: str) -> None: ...
+    async def start(self, name: str) -> None: ...
+    async def stop(self, name: str) -> None: ...
+    async def restart(self, name: str) -> None: ...
+    async def reload(self) -> None: ...
+    async def clear_failures(self, name: str) -> int: ...
+
+
 def access(level: str) -> Callable[[F], F]:
-    """Declare who may call a D-Bus method (READ or MANAGE)."""
+    """Declare who may call a D-Bus method: READ, or a polkit action checked before it runs.
+
+    The method must be a coroutine of an interface with a ``backend``; its
+    errors (including a refusal) become D-Bus errors.
+    """
     def mark(fn: F) -> F:
         setattr(fn, ACCESS_ATTR, level)
-        return fn
+        if level == READ:
+            return fn
+
+        @functools.wraps(fn)
+        async def checked(self: Any, *args: Any) -> Any:
+            try:
+                await self.backend.authorize(fn.__name__, level)
+            except Exception as e:
+                raise to_dbus_error(e) from None
+            return await fn(self, *args)
+        return checked  # type: ignore[return-value]
     return mark
+
+
+def checked_name(name: str) -> str:
+    """A preset name from a caller: NotFound unless it could name a preset file."""
+    if not valid_preset_name(name):
+        shown = name if len(name) <= 64 else name[:64] + "…"
+        raise NotFoundError(f"no preset {shown!r}: preset names are 1 to 64 characters "
+                            "A-Z a-z 0-9 _ . - starting with a letter or a digit")
+    return name
 
 
 def to_dbus_error(e: BaseException) -> DBusError:
@@ -93,16 +146,16 @@ def plan_variant(plan: dict[str, Any]) -> dict[str, Variant]:
 
 
 class PresetInterface(ServiceInterface):
-    """One preset: its settings, its plan as the next start would run it."""
+    """One preset: its settings, its plan as the next start would run it, its engine's state."""
 
-    def __init__(self, registry: Registry, name: str):
+    def __init__(self, backend: Backend, name: str):
         super().__init__(PRESET_INTERFACE)
-        self.registry = registry
+        self.backend = backend
         self.preset = name  # not .name: ServiceInterface keeps the interface's name there
 
     @property
     def view(self) -> PresetView:
-        return self.registry.get(self.preset)
+        return self.backend.registry.get(self.preset)
 
     @dbus_property(access=PropertyAccess.READ)
     def Name(self) -> "s":
@@ -113,12 +166,24 @@ class PresetInterface(ServiceInterface):
         return self.view.model
 
     @dbus_property(access=PropertyAccess.READ)
+    def State(self) -> "s":
+        return self.backend.engine_state(self.preset).state
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Status(self) -> "s":
+        return self.backend.engine_state(self.preset).status
+
+    @dbus_property(access=PropertyAccess.READ)
     def Unit(self) -> "s":
         return self.view.unit
 
     @dbus_property(access=PropertyAccess.READ)
     def SpecMode(self) -> "s":
         return self.view.spec_mode
+
+    @dbus_property(access=PropertyAccess.READ)
+    def SpecActive(self) -> "as":
+        return self.backend.spec_active(self.preset)
 
     @dbus_property(access=PropertyAccess.READ)
     def Notes(self) -> "as":
@@ -138,16 +203,22 @@ class PresetInterface(ServiceInterface):
     def Plan(self) -> "a{sv}":
         view = self.view
         if view.plan is None:
-            raise LokiError(view.error)
+            raise view.failure()
         return plan_variant(view.plan)
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def ClearFailures(self) -> "u":
+        return await self.backend.clear_failures(self.preset)
 
 
 class ManagerInterface(ServiceInterface):
-    """The daemon: which presets exist, and (later) the verbs on them."""
+    """The daemon: which presets exist and run, and the verbs on them."""
 
-    def __init__(self, registry: Registry):
+    def __init__(self, backend: Backend):
         super().__init__(MANAGER_INTERFACE)
-        self.registry = registry
+        self.backend = backend
 
     @dbus_property(access=PropertyAccess.READ)
     def Version(self) -> "s":
@@ -155,18 +226,50 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_property(access=PropertyAccess.READ)
     def Presets(self) -> "ao":
-        return [preset_object_path(name) for name in sorted(self.registry.presets)]
+        return [preset_object_path(name) for name in sorted(self.backend.registry.presets)]
 
     @dbus_property(access=PropertyAccess.READ)
     def BrokenPresets(self) -> "a{ss}":
-        return dict(self.registry.broken)
+        return dict(self.backend.registry.broken)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ActivePresets(self) -> "as":
+        return self.backend.active_presets()
 
     @method()
     @access(READ)
     @guarded
     def GetPreset(self, name: "s") -> "o":
-        self.registry.get(name)
+        self.backend.registry.get(checked_name(name))
         return preset_object_path(name)
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def StartPreset(self, name: "s") -> None:
+        await self.backend.start(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def StopPreset(self, name: "s") -> None:
+        await self.backend.stop(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def RestartPreset(self, name: "s") -> None:
+        await self.backend.restart(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def Reload(self) -> None:
+        await self.backend.reload()
+
+    @signal()
+    def EngineStateChanged(self, preset: "s", state: "s", detail: "s") -> "sss":
+        return [preset, state, detail]
 
     @signal()
     def VerdictRecorded(self, preset: "s", reason: "s") -> "ss":

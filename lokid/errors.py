@@ -62,3 +62,15 @@ class PortBusyError(LokiError):
     """The preset's port is already taken by another process."""
 
     dbus_name = ERROR_PREFIX + "Busy"
+
+
+class PermissionDeniedError(LokiError):
+    """The caller may not do this (only root, the loki group or polkit may manage engines)."""
+
+    dbus_name = ERROR_PREFIX + "PermissionDenied"
+
+
+class BusyError(LokiError):
+    """The object is busy with something that excludes the request."""
+
+    dbus_name = ERROR_PREFIX + "Busy"

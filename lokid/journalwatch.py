@@ -52,42 +52,30 @@ class Invocation:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AutoCut:
+    """Automatic speculation was cut for the configuration of one start."""
+
     preset: str
     invocation: str
     reason: str
 
 
-class JournalWatcher:
-    """Turns engine journal entries into verdicts recorded in the state DB."""
+class LoadJudge:
+    """Turns engine log entries (journal fields) into verdicts recorded in the state DB.
 
-    def __init__(self, reader: Any, state_dir: str, runtime_dir: str,
-                 on_verdict: Callable[[Verdict], None] | None = None,
+    Fed by :class:`JournalWatcher` under systemd, and by the local runner with
+    the lines it reads from the engine's pipe, shaped as the same fields.
+    """
+
+    def __init__(self, state_dir: str, runtime_dir: str,
+                 on_verdict: Callable[[AutoCut], None] | None = None,
                  log: Callable[..., None] | None = None):
-        self.reader = reader
         self.state_dir = state_dir
         self.runtime_dir = runtime_dir
         self.on_verdict = on_verdict
         self.log = log or journal.send
         self.invocations: dict[str, Invocation] = {}
-        self.verdicts: list[Verdict] = []
-        reader.add_match(_SYSTEMD_SLICE=ENGINE_SLICE)
-
-    @classmethod
-    def system(cls, state_dir: str, runtime_dir: str, **kw: Any) -> JournalWatcher:
-        """A watcher on the system journal, from its end (only what happens from now)."""
-        reader = journal.Reader(flags=journal.SYSTEM_ONLY)
-        reader.seek_tail()
-        reader.get_previous()
-        return cls(reader, state_dir, runtime_dir, **kw)
-
-    def drain(self) -> int:
-        """Handle every entry available now; return how many."""
-        count = 0
-        for entry in self.reader:
-            self.handle(entry)
-            count += 1
-        return count
+        self.verdicts: list[AutoCut] = []
 
     def handle(self, entry: dict[str, Any]) -> None:
         preset = preset_of_unit(str(entry.get("_SYSTEMD_UNIT", "")))
@@ -137,7 +125,7 @@ class JournalWatcher:
         with StateDB(self.state_dir) as db:
             db.record_failure(inv.preset, rp.mark, why)
         inv.cut = True
-        verdict = Verdict(inv.preset, inv.invocation, why)
+        verdict = AutoCut(inv.preset, inv.invocation, why)
         self.verdicts.append(verdict)
         self.log(f"preset {inv.preset}: automatic speculative decoding cut for the next start: "
                  f"{why} (mode = \"mtp\" forces it)",
@@ -145,6 +133,31 @@ class JournalWatcher:
                  LOKI_REASON=why, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
         if self.on_verdict is not None:
             self.on_verdict(verdict)
+
+
+class JournalWatcher(LoadJudge):
+    """A :class:`LoadJudge` reading the journal of the engine units."""
+
+    def __init__(self, reader: Any, state_dir: str, runtime_dir: str, **kw: Any):
+        super().__init__(state_dir, runtime_dir, **kw)
+        self.reader = reader
+        reader.add_match(_SYSTEMD_SLICE=ENGINE_SLICE)
+
+    @classmethod
+    def system(cls, state_dir: str, runtime_dir: str, **kw: Any) -> JournalWatcher:
+        """A watcher on the system journal, from its end (only what happens from now)."""
+        reader = journal.Reader(flags=journal.SYSTEM_ONLY)
+        reader.seek_tail()
+        reader.get_previous()
+        return cls(reader, state_dir, runtime_dir, **kw)
+
+    def drain(self) -> int:
+        """Handle every entry available now; return how many."""
+        count = 0
+        for entry in self.reader:
+            self.handle(entry)
+            count += 1
+        return count
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Follow the journal from the event loop: its fd wakes us, no polling."""

@@ -66,3 +66,8 @@ def preset_of_object_path(path: str) -> str | None:
             out += label[i].encode()
             i += 1
     return out.decode("utf-8", "replace")
+
+
+# polkit actions (data/polkit/org.lokid.lokid1.policy declares them).
+ACTION_MANAGE = "org.lokid.lokid1.manage"
+ACTION_BENCH = "org.lokid.lokid1.bench"

@@ -32,6 +32,7 @@ class PresetView:
     spec_mode: str                  # the setting as written ("off" when absent)
     plan: dict[str, Any] | None     # lokid plan --json, as the next start would run it
     error: str = ""                 # why there is no plan
+    error_type: type[LokiError] = LokiError
     auto_blocked: str = ""          # recorded reason automatic speculation is cut, or ""
 
     @property
@@ -45,6 +46,14 @@ class PresetView:
     @property
     def argv(self) -> list[str]:
         return list(self.plan["argv"]) if self.plan else []
+
+    @property
+    def spec_types(self) -> list[str]:
+        return list(self.plan["spec"]["types"]) if self.plan else []
+
+    def failure(self) -> LokiError:
+        """Why the preset cannot start, as the error its planning raised."""
+        return self.error_type(self.error)
 
 
 @dataclass
@@ -74,14 +83,14 @@ class Registry:
 
     def _view(self, preset: cfg.Preset, db: StateDB) -> PresetView:
         mode = preset.spec.mode if isinstance(preset.spec.mode, str) else "off"
-        base = dict(name=preset.name, path=preset.path, model=preset.model,
-                    spec_mode=mode or "off")
         try:
             inputs = gather(self.config_dir, preset.name)
             plan, _, found = decide(inputs, db)
         except LokiError as e:
-            return PresetView(**base, plan=None, error=str(e))
-        return PresetView(**base, plan=plan.to_json(), auto_blocked=found.why)
+            return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
+                              error=str(e), error_type=type(e))
+        return PresetView(preset.name, preset.path, preset.model, mode or "off",
+                          plan=plan.to_json(), auto_blocked=found.why)
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)

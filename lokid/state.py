@@ -74,6 +74,29 @@ class Failure:
     at: float
 
 
+def _create_for_dir_owner(path: str, state_dir: str) -> None:
+    """A database root creates belongs to the state directory's owner (loki).
+
+    The daemon runs as root and the engine units as loki, sharing the file. It is
+    created empty (a valid SQLite database) and handed over before SQLite opens
+    it: SQLite, run by root, then gives its -wal and -shm files to the
+    database's owner too.
+    """
+    st = os.stat(state_dir)
+    if st.st_uid == 0:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o640)
+    except FileExistsError:
+        return
+    try:
+        os.fchown(fd, st.st_uid, st.st_gid)
+    except OSError:
+        pass  # without CAP_CHOWN: the units will report the database unwritable
+    finally:
+        os.close(fd)
+
+
 class StateDB:
     """The state database of one ``$LOKI_STATE_DIR``."""
 
@@ -81,6 +104,8 @@ class StateDB:
         self.path = os.path.join(state_dir, DB_FILE)
         try:
             os.makedirs(state_dir, exist_ok=True)
+            if os.geteuid() == 0:
+                _create_for_dir_owner(self.path, state_dir)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
                                        isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

@@ -48,6 +48,9 @@ EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
 EXTEND_BY = 30.0         # seconds granted per extension
 STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
 STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
+# Set by lokid's local runner, which gives a notify socket but is no service
+# manager: nothing else would take the engine down with its supervisor.
+DIE_WITH_PARENT = "LOKI_DIE_WITH_PARENT"
 
 
 class Notifier:
@@ -202,9 +205,10 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         # Under systemd, KillMode= takes the engine down with us; elsewhere
-        # PR_SET_PDEATHSIG does (ctypes loaded here, in the parent).
+        # (lokid run, the daemon's local runner) PR_SET_PDEATHSIG does (ctypes
+        # loaded here, in the parent).
         orphan_guard = None
-        if "NOTIFY_SOCKET" not in os.environ:
+        if "NOTIFY_SOCKET" not in os.environ or os.environ.get(DIE_WITH_PARENT) == "1":
             _ctypes()
             orphan_guard = _die_with_parent
         try:

@@ -293,3 +293,39 @@ def bus_address(tmp_path: Path) -> Iterator[str]:
     yield address
     proc.terminate()
     proc.wait(10)
+
+
+OPEN_BUS_CONFIG = """<busconfig>
+  <type>session</type>
+  <listen>unix:path={path}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"""
+
+
+@pytest.fixture
+def open_bus_address() -> Iterator[str]:
+    """A private bus that users other than ours may join (to test who may call what):
+    the real dbus-daemon, its socket in a directory everyone can reach."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="lokid-bus-"))
+    root.chmod(0o755)
+    (root / "bus.conf").write_text(OPEN_BUS_CONFIG.format(path=root / "bus"))
+    proc = subprocess.Popen(["dbus-daemon", f"--config-file={root / 'bus.conf'}", "--nofork",
+                             "--print-address"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()
+    assert address.startswith("unix:"), address
+    (root / "bus").chmod(0o777)
+    yield address
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(root, ignore_errors=True)

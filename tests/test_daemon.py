@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dbus_fast import BusType, DBusError
-from dbus_fast.aio import MessageBus
+from daemonkit import Running, daemon_on
+from dbus_fast import DBusError
 from enginekit import NotifyListener, write_config, write_preset
 
 from lokid import __version__, dbusapi
-from lokid.daemon import Daemon
 from lokid.names import (
     BUS_NAME,
     ERROR_PREFIX,
@@ -51,39 +50,10 @@ def config(tmp_path: Path, engine: str, models: Any) -> Path:
     return config
 
 
-class Running:
-    def __init__(self, daemon: Daemon, client: MessageBus):
-        self.daemon = daemon
-        self.client = client
-
-    async def iface(self, path: str, interface: str) -> Any:
-        intro = await self.client.introspect(BUS_NAME, path)
-        return self.client.get_proxy_object(BUS_NAME, path, intro).get_interface(interface)
-
-
 @pytest.fixture
 async def running(config: Path, tmp_path: Path, bus_address: str) -> AsyncIterator[Running]:
-    daemon = Daemon(str(config), str(tmp_path / "state"), str(tmp_path / "run"),
-                    BusType.SESSION, bus_address)
-    task = asyncio.get_running_loop().create_task(daemon.run())
-    client = await MessageBus(bus_address=bus_address).connect()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if task.done():
-            task.result()
-        if await _owned(client):
-            break
-        await asyncio.sleep(0.05)
-    yield Running(daemon, client)
-    daemon.stopping.set()
-    await asyncio.wait_for(task, 10)
-    client.disconnect()
-
-
-async def _owned(client: MessageBus) -> bool:
-    intro = await client.introspect("org.freedesktop.DBus", "/org/freedesktop/DBus")
-    dbus = client.get_proxy_object("org.freedesktop.DBus", "/org/freedesktop/DBus", intro)
-    return bool(await dbus.get_interface("org.freedesktop.DBus").call_name_has_owner(BUS_NAME))
+    async with daemon_on(config, tmp_path, bus_address) as r:
+        yield r
 
 
 def test_every_exported_method_declares_who_may_call_it() -> None:
@@ -141,7 +111,7 @@ async def test_a_preset_that_cannot_be_planned_says_why(running: Running) -> Non
     assert "'absent.gguf' is in none of model_dirs" in (await preset.get_notes())[0]
     with pytest.raises(DBusError) as exc:
         await preset.call_plan()
-    assert exc.value.type == ERROR_PREFIX + "Failed"
+    assert exc.value.type == ERROR_PREFIX + "InvalidPreset"
     assert "absent.gguf" in exc.value.text
 
 
@@ -176,9 +146,9 @@ async def test_a_recorded_verdict_is_served_and_signalled(running: Running, tmp_
                 inputs.caps.build)
     with StateDB(str(tmp_path / "state")) as db:
         db.record_failure("mtp", mark, "only 0/3 layers on GPU with the draft")
-    from lokid.journalwatch import Verdict
+    from lokid.journalwatch import AutoCut
 
-    running.daemon._on_verdict(Verdict("mtp", "inv", "only 0/3 layers on GPU with the draft"))
+    running.daemon._on_verdict(AutoCut("mtp", "inv", "only 0/3 layers on GPU with the draft"))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (
             received and await preset.get_auto_spec_blocked()):

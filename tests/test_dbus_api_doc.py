@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,8 +34,8 @@ def documented() -> dict[str, ET.Element]:
 
 @pytest.mark.parametrize("cls", [ManagerInterface, PresetInterface])
 def test_the_document_matches_the_exported_interface(cls: type) -> None:
-    iface = cls(Registry("/nonexistent", "/nonexistent"), *(["p"] if cls is PresetInterface
-                                                           else []))
+    backend = SimpleNamespace(registry=Registry("/nonexistent", "/nonexistent"))
+    iface = cls(backend, *(["p"] if cls is PresetInterface else []))
     live = iface.introspect().to_xml()
     doc = documented()[live.get("name")]
     assert members(doc) == members(live)

@@ -1,0 +1,137 @@
+"""Who may call the verbs: polkit where it runs, else root or the ``loki`` group.
+
+Every method of the D-Bus API declares READ (anyone) or an action
+(:data:`lokid.names.ACTION_MANAGE`, :data:`lokid.names.ACTION_BENCH`). For an
+action, :meth:`Authority.check` asks, in order:
+
+1. the caller's uid, from the bus (``GetConnectionCredentials``): root and
+   the daemon's own user are always allowed (as systemd allows a privileged
+   caller before asking polkit);
+2. polkit, when ``org.freedesktop.PolicyKit1`` is on the bus:
+   ``CheckAuthorization`` for the caller's bus name and the action (the
+   ``.policy`` file says auth_admin_keep; the rules file lets group ``loki``
+   in); interactive authentication only when the caller's message allows it;
+3. without polkit: membership of the manage group (``loki``), from the
+   groups the bus read from the caller's socket (``UnixGroupIDs``), or from
+   the group database when the bus does not give them.
+
+dbus-fast does not hand the message to a method, so :meth:`Authority.note`
+(a message handler, called by dbus-fast before it dispatches a call) keeps
+the current call in a context variable, which the method's task inherits.
+A check that finds no call for its own member denies: the failure mode is
+"no", never "yes".
+"""
+
+from __future__ import annotations
+
+import contextvars
+import grp
+import logging
+import os
+import pwd
+from typing import Any
+
+from dbus_fast import DBusError, Message, MessageFlag, MessageType, Variant
+from dbus_fast.aio import MessageBus
+
+from .errors import PermissionDeniedError
+from .names import OBJECT_PATH
+
+log = logging.getLogger("lokid.authz")
+
+DBUS = "org.freedesktop.DBus"
+DBUS_PATH = "/org/freedesktop/DBus"
+POLKIT = "org.freedesktop.PolicyKit1"
+POLKIT_PATH = "/org/freedesktop/PolicyKit1/Authority"
+POLKIT_AUTHORITY = POLKIT + ".Authority"
+MANAGE_GROUP = "loki"
+
+_current: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
+    "lokid_current_call", default=None)
+
+
+class Authority:
+    def __init__(self, bus: MessageBus, group: str = MANAGE_GROUP, use_polkit: bool = True):
+        self.bus = bus
+        self.group = group
+        self.use_polkit = use_polkit
+
+    def install(self) -> None:
+        self.bus.add_message_handler(self.note)
+
+    @staticmethod
+    def note(msg: Message) -> bool:
+        if msg.message_type == MessageType.METHOD_CALL:
+            _current.set(msg if (msg.path or "").startswith(OBJECT_PATH) else None)
+        return False  # only noted: dbus-fast dispatches it as usual
+
+    async def _call(self, destination: str, path: str, interface: str, member: str,
+                    signature: str, body: list[Any]) -> list[Any]:
+        reply = await self.bus.call(Message(destination=destination, path=path,
+                                            interface=interface, member=member,
+                                            signature=signature, body=body))
+        assert reply is not None
+        if reply.message_type == MessageType.ERROR:
+            raise DBusError(reply.error_name or "", str(reply.body[0] if reply.body else ""))
+        return list(reply.body)
+
+    async def check(self, member: str, action: str) -> None:
+        """Return if the current caller of ``member`` may do ``action``; else PermissionDenied."""
+        msg = _current.get()
+        if msg is None or msg.member != member or not msg.sender:
+            raise PermissionDeniedError(f"{member}: cannot tell who is calling; refused")
+        try:
+            (creds,) = await self._call(DBUS, DBUS_PATH, DBUS, "GetConnectionCredentials",
+                                        "s", [msg.sender])
+        except DBusError as e:
+            raise PermissionDeniedError(f"{member}: the bus does not say who is calling "
+                                        f"({e.text}); refused") from None
+        uid = int(creds["UnixUserID"].value) if "UnixUserID" in creds else -1
+        if uid == 0 or uid == os.getuid():
+            return
+        if self.use_polkit and await self._polkit_present():
+            if await self._polkit(msg, action):
+                return
+            raise PermissionDeniedError(f"{member}: not authorized by polkit for {action} "
+                                        f"(uid {uid}); ask an administrator, or use sudo")
+        groups = [int(g) for g in creds["UnixGroupIDs"].value] if "UnixGroupIDs" in creds \
+            else _groups_of(uid)
+        try:
+            gid = grp.getgrnam(self.group).gr_gid
+        except KeyError:
+            gid = None
+        if gid is not None and gid in groups:
+            return
+        raise PermissionDeniedError(f"{member} needs root or membership of group "
+                                    f"'{self.group}' (uid {uid} has neither); e.g. "
+                                    f"`sudo usermod -aG {self.group} USER`, then log in again")
+
+    async def _polkit_present(self) -> bool:
+        try:
+            (owned,) = await self._call(DBUS, DBUS_PATH, DBUS, "NameHasOwner", "s", [POLKIT])
+            if owned:
+                return True
+            (names,) = await self._call(DBUS, DBUS_PATH, DBUS, "ListActivatableNames", "", [])
+        except DBusError:
+            return False
+        return POLKIT in names
+
+    async def _polkit(self, msg: Message, action: str) -> bool:
+        interactive = bool(msg.flags & MessageFlag.ALLOW_INTERACTIVE_AUTHORIZATION)
+        subject = ["system-bus-name", {"name": Variant("s", msg.sender)}]
+        try:
+            (result,) = await self._call(POLKIT, POLKIT_PATH, POLKIT_AUTHORITY,
+                                         "CheckAuthorization", "(sa{sv})sa{ss}us",
+                                         [subject, action, {}, int(interactive), ""])
+        except DBusError as e:
+            log.warning("polkit CheckAuthorization(%s) failed: %s", action, e.text)
+            return False
+        return bool(result[0])
+
+
+def _groups_of(uid: int) -> list[int]:
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return []
+    return list(os.getgrouplist(pw.pw_name, pw.pw_gid))

@@ -1,0 +1,308 @@
+"""The local runner: engines as the daemon's own children, where no system manager is reachable.
+
+On a developer machine, in a container or on the session bus, the daemon runs
+what ``loki-engine@.service`` would run, with the unit's semantics:
+
+- ``lokid prestart <preset>`` first (plan, port check, attempt token, the
+  runtime plan), then ``lokid engine <preset>``, each with a fresh
+  ``INVOCATION_ID`` as systemd would give;
+- readiness through a notify socket the daemon owns (an abstract AF_UNIX
+  datagram socket, ``NOTIFY_SOCKET`` for the children): READY=1, STATUS=,
+  STOPPING=1, accepted only from the engine's main process (NotifyAccess=main,
+  told by SO_PASSCRED credentials);
+- the engine's stdout and stderr through one pipe that the event loop drains
+  continuously into the daemon's log and into the same line parser as the
+  journal watcher (:class:`lokid.journalwatch.LoadJudge`), so layers pushed to
+  RAM cut automatic speculation here too;
+- restart on failure after :data:`RESTART_SEC`, at most :data:`START_LIMIT`
+  failed starts in :data:`START_WINDOW` seconds (the unit's Restart=on-failure,
+  StartLimitBurst=, StartLimitIntervalSec=); a stop sends SIGTERM and, after
+  :data:`STOP_TIMEOUT`, SIGKILL.
+
+Differences from the unit, on purpose: a failed ``prestart`` (invalid preset,
+busy port, missing model) is final here, since trying it again cannot help,
+and an explicit start resets the start limit. No watchdog and no start
+timeout: the supervisor's pings and timeout extensions are read but not
+enforced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from .engines import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
+from .names import SYSLOG_IDENTIFIER, engine_unit
+from .supervisor import DIE_WITH_PARENT
+
+log = logging.getLogger("lokid.local")
+engine_log = logging.getLogger("lokid.engine")
+
+RESTART_SEC = 5.0
+START_LIMIT = 5
+START_WINDOW = 600.0
+STOP_TIMEOUT = 90.0
+LINE_LIMIT = 1 << 20
+LOKID_PREFIX = SYSLOG_IDENTIFIER + ": "
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _Engine:
+    """One preset's children and what the runner knows of them."""
+
+    def __init__(self, preset: str):
+        self.preset = preset
+        self.task: asyncio.Task[None] | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.invocation = ""
+        self.stop_requested = False
+        self.again = False                       # start again once stopped (restart)
+        self.wake = asyncio.Event()              # interrupts the pause before a restart
+        self.failures: deque[float] = deque()
+
+
+class LocalRunner(Runner):
+    kind = "local"
+
+    def __init__(self, listener: Listener, config_dir: str, state_dir: str, runtime_dir: str,
+                 judge: Any = None, lokid: Sequence[str] = (sys.executable, "-m", "lokid")):
+        super().__init__(listener)
+        self.config_dir = config_dir
+        self.state_dir = state_dir
+        self.runtime_dir = runtime_dir
+        self.judge = judge
+        self.lokid = list(lokid)
+        self.engines: dict[str, _Engine] = {}
+        self.by_pid: dict[int, _Engine] = {}
+        self.sock: socket.socket | None = None
+        self.notify_address = ""
+
+    # -- the notify socket ------------------------------------------------------
+
+    async def attach(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        name = f"lokid-notify-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        sock.bind("\0" + name)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        sock.setblocking(False)
+        self.sock = sock
+        self.notify_address = "@" + name
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._on_notify)
+
+    def _on_notify(self) -> None:
+        assert self.sock is not None
+        while True:
+            try:
+                data, ancdata, _flags, _addr = self.sock.recvmsg(
+                    4096, socket.CMSG_SPACE(struct.calcsize("iII")))
+            except (BlockingIOError, InterruptedError):
+                return
+            pid = 0
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid = struct.unpack("iII", payload[:struct.calcsize("iII")])[0]
+            eng = self.by_pid.get(pid)
+            if eng is None:
+                continue  # NotifyAccess=main: only the engine's supervisor speaks
+            self._notified(eng, data.decode("utf-8", "replace").split("\n"))
+
+    def _notified(self, eng: _Engine, fields: list[str]) -> None:
+        current = self.state(eng.preset)
+        state, status = current.state, current.status
+        for field in fields:
+            key, _, value = field.partition("=")
+            if key == "READY" and value == "1" and state == LOADING:
+                state = READY
+            elif key == "STOPPING" and value == "1":
+                state = STOPPING
+            elif key == "STATUS":
+                status = value
+        self._set(eng.preset, EngineState(state, status, "" if state == READY
+                                          else current.detail))
+
+    # -- verbs --------------------------------------------------------------------
+
+    async def track(self, presets: list[str]) -> None:
+        pass  # the runner knows its own children; presets never started are inactive
+
+    async def start(self, preset: str) -> None:
+        eng = self.engines.setdefault(preset, _Engine(preset))
+        if eng.task is not None and not eng.task.done():
+            if eng.stop_requested:
+                eng.again = True  # like systemd's "replace": start once the stop is done
+            return
+        eng.failures.clear()
+        eng.stop_requested = eng.again = False
+        eng.task = asyncio.get_running_loop().create_task(self._run(eng))
+
+    async def stop(self, preset: str) -> None:
+        eng = self.engines.get(preset)
+        if eng is None or eng.task is None or eng.task.done():
+            return
+        eng.again = False
+        self._request_stop(eng)
+
+    async def restart(self, preset: str) -> None:
+        eng = self.engines.get(preset)
+        if eng is None or eng.task is None or eng.task.done():
+            await self.start(preset)
+            return
+        eng.again = True
+        self._request_stop(eng)
+
+    def _request_stop(self, eng: _Engine) -> None:
+        if eng.stop_requested:
+            return
+        eng.stop_requested = True
+        eng.wake.set()
+        if self.state(eng.preset).state in LIVE:
+            self._set(eng.preset, EngineState(STOPPING, "stopping", "stop requested"))
+        if eng.proc is not None and eng.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                eng.proc.send_signal(signal.SIGTERM)
+
+    async def close(self) -> None:
+        """Stop every engine (they are our children) and wait for them."""
+        running = [e for e in self.engines.values() if e.task is not None and not e.task.done()]
+        for eng in running:
+            eng.again = False
+            self._request_stop(eng)
+        if running:
+            await asyncio.wait([e.task for e in running if e.task is not None],
+                               timeout=STOP_TIMEOUT + 10)
+        if self.sock is not None:
+            asyncio.get_running_loop().remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+
+    # -- one preset's life ------------------------------------------------------
+
+    def _env(self, eng: _Engine) -> dict[str, str]:
+        return {**os.environ, "LOKI_CONFIG_DIR": self.config_dir,
+                "LOKI_STATE_DIR": self.state_dir, "LOKI_RUNTIME_DIR": self.runtime_dir,
+                "INVOCATION_ID": eng.invocation, "NOTIFY_SOCKET": self.notify_address,
+                DIE_WITH_PARENT: "1", "PYTHONUNBUFFERED": "1"}
+
+    async def _spawn(self, eng: _Engine, command: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *self.lokid, command, eng.preset, env=self._env(eng),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, limit=LINE_LIMIT,
+            preexec_fn=_die_with_parent)
+
+    async def _run(self, eng: _Engine) -> None:
+        try:
+            while True:
+                if eng.stop_requested:
+                    eng.stop_requested = False
+                    if not eng.again:
+                        self._set(eng.preset, EngineState(INACTIVE, "", "stopped"))
+                        return
+                    eng.again = False
+                    eng.failures.clear()
+                outcome = await self._once(eng)
+                if eng.stop_requested:
+                    continue
+                if outcome is None:
+                    return  # final failure, already reported
+                now = time.monotonic()
+                eng.failures.append(now)
+                while eng.failures and now - eng.failures[0] > START_WINDOW:
+                    eng.failures.popleft()
+                if len(eng.failures) >= START_LIMIT:
+                    self._set(eng.preset, EngineState(
+                        FAILED, "", f"{outcome}; {START_LIMIT} failed starts in "
+                        f"{START_WINDOW / 60:.0f} min: not restarted (start it again "
+                        "when the cause is fixed)"))
+                    return
+                self._set(eng.preset, EngineState(
+                    LOADING, "", f"restarting in {RESTART_SEC:g} s after a failure "
+                    f"({outcome})"))
+                eng.wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(eng.wake.wait(), RESTART_SEC)
+        except Exception:
+            log.exception("preset %s: the local runner failed", eng.preset)
+            self._set(eng.preset, EngineState(FAILED, "", "internal error in lokid's local "
+                                              "runner; details are in its log"))
+
+    async def _once(self, eng: _Engine) -> str | None:
+        """One start; the failure to restart after, or None when done (stopped, or final)."""
+        eng.invocation = uuid.uuid4().hex
+        self._set(eng.preset, EngineState(LOADING, "", "starting"))
+        pre = await self._spawn(eng, "prestart")
+        eng.proc = pre
+        lines = await self._drain(eng, pre, keep=True)
+        rc = await pre.wait()
+        if eng.stop_requested:
+            return None
+        if rc != 0:
+            why = lines[-1] if lines else f"status {rc}"
+            why = why[len(LOKID_PREFIX):] if why.startswith(LOKID_PREFIX) else why
+            self._set(eng.preset, EngineState(FAILED, "", f"prestart failed: {why}"))
+            return None
+        proc = await self._spawn(eng, "engine")
+        eng.proc = proc
+        self.by_pid[proc.pid] = eng
+        if eng.stop_requested:  # asked while it was being spawned
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await self._drain(eng, proc)
+            rc = await proc.wait()
+        finally:
+            self.by_pid.pop(proc.pid, None)
+            eng.proc = None
+        if eng.stop_requested:
+            return None
+        return f"the engine exited with status {rc}" if rc >= 0 else \
+            f"the engine was killed by signal {-rc}"
+
+    async def _drain(self, eng: _Engine, proc: asyncio.subprocess.Process,
+                     keep: bool = False) -> list[str]:
+        """Read the child's output to its end: the daemon's log, and the line parser."""
+        assert proc.stdout is not None
+        kept: list[str] = []
+        unit = engine_unit(eng.preset)
+        while True:
+            try:
+                raw = await proc.stdout.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                await proc.stdout.read(LINE_LIMIT)  # an overlong line: dropped, not fatal
+                continue
+            if not raw:
+                return kept
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            engine_log.info("%s: %s", eng.preset, line)
+            if keep and line.strip():
+                kept.append(line)
+            if self.judge is not None:
+                entry: dict[str, Any] = {"_SYSTEMD_UNIT": unit,
+                                         "_SYSTEMD_INVOCATION_ID": eng.invocation}
+                if line.startswith(LOKID_PREFIX):
+                    entry.update(MESSAGE=line[len(LOKID_PREFIX):], LOKI_PRESET=eng.preset,
+                                 SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
+                else:
+                    entry["MESSAGE"] = line
+                try:
+                    self.judge.handle(entry)
+                except Exception:
+                    log.exception("preset %s: the line parser failed", eng.preset)

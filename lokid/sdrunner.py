@@ -1,0 +1,202 @@
+"""The systemd runner: engines as ``loki-engine@<preset>.service``, through systemd's D-Bus API.
+
+Verbs are ``org.freedesktop.systemd1.Manager`` calls (StartUnit, StopUnit,
+RestartUnit with mode "replace"), never ``systemctl``. State comes from the
+signals systemd sends once subscribed: ``PropertiesChanged`` of each unit
+object (``ActiveState``/``SubState`` of ``…systemd1.Unit``, ``StatusText``
+and ``Result`` of ``…systemd1.Service``) and ``JobRemoved`` for the result of
+the jobs we queued. Nothing polls: after the one ``GetAll`` that learns a
+unit's state when it is first tracked, the signals keep it current.
+
+Signals are accepted only from the current owner of ``org.freedesktop.systemd1``;
+when that changes (``systemctl daemon-reexec``, a systemd upgrade), the runner
+subscribes again and reads every tracked unit afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from dbus_fast import DBusError, Message, MessageType
+from dbus_fast.aio import MessageBus
+
+from .engines import EngineState, Listener, Runner, unit_state
+from .errors import EngineError, LokiError, PermissionDeniedError
+from .names import engine_unit
+
+log = logging.getLogger("lokid.systemd")
+
+SYSTEMD = "org.freedesktop.systemd1"
+SYSTEMD_PATH = "/org/freedesktop/systemd1"
+SYSTEMD_MANAGER = SYSTEMD + ".Manager"
+UNIT_INTERFACE = SYSTEMD + ".Unit"
+SERVICE_INTERFACE = SYSTEMD + ".Service"
+UNIT_PATH_PREFIX = SYSTEMD_PATH + "/unit/"
+PROPERTIES = "org.freedesktop.DBus.Properties"
+DBUS = "org.freedesktop.DBus"
+
+MATCHES = (
+    f"type='signal',sender='{SYSTEMD}',interface='{PROPERTIES}',member='PropertiesChanged',"
+    f"path_namespace='{SYSTEMD_PATH}/unit'",
+    f"type='signal',sender='{SYSTEMD}',interface='{SYSTEMD_MANAGER}',member='JobRemoved'",
+    f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',"
+    f"arg0='{SYSTEMD}'",
+)
+DENIED = ("org.freedesktop.DBus.Error.AccessDenied",
+          "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired")
+
+
+def systemd_reachable(bus_is_system: bool) -> bool:
+    """Whether systemd is the system manager here (what sd_booted() checks)."""
+    import os
+
+    return bus_is_system and os.path.isdir("/run/systemd/system")
+
+
+class SystemdRunner(Runner):
+    kind = "systemd"
+
+    def __init__(self, bus: MessageBus, listener: Listener):
+        super().__init__(listener)
+        self.bus = bus
+        self.owner = ""
+        self.by_path: dict[str, str] = {}               # unit object path → preset
+        self.props: dict[str, dict[str, Any]] = {}      # preset → the unit's properties
+        self.jobs: dict[str, tuple[str, str]] = {}      # job path → (preset, verb)
+        self.job_detail: dict[str, str] = {}            # preset → the last failed job's result
+
+    async def _call(self, path: str, interface: str, member: str, signature: str = "",
+                    body: list[Any] | None = None, destination: str = SYSTEMD) -> list[Any]:
+        reply = await self.bus.call(Message(destination=destination, path=path,
+                                            interface=interface, member=member,
+                                            signature=signature, body=body or []))
+        assert reply is not None
+        if reply.message_type == MessageType.ERROR:
+            raise DBusError(reply.error_name or "", str(reply.body[0] if reply.body else ""))
+        return list(reply.body)
+
+    async def attach(self) -> None:
+        for rule in MATCHES:
+            await self._call("/org/freedesktop/DBus", DBUS, "AddMatch", "s", [rule], DBUS)
+        self.bus.add_message_handler(self._on_message)
+        (self.owner,) = await self._call("/org/freedesktop/DBus", DBUS, "GetNameOwner", "s",
+                                         [SYSTEMD], DBUS)
+        # Without Subscribe, systemd sends unit signals only while some client asks.
+        await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "Subscribe")
+
+    async def _resubscribe(self) -> None:
+        try:
+            await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "Subscribe")
+            await self.track(sorted(set(self.by_path.values())))
+        except DBusError as e:
+            log.warning("systemd came back but cannot be followed: %s", e.text)
+
+    async def close(self) -> None:
+        self.bus.remove_message_handler(self._on_message)
+        try:
+            await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "Unsubscribe")
+        except (DBusError, EOFError, OSError):
+            pass
+
+    async def track(self, presets: list[str]) -> None:
+        wanted = set(presets)
+        for path, preset in list(self.by_path.items()):
+            if preset not in wanted:
+                del self.by_path[path]
+                self.props.pop(preset, None)
+        for preset in presets:
+            try:
+                (path,) = await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "LoadUnit", "s",
+                                           [engine_unit(preset)])
+            except DBusError as e:
+                log.warning("cannot follow %s: %s", engine_unit(preset), e.text)
+                continue
+            self.by_path[str(path)] = preset
+            await self._fetch(str(path), preset)
+
+    async def _fetch(self, path: str, preset: str) -> None:
+        props: dict[str, Any] = {}
+        for interface in (UNIT_INTERFACE, SERVICE_INTERFACE):
+            try:
+                (values,) = await self._call(path, PROPERTIES, "GetAll", "s", [interface])
+            except DBusError as e:
+                log.warning("cannot read %s of %s: %s", interface, engine_unit(preset), e.text)
+                continue
+            props.update({k: v.value for k, v in values.items()
+                          if k in ("ActiveState", "SubState", "Result", "StatusText")})
+        self.props[preset] = props
+        self._publish(preset)
+
+    def _publish(self, preset: str) -> None:
+        p = self.props.get(preset, {})
+        state, detail = unit_state(str(p.get("ActiveState", "inactive")),
+                                   str(p.get("SubState", "")), str(p.get("Result", "")))
+        if state in ("failed", "inactive") and self.job_detail.get(preset):
+            detail = "; ".join(filter(None, (detail, self.job_detail[preset])))
+        self._set(preset, EngineState(state, str(p.get("StatusText", "")), detail))
+
+    def _on_message(self, msg: Message) -> bool:
+        if msg.message_type != MessageType.SIGNAL:
+            return False
+        if msg.member == "NameOwnerChanged" and msg.sender == DBUS and msg.body[0] == SYSTEMD:
+            self.owner = str(msg.body[2])
+            if self.owner:
+                import asyncio
+
+                asyncio.get_running_loop().create_task(self._resubscribe())
+            return False
+        if msg.sender != self.owner:
+            return False
+        if msg.member == "PropertiesChanged" and msg.path in self.by_path:
+            preset = self.by_path[msg.path]
+            _interface, changed, invalidated = msg.body
+            wanted = ("ActiveState", "SubState", "Result", "StatusText")
+            values = {k: v.value for k, v in changed.items() if k in wanted}
+            if values:
+                self.props.setdefault(preset, {}).update(values)
+                self._publish(preset)
+            if any(k in wanted for k in invalidated):
+                import asyncio
+
+                asyncio.get_running_loop().create_task(self._fetch(msg.path, preset))
+        elif msg.member == "JobRemoved":
+            _id, job, _unit, result = msg.body
+            found = self.jobs.pop(str(job), None)
+            if found is not None:
+                preset, verb = found
+                self.job_detail[preset] = "" if result == "done" else \
+                    f"the {verb} job ended: {result}"
+                self._publish(preset)
+        return False  # others may want the same signal
+
+    async def _job(self, member: str, verb: str, preset: str) -> None:
+        unit = engine_unit(preset)
+        try:
+            (job,) = await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, member, "ss",
+                                      [unit, "replace"])
+        except DBusError as e:
+            if e.type in DENIED:
+                raise PermissionDeniedError(
+                    f"systemd refused to {verb} {unit}: {e.text} (lokid.service must run "
+                    "as root, or polkit must allow it to manage loki-engine@ units)") from None
+            raise EngineError(f"systemd could not {verb} {unit}: {e.text}") from None
+        self.jobs[str(job)] = (preset, verb)
+        self.job_detail[preset] = ""
+
+    async def start(self, preset: str) -> None:
+        await self._job("StartUnit", "start", preset)
+
+    async def stop(self, preset: str) -> None:
+        await self._job("StopUnit", "stop", preset)
+
+    async def restart(self, preset: str) -> None:
+        await self._job("RestartUnit", "restart", preset)
+
+    async def reload(self) -> None:
+        """``daemon-reload``: systemd reruns lokid's generator, the drop-ins follow the presets."""
+        try:
+            await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "Reload")
+        except DBusError as e:
+            raise LokiError(f"systemd could not reload its units: {e.text}") from None
+

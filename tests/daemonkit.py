@@ -1,0 +1,73 @@
+"""The daemon in the test's event loop and a dbus-fast client of it, for the daemon tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+
+from lokid.daemon import Daemon
+from lokid.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
+
+
+class Running:
+    def __init__(self, daemon: Daemon, client: MessageBus):
+        self.daemon = daemon
+        self.client = client
+        self.events: list[tuple[str, str, str]] = []   # EngineStateChanged, in order
+
+    async def iface(self, path: str, interface: str) -> Any:
+        intro = await self.client.introspect(BUS_NAME, path)
+        return self.client.get_proxy_object(BUS_NAME, path, intro).get_interface(interface)
+
+    async def wait_event(self, preset: str, state: str, timeout: float = 120,
+                         after: int = 0) -> tuple[str, str, str]:
+        """The first EngineStateChanged(preset, state, …) from event number ``after`` on."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for ev in self.events[after:]:
+                if ev[0] == preset and ev[1] == state:
+                    return ev
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no {state} for {preset} in {timeout} s: {self.events}")
+
+
+async def owned(client: MessageBus) -> bool:
+    intro = await client.introspect("org.freedesktop.DBus", "/org/freedesktop/DBus")
+    dbus = client.get_proxy_object("org.freedesktop.DBus", "/org/freedesktop/DBus", intro)
+    return bool(await dbus.get_interface("org.freedesktop.DBus").call_name_has_owner(BUS_NAME))
+
+
+@contextlib.asynccontextmanager
+async def daemon_on(config: Path, root: Path, bus_address: str,
+                    prepare: Callable[[Daemon], None] | None = None, **kw: Any
+                    ) -> AsyncIterator[Running]:
+    """lokid's daemon on a private bus (its local runner: a session bus), until the block ends."""
+    daemon = Daemon(str(config), str(root / "state"), str(root / "run"), BusType.SESSION,
+                    bus_address, **kw)
+    if prepare is not None:
+        prepare(daemon)
+    task = asyncio.get_running_loop().create_task(daemon.run())
+    client = await asyncio.wait_for(MessageBus(bus_address=bus_address).connect(), 30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if task.done():
+            task.result()
+        if await owned(client):
+            break
+        await asyncio.sleep(0.05)
+    running = Running(daemon, client)
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    manager.on_engine_state_changed(lambda *ev: running.events.append(tuple(ev)))
+    try:
+        yield running
+    finally:
+        daemon.stopping.set()
+        await asyncio.wait_for(task, 120)
+        client.disconnect()
