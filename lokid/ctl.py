@@ -1,8 +1,16 @@
 """``lokictl``: the operator's client of ``org.lokid.Lokid1`` (a thin D-Bus client).
 
-Read commands so far: ``status``, ``presets``, ``show <preset>``, ``plan <preset>``,
-each with ``--json``. The verbs (start, stop, restart, clear-failures) come with
-the daemon's runners and authorisation.
+Read commands: ``status``, ``presets``, ``show <preset>``, ``plan <preset>``, each
+with ``--json``. Verbs: ``start|stop|restart <preset> [--wait]`` (``--wait``
+follows ``EngineStateChanged`` until the engine is ready or stopped, with a
+spinner showing the engine's STATUS text on a terminal) and
+``clear-failures <preset>``.
+
+``--host [USER@]HOST[:PORT]`` reaches lokid on another machine the way
+``busctl -H`` does: ``ssh -xT HOST systemd-stdio-bridge`` carries the system
+bus (``$SYSTEMD_SSH`` names another ssh, as for systemd's tools). dbus-fast
+knows no ``unixexec:`` address, so lokictl listens on a private socket and
+hands the connection it accepts to ssh as its stdin and stdout.
 
 Exit status: 0 ok, 1 failed (daemon unreachable, engine failed), 2 usage or
 invalid preset, 3 permission denied, 4 not found.
@@ -14,6 +22,7 @@ import argparse
 import asyncio
 import json
 import shlex
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +40,10 @@ from .names import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
-PRESET_PROPERTIES = ("Name", "Model", "Unit", "SpecMode", "AutoSpecBlocked", "Argv", "Notes")
+PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
+                     "AutoSpecBlocked", "Argv", "Notes")
+VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
+SPINNER = "|/-\\"
 
 
 class CtlError(Exception):
@@ -85,6 +97,14 @@ class Client:
                                     [interface])
         return {k: plain(v) for k, v in props.items()}
 
+    async def add_match(self, rule: str) -> None:
+        from dbus_fast import Message
+
+        await self.bus.call(Message(destination="org.freedesktop.DBus",
+                                    path="/org/freedesktop/DBus",
+                                    interface="org.freedesktop.DBus", member="AddMatch",
+                                    signature="s", body=[rule]))
+
     async def preset_path(self, name: str) -> str:
         (path,) = await self._call(OBJECT_PATH, MANAGER_INTERFACE, "GetPreset", "s", [name])
         return str(path)
@@ -103,11 +123,14 @@ async def cmd_status(c: Client, as_json: bool) -> int:
     props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
     data = {"version": props["Version"],
             "presets": [preset_of_object_path(p) for p in props["Presets"]],
+            "active": list(props.get("ActivePresets", [])),
             "broken": props.get("BrokenPresets", {})}
     if as_json:
         _print_json(data)
         return EXIT_OK
     print(f"lokid {data['version']}: {len(data['presets'])} presets"
+          + (f", {len(data['active'])} running ({', '.join(data['active'])})"
+             if data["active"] else "")
           + (f", {len(data['broken'])} broken" if data["broken"] else ""))
     for name, error in sorted(data["broken"].items()):
         print(f"  broken {name}: {error}")
@@ -129,10 +152,11 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         _print_json(rows)
         return EXIT_OK
     width = max([len(r["Name"]) for r in rows] + [6])
-    print(f"{'PRESET':<{width}}  {'SPEC':<10}  MODEL")
+    print(f"{'PRESET':<{width}}  {'STATE':<8}  {'SPEC':<10}  MODEL")
     for r in rows:
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
-        print(f"{r['Name']:<{width}}  {r['SpecMode']:<10}  {r['Model']}{blocked}")
+        print(f"{r['Name']:<{width}}  {r['State']:<8}  {r['SpecMode']:<10}  {r['Model']}"
+              f"{blocked}")
     return EXIT_OK
 
 
@@ -142,8 +166,11 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
     if as_json:
         _print_json(row)
         return EXIT_OK
-    for key in PRESET_PROPERTIES[:5]:
+    for key in ("Name", "State", "Status", "Model", "Unit", "SpecMode"):
         print(f"{key}: {row[key]}")
+    print("SpecActive: " + (", ".join(row["SpecActive"]) or "none"))
+    if row["AutoSpecBlocked"]:
+        print(f"AutoSpecBlocked: {row['AutoSpecBlocked']}")
     print("Argv: " + shlex.join(row["Argv"]))
     for note in row["Notes"]:
         print(f"  - {note}")
@@ -163,32 +190,206 @@ async def cmd_plan(c: Client, name: str, as_json: bool) -> int:
     return EXIT_OK
 
 
+class Spinner:
+    """One line on a terminal: a turning bar and the engine's state and STATUS text."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.text = ""
+        self.turn = 0
+
+    def show(self, text: str | None = None) -> None:
+        if text is not None:
+            self.text = text
+        if self.enabled:
+            self.turn += 1
+            width = shutil.get_terminal_size().columns - 3
+            sys.stderr.write(f"\r\033[K{SPINNER[self.turn % 4]} {self.text[:width]}")
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float | None) -> int:
+    """start/stop/restart; with ``wait``, follow the engine until it is ready or stopped."""
+    from dbus_fast import Message, MessageType
+
+    path = await c.preset_path(name)
+    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    spinner = Spinner(wait and sys.stderr.isatty())
+
+    def on_message(msg: Message) -> bool:
+        if msg.message_type != MessageType.SIGNAL:
+            return False
+        if msg.member == "EngineStateChanged" and msg.path == OBJECT_PATH \
+                and msg.body[0] == name:
+            events.put_nowait((str(msg.body[1]), str(msg.body[2])))
+        elif msg.member == "PropertiesChanged" and msg.path == path:
+            status = msg.body[1].get("Status")
+            if status is not None and status.value:
+                spinner.show(str(status.value))
+        return False
+
+    if wait:
+        rules = [f"type='signal',sender='{BUS_NAME}',path='{OBJECT_PATH}',"
+                 f"interface='{MANAGER_INTERFACE}',member='EngineStateChanged',arg0='{name}'",
+                 f"type='signal',sender='{BUS_NAME}',path='{path}',"
+                 "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged'"]
+        for rule in rules:
+            await c.add_match(rule)
+        c.bus.add_message_handler(on_message)
+    await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
+    if not wait:
+        return EXIT_OK
+    target = "inactive" if verb == "stop" else "ready"
+    (state,) = await c._call(path, "org.freedesktop.DBus.Properties", "Get", "ss",
+                             [PRESET_INTERFACE, "State"])
+    if events.empty() and ((verb == "start" and state.value == "ready") or
+                           (verb == "stop" and state.value in ("inactive", "failed"))):
+        print(f"{name}: {state.value}")
+        return EXIT_OK
+    moved = verb != "restart"   # a restart must leave "ready" before it counts
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+    try:
+        while True:
+            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            try:
+                state_now, detail = await asyncio.wait_for(events.get(), min(left or 0.1, 0.1))
+            except TimeoutError:
+                spinner.show()
+                continue
+            spinner.show(f"{state_now}" + (f": {detail}" if detail else ""))
+            if state_now != "ready":
+                moved = True
+            if state_now == target and moved:
+                spinner.clear()
+                print(f"{name}: {state_now}" + (f" ({detail})" if detail else ""))
+                return EXIT_OK
+            if state_now == "failed" or (state_now == "inactive" and target == "ready"):
+                spinner.clear()
+                print(f"lokictl: {name}: {state_now}" + (f": {detail}" if detail else ""),
+                      file=sys.stderr)
+                return EXIT_FAILED
+    except TimeoutError:
+        spinner.clear()
+        print(f"lokictl: {name}: still not {target} after {timeout:g} s (the job goes on)",
+              file=sys.stderr)
+        return EXIT_FAILED
+
+
+async def cmd_clear_failures(c: Client, name: str) -> int:
+    (count,) = await c._call(await c.preset_path(name), PRESET_INTERFACE, "ClearFailures")
+    print(f"{name}: {count} recorded failure{'s' if count != 1 else ''} of automatic "
+          "speculation forgotten")
+    return EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lokictl", description="Control lokid over D-Bus.")
+    p = argparse.ArgumentParser(
+        prog="lokictl", description="Control lokid over D-Bus.",
+        epilog="exit status: 0 ok, 1 failed, 2 usage or invalid preset, 3 permission "
+        "denied, 4 not found")
     p.add_argument("--bus", choices=("system", "session"), default="system")
     p.add_argument("--address", help="a D-Bus address to use instead of --bus")
+    p.add_argument("-H", "--host", metavar="[USER@]HOST[:PORT]",
+                   help="lokid on another machine, over ssh (as busctl -H)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (("status", "the daemon and its presets"),
                            ("presets", "every preset, one line each")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--json", action="store_true")
-    for name, helptext in (("show", "a preset's settings and plan"),
+    for name, helptext in (("show", "a preset's settings, plan and state"),
                            ("plan", "the command line the preset's next start runs")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("preset")
         s.add_argument("--json", action="store_true")
+    for name, helptext in (("start", "start the preset's engine"),
+                           ("stop", "stop the preset's engine"),
+                           ("restart", "restart the preset's engine")):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("preset")
+        s.add_argument("--wait", action="store_true",
+                       help="wait until the engine is ready (stopped, for stop)")
+        s.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="with --wait: give up waiting after this long (exit 1)")
+    s = sub.add_parser("clear-failures", help="forget the recorded failures of automatic "
+                       "speculative decoding for a preset")
+    s.add_argument("preset")
     return p
+
+
+def ssh_argv(host: str) -> list[str]:
+    """What busctl -H runs: ssh -xT [-p PORT] -- [USER@]HOST systemd-stdio-bridge."""
+    import os
+
+    ssh = os.environ.get("SYSTEMD_SSH") or "ssh"
+    target, port = host, ""
+    if host.count(":") == 1:  # HOST:PORT (an IPv6 address has several)
+        target, port = host.split(":")
+    if not target or target.startswith("-"):
+        raise CtlError(f"--host {host!r}: not a host name", EXIT_USAGE)
+    return [ssh, "-xT", *(["-p", port] if port else []), "--", target,
+            "systemd-stdio-bridge"]
+
+
+async def connect_over_ssh(host: str) -> tuple[MessageBus, asyncio.subprocess.Process]:
+    """A bus connection through ssh: a private socket whose one connection ssh carries."""
+    import os
+    import socket
+    import tempfile
+
+    argv = ssh_argv(host)
+    loop = asyncio.get_running_loop()
+    with tempfile.TemporaryDirectory(prefix="lokictl-") as tmp:
+        path = os.path.join(tmp, "bus")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(path)
+            listener.listen(1)
+            listener.setblocking(False)
+            connecting = asyncio.ensure_future(MessageBus(bus_address=f"unix:path={path}")
+                                               .connect())
+            conn, _ = await loop.sock_accept(listener)
+        finally:
+            listener.close()
+        with conn:
+            conn.setblocking(True)
+            try:
+                ssh = await asyncio.create_subprocess_exec(*argv, stdin=conn.fileno(),
+                                                           stdout=conn.fileno())
+            except OSError as e:
+                connecting.cancel()
+                raise CtlError(f"cannot run {argv[0]}: {e.strerror}", EXIT_FAILED) from None
+        try:
+            return await connecting, ssh
+        except (OSError, EOFError, ValueError) as e:
+            raise CtlError(f"cannot reach lokid on {host} over ssh: {e or 'connection closed'}",
+                           EXIT_FAILED) from None
 
 
 async def _main(args: argparse.Namespace) -> int:
     bus_type = BusType.SESSION if args.bus == "session" else BusType.SYSTEM
-    try:
-        bus = await MessageBus(bus_address=args.address, bus_type=bus_type).connect()
-    except (OSError, ValueError) as e:
-        raise CtlError(f"cannot connect to the {args.bus} bus: {e}", EXIT_FAILED) from None
+    ssh = None
+    if args.host:
+        bus, ssh = await connect_over_ssh(str(args.host))
+    else:
+        try:
+            bus = await MessageBus(bus_address=args.address, bus_type=bus_type).connect()
+        except (OSError, ValueError) as e:
+            raise CtlError(f"cannot connect to the {args.bus} bus: {e}", EXIT_FAILED) from None
     client = Client(bus)
     try:
         command: str = args.command
+        if command in VERBS:
+            timeout = None if args.timeout is None else float(args.timeout)
+            return await cmd_verb(client, command, str(args.preset), bool(args.wait), timeout)
+        if command == "clear-failures":
+            return await cmd_clear_failures(client, str(args.preset))
         as_json = bool(args.json)
         if command == "status":
             return await cmd_status(client, as_json)
@@ -204,6 +405,11 @@ async def _main(args: argparse.Namespace) -> int:
         raise CtlError(e.text, exit_code_of(e)) from None
     finally:
         bus.disconnect()
+        if ssh is not None:
+            try:
+                await asyncio.wait_for(ssh.wait(), 5)
+            except TimeoutError:
+                ssh.kill()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

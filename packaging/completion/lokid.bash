@@ -32,13 +32,14 @@ _lokid() {
     case "$prev" in
         --config-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
+        --runner) COMPREPLY=($(compgen -W "auto systemd local" -- "$cur")); return ;;
     esac
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$commands --config-dir --debug --version --help" -- "$cur")) ;;
         plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         run|prestart|engine) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
         generate) COMPREPLY=($(compgen -d -- "$cur")) ;;
-        daemon) COMPREPLY=($(compgen -W "--bus --bus-address" -- "$cur")) ;;
+        daemon) COMPREPLY=($(compgen -W "--bus --bus-address --runner" -- "$cur")) ;;
     esac
 }
 
@@ -48,16 +49,21 @@ _lokictl() {
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan) cmd="${words[i]}"; break ;;
+            status|presets|show|plan|start|stop|restart|clear-failures) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
+        -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
+        --timeout|--address) return ;;
     esac
+    local verbs="status presets show plan start stop restart clear-failures"
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "status presets show plan --bus --address --help" -- "$cur")) ;;
+        "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
         status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
         show|plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
+        start|stop|restart) COMPREPLY=($(compgen -W "$(_lokid_presets) --wait --timeout" -- "$cur")) ;;
+        clear-failures) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
     esac
 }
 
