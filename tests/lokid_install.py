@@ -8,7 +8,11 @@ bound read-only at /opt/lokid:
 - the ``loki`` system user and group, a member of ``video`` and ``render``;
 - ``units/loki-engine@.service`` in /etc/systemd/system (unmodified) and
   ``units/lokid-engine-generator`` in /etc/systemd/system-generators;
-- ``/etc/loki/lokid.toml`` naming the engine and ``/var/lib/loki-models``.
+- ``/etc/loki/lokid.toml`` naming the engine and ``/var/lib/loki-models``;
+- the daemon: ``units/lokid.service``, the bus policy, the D-Bus activation
+  file, the polkit action and rules files (inert: the container has no
+  polkitd, so the daemon's own fallback authorises) and the tmpfiles.d entry
+  that creates /var/lib/loki and /run/loki for loki.
 
 :class:`LokidSystem` then writes presets, models, test-only drop-ins and
 engine wrappers, and remembers what it wrote so :meth:`LokidSystem.cleanup`
@@ -100,6 +104,13 @@ class LokidSystem:
                       (REPO / "data" / "dbus" / f"{BUS_NAME}.conf").read_bytes())
         ct.write_file(f"/usr/share/dbus-1/system-services/{BUS_NAME}.service",
                       (REPO / "data" / "dbus" / f"{BUS_NAME}.service").read_bytes())
+        ct.write_file("/usr/share/polkit-1/actions/org.lokid.lokid1.policy",
+                      (REPO / "data" / "polkit" / "org.lokid.lokid1.policy").read_bytes())
+        ct.write_file("/usr/share/polkit-1/rules.d/50-lokid.rules",
+                      (REPO / "data" / "polkit" / "50-lokid.rules").read_bytes())
+        ct.write_file("/usr/lib/tmpfiles.d/lokid.conf",
+                      (REPO / "data" / "tmpfiles.d" / "lokid.conf").read_bytes())
+        ct.run(["systemd-tmpfiles", "--create", "/usr/lib/tmpfiles.d/lokid.conf"])
         ct.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
                 "org.freedesktop.DBus", "ReloadConfig"])
         self.set_engine(self.engine)

@@ -102,6 +102,24 @@ class HarnessError(RuntimeError):
     """The harness cannot build, boot or control the container; the message says why."""
 
 
+class Background:
+    """A command running in the container, from :meth:`Container.popen`."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc = proc
+
+    def stop(self) -> str:
+        """SIGTERM to its process group; everything it printed."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            out, _ = self.proc.communicate()
+        return out or ""
+
+
 class ContainerCommandError(subprocess.CalledProcessError):
     """A command inside the container failed; str() carries its output."""
 
@@ -576,6 +594,18 @@ class Container:
         if check and result.returncode != 0:
             raise ContainerCommandError(result.returncode, list(argv), out, err)
         return result
+
+    def popen(self, argv: Sequence[str]) -> Background:
+        """Start ``argv`` inside the container in the background (e.g. ``busctl monitor``);
+        :meth:`Background.stop` ends it and returns what it printed."""
+        if self.leader <= 0:
+            raise HarnessError(f"container {self.name} is not running")
+        full = ["nsenter", "--target", str(self.leader), "--all", "env", "-i",
+                f"PATH={CONTAINER_PATH}", "LANG=C.UTF-8", *argv]
+        proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        time.sleep(0.5)  # let it subscribe before the caller acts
+        return Background(proc)
 
     def systemctl(self, *args: str, check: bool = True, timeout: float = 60.0,
                   ) -> subprocess.CompletedProcess[str]:

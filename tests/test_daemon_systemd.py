@@ -1,7 +1,10 @@
 """lokid.service under a real systemd with the real system bus (Debian 12: dbus-fast 1.84).
 
-The daemon runs as the loki user with its hardening, owns org.lokid.Lokid1 by the
-shipped bus policy, is started by D-Bus activation, and anyone may read from it.
+The daemon runs as root with its hardening, owns org.lokid.Lokid1 by the shipped bus
+policy, is started by D-Bus activation, and anyone may read from it. Its verbs drive
+loki-engine@ units through systemd's D-Bus API: root and members of group loki may
+call them (no polkitd here: the daemon's own fallback decides), others get
+PermissionDenied.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lokid_install import LokidSystem, install
+from lokid_install import LokidSystem, install, unit
 from systemd_harness import Container
+from test_dbus_api_doc import documented, members
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
@@ -27,17 +31,57 @@ EXPOSURE_GOAL = 3.0
 def lk(systemd_container: Container, container_engine: str, models: Any
        ) -> Iterator[LokidSystem]:
     system = install(systemd_container, container_engine, [models.llama])
-    system.preset("demo", 'model = "llama.gguf"\n')
+    port = system.preset("demo", 'model = "llama.gguf"\n[spec]\nmode = "ngram"\n')
+    system.track_unit(unit("demo"))
+    system.demo_port = port  # type: ignore[attr-defined]
     yield system
     systemd_container.systemctl("stop", "lokid.service", check=False)
     system.cleanup()
 
 
-def busctl(ct: Container, *args: str, user: str | None = None) -> Any:
-    argv = ["busctl", "--json=short", *args]
+def as_user(user: str | None, argv: list[str]) -> list[str]:
+    """argv run as ``user``: nobody with no groups, or a user with its own groups."""
+    if user == "nobody":
+        return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv]
     if user:
-        argv = ["setpriv", f"--reuid={user}", "--regid=nogroup", "--clear-groups", *argv]
-    return ct.run(argv, check=False)
+        return ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *argv]
+    return argv
+
+
+def busctl(ct: Container, *args: str, user: str | None = None, timeout: float = 60) -> Any:
+    return ct.run(as_user(user, ["busctl", "--json=short", *args]), check=False,
+                  timeout=timeout)
+
+
+def prop(ct: Container, path: str, interface: str, name: str) -> Any:
+    r = busctl(ct, "get-property", BUS, path, interface, name)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["data"]
+
+
+def wait_prop(ct: Container, path: str, interface: str, name: str, value: Any,
+              timeout: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (got := prop(ct, path, interface, name)) != value:
+        assert time.monotonic() < deadline, f"{name} is {got!r}, not {value!r}"
+        time.sleep(0.2)
+
+
+# The error name of a call as an unprivileged user (busctl prints only the message).
+ERROR_NAME_OF_START = """
+import asyncio, sys
+from dbus_fast import BusType, Message, MessageType
+from dbus_fast.aio import MessageBus
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    reply = await bus.call(Message(destination="org.lokid.Lokid1", path="/org/lokid/Lokid1",
+                                   interface="org.lokid.Lokid1.Manager", member="StartPreset",
+                                   signature="s", body=["demo"]))
+    print(reply.error_name if reply.message_type == MessageType.ERROR else "ok")
+asyncio.run(main())
+"""
 
 
 def test_the_daemon_starts_on_the_first_call_and_serves_the_presets(lk: LokidSystem) -> None:
@@ -52,7 +96,7 @@ def test_the_daemon_starts_on_the_first_call_and_serves_the_presets(lk: LokidSys
     pid = re.search(r"MainPID=(\d+)", props)
     assert pid is not None
     user = ct.run(["ps", "-o", "user=", "-p", pid.group(1)]).stdout.strip()
-    assert user == "loki"
+    assert user == "root"
     r = busctl(ct, "call", BUS, PATH, MANAGER, "GetPreset", "s", "demo")
     assert json.loads(r.stdout)["data"] == ["/org/lokid/Lokid1/preset/demo"], r.stderr
     r = busctl(ct, "introspect", BUS, "/org/lokid/Lokid1/preset/demo")
@@ -78,7 +122,8 @@ def test_anyone_may_read_but_only_root_or_loki_may_own_the_name(lk: LokidSystem)
     assert owner.returncode != 0, owner
     assert 'not allowed to own the service "org.lokid.Lokid1"' in owner.stderr, owner.stderr
     # deny by default: a member the policy does not list never reaches the daemon
-    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo", user="nobody")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "Frobnicate",
+               user="nobody")
     assert r.returncode != 0 and "Access denied" in r.stderr, r.stderr
 
 
@@ -89,3 +134,78 @@ def test_hardening_exposure(lk: LokidSystem) -> None:
     exposure = float(m.group(1))
     print(f"\nsystemd-analyze security lokid.service: {exposure}")
     assert exposure <= EXPOSURE_GOAL, r.stdout
+
+
+PRESET_PATH = "/org/lokid/Lokid1/preset/demo"
+PRESET = "org.lokid.Lokid1.Preset"
+
+
+def test_root_starts_and_stops_an_engine_through_systemd(lk: LokidSystem) -> None:
+    ct = lk.ct
+    ct.systemctl("restart", "lokid.service")
+    monitor = ct.popen(["busctl", "--system", "--json=short", "monitor",
+                        "--match=type='signal',interface='org.lokid.Lokid1.Manager',"
+                        "member='EngineStateChanged'"])
+    try:
+        r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo")
+        assert r.returncode == 0, r.stderr
+        wait_prop(ct, PRESET_PATH, PRESET, "State", "ready")
+        assert lk.show("demo", "ActiveState")["ActiveState"] == "active"
+        assert lk.health(lk.demo_port) == 200  # type: ignore[attr-defined]
+        assert prop(ct, PRESET_PATH, PRESET, "Status").startswith("ready: demo (llama.gguf)")
+        assert prop(ct, PRESET_PATH, PRESET, "SpecActive") == ["ngram-mod"]
+        assert prop(ct, PATH, MANAGER, "ActivePresets") == ["demo"]
+        r = busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo")
+        assert r.returncode == 0, r.stderr
+        wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
+        assert lk.show("demo", "ActiveState")["ActiveState"] == "inactive"
+        assert prop(ct, PATH, MANAGER, "ActivePresets") == []
+    finally:
+        out = monitor.stop()
+    states = [json.loads(line)["payload"]["data"][1] for line in out.splitlines()
+              if line.startswith("{") and '"EngineStateChanged"' in line]
+    assert states == ["loading", "ready", "stopping", "inactive"], out[-3000:]
+
+
+def test_nobody_is_refused_and_a_member_of_group_loki_may(lk: LokidSystem) -> None:
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo", user="nobody")
+    assert r.returncode != 0
+    assert "StartPreset needs root or membership of group 'loki'" in r.stderr, r.stderr
+    r = ct.run(as_user("nobody", ["python3", "-c", ERROR_NAME_OF_START]), check=False)
+    assert r.stdout.strip() == "org.lokid.Lokid1.Error.PermissionDenied", r
+    assert lk.show("demo", "ActiveState")["ActiveState"] == "inactive"
+
+    if ct.run(["getent", "passwd", "gpuops"], check=False).returncode != 0:
+        ct.run(["useradd", "--create-home", "--user-group", "--groups", "loki", "gpuops"])
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo", user="gpuops")
+    assert r.returncode == 0, r.stderr
+    wait_prop(ct, PRESET_PATH, PRESET, "State", "ready")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo", user="gpuops")
+    assert r.returncode == 0, r.stderr
+    wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
+
+
+def test_introspection_matches_the_documented_api(lk: LokidSystem) -> None:
+    import xml.etree.ElementTree as ET
+
+    lk.ct.systemctl("start", "lokid.service")
+    doc = documented()
+    for path, name in ((PATH, MANAGER), (PRESET_PATH, PRESET)):
+        r = lk.ct.run(["busctl", "introspect", "--xml-interface", BUS, path])
+        live = {i.get("name"): i for i in ET.fromstring(r.stdout) if i.tag == "interface"}
+        assert members(live[name]) == members(doc[name]), name
+
+
+def test_the_daemon_follows_systemd_across_a_reexec(lk: LokidSystem) -> None:
+    # a systemd upgrade re-executes PID 1: it comes back with a new bus connection
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    ct.systemctl("daemon-reexec", timeout=120)
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo")
+    assert r.returncode == 0, r.stderr
+    wait_prop(ct, PRESET_PATH, PRESET, "State", "ready")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo")
+    assert r.returncode == 0, r.stderr
+    wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
