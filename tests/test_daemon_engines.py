@@ -24,7 +24,9 @@ from typing import Any
 import pytest
 from daemonkit import Running, daemon_on
 from dbus_fast import DBusError
+from dbus_fast.aio import MessageBus
 from enginekit import free_port, write_config, write_preset
+from polkit_standin import PolkitStandIn
 
 from lokid import localrunner
 from lokid.names import (
@@ -275,3 +277,28 @@ async def test_lokictl_as_an_unprivileged_user_exits_3_with_the_reason(
                              sys.executable, "-m", "lokid.ctl", "--address", open_bus_address,
                              "show", "plain"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "State: inactive" in r.stdout, r
+
+
+@pytest.mark.parametrize("allowed,ok", [({"org.lokid.lokid1.manage"}, True), (set(), False)])
+async def test_where_polkit_runs_it_decides(config: Path, tmp_path: Path,
+                                            open_bus_address: str, allowed: set[str],
+                                            ok: bool) -> None:
+    polkit_bus = await MessageBus(bus_address=open_bus_address).connect()
+    stand_in = PolkitStandIn(allowed)
+    polkit_bus.export("/org/freedesktop/PolicyKit1/Authority", stand_in)
+    await polkit_bus.request_name("org.freedesktop.PolicyKit1")
+    try:
+        async with daemon_on(config, tmp_path, open_bus_address):
+            # nobody, in the manage group: with polkit on the bus, only polkit's answer counts
+            r = await asyncio.to_thread(
+                busctl_as, open_bus_address, "nobody", "users", "call", BUS_NAME,
+                preset_object_path("plain"), PRESET_INTERFACE, "ClearFailures")
+    finally:
+        polkit_bus.disconnect()
+    assert (r.returncode == 0) is ok, r.stderr
+    if not ok:
+        assert "not authorized by polkit for org.lokid.lokid1.manage" in r.stderr, r.stderr
+    ((kind, subject), action, flags), = stand_in.calls
+    assert kind == "system-bus-name" and subject["name"].value.startswith(":1.")
+    assert action == "org.lokid.lokid1.manage"
+    assert flags == 1  # busctl allows interactive authorisation by default: passed on
