@@ -209,3 +209,16 @@ def test_the_daemon_follows_systemd_across_a_reexec(lk: LokidSystem) -> None:
     r = busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo")
     assert r.returncode == 0, r.stderr
     wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
+
+
+def test_reload_serves_a_new_preset_and_refreshes_its_drop_in(lk: LokidSystem) -> None:
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    lk.preset("added", 'model = "llama.gguf"\n', reload=False)  # no daemon-reload by the test
+    assert "/org/lokid/Lokid1/preset/added" not in prop(ct, PATH, MANAGER, "Presets")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "Reload")
+    assert r.returncode == 0, r.stderr
+    assert "/org/lokid/Lokid1/preset/added" in prop(ct, PATH, MANAGER, "Presets")
+    # the daemon asked systemd to reload: the generator wrote the new preset's drop-in
+    desc = lk.show("added", "Description")["Description"]
+    assert desc == "lokid engine added: llama.gguf", desc
