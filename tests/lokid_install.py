@@ -10,9 +10,8 @@ bound read-only at /opt/lokid:
   ``units/lokid-engine-generator`` in /etc/systemd/system-generators;
 - ``/etc/loki/lokid.toml`` naming the engine and ``/var/lib/loki-models``;
 - the daemon: ``units/lokid.service``, the bus policy, the D-Bus activation
-  file, the polkit action and rules files (inert: the container has no
-  polkitd, so the daemon's own fallback authorises) and the tmpfiles.d entry
-  that creates /var/lib/loki and /run/loki for loki.
+  file, the polkit action and rules files (read by the container's polkitd)
+  and the tmpfiles.d entry that creates /var/lib/loki and /run/loki for loki.
 
 :class:`LokidSystem` then writes presets, models, test-only drop-ins and
 engine wrappers, and remembers what it wrote so :meth:`LokidSystem.cleanup`

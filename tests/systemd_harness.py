@@ -56,6 +56,10 @@ PACKAGES = (
     "python3", "python3-systemd", "python3-httpx", "python3-tomlkit",
     "python3-dbus-fast",     # 1.84.2 in bookworm
     "python3-sdnotify",      # 0.3.1 in bookworm
+    # lokid's verbs are authorised by polkit where it runs: the container tests check
+    # the shipped action and rules files against the real polkitd (and the fallback
+    # with polkitd taken away).
+    "polkitd",
     "procps", "iproute2", "curl",
     # llama-server b11434 (CPU build) links these beyond its own libs, which
     # sit next to it in the wheel (RUNPATH $ORIGIN): see `ldd llama-server`.

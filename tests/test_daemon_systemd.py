@@ -2,9 +2,10 @@
 
 The daemon runs as root with its hardening, owns org.lokid.Lokid1 by the shipped bus
 policy, is started by D-Bus activation, and anyone may read from it. Its verbs drive
-loki-engine@ units through systemd's D-Bus API: root and members of group loki may
-call them (no polkitd here: the daemon's own fallback decides), others get
-PermissionDenied.
+loki-engine@ units through systemd's D-Bus API. Who may call them is decided by the
+real polkitd with the shipped action and rules files (group loki yes, others no)
+and, with polkitd taken away, by the daemon's own fallback (root or group loki);
+a refusal is PermissionDenied.
 """
 
 from __future__ import annotations
@@ -167,24 +168,70 @@ def test_root_starts_and_stops_an_engine_through_systemd(lk: LokidSystem) -> Non
     assert states == ["loading", "ready", "stopping", "inactive"], out[-3000:]
 
 
-def test_nobody_is_refused_and_a_member_of_group_loki_may(lk: LokidSystem) -> None:
+def gpuops(ct: Container) -> str:
+    """A user in group loki (and not root)."""
+    if ct.run(["getent", "passwd", "gpuops"], check=False).returncode != 0:
+        ct.run(["useradd", "--create-home", "--user-group", "--groups", "loki", "gpuops"])
+    return "gpuops"
+
+
+def check_who_may_start(lk: LokidSystem, refusal: str) -> None:
     ct = lk.ct
-    ct.systemctl("start", "lokid.service")
     r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo", user="nobody")
     assert r.returncode != 0
-    assert "StartPreset needs root or membership of group 'loki'" in r.stderr, r.stderr
+    assert refusal in r.stderr, r.stderr
     r = ct.run(as_user("nobody", ["python3", "-c", ERROR_NAME_OF_START]), check=False)
     assert r.stdout.strip() == "org.lokid.Lokid1.Error.PermissionDenied", r
     assert lk.show("demo", "ActiveState")["ActiveState"] == "inactive"
 
-    if ct.run(["getent", "passwd", "gpuops"], check=False).returncode != 0:
-        ct.run(["useradd", "--create-home", "--user-group", "--groups", "loki", "gpuops"])
-    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo", user="gpuops")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo", user=gpuops(ct))
     assert r.returncode == 0, r.stderr
     wait_prop(ct, PRESET_PATH, PRESET, "State", "ready")
     r = busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo", user="gpuops")
     assert r.returncode == 0, r.stderr
     wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
+
+
+def test_with_polkit_the_shipped_policy_and_rules_decide(lk: LokidSystem) -> None:
+    # the real polkitd: nobody has no agent to authenticate with (the action says
+    # auth_admin_keep), and only data/polkit/50-lokid.rules lets group loki in
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    check_who_may_start(lk, "not authorized by polkit for org.lokid.lokid1.manage")
+    # without the rules file (polkitd rereads its rules when they change), group loki
+    # is refused too: it was the rule that let it in
+    rules = "/usr/share/polkit-1/rules.d/50-lokid.rules"
+    ct.run(["mv", rules, "/root/50-lokid.rules"])
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while True:
+            r = busctl(ct, "call", BUS, PRESET_PATH, PRESET, "ClearFailures", user="gpuops")
+            if r.returncode != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert "not authorized by polkit" in r.stderr, r
+    finally:
+        ct.run(["mv", "/root/50-lokid.rules", rules])
+
+
+POLKIT_ACTIVATION = "/usr/share/dbus-1/system-services/org.freedesktop.PolicyKit1.service"
+
+
+def test_without_polkit_root_and_group_loki_may(lk: LokidSystem) -> None:
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    ct.run(["mv", POLKIT_ACTIVATION, POLKIT_ACTIVATION + ".away"])
+    try:
+        ct.systemctl("stop", "polkit.service")
+        ct.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                "org.freedesktop.DBus", "ReloadConfig"])
+        check_who_may_start(lk, "StartPreset needs root or membership of group 'loki'")
+    finally:
+        ct.run(["mv", POLKIT_ACTIVATION + ".away", POLKIT_ACTIVATION])
+        ct.run(["busctl", "call", "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                "org.freedesktop.DBus", "ReloadConfig"])
 
 
 def test_introspection_matches_the_documented_api(lk: LokidSystem) -> None:
