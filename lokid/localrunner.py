@@ -176,9 +176,20 @@ class LocalRunner(Runner):
         eng.wake.set()
         if self.state(eng.preset).state in LIVE:
             self._set(eng.preset, EngineState(STOPPING, "stopping", "stop requested"))
-        if eng.proc is not None and eng.proc.returncode is None:
+        proc = eng.proc
+        if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                eng.proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
+            asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._kill_if_alive, eng, proc)
+
+    def _kill_if_alive(self, eng: _Engine, proc: asyncio.subprocess.Process) -> None:
+        """TimeoutStopSec=: SIGKILL to a child that ignored SIGTERM (its engine follows it:
+        PR_SET_PDEATHSIG)."""
+        if proc.returncode is None:
+            log.warning("preset %s: still running %.0f s after SIGTERM: killing it",
+                        eng.preset, STOP_TIMEOUT)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
 
     async def close(self) -> None:
         """Stop every engine (they are our children) and wait for them."""
@@ -265,6 +276,7 @@ class LocalRunner(Runner):
         self.by_pid[proc.pid] = eng
         if eng.stop_requested:  # asked while it was being spawned
             proc.send_signal(signal.SIGTERM)
+            asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._kill_if_alive, eng, proc)
         try:
             await self._drain(eng, proc)
             rc = await proc.wait()

@@ -123,9 +123,13 @@ def _die_with_parent() -> None:
     # The engine has its own process group (Ctrl-C reaches the supervisor only,
     # which stops it once); PR_SET_PDEATHSIG keeps it from outliving a killed
     # supervisor outside systemd. Under systemd, KillMode= covers both anyway.
+    # SIGKILL: the supervisor only dies before its engine when it was killed
+    # itself (a stop past its timeout), and an engine may not act on SIGTERM
+    # (b11434 misses one sent just after it first answers /health, see _loop):
+    # nothing else would take it down.
     try:
         libc = _ctypes().CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 

@@ -329,3 +329,12 @@ def open_bus_address() -> Iterator[str]:
     proc.terminate()
     proc.wait(10)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def running(config: Path, tmp_path: Path, bus_address: str) -> Any:
+    """lokid's daemon on a private bus serving the requesting module's ``config`` fixture."""
+    from daemonkit import daemon_on
+
+    async with daemon_on(config, tmp_path, bus_address) as r:
+        yield r

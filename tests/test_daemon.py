@@ -14,12 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemonkit import Running, daemon_on
+from daemonkit import Running
 from dbus_fast import DBusError
 from enginekit import NotifyListener, write_config, write_preset
 
@@ -48,12 +47,6 @@ def config(tmp_path: Path, engine: str, models: Any) -> Path:
     write_preset(config, "broken", 'model = "llama.gguf"\nctx = "big"\n')
     write_preset(config, "nomodel", 'model = "absent.gguf"\n')
     return config
-
-
-@pytest.fixture
-async def running(config: Path, tmp_path: Path, bus_address: str) -> AsyncIterator[Running]:
-    async with daemon_on(config, tmp_path, bus_address) as r:
-        yield r
 
 
 def test_every_exported_method_declares_who_may_call_it() -> None:

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +57,6 @@ def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> P
     write_preset(config, "plain", f'model = "llama.gguf"\nctx = 2048\nport = {ports["plain"]}\n')
     write_preset(config, "nomodel", 'model = "absent.gguf"\n')
     return config
-
-
-@pytest.fixture
-async def running(config: Path, tmp_path: Path, bus_address: str) -> AsyncIterator[Running]:
-    async with daemon_on(config, tmp_path, bus_address) as r:
-        yield r
 
 
 def health(port: int) -> int | None:
@@ -302,3 +295,55 @@ async def test_where_polkit_runs_it_decides(config: Path, tmp_path: Path,
     assert kind == "system-bus-name" and subject["name"].value.startswith(":1.")
     assert action == "org.lokid.lokid1.manage"
     assert flags == 1  # busctl allows interactive authorisation by default: passed on
+
+
+def deaf_engine(root: Path, engine: str) -> Path:
+    """An engine that answers /health but ignores SIGTERM (the real one for --help and
+    --version, which the plan reads)."""
+    path = root / "deaf-engine"
+    path.write_text(f"#!{sys.executable}\n"
+                    "import http.server, os, signal, sys\n"
+                    "if {'--help', '--version'} & set(sys.argv):\n"
+                    f"    os.execv({engine!r}, [{engine!r}] + sys.argv[1:])\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+                    "class H(http.server.BaseHTTPRequestHandler):\n"
+                    "    def do_GET(self):\n"
+                    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+                    "    def log_message(self, *a): pass\n"
+                    "open(os.environ['DEAF_PID'], 'w').write(str(os.getpid()))\n"
+                    "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
+    path.chmod(0o755)
+    return path
+
+
+async def test_a_stop_past_its_timeout_kills_and_leaves_no_engine(
+        tmp_path: Path, engine: str, models: Any, bus_address: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localrunner, "STOP_TIMEOUT", 2.0)
+    monkeypatch.setenv("DEAF_PID", str(tmp_path / "deaf.pid"))
+    config = write_config(tmp_path, str(deaf_engine(tmp_path, engine)), [models.dir])
+    write_preset(config, "deaf", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n')
+    assert Path(models.llama).exists()
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        await manager.call_start_preset("deaf")
+        await running.wait_event("deaf", "ready")
+        pid = int((tmp_path / "deaf.pid").read_text())
+        t0 = time.monotonic()
+        await manager.call_stop_preset("deaf")
+        await running.wait_event("deaf", "inactive", timeout=30)
+        assert time.monotonic() - t0 >= 2.0  # SIGTERM was ignored: the timeout ended it
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not alive(pid), "the engine outlived its supervisor"
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie left for an init that does not reap is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
