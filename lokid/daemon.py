@@ -101,19 +101,26 @@ class Daemon:
         assert self.authority is not None
         await self.authority.check(member, action)
 
-    def _startable(self, name: str) -> None:
-        view = self.registry.get(name)
-        if view.plan is None:
-            raise view.failure()
+    async def _startable(self, name: str) -> None:
+        """Refuse a preset that cannot be planned, with its reason (never hand it to systemd).
+
+        The snapshot may be older than a fix (the model copied in since): a preset
+        without a plan is planned again before it is refused.
+        """
+        if self.registry.get(name).plan is None:
+            await self._refresh(name)
+            view = self.registry.get(name)
+            if view.plan is None:
+                raise view.failure()
 
     async def start(self, name: str) -> None:
-        self._startable(name)
+        await self._startable(name)
         assert self.runner is not None
         log.info("starting preset %s", name)
         await self.runner.start(name)
 
     async def restart(self, name: str) -> None:
-        self._startable(name)
+        await self._startable(name)
         assert self.runner is not None
         log.info("restarting preset %s", name)
         await self.runner.restart(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -347,3 +348,23 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_preset_fixed_since_the_load_starts_without_a_reload(
+        tmp_path: Path, engine: str, models: Any, bus_address: str) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    config = write_config(tmp_path, engine, [models.dir, extra])
+    write_preset(config, "late", f'model = "late.gguf"\nctx = 2048\nport = {free_port()}\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        with pytest.raises(DBusError) as exc:
+            await manager.call_start_preset("late")
+        assert exc.value.type == ERROR_PREFIX + "InvalidPreset" and "late.gguf" in exc.value.text
+        shutil.copy(models.llama, extra / "late.gguf")  # the operator copies the model in
+        await manager.call_start_preset("late")
+        await running.wait_event("late", "ready")
+        preset = await running.iface(preset_object_path("late"), PRESET_INTERFACE)
+        assert str(extra / "late.gguf") in await preset.get_argv()
+        await manager.call_stop_preset("late")
+        await running.wait_event("late", "inactive")
