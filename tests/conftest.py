@@ -53,6 +53,12 @@ class Models:
         return self._new("llama.gguf", gen.write_llama)
 
     @functools.cached_property
+    def llama_long(self) -> str:
+        """The plain llama trained (so its header says) for a 32k context: the engine caps
+        a slot's context at the training length, and the bench's depth needs 16k."""
+        return self._new("llama-long.gguf", gen.write_llama, context_length=32768)
+
+    @functools.cached_property
     def draft(self) -> str:
         """One-layer llama with the same tokenizer: a draft model for `llama`."""
         return self._new("draft.gguf", gen.write_draft)

@@ -9,8 +9,8 @@ import pytest
 
 import lokid
 
-CORE = ["argscan", "attempt", "caps", "config", "enginelog", "engines", "errors", "modelinfo",
-        "names", "paths", "plan", "spec"]
+CORE = ["argscan", "attempt", "benchcore", "caps", "config", "enginelog", "engines", "errors",
+        "modelinfo", "names", "paths", "plan", "spec"]
 FORBIDDEN = {"subprocess", "httpx", "dbus_fast", "dbus_next", "systemd", "sdnotify", "socket",
              "asyncio"}
 PACKAGE = Path(lokid.__file__).parent

@@ -1,0 +1,268 @@
+"""The benchmark protocol (lokid.bench) against the real llama-server, and its failure cases
+against a small fake engine written for them.
+
+The real engine serves the generated tiny llama with lokid's own plan: quick mode,
+and full mode at a 16k context (the smallest round size where depth fits: 7648 tokens
+of depth and three turns), with the n-gram drafter so draft acceptance is read for real.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from enginekit import free_port, running, write_config, write_preset
+
+from lokid import bench
+from lokid import benchcore as core
+from lokid.gather import make_plan
+
+
+async def run_against(url: str, opts: bench.Options, setup: bench.Setup | None = None,
+                      budget: float = core.REQUEST_BUDGET, **kw: Any) -> core.Result:
+    async with httpx.AsyncClient() as client:
+        return await bench.run(bench.Engine(url, client, budget), opts,
+                               setup or bench.Setup(), **kw)
+
+
+@pytest.fixture(scope="module")
+def ngram_engine(tmp_path_factory: pytest.TempPathFactory, engine: str,
+                 models: Any) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("bench")
+    config = write_config(root, engine, [models.dir])
+    # one slot: with the engine's default of several, each conversation gets a share
+    # of the context (/props says so), and the depth is computed on that share
+    write_preset(config, "b", f'model = "{models.llama_long}"\nctx = 16384\n'
+                 f'port = {free_port()}\nextra_args = ["--parallel", "1"]\n'
+                 '[spec]\nmode = "ngram"\n')
+    plan = make_plan(str(config), "b")
+    with running(plan.argv, root / "engine.log") as eng:
+        yield eng.url
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_quick_mode_on_the_real_engine(ngram_engine: str) -> None:
+    phases: list[tuple[str, int, int]] = []
+    # Greedy, as a preset's sampling may ask: the random tiny model then falls into loops
+    # that the n-gram drafter predicts, so drafts happen for real.
+    setup = bench.Setup(sampling={"temperature": 0})
+    r = await run_against(ngram_engine, bench.Options(core.QUICK, prompt=1000, predict=300),
+                          setup, progress=lambda *p: phases.append(p))
+    assert [p[1:] for p in phases] == [(1, 2), (2, 2)]
+    assert phases[1][0] == "short line (1000 + 300 tokens)"
+    # about the size asked: the prose is cut at a line end (the seed's rule), and the
+    # template and the instruction come on top
+    assert 700 <= r.prompt_n <= 1200, r
+    assert 0 < r.predicted_n <= 300 and r.predicted_per_second > 0 and r.prompt_per_second > 0
+    assert r.engine.startswith("b11434") and r.depth is None and r.savable
+    assert r.draft is not None and 0 < r.draft.accepted <= r.draft.n, r.draft
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+async def test_full_mode_on_the_real_engine(ngram_engine: str) -> None:
+    phases: list[str] = []
+    r = await run_against(ngram_engine, bench.Options(core.FULL, prompt=500, predict=32),
+                          progress=lambda name, step, steps: phases.append(name))
+    d = r.depth
+    assert d is not None and not d.skipped, d
+    assert d.ctx == 16384 and d.target == 7648
+    assert phases[2] == "cold prefill at depth (7648 tokens)"
+    # about the depth asked: the code is cut at a line end, the ratio is a sample's
+    assert d.cold is not None and 0.85 * 7648 <= d.cold.new <= 1.1 * 7648, d.cold.new
+    assert len(d.turns) == core.TURNS and not d.partial, d.partial
+    for t in d.turns:
+        # each turn computes only what is new: the conversation so far comes from cache
+        assert t.cached is not None and t.cached > 0 and t.new < t.expected, t
+    assert d.reuse is not None and d.reuse > 0.9, (d.reuse, d.reuse_note)
+    assert d.cached_per_second and d.decode_per_second
+    assert r.savable
+    text = "\n".join(core.report(r))
+    assert "Prefill@D" in text and "Cache reuse" in text
+
+
+# --- the fake engine ------------------------------------------------------------------
+
+Handler = Callable[[str, dict[str, Any]], tuple[int, Any]]
+
+
+def timings(prompt_n: int = 100, cache_n: int | None = 0, **more: Any) -> dict[str, Any]:
+    t = {"prompt_n": prompt_n, "prompt_ms": 50.0, "predicted_n": 20, "predicted_ms": 200.0,
+         **more}
+    if cache_n is not None:
+        t["cache_n"] = cache_n
+    return t
+
+
+def chat_ok(prompt_n: int = 100, cache_n: int | None = 0, **more: Any) -> dict[str, Any]:
+    return {"choices": [{"message": {"role": "assistant", "content": "ok"}}],
+            "timings": timings(prompt_n, cache_n, **more),
+            "usage": {"prompt_tokens": prompt_n + (cache_n or 0)}}
+
+
+class QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that gave up waiting (the budget test): nothing to report
+
+
+class Fake:
+    """An OpenAI-compatible engine that answers what the test says, and records."""
+
+    def __init__(self, handle: Handler):
+        self.handle = handle
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def _reply(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                fake.requests.append((self.path, body))
+                status, data = fake.handle(self.path, body)
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = _reply
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = QuietServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def chats(self) -> list[dict[str, Any]]:
+        return [b for p, b in self.requests if p == "/v1/chat/completions"]
+
+
+@pytest.fixture
+def fake() -> Iterator[Callable[[Handler], Fake]]:
+    made: list[Fake] = []
+
+    def make(handle: Handler) -> Fake:
+        made.append(Fake(handle))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.server.shutdown()
+
+
+def engine_props(n_ctx: int = 16384) -> dict[str, Any]:
+    return {"default_generation_settings": {"n_ctx": n_ctx}, "build_info": "b1-fake"}
+
+
+def basic(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    if path == "/props":
+        return 200, engine_props()
+    if path == "/tokenize":
+        return 200, {"tokens": list(range(len(body["content"]) // 4))}
+    if path == "/slots":
+        return 501, {"error": "slots disabled"}
+    return 200, chat_ok()
+
+
+async def test_a_template_refusing_the_effort_level_is_retried_once_with_the_one_it_names(
+        fake: Callable[[Handler], Fake]) -> None:
+    def handle(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/chat/completions" and body.get("reasoning_effort") == "high":
+            return 500, {"error": {"message": "reasoning_effort 'high' is not supported by "
+                                   "this template; supported: low, medium"}}
+        return basic(path, body)
+
+    f = fake(handle)
+    learned: list[tuple[str, str]] = []
+    setup = bench.Setup(effort="high", learn=lambda w, g: learned.append((w, g)))
+    r = await run_against(f.url, bench.Options(core.QUICK), setup)
+    assert learned == [("high", "medium")]
+    assert [c.get("reasoning_effort") for c in f.chats()] == ["high", "medium", "medium"]
+    assert r.prompt_n == 100 and r.savable
+
+
+async def test_a_500_that_is_not_an_effort_refusal_fails_the_phase(
+        fake: Callable[[Handler], Fake]) -> None:
+    f = fake(lambda p, b: (500, {"error": "out of memory"}) if p == "/v1/chat/completions"
+             else basic(p, b))
+    with pytest.raises(bench.BenchError, match="^warm-up: POST /v1/chat/completions: HTTP 500"):
+        await run_against(f.url, bench.Options(core.QUICK), bench.Setup(effort="high"))
+    assert len(f.chats()) == 1
+
+
+async def test_a_response_without_timings_is_no_measurement(
+        fake: Callable[[Handler], Fake]) -> None:
+    f = fake(lambda p, b: (200, {"choices": []}) if p == "/v1/chat/completions"
+             else basic(p, b))
+    with pytest.raises(bench.BenchError, match="returned no timings"):
+        await run_against(f.url, bench.Options(core.QUICK))
+
+
+async def test_a_missing_cache_counter_stays_unknown(fake: Callable[[Handler], Fake]) -> None:
+    f = fake(lambda p, b: (200, chat_ok(cache_n=None)) if p == "/v1/chat/completions"
+             else basic(p, b))
+    r = await run_against(f.url, bench.Options(core.FULL), code="x = 1\n" * 40000)
+    d = r.depth
+    assert d is not None and len(d.turns) == core.TURNS
+    assert all(t.cached is None for t in d.turns)
+    assert d.reuse is None and "does not say" in d.reuse_note
+    assert "Cache reuse n/a" in "\n".join(core.report(r))
+
+
+async def test_cached_tokens_from_usage_when_timings_lack_cache_n(
+        fake: Callable[[Handler], Fake]) -> None:
+    reply = chat_ok(cache_n=None)
+    reply["usage"]["prompt_tokens_details"] = {"cached_tokens": 4000}
+    f = fake(lambda p, b: (200, reply) if p == "/v1/chat/completions" else basic(p, b))
+    r = await run_against(f.url, bench.Options(core.FULL), code="x = 1\n" * 40000)
+    assert r.depth is not None and [t.cached for t in r.depth.turns] == [4000] * core.TURNS
+
+
+async def test_a_busy_engine_is_refused(fake: Callable[[Handler], Fake]) -> None:
+    f = fake(lambda p, b: (200, [{"id": 0, "is_processing": True}]) if p == "/slots"
+             else basic(p, b))
+    with pytest.raises(bench.EngineBusyError, match="already serving a request"):
+        await run_against(f.url, bench.Options(core.QUICK))
+    assert f.chats() == []
+
+
+async def test_a_turn_past_its_budget_makes_the_depth_phase_partial(
+        fake: Callable[[Handler], Fake]) -> None:
+    def handle(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/chat/completions" and body.get("cache_prompt"):
+            if len(body["messages"]) >= 5:  # the second turn
+                time.sleep(1.5)
+        return basic(path, body)
+
+    f = fake(handle)
+    r = await run_against(f.url, bench.Options(core.FULL), budget=1.0,
+                          code="x = 1\n" * 40000)
+    d = r.depth
+    assert d is not None and len(d.turns) == 1
+    assert d.partial == "turn 2 interrupted after 1 s"
+    assert not r.savable and "  (partial: not saved)" in core.report(r)
+
+
+async def test_turns_are_one_growing_conversation(fake: Callable[[Handler], Fake]) -> None:
+    f = fake(basic)
+    await run_against(f.url, bench.Options(core.FULL), code="".join(
+        f"line {i} of never-repeating code\n" for i in range(20000)))
+    chats = f.chats()
+    assert [c["cache_prompt"] for c in chats] == [False, False, False, True, True, True]
+    roles = [[m["role"] for m in c["messages"]] for c in chats[2:]]
+    assert roles == [["user"], ["user", "assistant", "user"],
+                     ["user", "assistant", "user", "assistant", "user"],
+                     ["user", "assistant", "user", "assistant", "user", "assistant", "user"]]
+    assert chats[3]["messages"][:1] == chats[2]["messages"]  # the same conversation
+    texts = [c["messages"][-1]["content"] for c in chats[3:]]
+    assert len(set(texts)) == 3  # never the same code twice
+    assert all(c["seed"] == core.SEED for c in chats)

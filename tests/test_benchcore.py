@@ -1,0 +1,128 @@
+"""The benchmark's pure rules (lokid.benchcore): depth, corpus cuts, reuse, hints, fingerprint."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lokid import benchcore as core
+from lokid.benchcore import Depth, Draft, Result, Turn
+
+
+def turn(new: int = 100, cached: int | None = None, expected: int = 0,
+         draft: Draft | None = None) -> Turn:
+    return Turn(new=new, prompt_ms=100.0, prompt_per_second=1000.0, predicted_n=10,
+                predicted_ms=100.0, predicted_per_second=100.0, cached=cached,
+                expected=expected, draft=draft)
+
+
+@pytest.mark.parametrize("n_ctx,cpu,depth", [
+    (16384, False, 16384 - 3 * (2048 + 256) - 256 - 1056 - 512),   # the turns decide
+    (131072, False, 32768),                                        # the cap
+    (131072, True, 16384),                                         # weights on CPU
+    (65536, False, 32768),                                         # half the context
+])
+def test_depth(n_ctx: int, cpu: bool, depth: int) -> None:
+    warm = core.warm_tokens(512, n_ctx) + core.WARM_GEN
+    assert core.depth_for(n_ctx, cpu, warm) == (depth, "")
+
+
+@pytest.mark.parametrize("n_ctx", [0, 4096, 8192, 12000])
+def test_a_context_too_small_skips_the_depth_phase_with_a_reason(n_ctx: int) -> None:
+    d, why = core.depth_for(n_ctx, False, 1056)
+    assert d == 0 and why
+
+
+def test_the_warm_up_never_takes_more_than_a_quarter_of_the_context() -> None:
+    assert core.warm_tokens(4096, 8192) == 2048
+    assert core.warm_tokens(512, 0) == 1024
+    assert core.warm_tokens(16, 100) == 64
+
+
+@given(st.text(alphabet=st.sampled_from("ab\néß€ \n"), max_size=400),
+       st.integers(min_value=1, max_value=80))
+def test_cuts_cover_the_text_once_in_order(text: str, size: int) -> None:
+    pieces, at = [], 0
+    while True:
+        piece, at = core.cut(text, at, size)
+        if not piece:
+            break
+        assert len(piece) <= size
+        pieces.append(piece)
+    assert "".join(pieces) == text
+
+
+def test_a_cut_ends_at_a_line_end_when_one_is_in_its_second_half() -> None:
+    text = "x" * 60 + "\n" + "y" * 100
+    assert core.cut(text, 0, 80) == (text[:61], 61)
+    assert core.cut("x" * 10 + "\n" + "y" * 100, 0, 80)[1] == 80  # too early: a hard cut
+    assert core.line_start("ab\ncd", 1) == 3 and core.line_start("ab\ncd", 3) == 3
+    assert core.line_start("abcd", 2) == 4
+
+
+def test_reuse_is_read_never_assumed() -> None:
+    full = [turn(cached=1000, expected=1010), turn(cached=3000, expected=3000)]
+    ratio, note = core.reuse(full, hybrid=False)
+    assert ratio == pytest.approx(4000 / 4010) and note == ""
+    partial = [turn(cached=500, expected=1000)]
+    assert core.reuse(partial, hybrid=True) == (0.5, core.reuse(partial, True)[1])
+    assert "hybrid" in core.reuse(partial, hybrid=True)[1]
+    assert "template" in core.reuse(partial, hybrid=False)[1]
+    ratio, note = core.reuse([turn(cached=None, expected=1000)], hybrid=False)
+    assert ratio is None and "does not say" in note
+
+
+def test_thrash_hint() -> None:
+    assert core.thrash_hint(0, 256, 1 << 30) == ""
+    assert core.thrash_hint(100 << 20, 256, 1 << 30) == ""
+    hint = core.thrash_hint(4 << 30, 512, 3 << 30)
+    assert hint.startswith("possible thrash: 2.0 GiB read") and "RSS 3.0 GiB" in hint
+
+
+@pytest.mark.parametrize("body,wanted,got", [
+    ('{"error":"reasoning_effort \\"high\\" is not supported; use one of: low, medium"}',
+     "high", "medium"),
+    ("Invalid reasoning effort 'low'. Expected one of: medium, high", "low", "medium"),
+    ("reasoning_effort is not supported by this template", "high", ""),
+    ("model failed to load", "high", None),
+])
+def test_the_effort_level_a_refusal_names(body: str, wanted: str, got: str | None) -> None:
+    assert core.effort_from_refusal(body, wanted) == got
+
+
+def test_kv_label() -> None:
+    assert core.kv_label(None, None) == ("f16", False)
+    assert core.kv_label("q8_0", "f16") == ("q8_0/f16", True)
+    assert core.kv_label("BF16", "bf16") == ("bf16", False)
+
+
+def test_a_partial_result_is_shown_not_saved_and_its_hint_is_never_kept() -> None:
+    r = Result(mode=core.FULL, depth=Depth(ctx=16384, target=7648, partial="context full",
+                                           hint="possible thrash: …", cold=turn()))
+    assert not r.savable
+    assert "  (partial: not saved)" in core.report(r)
+    assert r.to_json()["depth"]["hint"] == ""
+    assert "content" not in r.to_json()["depth"]["cold"]
+    assert Result(mode=core.QUICK).savable
+
+
+def test_the_report_says_n_a_for_what_the_engine_did_not_say() -> None:
+    r = Result(mode=core.FULL, prompt_n=2000, prompt_ms=1000, prompt_per_second=2000,
+               predicted_n=300, predicted_ms=3000, predicted_per_second=100,
+               draft=Draft(200, 150), engine="b11434",
+               depth=Depth(ctx=16384, target=7648, cold=turn(), reuse=None,
+                           decode_per_second=50.0, cached_per_second=900.0))
+    text = "\n".join(core.report(r))
+    assert "draft accepted 75 % (150/200)" in text
+    assert "Cache reuse n/a" in text and "engine b11434" in text
+
+
+def test_the_fingerprint_follows_configuration_gpus_and_protocol(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a = core.fingerprint({"argv": ["-m", "a.gguf"]}, "0")
+    assert a == core.fingerprint({"argv": ["-m", "a.gguf"]}, "0")
+    assert a != core.fingerprint({"argv": ["-m", "b.gguf"]}, "0")
+    assert a != core.fingerprint({"argv": ["-m", "a.gguf"]}, "0,1")
+    monkeypatch.setattr(core, "PROTOCOL", 3)
+    assert a != core.fingerprint({"argv": ["-m", "a.gguf"]}, "0")
