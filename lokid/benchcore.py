@@ -265,6 +265,36 @@ def _names(text: str, word: str) -> bool:
     return re.search(rf"(?<![a-z]){word}(?![a-z])", text) is not None
 
 
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the benchmark reads from the command line and environment it measures."""
+
+    ubatch: int
+    cpu_placed: bool
+    kv: str
+    kv_quantized: bool
+    gpus: str
+
+
+CPU_PLACEMENT = ("-ot", "--override-tensor", "-cmoe", "--cpu-moe", "-ncmoe", "--n-cpu-moe")
+CPU_PLACEMENT_ENV = ("LLAMA_ARG_OVERRIDE_TENSOR", "LLAMA_ARG_CPU_MOE", "LLAMA_ARG_N_CPU_MOE")
+
+
+def plan_facts(argv: list[str], env: dict[str, str]) -> PlanFacts:
+    """Ubatch, weights placed on CPU (depth capped), KV cache types, GPUs: flags win over
+    the ``LLAMA_ARG_*`` environment, as in the engine."""
+    from .argscan import flag_value, has_flag
+
+    ub = flag_value(argv, "-ub", "--ubatch-size") or env.get("LLAMA_ARG_UBATCH", "")
+    cpu = has_flag(argv, *CPU_PLACEMENT) or any(env.get(k) for k in CPU_PLACEMENT_ENV)
+    k = flag_value(argv, "-ctk", "--cache-type-k") or env.get("LLAMA_ARG_CACHE_TYPE_K")
+    v = flag_value(argv, "-ctv", "--cache-type-v") or env.get("LLAMA_ARG_CACHE_TYPE_V")
+    label, quantized = kv_label(k, v)
+    return PlanFacts(ubatch=int(ub) if ub.strip().isdigit() and int(ub) > 0 else 512,
+                     cpu_placed=cpu, kv=label, kv_quantized=quantized,
+                     gpus=env.get("CUDA_VISIBLE_DEVICES", ""))
+
+
 def fingerprint(config: dict[str, Any], gpus: str) -> str:
     """What a saved result measured: the plan's configuration, the GPUs, the protocol.
     A preset whose model, GPUs or arguments changed no longer matches its old result."""

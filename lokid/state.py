@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from .attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from .errors import LokiError
 
-__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateError", "Failure"]
+__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateError", "Failure",
+           "SavedBench"]
 
 DB_FILE = "state.db"
 FAILED_MAX = 32          # failed marks kept per preset, oldest forgotten first
@@ -60,11 +61,41 @@ _MIGRATIONS = [
         PRIMARY KEY (preset, mark)
     );
     """,
+    # 2: benchmark results (lokid.benchcore): the last complete one of each preset,
+    # with what it measured, and the last complete one overall.
+    """
+    CREATE TABLE bench (
+        preset       TEXT PRIMARY KEY,
+        result       TEXT NOT NULL,
+        model        TEXT NOT NULL,
+        engine       TEXT NOT NULL,
+        fingerprint  TEXT NOT NULL,
+        at           REAL NOT NULL
+    );
+    CREATE TABLE bench_last (
+        id      INTEGER PRIMARY KEY CHECK (id = 1),
+        preset  TEXT NOT NULL,
+        result  TEXT NOT NULL,
+        at      REAL NOT NULL
+    );
+    """,
 ]
 
 
 class StateError(LokiError):
     """The state DB cannot be opened or written."""
+
+
+@dataclass(frozen=True)
+class SavedBench:
+    """A complete benchmark result as saved: what it measured, and when."""
+
+    preset: str
+    result: dict[str, object]
+    model: str
+    engine: str
+    fingerprint: str
+    at: float
 
 
 @dataclass(frozen=True)
@@ -237,7 +268,41 @@ class StateDB:
             return db.execute("DELETE FROM failed WHERE preset = ?", (preset,)).rowcount
 
     def forget(self, preset: str) -> None:
-        """Everything about a deleted preset."""
+        """Everything about a deleted preset, its benchmark results included."""
         with self._write() as db:
             db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
             db.execute("DELETE FROM failed WHERE preset = ?", (preset,))
+            db.execute("DELETE FROM bench WHERE preset = ?", (preset,))
+            db.execute("DELETE FROM bench_last WHERE preset = ?", (preset,))
+
+    # --- benchmark results -----------------------------------------------------------
+
+    def save_bench(self, saved: SavedBench) -> None:
+        """Keep a complete result as the preset's, and as the last one overall."""
+        import json
+
+        blob = json.dumps(saved.result, sort_keys=True)
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO bench (preset, result, model, engine, "
+                       "fingerprint, at) VALUES (?, ?, ?, ?, ?, ?)",
+                       (saved.preset, blob, saved.model, saved.engine, saved.fingerprint,
+                        saved.at))
+            db.execute("INSERT OR REPLACE INTO bench_last (id, preset, result, at) "
+                       "VALUES (1, ?, ?, ?)", (saved.preset, blob, saved.at))
+
+    def bench(self, preset: str, fingerprint: str | None = None) -> SavedBench | None:
+        """The preset's saved result; with ``fingerprint``, only if it measured that
+        configuration (a preset whose model, GPUs or arguments changed shows nothing)."""
+        import json
+
+        row = self._db.execute("SELECT result, model, engine, fingerprint, at FROM bench "
+                               "WHERE preset = ?", (preset,)).fetchone()
+        if row is None or (fingerprint is not None and row[3] != fingerprint):
+            return None
+        return SavedBench(preset, json.loads(row[0]), row[1], row[2], row[3], row[4])
+
+    def last_bench(self) -> tuple[str, dict[str, object], float] | None:
+        import json
+
+        row = self._db.execute("SELECT preset, result, at FROM bench_last").fetchone()
+        return (row[0], json.loads(row[1]), row[2]) if row else None

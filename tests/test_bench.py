@@ -9,19 +9,24 @@ of depth and three turns), with the n-gram drafter so draft acceptance is read f
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from enginekit import free_port, running, write_config, write_preset
 
-from lokid import bench
+from lokid import bench, benchrun
 from lokid import benchcore as core
 from lokid.gather import make_plan
+from lokid.state import StateDB
 
 
 async def run_against(url: str, opts: bench.Options, setup: bench.Setup | None = None,
@@ -31,9 +36,15 @@ async def run_against(url: str, opts: bench.Options, setup: bench.Setup | None =
                                setup or bench.Setup(), **kw)
 
 
+class Served:
+    def __init__(self, url: str, config: Path, root: Path):
+        self.url, self.config, self.root = url, config, root
+
+
 @pytest.fixture(scope="module")
-def ngram_engine(tmp_path_factory: pytest.TempPathFactory, engine: str,
-                 models: Any) -> Iterator[str]:
+def served(tmp_path_factory: pytest.TempPathFactory, engine: str, models: Any
+           ) -> Iterator[Served]:
+    """Preset "b" running (its plan's command line, as `lokid run b` starts it)."""
     root = tmp_path_factory.mktemp("bench")
     config = write_config(root, engine, [models.dir])
     # one slot: with the engine's default of several, each conversation gets a share
@@ -43,7 +54,12 @@ def ngram_engine(tmp_path_factory: pytest.TempPathFactory, engine: str,
                  '[spec]\nmode = "ngram"\n')
     plan = make_plan(str(config), "b")
     with running(plan.argv, root / "engine.log") as eng:
-        yield eng.url
+        yield Served(eng.url, config, root)
+
+
+@pytest.fixture
+def ngram_engine(served: Served) -> str:
+    return served.url
 
 
 @pytest.mark.engine
@@ -86,6 +102,42 @@ async def test_full_mode_on_the_real_engine(ngram_engine: str) -> None:
     assert r.savable
     text = "\n".join(core.report(r))
     assert "Prefill@D" in text and "Cache reuse" in text
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_lokid_bench_measures_a_running_preset_and_saves_the_result(served: Served,
+                                                                     tmp_path: Path) -> None:
+    env = {**os.environ, "LOKI_STATE_DIR": str(tmp_path / "state")}
+    r = subprocess.run([sys.executable, "-m", "lokid", "--config-dir", str(served.config),
+                        "bench", "b", "--prompt", "300", "--predict", "16", "--json"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["saved"] and out["url"] == served.url and out["result"]["protocol"] == 2
+    plan, inputs = benchrun.planned(str(served.config), str(tmp_path / "state"), "b")
+    assert out["fingerprint"] == benchrun.bench_fingerprint(plan, inputs)
+    with StateDB(str(tmp_path / "state")) as db:
+        saved = db.bench("b", fingerprint=out["fingerprint"])
+    assert saved is not None and saved.model == "llama-long.gguf"
+    assert saved.result["prompt_per_second"] == out["result"]["prompt_per_second"]
+    assert saved.engine.startswith("b11434")
+    r = subprocess.run([sys.executable, "-m", "lokid", "--config-dir", str(served.config),
+                        "bench", "b", "--prompt", "300", "--predict", "16"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0 and "  Prefill " in r.stdout and "  [2/2] short line" in r.stderr
+
+
+def test_lokid_bench_without_a_running_engine_says_how_to_start_it(
+        tmp_path: Path, engine: str, models: Any) -> None:
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "idle", f'model = "{models.llama}"\nport = {free_port()}\n')
+    r = subprocess.run([sys.executable, "-m", "lokid", "--config-dir", str(config), "bench",
+                        "idle"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "LOKI_STATE_DIR": str(tmp_path / "state")})
+    assert r.returncode == 2
+    assert "preset 'idle' has no ready engine at http://127.0.0.1:" in r.stderr, r.stderr
+    assert "lokictl start idle, or lokid run idle" in r.stderr and "Traceback" not in r.stderr
 
 
 # --- the fake engine ------------------------------------------------------------------

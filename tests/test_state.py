@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from lokid import state as state_module
 from lokid.state import (
     FAILED_MAX,
     NEVER_ANSWERED,
     Mark,
+    SavedBench,
     StateDB,
     StateError,
     Verdict,
@@ -118,8 +120,36 @@ def test_clear_failures_and_forget(db: StateDB) -> None:
     assert db.attempt("p") is None
 
 
+def test_a_version_1_database_is_migrated_and_keeps_its_state(tmp_path: Path) -> None:
+    raw = sqlite3.connect(tmp_path / "state.db")
+    for statement in state_module._MIGRATIONS[0].split(";"):
+        raw.execute(statement)
+    raw.execute("INSERT INTO failed VALUES ('p', 'm', 'layers in RAM', 1.0)")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    with StateDB(str(tmp_path)) as db:
+        assert db.schema_version == 2
+        assert [f.reason for f in db.failures("p")] == ["layers in RAM"]
+        assert db.bench("p") is None and db.last_bench() is None
+
+
+def test_bench_results_are_kept_per_preset_by_fingerprint_and_forgotten(db: StateDB) -> None:
+    result = {"mode": "quick", "prompt_per_second": 812.5}
+    db.save_bench(SavedBench("p", result, "m.gguf", "b11434", "fp1", 10.0))
+    db.save_bench(SavedBench("q", {"mode": "full"}, "n.gguf", "b11434", "fq", 20.0))
+    saved = db.bench("p")
+    assert saved is not None and saved.result == result and saved.model == "m.gguf"
+    assert db.bench("p", fingerprint="fp1") == saved
+    assert db.bench("p", fingerprint="fp-edited") is None  # another configuration
+    assert db.last_bench() == ("q", {"mode": "full"}, 20.0)
+    db.forget("q")
+    assert db.bench("q") is None and db.last_bench() is None
+    assert db.bench("p") == saved
+
+
 def test_schema_is_versioned_and_wal(tmp_path: Path, db: StateDB) -> None:
-    assert db.schema_version == 1
+    assert db.schema_version == 2
     raw = sqlite3.connect(db.path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.execute("PRAGMA user_version = 99")
