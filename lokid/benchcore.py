@@ -18,7 +18,10 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .plan import Plan, PlanInputs
 
 PROTOCOL = 2
 QUICK, FULL = "quick", "full"
@@ -124,6 +127,33 @@ class Result:
             if not keep_hint:
                 data["depth"]["hint"] = ""
         return data
+
+
+def _turn_from(d: dict[str, Any] | None) -> Turn | None:
+    if not d:
+        return None
+    d = dict(d)
+    draft = d.pop("draft", None)
+    known = {k: v for k, v in d.items() if k in Turn.__dataclass_fields__}
+    return Turn(**known, draft=Draft(**draft) if draft else None)
+
+
+def result_from_json(data: dict[str, Any]) -> Result:
+    """The inverse of :meth:`Result.to_json` (what lokictl gets back over the bus, where an
+    absent key stands for None)."""
+    d = {k: v for k, v in data.items() if k in Result.__dataclass_fields__}
+    draft = d.pop("draft", None)
+    depth = d.pop("depth", None)
+    r = Result(**d, draft=Draft(**draft) if draft else None)
+    if depth:
+        depth = dict(depth)
+        cold = _turn_from(depth.pop("cold", None))
+        turns = [t for t in (_turn_from(x) for x in depth.pop("turns", []) or []) if t]
+        ddraft = depth.pop("draft", None)
+        known = {k: v for k, v in depth.items() if k in Depth.__dataclass_fields__}
+        r.depth = Depth(**known, cold=cold, turns=turns,
+                        draft=Draft(**ddraft) if ddraft else None)
+    return r
 
 
 def add_draft(total: Draft | None, more: Draft | None) -> Draft | None:
@@ -293,6 +323,15 @@ def plan_facts(argv: list[str], env: dict[str, str]) -> PlanFacts:
     return PlanFacts(ubatch=int(ub) if ub.strip().isdigit() and int(ub) > 0 else 512,
                      cpu_placed=cpu, kv=label, kv_quantized=quantized,
                      gpus=env.get("CUDA_VISIBLE_DEVICES", ""))
+
+
+def plan_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
+    """The fingerprint of a preset's plan: what its saved result is kept under."""
+    from .plan import fingerprint as config_fingerprint
+
+    facts = plan_facts(list(plan.argv), dict(plan.env))
+    return fingerprint({"plan": config_fingerprint(plan, inputs.model),
+                        "engine": inputs.caps.path}, facts.gpus)
 
 
 def fingerprint(config: dict[str, Any], gpus: str) -> str:

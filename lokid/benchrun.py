@@ -24,7 +24,6 @@ from . import benchcore as core
 from .errors import EngineError
 from .gather import gather
 from .plan import Plan, PlanInputs
-from .plan import fingerprint as plan_fingerprint
 from .state import SavedBench, StateDB
 from .supervisor import engine_url
 from .unit import decide
@@ -36,12 +35,6 @@ class Outcome:
     saved: bool
     fingerprint: str
     url: str
-
-
-def bench_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
-    facts = core.plan_facts(list(plan.argv), dict(plan.env))
-    return core.fingerprint({"plan": plan_fingerprint(plan, inputs.model),
-                             "engine": inputs.caps.path}, facts.gpus)
 
 
 def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInputs]:
@@ -72,7 +65,7 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
                               f"(lokictl start {name}, or lokid run {name})")
         result = await bench.run(bench.Engine(url, client), opts, setup, progress=progress,
                                  io_sampler=io_sampler)
-    fp = bench_fingerprint(plan, inputs)
+    fp = core.plan_fingerprint(plan, inputs)
     saved = False
     if result.savable:
         with StateDB(state_dir) as db:

@@ -48,6 +48,8 @@ from .supervisor import Notifier
 
 log = logging.getLogger("lokid.daemon")
 
+MAX_BENCH_TOKENS = 131072
+
 
 class DaemonError(LokiError):
     """The daemon cannot start (bus unreachable, name taken)."""
@@ -71,6 +73,7 @@ class Daemon:
         self.exported: dict[str, PresetInterface] = {}
         self.spec_in_use: dict[str, list[str]] = {}
         self.signalled: dict[str, str] = {}   # preset → the state EngineStateChanged last said
+        self.benching: set[str] = set()
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.watcher: Any = None
@@ -143,6 +146,47 @@ class Daemon:
         log.info("preset %s: %d recorded automatic-speculation failures forgotten", name, count)
         await self._refresh(name)
         return count
+
+    async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]:
+        """Benchmark the preset's ready engine (lokid.benchrun); BenchProgress on the way."""
+        from dbus_fast import DBusError
+
+        from . import benchcore, benchrun
+        from .bench import Options
+        from .errors import BusyError, EngineError
+
+        if mode not in (benchcore.QUICK, benchcore.FULL):
+            raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
+                            f"mode {mode!r}: quick or full")
+        if not 0 <= predict <= MAX_BENCH_TOKENS or not 0 <= prompt <= MAX_BENCH_TOKENS:
+            raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
+                            f"predict and prompt: 0 (the default) to {MAX_BENCH_TOKENS}")
+        self.registry.get(name)
+        state = self.engine_state(name).state
+        if state != "ready":
+            raise EngineError(f"preset {name!r} is {state}, not ready: start it first "
+                              f"(lokictl start {name} --wait)")
+        if name in self.benching:
+            raise BusyError(f"a benchmark of {name!r} is already running")
+        self.benching.add(name)
+        try:
+            planned = await asyncio.to_thread(benchrun.planned, self.config_dir,
+                                              self.registry.state_dir, name)
+
+            def progress(phase: str, step: int, steps: int) -> None:
+                self.manager.BenchProgress(name, phase, step, steps)
+
+            opts = Options(mode, prompt=prompt or benchcore.DEFAULT_PROMPT,
+                           predict=predict or benchcore.DEFAULT_PREDICT)
+            log.info("preset %s: %s benchmark", name, mode)
+            out = await benchrun.measure(self.config_dir, self.registry.state_dir, name, opts,
+                                         progress, plan_and_inputs=planned)
+        finally:
+            self.benching.discard(name)
+        if out.saved:
+            await self._refresh(name)
+        return {"result": out.result.to_json(keep_hint=True), "saved": out.saved,
+                "fingerprint": out.fingerprint, "url": out.url}
 
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""
@@ -225,7 +269,8 @@ class Daemon:
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed({"AutoSpecBlocked": view.auto_blocked,
-                                           "Notes": view.notes, "Argv": view.argv})
+                                           "Notes": view.notes, "Argv": view.argv,
+                                           "LastBench": iface.LastBench})
 
     def _make_runner(self) -> Runner:
         assert self.bus is not None

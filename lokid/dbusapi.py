@@ -38,6 +38,7 @@ from .config import valid_preset_name
 from .engines import EngineState
 from .errors import LokiError, NotFoundError
 from .names import (
+    ACTION_BENCH,
     ACTION_MANAGE,
     ERROR_PREFIX,
     MANAGER_INTERFACE,
@@ -50,6 +51,7 @@ log = logging.getLogger("lokid.dbus")
 
 READ = "read"            # anyone may call it
 MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
+BENCH = ACTION_BENCH     # running a benchmark against an engine
 ACCESS_ATTR = "_lokid_access"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,6 +71,7 @@ class Backend(Protocol):
     async def restart(self, name: str) -> None: ...
     async def reload(self) -> None: ...
     async def clear_failures(self, name: str) -> int: ...
+    async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]: ...
 
 
 def access(level: str) -> Callable[[F], F]:
@@ -129,6 +132,36 @@ def guarded(fn: F) -> F:
         except Exception as e:
             raise to_dbus_error(e) from None
     return wrapper  # type: ignore[return-value]
+
+
+def json_variant(data: dict[str, Any]) -> dict[str, Variant]:
+    """A JSON object as a{sv}: objects a{sv}, lists of objects aa{sv}, strings as, and a
+    None (an unknown figure) left out: over the bus an absent key means "n/a"."""
+    def one(value: Any) -> Variant | None:
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return Variant("b", value)
+        if isinstance(value, int):
+            return Variant("x", value)
+        if isinstance(value, float):
+            return Variant("d", value)
+        if isinstance(value, str):
+            return Variant("s", value)
+        if isinstance(value, dict):
+            return Variant("a{sv}", json_variant(value))
+        if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            return Variant("aa{sv}", [json_variant(v) for v in value])
+        if isinstance(value, list):
+            return Variant("as", [str(v) for v in value])
+        return Variant("s", str(value))
+
+    out = {}
+    for key, value in data.items():
+        v = one(value)
+        if v is not None:
+            out[key] = v
+    return out
 
 
 def plan_variant(plan: dict[str, Any]) -> dict[str, Variant]:
@@ -206,6 +239,16 @@ class PresetInterface(ServiceInterface):
             raise view.failure()
         return plan_variant(view.plan)
 
+    @dbus_property(access=PropertyAccess.READ)
+    def LastBench(self) -> "a{sv}":
+        return json_variant(self.view.bench or {})
+
+    @method()
+    @access(READ)
+    @guarded
+    def GetBench(self) -> "a{sv}":
+        return json_variant(self.view.bench or {})
+
     @method()
     @access(MANAGE)
     @guarded
@@ -266,6 +309,17 @@ class ManagerInterface(ServiceInterface):
     @guarded
     async def Reload(self) -> None:
         await self.backend.reload()
+
+    @method()
+    @access(BENCH)
+    @guarded
+    async def Bench(self, name: "s", mode: "s", predict: "u", prompt: "u") -> "a{sv}":
+        return json_variant(await self.backend.bench(checked_name(name), mode, predict,
+                                                     prompt))
+
+    @signal()
+    def BenchProgress(self, preset: "s", phase: "s", step: "u", steps: "u") -> "ssuu":
+        return [preset, phase, step, steps]
 
     @signal()
     def EngineStateChanged(self, preset: "s", state: "s", detail: "s") -> "sss":

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import config as cfg
+from .benchcore import plan_fingerprint
 from .errors import ConfigError, LokiError, NotFoundError
 from .gather import gather
 from .names import engine_unit
@@ -34,6 +35,7 @@ class PresetView:
     error: str = ""                 # why there is no plan
     error_type: type[LokiError] = LokiError
     auto_blocked: str = ""          # recorded reason automatic speculation is cut, or ""
+    bench: dict[str, Any] | None = None   # the saved benchmark of this very configuration
 
     @property
     def unit(self) -> str:
@@ -89,8 +91,13 @@ class Registry:
         except LokiError as e:
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
                               error=str(e), error_type=type(e))
+        saved = db.bench(preset.name, plan_fingerprint(plan, inputs))
+        bench = None
+        if saved is not None:
+            bench = {"result": saved.result, "model": saved.model, "engine": saved.engine,
+                     "at": saved.at}
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
-                          plan=plan.to_json(), auto_blocked=found.why)
+                          plan=plan.to_json(), auto_blocked=found.why, bench=bench)
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)

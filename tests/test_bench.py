@@ -116,7 +116,7 @@ def test_lokid_bench_measures_a_running_preset_and_saves_the_result(served: Serv
     out = json.loads(r.stdout)
     assert out["saved"] and out["url"] == served.url and out["result"]["protocol"] == 2
     plan, inputs = benchrun.planned(str(served.config), str(tmp_path / "state"), "b")
-    assert out["fingerprint"] == benchrun.bench_fingerprint(plan, inputs)
+    assert out["fingerprint"] == core.plan_fingerprint(plan, inputs)
     with StateDB(str(tmp_path / "state")) as db:
         saved = db.bench("b", fingerprint=out["fingerprint"])
     assert saved is not None and saved.model == "llama-long.gguf"

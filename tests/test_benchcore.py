@@ -126,3 +126,18 @@ def test_the_fingerprint_follows_configuration_gpus_and_protocol(
     assert a != core.fingerprint({"argv": ["-m", "a.gguf"]}, "0,1")
     monkeypatch.setattr(core, "PROTOCOL", 3)
     assert a != core.fingerprint({"argv": ["-m", "a.gguf"]}, "0")
+
+
+def test_a_result_survives_its_json_form() -> None:
+    r = Result(mode=core.FULL, prompt_n=2000, prompt_ms=1000.0, prompt_per_second=2000.0,
+               predicted_n=300, predicted_ms=3000.0, predicted_per_second=100.0,
+               draft=Draft(200, 150), engine="b11434", kv="q8_0/f16", kv_quantized=True,
+               depth=Depth(ctx=16384, target=7648, cold=turn(), reuse=0.5,
+                           turns=[turn(cached=900, expected=1000, draft=Draft(3, 2))],
+                           reuse_note="partial reuse", draft=Draft(3, 2)))
+    back = core.result_from_json(r.to_json())
+    assert back.to_json() == r.to_json()
+    # over D-Bus an absent key stands for None
+    data = r.to_json()
+    del data["depth"]["reuse"], data["draft"]
+    assert core.result_from_json(data).depth.reuse is None  # type: ignore[union-attr]

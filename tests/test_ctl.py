@@ -163,3 +163,27 @@ def test_host_unreachable_is_a_clear_error(tmp_path: Path) -> None:
                        env={**os.environ, "SYSTEMD_SSH": str(fake)})
     assert r.returncode == 1 and "No route to host" in r.stderr, r.stderr
     assert "cannot reach lokid on gpu-7 over ssh" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_through_the_daemon_with_progress_and_the_saved_result(daemon: str) -> None:
+    r = lokictl(daemon, "bench", "tiny")
+    assert r.returncode == 1 and "preset 'tiny' is inactive, not ready" in r.stderr, r.stderr
+    assert lokictl(daemon, "start", "tiny", "--wait").returncode == 0
+    try:
+        r = lokictl(daemon, "bench", "tiny", "--prompt", "300", "--predict", "16")
+        assert r.returncode == 0, r.stderr
+        assert "  [1/2] warm-up" in r.stderr and "  [2/2] short line (300 + 16 tokens)" \
+            in r.stderr
+        assert r.stdout.startswith("tiny: quick benchmark at http://127.0.0.1:")
+        assert "  Prefill " in r.stdout and "  Decode " in r.stdout and "engine b11434" in r.stdout
+        show = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
+        bench = show["LastBench"]
+        assert bench["result"]["mode"] == "quick" and bench["model"] == "llama.gguf"
+        assert bench["result"]["protocol"] == 2 and bench["engine"].startswith("b11434")
+        r = lokictl(daemon, "bench", "tiny", "--full", "--json")
+        out = json.loads(r.stdout)
+        # a 2048-token context is too small for the depth phase: skipped, and saved
+        assert out["result"]["depth"]["skipped"].startswith("a context of 2048 tokens")
+        assert out["saved"] is True
+    finally:
+        lokictl(daemon, "stop", "tiny", "--wait")

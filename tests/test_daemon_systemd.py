@@ -269,3 +269,28 @@ def test_reload_serves_a_new_preset_and_refreshes_its_drop_in(lk: LokidSystem) -
     # the daemon asked systemd to reload: the generator wrote the new preset's drop-in
     desc = lk.show("added", "Description")["Description"]
     assert desc == "lokid engine added: llama.gguf", desc
+
+
+def test_bench_over_the_bus_reaches_the_engine_from_the_sandbox(lk: LokidSystem) -> None:
+    # the daemon's sandbox lets it reach the engines on loopback, and nothing else
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "StartPreset", "s", "demo")
+    assert r.returncode == 0, r.stderr
+    try:
+        wait_prop(ct, PRESET_PATH, PRESET, "State", "ready")
+        r = busctl(ct, "--timeout=300", "call", BUS, PATH, MANAGER, "Bench", "ssuu", "demo",
+                   "quick", "16", "300", timeout=320)
+        assert r.returncode == 0, r.stderr
+        outcome = json.loads(r.stdout)["data"][0]
+        assert outcome["saved"]["data"] is True
+        assert outcome["result"]["data"]["prompt_n"]["data"] > 0
+        last = prop(ct, PRESET_PATH, PRESET, "LastBench")
+        assert last["result"]["data"]["mode"]["data"] == "quick"
+        r = busctl(ct, "call", BUS, PATH, MANAGER, "Bench", "ssuu", "demo", "quick", "16",
+                   "300", user="nobody")
+        assert r.returncode != 0 and "not authorized by polkit for org.lokid.lokid1.bench" \
+            in r.stderr, r.stderr
+    finally:
+        busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo")
+        wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")

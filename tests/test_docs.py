@@ -65,4 +65,6 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert complete("lokictl restart ", tmp_path) == ["--timeout", "--wait", "qwen",
                                                       "tiny-llama.v1_a"]
     assert complete("lokictl c", tmp_path) == ["clear-failures"]
+    assert complete("lokictl bench --f", tmp_path) == ["--full"]
+    assert complete("lokid b", tmp_path) == ["bench"]
     assert complete("lokid daemon --runner l", tmp_path) == ["local"]

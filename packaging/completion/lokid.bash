@@ -22,11 +22,11 @@ _lokid_init() {
 _lokid() {
     local cur prev words cword
     _lokid_init
-    local commands="plan run prestart engine generate watch daemon"
+    local commands="plan run bench prestart engine generate watch daemon"
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            plan|run|prestart|engine|generate|watch|daemon) cmd="${words[i]}"; break ;;
+            plan|run|bench|prestart|engine|generate|watch|daemon) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
@@ -38,6 +38,7 @@ _lokid() {
         "") COMPREPLY=($(compgen -W "$commands --config-dir --debug --version --help" -- "$cur")) ;;
         plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         run|prestart|engine) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
+        bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
         generate) COMPREPLY=($(compgen -d -- "$cur")) ;;
         daemon) COMPREPLY=($(compgen -W "--bus --bus-address --runner" -- "$cur")) ;;
     esac
@@ -49,21 +50,22 @@ _lokictl() {
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan|start|stop|restart|clear-failures) cmd="${words[i]}"; break ;;
+            status|presets|show|plan|start|stop|restart|clear-failures|bench) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
-        --timeout|--address) return ;;
+        --timeout|--address|--predict|--prompt) return ;;
     esac
-    local verbs="status presets show plan start stop restart clear-failures"
+    local verbs="status presets show plan start stop restart clear-failures bench"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
         status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
         show|plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         start|stop|restart) COMPREPLY=($(compgen -W "$(_lokid_presets) --wait --timeout" -- "$cur")) ;;
         clear-failures) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
+        bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
     esac
 }
 
