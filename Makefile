@@ -71,6 +71,7 @@ bench: setup
 	$(PY) benchmarks/probe_vs_ggufreader.py
 	$(PY) benchmarks/readiness.py
 	$(PY) benchmarks/dbus_api.py
+	$(PY) benchmarks/bench_vs_llama_bench.py
 
 clean:
 	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache
