@@ -20,6 +20,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .config import EFFORT_LEVELS
+
 if TYPE_CHECKING:
     from .plan import Plan, PlanInputs
 
@@ -269,9 +271,6 @@ def thrash_hint(read_bytes: int, generated: int, rss_bytes: int) -> str:
             "not fit in RAM")
 
 
-EFFORT_LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
-
 def effort_from_refusal(body: str, wanted: str) -> str | None:
     """The reasoning-effort level a template's refusal names, "" to retry without the
     field, or None when the body is not such a refusal.
@@ -326,12 +325,14 @@ def plan_facts(argv: list[str], env: dict[str, str]) -> PlanFacts:
 
 
 def plan_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
-    """The fingerprint of a preset's plan: what its saved result is kept under."""
+    """What a preset's saved result is kept under: its plan's configuration, the engine,
+    and the ``[chat]`` settings the benchmark sent (sampling, reasoning effort)."""
     from .plan import fingerprint as config_fingerprint
 
     facts = plan_facts(list(plan.argv), dict(plan.env))
     return fingerprint({"plan": config_fingerprint(plan, inputs.model),
-                        "engine": inputs.caps.path}, facts.gpus)
+                        "engine": inputs.caps.path, "chat": asdict(inputs.preset.chat)},
+                       facts.gpus)
 
 
 def fingerprint(config: dict[str, Any], gpus: str) -> str:

@@ -52,9 +52,23 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
     plan, inputs = plan_and_inputs or planned(config_dir, state_dir, name)
     url = engine_url(plan.host, plan.port)
     facts = core.plan_facts(list(plan.argv), dict(plan.env))
+    model = os.path.basename(inputs.model_path)
+    wanted = inputs.preset.chat.reasoning_effort or ""
+    with StateDB(state_dir) as db:
+        learned = db.effort(model, wanted) if wanted else None
+
+    def learn(want: str, used: str) -> None:
+        # The chat template refused the preset's level: remembered for this model, so the
+        # next benchmark sends what it accepts at once.
+        with StateDB(state_dir) as db:
+            db.learn_effort(model, want, used)
+
     setup = bench.Setup(ubatch=facts.ubatch, cpu_placed=facts.cpu_placed,
                         hybrid=inputs.model.hybrid, kv=facts.kv,
-                        kv_quantized=facts.kv_quantized, gpus=facts.gpus)
+                        kv_quantized=facts.kv_quantized, gpus=facts.gpus,
+                        effort=wanted if learned is None else learned,
+                        sampling=dict(inputs.preset.chat.sampling()), learn=learn,
+                        retried=learned is not None)
     async with httpx.AsyncClient() as client:
         try:
             health = (await client.get(url + "/health", timeout=5)).status_code
@@ -69,7 +83,7 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
     saved = False
     if result.savable:
         with StateDB(state_dir) as db:
-            db.save_bench(SavedBench(name, result.to_json(), os.path.basename(inputs.model_path),
-                                     result.engine, fp, time.time()))
+            db.save_bench(SavedBench(name, result.to_json(), model, result.engine, fp,
+                                     time.time()))
         saved = True
     return Outcome(result, saved, fp, url)

@@ -40,9 +40,11 @@ DEFAULT_CTX = 32768
 GLOBAL_KEYS = ("engine", "model_dirs", "host", "port")
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
-    "extra_args", "env", "op_offload_min_batch", "spec",
+    "extra_args", "env", "op_offload_min_batch", "spec", "chat",
 )
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
+CHAT_KEYS = ("reasoning_effort", "temperature", "top_p", "top_k", "min_p")
+EFFORT_LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,26 @@ class SpecConfig:
 
 
 @dataclass(frozen=True)
+class ChatConfig:
+    """The ``[chat]`` table: how clients use this preset (the benchmark measures with it).
+
+    None means the key is absent (the engine's default, or the client's).
+    """
+
+    reasoning_effort: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling fields of a chat request, as set."""
+        fields = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                  "min_p": self.min_p}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class Preset:
     """One ``presets/<name>.toml``, validated."""
 
@@ -87,6 +109,7 @@ class Preset:
     env: Mapping[str, str] = field(default_factory=dict)
     op_offload_min_batch: int | None = None
     spec: SpecConfig = field(default_factory=SpecConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
 
 
 def valid_preset_name(name: str) -> bool:
@@ -320,6 +343,7 @@ def parse_preset(name: str, path: str) -> Preset:
         env=_env(c),
         op_offload_min_batch=offload,
         spec=_spec(c),
+        chat=_chat(c),
     )
 
 
@@ -405,6 +429,35 @@ def _spec(c: _Checker) -> SpecConfig:
         mode=value.get("mode"), draft=value.get("draft"), n_max=value.get("n_max"),
         sampling=value.get("sampling"), unknown=unknown,
     )
+
+
+def _chat(c: _Checker) -> ChatConfig:
+    value = c.data.get("chat")
+    if value is None:
+        return ChatConfig()
+    if not isinstance(value, dict):
+        raise c.error("chat", f"must be a table ([chat]), not {_tname(value)}")
+    t = _Checker(c.path, c.text, value, "chat")
+    t.reject_unknown(CHAT_KEYS)
+    effort = t.string("reasoning_effort")
+    if effort is not None and effort not in EFFORT_LEVELS:
+        raise t.error("reasoning_effort", f"{effort!r} is not a level: "
+                      f"{', '.join(EFFORT_LEVELS)}")
+
+    def number(key: str, lo: float, hi: float) -> float | None:
+        v = value.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise t.error(key, f"must be a number, not {_tname(v)}")
+        if not lo <= v <= hi:
+            raise t.error(key, f"{v} is out of range ({lo:g} to {hi:g})")
+        return float(v)
+
+    return ChatConfig(reasoning_effort=effort, temperature=number("temperature", 0, 5),
+                      top_p=number("top_p", 0, 1),
+                      top_k=t.integer("top_k", 0, 2**31 - 1, "0 or more; 0 = off"),
+                      min_p=number("min_p", 0, 1))
 
 
 def preset_names(config_dir: str) -> list[str]:

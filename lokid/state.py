@@ -79,6 +79,15 @@ _MIGRATIONS = [
         at      REAL NOT NULL
     );
     """,
+    # 3: reasoning-effort levels a model's chat template refused, and the one it took.
+    """
+    CREATE TABLE effort (
+        model   TEXT NOT NULL,
+        wanted  TEXT NOT NULL,
+        used    TEXT NOT NULL,
+        PRIMARY KEY (model, wanted)
+    );
+    """,
 ]
 
 
@@ -300,6 +309,17 @@ class StateDB:
         if row is None or (fingerprint is not None and row[3] != fingerprint):
             return None
         return SavedBench(preset, json.loads(row[0]), row[1], row[2], row[3], row[4])
+
+    def effort(self, model: str, wanted: str) -> str | None:
+        """The level to send for ``wanted`` with ``model`` ("" = no field), if one was learned."""
+        row = self._db.execute("SELECT used FROM effort WHERE model = ? AND wanted = ?",
+                               (model, wanted)).fetchone()
+        return None if row is None else str(row[0])
+
+    def learn_effort(self, model: str, wanted: str, used: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO effort (model, wanted, used) VALUES (?, ?, ?)",
+                       (model, wanted, used))
 
     def last_bench(self) -> tuple[str, dict[str, object], float] | None:
         import json

@@ -318,3 +318,29 @@ async def test_turns_are_one_growing_conversation(fake: Callable[[Handler], Fake
     texts = [c["messages"][-1]["content"] for c in chats[3:]]
     assert len(set(texts)) == 3  # never the same code twice
     assert all(c["seed"] == core.SEED for c in chats)
+
+
+async def test_a_learned_effort_translation_is_used_at_once_next_time(
+        fake: Callable[[Handler], Fake], tmp_path: Path, engine: str, models: Any) -> None:
+    # a preset whose engine is the fake (its port), planned with the real engine binary
+    def handle(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/chat/completions" and body.get("reasoning_effort") == "high":
+            return 500, {"error": "reasoning_effort: 'high' is not accepted, use one of: low, "
+                                  "medium"}
+        return basic(path, body)
+
+    f = fake(handle)
+    port = int(f.url.rsplit(":", 1)[1])
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "r", f'model = "{models.llama}"\nport = {port}\n[chat]\n'
+                 'reasoning_effort = "high"\ntemperature = 0.2\n')
+    state = str(tmp_path / "state")
+    out = await benchrun.measure(str(config), state, "r", bench.Options(core.QUICK))
+    assert out.saved
+    assert [c.get("reasoning_effort") for c in f.chats()] == ["high", "medium", "medium"]
+    assert {c["temperature"] for c in f.chats()} == {0.2}  # the preset's sampling
+    with StateDB(state) as db:
+        assert db.effort("llama.gguf", "high") == "medium"
+    f.requests.clear()
+    await benchrun.measure(str(config), state, "r", bench.Options(core.QUICK))
+    assert [c.get("reasoning_effort") for c in f.chats()] == ["medium", "medium"]

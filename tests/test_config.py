@@ -221,3 +221,29 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
         path.chmod(0)
     with pytest.raises(ConfigError, match="cannot read"):
         cfg.load_preset(str(tmp_path), "x")
+
+
+def test_the_chat_table_says_how_clients_use_the_preset(tmp_path: Path) -> None:
+    write(tmp_path, "presets/c.toml", 'model = "m"\n[chat]\nreasoning_effort = "high"\n'
+          'temperature = 0.6\ntop_p = 0.95\ntop_k = 20\n')
+    p = cfg.load_preset(str(tmp_path), "c")
+    assert p.chat.reasoning_effort == "high"
+    assert p.chat.sampling() == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    write(tmp_path, "presets/d.toml", 'model = "m"\n')
+    assert cfg.load_preset(str(tmp_path), "d").chat.sampling() == {}
+
+
+@pytest.mark.parametrize("body,line,fragment", [
+    ('[chat]\nreasoning_effort = "max"\n', 3, "chat.reasoning_effort: 'max' is not a level: "
+     "none, minimal, low, medium, high, xhigh"),
+    ('[chat]\ntemperature = 9\n', 3, "chat.temperature: 9 is out of range (0 to 5)"),
+    ('[chat]\ntop_p = "most"\n', 3, "chat.top_p: must be a number, not a string"),
+    ('[chat]\ntop_kk = 3\n', 3, "chat.top_kk: unknown key (did you mean 'top_k'?)"),
+    ('chat = 1\n', 2, "chat: must be a table ([chat]), not an integer"),
+])
+def test_bad_chat_settings_name_the_key_and_line(tmp_path: Path, body: str, line: int,
+                                                  fragment: str) -> None:
+    path = write(tmp_path, "presets/c.toml", 'model = "m"\n' + body)
+    with pytest.raises(ConfigError) as exc:
+        cfg.load_preset(str(tmp_path), "c")
+    assert fragment in str(exc.value) and f"{path}:{line}:" in str(exc.value), str(exc.value)

@@ -129,7 +129,7 @@ def test_a_version_1_database_is_migrated_and_keeps_its_state(tmp_path: Path) ->
     raw.commit()
     raw.close()
     with StateDB(str(tmp_path)) as db:
-        assert db.schema_version == 2
+        assert db.schema_version == 3
         assert [f.reason for f in db.failures("p")] == ["layers in RAM"]
         assert db.bench("p") is None and db.last_bench() is None
 
@@ -148,8 +148,17 @@ def test_bench_results_are_kept_per_preset_by_fingerprint_and_forgotten(db: Stat
     assert db.bench("p") == saved
 
 
+def test_a_learned_effort_translation_is_kept_per_model(db: StateDB) -> None:
+    assert db.effort("qwen.gguf", "high") is None
+    db.learn_effort("qwen.gguf", "high", "medium")
+    db.learn_effort("other.gguf", "high", "")
+    assert db.effort("qwen.gguf", "high") == "medium"
+    assert db.effort("other.gguf", "high") == ""  # retried without the field
+    assert db.effort("qwen.gguf", "low") is None
+
+
 def test_schema_is_versioned_and_wal(tmp_path: Path, db: StateDB) -> None:
-    assert db.schema_version == 2
+    assert db.schema_version == 3
     raw = sqlite3.connect(db.path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.execute("PRAGMA user_version = 99")
