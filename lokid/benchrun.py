@@ -69,6 +69,10 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
                         effort=wanted if learned is None else learned,
                         sampling=dict(inputs.preset.chat.sampling()), learn=learn,
                         retried=learned is not None)
+    if io_sampler is None:
+        from .procio import sampler_for_port
+
+        io_sampler = sampler_for_port(plan.port)  # the thrash hint; None when unreadable
     async with httpx.AsyncClient() as client:
         try:
             health = (await client.get(url + "/health", timeout=5)).status_code
