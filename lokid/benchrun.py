@@ -48,7 +48,10 @@ def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInput
 async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Options,
                   progress: bench.Progress | None = None,
                   io_sampler: bench.IOSampler | None = None,
-                  plan_and_inputs: tuple[Plan, PlanInputs] | None = None) -> Outcome:
+                  plan_and_inputs: tuple[Plan, PlanInputs] | None = None,
+                  find_io: bool = True) -> Outcome:
+    """Benchmark preset ``name``'s running engine. ``find_io``: look for the engine's
+    process for the thrash hint when no ``io_sampler`` is given (a /proc scan, blocking)."""
     plan, inputs = plan_and_inputs or planned(config_dir, state_dir, name)
     url = engine_url(plan.host, plan.port)
     facts = core.plan_facts(list(plan.argv), dict(plan.env))
@@ -69,7 +72,7 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
                         effort=wanted if learned is None else learned,
                         sampling=dict(inputs.preset.chat.sampling()), learn=learn,
                         retried=learned is not None)
-    if io_sampler is None:
+    if io_sampler is None and find_io:
         from .procio import sampler_for_port
 
         io_sampler = sampler_for_port(plan.port)  # the thrash hint; None when unreadable

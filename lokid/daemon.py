@@ -172,6 +172,10 @@ class Daemon:
         try:
             planned = await asyncio.to_thread(benchrun.planned, self.config_dir,
                                               self.registry.state_dir, name)
+            from .procio import sampler_for_port
+
+            # a /proc scan: off the loop (and None in lokid.service's sandbox)
+            sampler = await asyncio.to_thread(sampler_for_port, planned[0].port)
 
             def progress(phase: str, step: int, steps: int) -> None:
                 self.manager.BenchProgress(name, phase, step, steps)
@@ -180,7 +184,8 @@ class Daemon:
                            predict=predict or benchcore.DEFAULT_PREDICT)
             log.info("preset %s: %s benchmark", name, mode)
             out = await benchrun.measure(self.config_dir, self.registry.state_dir, name, opts,
-                                         progress, plan_and_inputs=planned)
+                                         progress, io_sampler=sampler, plan_and_inputs=planned,
+                                         find_io=False)
         finally:
             self.benching.discard(name)
         if out.saved:
