@@ -62,6 +62,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--embd", type=int, default=768)
     ap.add_argument("--tolerance", type=float, default=0.15)
+    ap.add_argument("--full", action="store_true",
+                    help="also lokid's full mode (16k context) against llama-bench at its depth")
     args = ap.parse_args()
 
     from models import write_llama
@@ -71,10 +73,11 @@ def main() -> int:
         (root / "models").mkdir()
         model = write_llama(root / "models" / "mid.gguf", n_layers=args.layers,
                             n_embd=args.embd, n_head=12, n_head_kv=12, n_ff=args.embd * 8 // 3,
-                            context_length=8192)
+                            context_length=32768)
         size_mb = model.stat().st_size / 2**20
         config = write_config(root, engine_binary(), [root / "models"])
-        write_preset(config, "mid", f'model = "mid.gguf"\nctx = 4096\nport = {free_port()}\n'
+        ctx = 16384 if args.full else 4096
+        write_preset(config, "mid", f'model = "mid.gguf"\nctx = {ctx}\nport = {free_port()}\n'
                      f'extra_args = ["--parallel", "1", "-t", "{args.threads}"]\n')
         pp_ref = llama_bench(model, args.threads, args.reps, "-p", str(args.prompt), "-n", "0")
         # The chat's decode runs after its prompt: llama-bench decodes at that depth too
@@ -88,6 +91,19 @@ def main() -> int:
             runs = [asyncio.run(measure(str(config), str(root / "state"), "mid",
                                         Options(benchcore.QUICK, args.prompt, args.predict)))
                     for _ in range(args.reps)]
+            full = asyncio.run(measure(str(config), str(root / "state"), "mid",
+                                       Options(benchcore.FULL, args.prompt, args.predict))) \
+                if args.full else None
+        depth_ref: tuple[float, float, int] | None = None
+        cold = full.result.depth.cold if full is not None and full.result.depth else None
+        if cold is not None:
+            # llama-bench at the conversation's depth: new tokens prefilled after it (the
+            # turns' "Prefill+") and decode there (the turns' decode)
+            at = cold.prompt_total()
+            depth_ref = (llama_bench(model, args.threads, args.reps, "-p",
+                                     str(benchcore.APPEND_TOKENS), "-n", "0", "-d", str(at)),
+                         llama_bench(model, args.threads, args.reps, "-p", "0", "-n",
+                                     str(benchcore.GEN_TOKENS), "-d", str(at)), at)
     pp = sorted(r.result.prompt_per_second for r in runs)[len(runs) // 2]
     tg = sorted(r.result.predicted_per_second for r in runs)[len(runs) // 2]
     prompt_n = runs[0].result.prompt_n
@@ -99,6 +115,18 @@ def main() -> int:
           f"{tg_ref:8.1f} tok/s (tg{args.predict} @ d{args.prompt})  ratio {tg / tg_ref:.2f}"
           f"  (from an empty context: {tg_empty:.1f} tok/s)")
     ok = all(abs(ratio - 1) <= args.tolerance for ratio in (pp / pp_ref, tg / tg_ref))
+    if full is not None:
+        print("full mode:")
+        print("\n".join(benchcore.report(full.result)))
+        depth = full.result.depth
+        if depth_ref is not None and depth is not None and depth.cached_per_second \
+                and depth.decode_per_second:
+            pp_d, tg_d, at = depth_ref
+            print(f"at depth {at}: lokid new-token prefill {depth.cached_per_second:.1f} tok/s, "
+                  f"llama-bench pp{benchcore.APPEND_TOKENS} @ d{at} {pp_d:.1f} tok/s "
+                  f"(ratio {depth.cached_per_second / pp_d:.2f}); decode "
+                  f"{depth.decode_per_second:.1f} vs tg{benchcore.GEN_TOKENS} @ d{at} "
+                  f"{tg_d:.1f} tok/s (ratio {depth.decode_per_second / tg_d:.2f})")
     print("within" if ok else "outside", f"{args.tolerance:.0%} of llama-bench")
     return 0 if ok else 1
 
