@@ -343,10 +343,6 @@ def fingerprint(config: dict[str, Any], gpus: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _rate(n: int, ms: float) -> str:
-    return f"{n / (ms / 1000):7.1f} tok/s" if ms > 0 else "    n/a"
-
-
 def _draft_text(d: Draft | None) -> str:
     if d is None or d.n == 0:
         return ""

@@ -49,10 +49,6 @@ class PresetView:
     def argv(self) -> list[str]:
         return list(self.plan["argv"]) if self.plan else []
 
-    @property
-    def spec_types(self) -> list[str]:
-        return list(self.plan["spec"]["types"]) if self.plan else []
-
     def failure(self) -> LokiError:
         """Why the preset cannot start, as the error its planning raised."""
         return self.error_type(self.error)

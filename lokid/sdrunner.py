@@ -32,7 +32,6 @@ SYSTEMD_PATH = "/org/freedesktop/systemd1"
 SYSTEMD_MANAGER = SYSTEMD + ".Manager"
 UNIT_INTERFACE = SYSTEMD + ".Unit"
 SERVICE_INTERFACE = SYSTEMD + ".Service"
-UNIT_PATH_PREFIX = SYSTEMD_PATH + "/unit/"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 DBUS = "org.freedesktop.DBus"
 
