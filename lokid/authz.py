@@ -34,6 +34,7 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageFlag, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
+from .buscall import call
 from .errors import PermissionDeniedError
 from .names import OBJECT_PATH
 
@@ -67,13 +68,7 @@ class Authority:
 
     async def _call(self, destination: str, path: str, interface: str, member: str,
                     signature: str, body: list[Any]) -> list[Any]:
-        reply = await self.bus.call(Message(destination=destination, path=path,
-                                            interface=interface, member=member,
-                                            signature=signature, body=body))
-        assert reply is not None
-        if reply.message_type == MessageType.ERROR:
-            raise DBusError(reply.error_name or "", str(reply.body[0] if reply.body else ""))
-        return list(reply.body)
+        return await call(self.bus, destination, path, interface, member, signature, body)
 
     async def check(self, member: str, action: str) -> None:
         """Return if the current caller of ``member`` may do ``action``; else PermissionDenied."""

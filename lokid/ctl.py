@@ -31,6 +31,7 @@ from typing import Any
 from dbus_fast import BusType, DBusError, Variant
 from dbus_fast.aio import MessageBus
 
+from .buscall import call
 from .names import (
     BUS_NAME,
     ERROR_PREFIX,
@@ -81,17 +82,7 @@ class Client:
 
     async def _call(self, path: str, interface: str, member: str, signature: str = "",
                     body: Sequence[Any] = ()) -> list[Any]:
-        from dbus_fast import Message, MessageType
-
-        reply = await self.bus.call(Message(destination=BUS_NAME, path=path,
-                                            interface=interface, member=member,
-                                            signature=signature, body=list(body)))
-        if reply is None:
-            raise CtlError("no reply from lokid", EXIT_FAILED)
-        if reply.message_type == MessageType.ERROR:
-            name = reply.error_name or "org.freedesktop.DBus.Error.Failed"
-            raise DBusError(name, str(reply.body[0] if reply.body else name))
-        return list(reply.body)
+        return await call(self.bus, BUS_NAME, path, interface, member, signature, body)
 
     async def properties(self, path: str, interface: str) -> dict[str, Any]:
         (props,) = await self._call(path, "org.freedesktop.DBus.Properties", "GetAll", "s",
@@ -99,12 +90,8 @@ class Client:
         return {k: plain(v) for k, v in props.items()}
 
     async def add_match(self, rule: str) -> None:
-        from dbus_fast import Message
-
-        await self.bus.call(Message(destination="org.freedesktop.DBus",
-                                    path="/org/freedesktop/DBus",
-                                    interface="org.freedesktop.DBus", member="AddMatch",
-                                    signature="s", body=[rule]))
+        await call(self.bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                   "org.freedesktop.DBus", "AddMatch", "s", [rule])
 
     async def preset_path(self, name: str) -> str:
         (path,) = await self._call(OBJECT_PATH, MANAGER_INTERFACE, "GetPreset", "s", [name])

@@ -21,6 +21,7 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from .buscall import call
 from .engines import EngineState, Listener, Runner, unit_state
 from .errors import EngineError, LokiError, PermissionDeniedError
 from .names import engine_unit
@@ -67,13 +68,7 @@ class SystemdRunner(Runner):
 
     async def _call(self, path: str, interface: str, member: str, signature: str = "",
                     body: list[Any] | None = None, destination: str = SYSTEMD) -> list[Any]:
-        reply = await self.bus.call(Message(destination=destination, path=path,
-                                            interface=interface, member=member,
-                                            signature=signature, body=body or []))
-        assert reply is not None
-        if reply.message_type == MessageType.ERROR:
-            raise DBusError(reply.error_name or "", str(reply.body[0] if reply.body else ""))
-        return list(reply.body)
+        return await call(self.bus, destination, path, interface, member, signature, body or [])
 
     async def attach(self) -> None:
         for rule in MATCHES:
