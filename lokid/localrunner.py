@@ -44,7 +44,7 @@ from typing import Any
 
 from .engines import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
 from .names import SYSLOG_IDENTIFIER, engine_unit
-from .supervisor import DIE_WITH_PARENT
+from .supervisor import DIE_WITH_PARENT, die_with_parent
 
 log = logging.getLogger("lokid.local")
 engine_log = logging.getLogger("lokid.engine")
@@ -55,15 +55,6 @@ START_WINDOW = 600.0
 STOP_TIMEOUT = 90.0
 LINE_LIMIT = 1 << 20
 LOKID_PREFIX = SYSLOG_IDENTIFIER + ": "
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class _Engine:
@@ -95,6 +86,8 @@ class LocalRunner(Runner):
         self.by_pid: dict[int, _Engine] = {}
         self.sock: socket.socket | None = None
         self.notify_address = ""
+        # SIGTERM: a daemon that dies lets each `lokid engine` stop its engine cleanly.
+        self.orphan_guard = die_with_parent(signal.SIGTERM)
 
     # -- the notify socket ------------------------------------------------------
 
@@ -218,7 +211,7 @@ class LocalRunner(Runner):
             *self.lokid, command, eng.preset, env=self._env(eng),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, limit=LINE_LIMIT,
-            preexec_fn=_die_with_parent)
+            preexec_fn=self.orphan_guard)
 
     async def _run(self, eng: _Engine) -> None:
         try:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from .supervisor import resident_kib
+
 LISTEN = "0A"
 
 
@@ -55,11 +57,10 @@ def io_sample(pid: int) -> tuple[int, int] | None:
     try:
         with open(f"/proc/{pid}/io") as f:
             read = next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
-        with open(f"/proc/{pid}/status") as f:
-            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return None
-    return read, rss
+    rss = resident_kib(pid)
+    return None if rss is None else (read, rss * 1024)
 
 
 def sampler_for_port(port: int) -> Callable[[], tuple[int, int] | None] | None:

@@ -36,7 +36,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy kno
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable, Mapping, Sequence
-    from typing import Any
 
 # socket and ctypes are imported where used: the engine is spawned first, and
 # what loads while it loads costs no readiness time.
@@ -119,25 +118,20 @@ def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
     return None
 
 
-def _die_with_parent() -> None:
-    # The engine has its own process group (Ctrl-C reaches the supervisor only,
-    # which stops it once); PR_SET_PDEATHSIG keeps it from outliving a killed
-    # supervisor outside systemd. Under systemd, KillMode= covers both anyway.
-    # SIGKILL: the supervisor only dies before its engine when it was killed
-    # itself (a stop past its timeout), and an engine may not act on SIGTERM
-    # (b11434 misses one sent just after it first answers /health, see _loop):
-    # nothing else would take it down.
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the child receive ``sig`` when its parent dies
+    (PR_SET_PDEATHSIG). libc is loaded here, in the parent: the child only calls it."""
+    import ctypes
+
     try:
-        libc = _ctypes().CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return lambda: None
 
+    def guard() -> None:
+        prctl(1, sig)  # PR_SET_PDEATHSIG
 
-def _ctypes() -> Any:
-    import ctypes  # imported by the parent before forking (see supervise): no import in the child
-
-    return ctypes
+    return guard
 
 
 def _progress(pid: int) -> tuple[int, ...]:
@@ -157,17 +151,24 @@ def _progress(pid: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _resident(pid: int) -> str:
+def resident_kib(pid: int) -> int | None:
+    """The process's resident memory (VmRSS), KiB; None when unreadable."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
                 if line.startswith(b"VmRSS:"):
-                    kib = int(line.split()[1])
-                    return f", {kib / 2**20:.1f} GiB resident" if kib >= 2**20 else \
-                        f", {kib / 1024:.0f} MiB resident"
+                    return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
-    return ""
+    return None
+
+
+def _resident(pid: int) -> str:
+    kib = resident_kib(pid)
+    if kib is None:
+        return ""
+    return f", {kib / 2**20:.1f} GiB resident" if kib >= 2**20 else \
+        f", {kib / 1024:.0f} MiB resident"
 
 
 class Launch:
@@ -209,12 +210,15 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         # Under systemd, KillMode= takes the engine down with us; elsewhere
-        # (lokid run, the daemon's local runner) PR_SET_PDEATHSIG does (ctypes
-        # loaded here, in the parent).
+        # (lokid run, the daemon's local runner) PR_SET_PDEATHSIG does. The engine
+        # has its own process group (Ctrl-C reaches the supervisor only, which stops
+        # it once). SIGKILL: the supervisor only dies before its engine when it was
+        # killed itself (a stop past its timeout), and an engine may not act on
+        # SIGTERM (b11434 misses one sent just after it first answers /health, see
+        # _loop): nothing else would take it down.
         orphan_guard = None
         if "NOTIFY_SOCKET" not in os.environ or os.environ.get(DIE_WITH_PARENT) == "1":
-            _ctypes()
-            orphan_guard = _die_with_parent
+            orphan_guard = die_with_parent(signal.SIGKILL)
         try:
             proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
                                     stdin=subprocess.DEVNULL, process_group=0,
