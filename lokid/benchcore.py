@@ -44,6 +44,7 @@ THRASH_BYTES = 512 << 20  # read from disk per 256 generated tokens: "possible t
 REQUEST_BUDGET = 360.0   # seconds per request; past it the depth phase is partial
 DEFAULT_PROMPT = 2000
 DEFAULT_PREDICT = 300
+MAX_TOKENS = 131072      # the most prompt or predicted tokens a caller may ask
 # Quantized KV cache types: a measurement with them is a grey zone against lossless ones.
 LOSSLESS_KV = frozenset({"f32", "f16", "bf16"})
 

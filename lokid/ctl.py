@@ -441,8 +441,10 @@ async def _main(args: argparse.Namespace) -> int:
         if command == "clear-failures":
             return await cmd_clear_failures(client, str(args.preset))
         if command == "bench":
-            if not (0 <= args.predict <= 131072 and 0 <= args.prompt <= 131072):
-                raise CtlError("--predict and --prompt: 0 to 131072", EXIT_USAGE)
+            from .benchcore import MAX_TOKENS
+
+            if not (0 <= args.predict <= MAX_TOKENS and 0 <= args.prompt <= MAX_TOKENS):
+                raise CtlError(f"--predict and --prompt: 0 to {MAX_TOKENS}", EXIT_USAGE)
             return await cmd_bench(client, str(args.preset), bool(args.full),
                                    int(args.predict), int(args.prompt), bool(args.json))
         as_json = bool(args.json)

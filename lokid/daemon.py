@@ -48,8 +48,6 @@ from .supervisor import Notifier
 
 log = logging.getLogger("lokid.daemon")
 
-MAX_BENCH_TOKENS = 131072
-
 
 class DaemonError(LokiError):
     """The daemon cannot start (bus unreachable, name taken)."""
@@ -158,9 +156,9 @@ class Daemon:
         if mode not in (benchcore.QUICK, benchcore.FULL):
             raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
                             f"mode {mode!r}: quick or full")
-        if not 0 <= predict <= MAX_BENCH_TOKENS or not 0 <= prompt <= MAX_BENCH_TOKENS:
+        if not 0 <= predict <= benchcore.MAX_TOKENS or not 0 <= prompt <= benchcore.MAX_TOKENS:
             raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
-                            f"predict and prompt: 0 (the default) to {MAX_BENCH_TOKENS}")
+                            f"predict and prompt: 0 (the default) to {benchcore.MAX_TOKENS}")
         self.registry.get(name)
         state = self.engine_state(name).state
         if state != "ready":
@@ -235,16 +233,18 @@ class Daemon:
 
     def _on_engine(self, name: str, state: EngineState) -> None:
         """A runner saw an engine change: properties, the signal, the summary."""
-        before = self.spec_in_use.get(name, [])
-        self.spec_in_use[name] = self._spec_types(name) if state.state in LIVE else []
-        iface = self.exported.get(name)
-        if iface is not None:
-            changed: dict[str, Any] = {"State": state.state, "Status": state.status}
+        moved = self.signalled.get(name) != state.state  # Status alone may have changed
+        changed: dict[str, Any] = {"State": state.state, "Status": state.status}
+        if moved:  # the runtime plan is read once per state, not per STATUS= line
+            before = self.spec_in_use.get(name, [])
+            self.spec_in_use[name] = self._spec_types(name) if state.state in LIVE else []
             if self.spec_in_use[name] != before:
                 changed["SpecActive"] = self.spec_in_use[name]
+        iface = self.exported.get(name)
+        if iface is not None:
             iface.emit_properties_changed(changed)
-        if self.signalled.get(name) != state.state:  # the signal is for states; Status
-            self.signalled[name] = state.state       # changes are PropertiesChanged only
+        if moved:  # the signal is for states; Status changes are PropertiesChanged only
+            self.signalled[name] = state.state
             log.info("preset %s: %s%s", name, state.state,
                      f" ({state.detail})" if state.detail else "")
             self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
