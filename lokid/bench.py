@@ -27,7 +27,7 @@ from . import benchcorpus
 from .errors import BusyError, LokiError
 
 Progress = Callable[[str, int, int], None]
-IOSampler = Callable[[], "tuple[int, int] | None"]   # (bytes read, RSS bytes) of the engine
+IOSampler = core.IOSampler   # the engine's disk reads and memory, for the thrash hint
 
 ASK_PROSE = ("\n\nContinue this text with more than a thousand words of new, varied prose "
              "mixing the languages and subjects above.")
@@ -305,7 +305,7 @@ async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: c
     prev, answer = cold.prompt_total(), cold.content
     # Disk reads are counted over the turns only: the cold prefill legitimately reads
     # the model's pages.
-    io0 = io_sampler() if io_sampler else None
+    io0 = await io_sampler() if io_sampler else None
     new = generated = 0
     prompt_ms = gen_ms = 0.0
     for r in range(1, core.TURNS + 1):
@@ -340,6 +340,6 @@ async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: c
     if gen_ms > 0:
         depth.decode_per_second = generated / (gen_ms / 1000)
     depth.reuse, depth.reuse_note = core.reuse(depth.turns, setup.hybrid)
-    io1 = io_sampler() if io_sampler else None
-    if io0 is not None and io1 is not None and generated > 0:
-        depth.hint = core.thrash_hint(io1[0] - io0[0], generated, max(io0[1], io1[1]))
+    io1 = await io_sampler() if io0 is not None and io_sampler else None
+    if io0 is not None and io1 is not None:
+        depth.hint = core.thrash_hint(io0, io1, generated)

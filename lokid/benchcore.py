@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,26 @@ DEFAULT_PREDICT = 300
 MAX_TOKENS = 131072      # the most prompt or predicted tokens a caller may ask
 # Quantized KV cache types: a measurement with them is a grey zone against lossless ones.
 LOSSLESS_KV = frozenset({"f32", "f16", "bf16"})
+
+
+@dataclass(frozen=True)
+class IOSample:
+    """The engine's disk reads so far and its memory, for the thrash hint.
+
+    Where they come from depends on who runs the engine: ``/proc/<pid>/io`` and
+    the RSS of the process (``lokid bench``, the local runner), or the cgroup
+    counters systemd keeps for its unit. ``memory`` names which, since the two
+    are not the same figure; ``memory_bytes`` None: not known.
+    """
+
+    read_bytes: int
+    memory_bytes: int | None
+    memory: str
+
+
+# A sampler of the running engine: called before and after the turns at depth. None
+# when the figures cannot be read (then there is no hint, never an invented one).
+IOSampler = Callable[[], Awaitable[IOSample | None]]
 
 
 @dataclass
@@ -260,16 +281,19 @@ def reuse(turns: list[Turn], hybrid: bool) -> tuple[float | None, str]:
                    "history (reasoning removed from earlier answers)")
 
 
-def thrash_hint(read_bytes: int, generated: int, rss_bytes: int) -> str:
-    """A hint (uncalibrated, never saved) that the model does not fit in RAM."""
+def thrash_hint(before: IOSample, after: IOSample, generated: int) -> str:
+    """A hint (uncalibrated, never saved) that the model does not fit in RAM: the disk
+    reads between two samples, per 256 generated tokens."""
+    read_bytes = after.read_bytes - before.read_bytes
     if read_bytes <= 0 or generated <= 0:
         return ""
     per = read_bytes * 256 // generated
     if per <= THRASH_BYTES:
         return ""
+    known = [m for m in (before.memory_bytes, after.memory_bytes) if m is not None]
+    memory = f" ({after.memory}: {max(known) / 2**30:.1f} GiB)" if known else ""
     return (f"possible thrash: {per / 2**30:.1f} GiB read from disk per 256 generated "
-            f"tokens (engine RSS {rss_bytes / 2**30:.1f} GiB): the model probably does "
-            "not fit in RAM")
+            f"tokens{memory}: the model probably does not fit in RAM")
 
 
 def effort_from_refusal(body: str, wanted: str) -> str | None:

@@ -45,13 +45,20 @@ def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInput
     return plan, inputs
 
 
+def sampler_here(port: int) -> bench.IOSampler | None:
+    """``lokid bench``: the engine's process found by its port in /proc (blocking), or None
+    when it cannot be read (another user's, without CAP_SYS_PTRACE)."""
+    from .procio import sampler_for_port
+
+    return sampler_for_port(port)
+
+
 async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Options,
                   progress: bench.Progress | None = None,
                   io_sampler: bench.IOSampler | None = None,
-                  plan_and_inputs: tuple[Plan, PlanInputs] | None = None,
-                  find_io: bool = True) -> Outcome:
-    """Benchmark preset ``name``'s running engine. ``find_io``: look for the engine's
-    process for the thrash hint when no ``io_sampler`` is given (a /proc scan, blocking)."""
+                  plan_and_inputs: tuple[Plan, PlanInputs] | None = None) -> Outcome:
+    """Benchmark preset ``name``'s running engine; ``io_sampler`` reads its disk reads
+    and memory for the thrash hint (see :func:`sampler_here`)."""
     plan, inputs = plan_and_inputs or planned(config_dir, state_dir, name)
     url = engine_url(plan.host, plan.port)
     facts = core.plan_facts(list(plan.argv), dict(plan.env))
@@ -72,10 +79,6 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
                         effort=wanted if learned is None else learned,
                         sampling=dict(inputs.preset.chat.sampling()), learn=learn,
                         retried=learned is not None)
-    if io_sampler is None and find_io:
-        from .procio import sampler_for_port
-
-        io_sampler = sampler_for_port(plan.port)  # the thrash hint; None when unreadable
     async with httpx.AsyncClient() as client:
         try:
             health = (await client.get(url + "/health", timeout=5)).status_code

@@ -94,7 +94,7 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
 
     from . import benchcore
     from .bench import Options
-    from .benchrun import measure
+    from .benchrun import measure, planned, sampler_here
 
     def progress(phase: str, step: int, steps: int) -> None:
         print(f"  [{step}/{steps}] {phase}", file=sys.stderr, flush=True)
@@ -103,7 +103,11 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
     if not as_json:
         print(f"lokid: benchmark of {preset}, {opts.mode} mode: prompt ~{prompt} tokens, "
               f"{predict} generated", file=sys.stderr, flush=True)
-    out = asyncio.run(measure(config_dir, paths.state_dir(), preset, opts, progress))
+    plan_and_inputs = planned(config_dir, paths.state_dir(), preset)
+    # the thrash hint (full mode): the engine's process, found in /proc by its port
+    sampler = sampler_here(plan_and_inputs[0].port) if full else None
+    out = asyncio.run(measure(config_dir, paths.state_dir(), preset, opts, progress,
+                              io_sampler=sampler, plan_and_inputs=plan_and_inputs))
     if as_json:
         print(json.dumps({"result": out.result.to_json(keep_hint=True), "saved": out.saved,
                           "fingerprint": out.fingerprint, "url": out.url}, indent=2))

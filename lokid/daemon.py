@@ -170,10 +170,11 @@ class Daemon:
         try:
             planned = await asyncio.to_thread(benchrun.planned, self.config_dir,
                                               self.registry.state_dir, name)
-            from .procio import sampler_for_port
-
-            # a /proc scan: off the loop (and None in lokid.service's sandbox)
-            sampler = await asyncio.to_thread(sampler_for_port, planned[0].port)
+            assert self.runner is not None
+            # The thrash hint, read where the runner can: the unit's cgroup under systemd
+            # (lokid.service may not look into the loki user's processes), the child's
+            # /proc files for the local runner. Only the depth phase uses it.
+            sampler = await self.runner.io_sampler(name) if mode == benchcore.FULL else None
 
             def progress(phase: str, step: int, steps: int) -> None:
                 self.manager.BenchProgress(name, phase, step, steps)
@@ -182,8 +183,7 @@ class Daemon:
                            predict=predict or benchcore.DEFAULT_PREDICT)
             log.info("preset %s: %s benchmark", name, mode)
             out = await benchrun.measure(self.config_dir, self.registry.state_dir, name, opts,
-                                         progress, io_sampler=sampler, plan_and_inputs=planned,
-                                         find_io=False)
+                                         progress, io_sampler=sampler, plan_and_inputs=planned)
         finally:
             self.benching.discard(name)
         if out.saved:

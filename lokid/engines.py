@@ -14,7 +14,9 @@ Both report every change of an engine as an :class:`EngineState` to the
 callback the daemon gives them; the daemon turns it into properties and the
 ``EngineStateChanged`` signal. The verbs return once the start or stop is
 under way: a long job reports through the callback, never by blocking a
-D-Bus call.
+D-Bus call. Each runner also says how the benchmark reads its engine's disk
+reads and memory (the thrash hint): the unit's cgroup counters under
+systemd, the engine process's ``/proc`` files for the daemon's own children.
 
 The mapping from a unit's (ActiveState, SubState) to lokid's five states is
 here, pure, so that both runners and the tests agree on it.
@@ -25,6 +27,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .benchcore import IOSampler
 
 INACTIVE, LOADING, READY, FAILED, STOPPING = "inactive", "loading", "ready", "failed", "stopping"
 STATES = (INACTIVE, LOADING, READY, FAILED, STOPPING)
@@ -108,6 +114,11 @@ class Runner(ABC):
     @abstractmethod
     async def restart(self, preset: str) -> None:
         """Stop the engine if it runs, then start it."""
+
+    @abstractmethod
+    async def io_sampler(self, preset: str) -> IOSampler | None:
+        """A sampler of the running engine's disk reads and memory (the benchmark's thrash
+        hint), each from where this runner can read them; None when it cannot."""
 
     async def reload(self) -> None:  # noqa: B027 - optional hook
         """The presets were read again (the systemd runner reruns the generator)."""

@@ -19,6 +19,10 @@ what ``loki-engine@.service`` would run, with the unit's semantics:
   StartLimitBurst=, StartLimitIntervalSec=); a stop sends SIGTERM and, after
   :data:`STOP_TIMEOUT`, SIGKILL.
 
+The benchmark's thrash hint reads the engine's own ``/proc/<pid>/io`` and RSS:
+llama-server is the child of the ``lokid engine`` the runner spawned, and
+runs as the daemon's user.
+
 Differences from the unit, on purpose: a failed ``prestart`` (invalid preset,
 busy port, missing model) is final here, since trying it again cannot help,
 and an explicit start resets the start limit. No watchdog and no start
@@ -40,11 +44,14 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engines import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
 from .names import SYSLOG_IDENTIFIER, engine_unit
 from .supervisor import DIE_WITH_PARENT, die_with_parent
+
+if TYPE_CHECKING:
+    from .benchcore import IOSampler
 
 log = logging.getLogger("lokid.local")
 engine_log = logging.getLogger("lokid.engine")
@@ -197,6 +204,17 @@ class LocalRunner(Runner):
             asyncio.get_running_loop().remove_reader(self.sock.fileno())
             self.sock.close()
             self.sock = None
+
+    async def io_sampler(self, preset: str) -> IOSampler | None:
+        """The engine process's own counters: the one child of its supervisor."""
+        from .procio import children, sampler_for_pid
+
+        eng = self.engines.get(preset)
+        proc = eng.proc if eng is not None else None
+        if proc is None or proc.pid not in self.by_pid:  # not running (or still prestart)
+            return None
+        engines = await asyncio.to_thread(children, proc.pid)
+        return sampler_for_pid(engines[0]) if len(engines) == 1 else None
 
     # -- one preset's life ------------------------------------------------------
 

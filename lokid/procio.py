@@ -1,19 +1,26 @@
-"""The engine process behind a port, and its disk reads: the benchmark's thrash hint (Linux).
+"""The engine process and its disk reads, from /proc: the benchmark's thrash hint (Linux).
 
-The benchmark knows the engine by its address only (a preset started by its
+``lokid bench`` knows the engine by its address only (a preset started by its
 unit, by ``lokid run`` or by the daemon's local runner). The process is found
 the way ``ss -ltnp`` finds it: the listening socket's inode in
 ``/proc/net/tcp{,6}``, then the process holding that inode among its fds.
+The daemon's local runner knows its engine without a search: the child of the
+``lokid engine`` it spawned (:func:`children`).
+
 ``/proc/<pid>/io`` needs ptrace access to the process: as another user
-without CAP_SYS_PTRACE it is unreadable, and the hint is simply absent.
+without CAP_SYS_PTRACE it is unreadable, and the hint is simply absent. Under
+systemd the daemon reads the unit's cgroup counters instead
+(:meth:`lokid.sdrunner.SystemdRunner.io_sampler`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
+from .benchcore import IOSample, IOSampler
 from .supervisor import resident_kib
+
+RSS = "engine RSS"
 
 LISTEN = "0A"
 
@@ -52,20 +59,59 @@ def pid_listening_on(port: int) -> int | None:
     return None
 
 
-def io_sample(pid: int) -> tuple[int, int] | None:
-    """(bytes read from storage, resident bytes) of ``pid``, or None when unreadable."""
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid``: its threads' ``children`` lists, or, on a kernel
+    without them (CONFIG_PROC_CHILDREN), the processes whose parent it is."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    try:
+        for tid in tids:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found += [int(p) for p in f.read().split()]
+        return found
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError):
+        return []
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def io_sample(pid: int) -> IOSample | None:
+    """Bytes read from storage and resident bytes of ``pid``, or None when unreadable."""
     try:
         with open(f"/proc/{pid}/io") as f:
             read = next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return None
     rss = resident_kib(pid)
-    return None if rss is None else (read, rss * 1024)
+    return None if rss is None else IOSample(read, rss * 1024, RSS)
 
 
-def sampler_for_port(port: int) -> Callable[[], tuple[int, int] | None] | None:
-    """A sampler of the engine listening on ``port``, or None when it cannot be read."""
-    pid = pid_listening_on(port)
-    if pid is None or io_sample(pid) is None:
+def sampler_for_pid(pid: int) -> IOSampler | None:
+    """A sampler of process ``pid``, or None when its figures cannot be read. Two small
+    /proc files per sample: read on the event loop."""
+    if io_sample(pid) is None:
         return None
-    return lambda: io_sample(pid)
+
+    async def sample() -> IOSample | None:
+        return io_sample(pid)
+
+    return sample
+
+
+def sampler_for_port(port: int) -> IOSampler | None:
+    """A sampler of the engine listening on ``port``, or None when it cannot be read
+    (blocking: a scan of every process's fds)."""
+    pid = pid_listening_on(port)
+    return None if pid is None else sampler_for_pid(pid)

@@ -11,6 +11,11 @@ unit's state when it is first tracked, the signals keep it current.
 Signals are accepted only from the current owner of ``org.freedesktop.systemd1``;
 when that changes (``systemctl daemon-reexec``, a systemd upgrade), the runner
 subscribes again and reads every tracked unit afresh.
+
+The benchmark's thrash hint reads the unit's cgroup counters, ``IOReadBytes``
+(the unit has ``IOAccounting=yes``) and ``MemoryCurrent``: the engine runs as
+loki, and its ``/proc/<pid>/io`` would need CAP_SYS_PTRACE, which the daemon
+does not have.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from .benchcore import IOSample, IOSampler
 from .buscall import call
 from .engines import EngineState, Listener, Runner, unit_state
 from .errors import EngineError, LokiError, PermissionDeniedError
@@ -43,6 +49,9 @@ MATCHES = (
     f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',"
     f"arg0='{SYSTEMD}'",
 )
+# What systemd reports for a cgroup counter it does not know: no controller for it (the io
+# controller on a cgroup-v1 or hybrid host), or accounting off.
+UNKNOWN = 2**64 - 1
 DENIED = ("org.freedesktop.DBus.Error.AccessDenied",
           "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired")
 
@@ -186,6 +195,35 @@ class SystemdRunner(Runner):
 
     async def restart(self, preset: str) -> None:
         await self._job("RestartUnit", "restart", preset)
+
+    async def io_sampler(self, preset: str) -> IOSampler | None:
+        """The unit's cgroup counters: bytes read from block devices by its processes, and
+        its memory (page cache included). None when systemd does not know the reads."""
+        unit = engine_unit(preset)
+        try:
+            (path,) = await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "GetUnit", "s", [unit])
+        except DBusError as e:
+            log.info("no thrash hint for %s: %s", unit, e.text)
+            return None
+        label = f"memory of {unit} (its cgroup, page cache included)"
+
+        async def sample() -> IOSample | None:
+            try:
+                values = [(await self._call(str(path), PROPERTIES, "Get", "ss",
+                                            [SERVICE_INTERFACE, name]))[0].value
+                          for name in ("IOReadBytes", "MemoryCurrent")]
+            except DBusError:
+                return None
+            read, memory = (int(v) for v in values)
+            if read == UNKNOWN:
+                return None
+            return IOSample(read, None if memory == UNKNOWN else memory, label)
+
+        if await sample() is None:
+            log.info("no thrash hint for %s: systemd does not count its disk reads "
+                     "(IOReadBytes unknown: no io controller, or IOAccounting off)", unit)
+            return None
+        return sample
 
     async def reload(self) -> None:
         """``daemon-reload``: systemd reruns lokid's generator, the drop-ins follow the presets."""

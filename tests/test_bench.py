@@ -320,6 +320,35 @@ async def test_turns_are_one_growing_conversation(fake: Callable[[Handler], Fake
     assert all(c["seed"] == core.SEED for c in chats)
 
 
+async def test_disk_reads_are_sampled_around_the_turns_for_the_thrash_hint(
+        fake: Callable[[Handler], Fake]) -> None:
+    f = fake(basic)
+    at: list[int] = []
+
+    async def sampler() -> core.IOSample | None:
+        at.append(len(f.chats()))
+        return core.IOSample(len(at) << 30, 3 << 30, "memory of the test's cgroup")
+
+    r = await run_against(f.url, bench.Options(core.FULL), code="x = 1\n" * 40000,
+                          io_sampler=sampler)
+    # after the cold prefill (warm-up, short line, cold: 3 requests), after the 3 turns;
+    # 1 GiB over 3 x 20 generated tokens
+    assert at == [3, 6]
+    assert r.depth is not None and r.depth.hint == (
+        "possible thrash: 4.3 GiB read from disk per 256 generated tokens (memory of the "
+        "test's cgroup: 3.0 GiB): the model probably does not fit in RAM")
+    assert r.to_json()["depth"]["hint"] == "" and r.savable  # shown, never saved
+
+    async def unknown() -> core.IOSample | None:
+        at.append(-1)
+        return None
+
+    at.clear()
+    r = await run_against(f.url, bench.Options(core.FULL), code="x = 1\n" * 40000,
+                          io_sampler=unknown)
+    assert at == [-1] and r.depth is not None and r.depth.hint == ""
+
+
 async def test_a_learned_effort_translation_is_used_at_once_next_time(
         fake: Callable[[Handler], Fake], tmp_path: Path, engine: str, models: Any) -> None:
     # a preset whose engine is the fake (its port), planned with the real engine binary

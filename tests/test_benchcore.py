@@ -73,11 +73,21 @@ def test_reuse_is_read_never_assumed() -> None:
     assert ratio is None and "does not say" in note
 
 
-def test_thrash_hint() -> None:
-    assert core.thrash_hint(0, 256, 1 << 30) == ""
-    assert core.thrash_hint(100 << 20, 256, 1 << 30) == ""
-    hint = core.thrash_hint(4 << 30, 512, 3 << 30)
-    assert hint.startswith("possible thrash: 2.0 GiB read") and "RSS 3.0 GiB" in hint
+def test_thrash_hint_says_which_memory_it_read() -> None:
+    def io(read: int, memory: int | None, label: str = "engine RSS") -> core.IOSample:
+        return core.IOSample(read, memory, label)
+
+    assert core.thrash_hint(io(5 << 30, 1 << 30), io(5 << 30, 1 << 30), 256) == ""
+    assert core.thrash_hint(io(0, 1 << 30), io(100 << 20, 1 << 30), 256) == ""
+    hint = core.thrash_hint(io(1 << 30, 2 << 30), io(5 << 30, 3 << 30), 512)
+    assert hint == ("possible thrash: 2.0 GiB read from disk per 256 generated tokens "
+                    "(engine RSS: 3.0 GiB): the model probably does not fit in RAM")
+    unit = "memory of loki-engine@x.service (its cgroup, page cache included)"
+    hint = core.thrash_hint(io(0, 3 << 30, unit), io(4 << 30, None, unit), 512)
+    assert f"tokens ({unit}: 3.0 GiB): the model" in hint
+    # the memory unknown: the reads alone, nothing put in its place
+    hint = core.thrash_hint(io(0, None, unit), io(4 << 30, None, unit), 512)
+    assert "GiB read from disk per 256 generated tokens: the model probably" in hint
 
 
 @pytest.mark.parametrize("body,wanted,got", [

@@ -38,6 +38,7 @@ from lokid.names import (
     preset_object_path,
 )
 from lokid.state import StateDB
+from lokid.supervisor import resident_kib
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -129,6 +130,42 @@ async def test_a_crashed_engine_is_restarted_and_a_restart_gives_a_new_engine(
     assert proc is not None and children(proc.pid) != before
     await manager.call_stop_preset("plain")
     await running.wait_event("plain", "inactive", after=seen)
+
+
+async def test_the_local_runner_samples_its_engine_for_the_thrash_hint(
+        running: Running) -> None:
+    # the engine is the daemon's grandchild, of its own user: its /proc files, no port scan
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    runner = running.daemon.runner
+    assert isinstance(runner, localrunner.LocalRunner)
+    assert await runner.io_sampler("plain") is None  # not started
+    await manager.call_start_preset("plain")
+    await running.wait_event("plain", "ready")
+    proc = runner.engines["plain"].proc
+    assert proc is not None
+    (engine_pid,) = children(proc.pid)
+    sampler = await runner.io_sampler("plain")
+    assert sampler is not None
+    sample = await sampler()
+    after = read_bytes(engine_pid)
+    assert sample is not None and sample.memory == "engine RSS"
+    # the engine's own figures, not its supervisor's: between what /proc says around them
+    assert 0 <= sample.read_bytes <= after
+    rss = resident_kib(engine_pid)
+    assert sample.memory_bytes is not None and rss is not None
+    assert abs(sample.memory_bytes - rss * 1024) <= rss * 1024 // 4, (sample, rss)
+    again = await sampler()
+    assert again is not None and again.read_bytes >= sample.read_bytes
+    seen = len(running.events)
+    await manager.call_stop_preset("plain")
+    await running.wait_event("plain", "inactive", after=seen)
+    assert await sampler() is None  # the process is gone: no figure, never an old one
+    assert await runner.io_sampler("plain") is None
+
+
+def read_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
 
 
 async def test_a_failed_prestart_is_final_and_says_why(running: Running,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import subprocess
 import sys
 import time
+from typing import Any
+
+import pytest
 
 from lokid import procio
 
@@ -22,12 +27,35 @@ def test_the_process_listening_on_a_port_and_its_io() -> None:
             time.sleep(0.05)
         assert procio.pid_listening_on(port) == server.pid
         sample = procio.io_sample(server.pid)
-        assert sample is not None and sample[0] >= 0 and sample[1] > 1 << 20
+        assert sample is not None and sample.read_bytes >= 0
+        assert sample.memory_bytes is not None and sample.memory_bytes > 1 << 20
+        assert sample.memory == "engine RSS"
         sampler = procio.sampler_for_port(port)
-        assert sampler is not None and sampler() is not None
+        assert sampler is not None and asyncio.run(sampler()) is not None
+        assert server.pid in procio.children(os.getpid())
     finally:
         server.terminate()
         server.wait(10)
     assert procio.pid_listening_on(port) is None
     assert procio.sampler_for_port(port) is None
     assert procio.io_sample(2**22 + 7) is None
+
+
+def test_children_without_the_kernel_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a kernel without CONFIG_PROC_CHILDREN: the parents in /proc/<pid>/stat instead
+    child = subprocess.Popen(["sleep", "30"])
+    real_open = open
+
+    def no_children(path: str, *args: Any, **kw: Any) -> Any:
+        if str(path).endswith("/children"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args, **kw)
+
+    try:
+        monkeypatch.setattr("builtins.open", no_children)
+        assert child.pid in procio.children(os.getpid())
+    finally:
+        monkeypatch.undo()
+        child.kill()
+        child.wait()
+    assert procio.children(2**22 + 7) == []
