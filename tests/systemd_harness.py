@@ -1,9 +1,9 @@
-"""A real systemd for the tests: Debian 12's systemd as PID 1 in a systemd-nspawn container.
+"""A real systemd for the tests: Debian's systemd as PID 1 in a systemd-nspawn container.
 
 lokid's units (``loki-engine@<preset>.service``, Type=notify) are tested against
 the real system manager, not a mock of it. This module builds a minimal Debian
-bookworm root file system once with mmdebstrap (cached as
-``.cache/rootfs/bookworm-<key>.tar.zst``), unpacks it into a fresh tmpfs per
+root file system once with mmdebstrap (bookworm unless told otherwise; cached as
+``.cache/rootfs/<suite>-<key>.tar.zst``), unpacks it into a fresh tmpfs per
 container, boots it with ``systemd-nspawn -b`` and enters it with ``nsenter``.
 
 It works on hosts whose PID 1 is not systemd (CI containers and VMs), which is
@@ -42,12 +42,17 @@ from types import TracebackType
 # Bump when the build recipe changes in a way the key below does not see.
 HARNESS_VERSION = 1
 
-SUITE = "bookworm"
-MIRRORS = (
-    f"deb http://deb.debian.org/debian {SUITE} main",
-    f"deb http://deb.debian.org/debian {SUITE}-updates main",
-    f"deb http://deb.debian.org/debian-security {SUITE}-security main",
-)
+SUITE = "bookworm"   # the default; the Debian package is also tested on trixie
+
+
+def mirrors(suite: str) -> tuple[str, ...]:
+    """Debian's archive for ``suite``, with its updates and security pockets."""
+    return (f"deb http://deb.debian.org/debian {suite} main",
+            f"deb http://deb.debian.org/debian {suite}-updates main",
+            f"deb http://deb.debian.org/debian-security {suite}-security main")
+
+
+MIRRORS = mirrors(SUITE)
 
 # What lokid's units need under a real systemd, from Debian rather than PyPI:
 # the Debian package of lokid will run on exactly these.
@@ -266,7 +271,7 @@ def reap_stale() -> None:
 
 def rootfs_key(suite: str = SUITE, packages: Iterable[str] = PACKAGES) -> str:
     """Cache key: changes whenever what the build would produce changes."""
-    blob = json.dumps({"version": HARNESS_VERSION, "suite": suite, "mirrors": MIRRORS,
+    blob = json.dumps({"version": HARNESS_VERSION, "suite": suite, "mirrors": mirrors(suite),
                        "packages": sorted(set(packages)), "hooks": CUSTOMIZE_HOOKS},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -295,7 +300,7 @@ def ensure_rootfs(packages: Sequence[str] = PACKAGES, *, cache_dir: Path = CACHE
         argv = ["mmdebstrap", "--variant=minbase", "--mode=root",
                 "--include=" + ",".join(packages),
                 *(f"--customize-hook={hook}" for hook in CUSTOMIZE_HOOKS),
-                suite, str(tmp), *MIRRORS]
+                suite, str(tmp), *mirrors(suite)]
         _say(f"building the {suite} rootfs for the systemd tests ({tarball.name})")
         t0 = time.monotonic()
         with open(log, "w") as out:
@@ -331,8 +336,9 @@ def _escape_bind(path: str) -> str:
 
 
 class Container:
-    """One booted container: Debian bookworm with systemd as PID 1.
+    """One booted container: Debian (``suite``, bookworm by default) with systemd as PID 1.
 
+    ``packages`` is what its rootfs holds (:data:`PACKAGES` is bookworm's).
     ``binds`` and ``rw_binds`` map a path inside the container to a host path,
     bound read-only and read-write. The container shares the host's network
     (pick ports with a free-port helper); ``private_network=True`` gives it a
@@ -342,6 +348,7 @@ class Container:
     def __init__(self, binds: Mapping[str, str] | None = None, *,
                  rw_binds: Mapping[str, str] | None = None,
                  packages: Sequence[str] = PACKAGES,
+                 suite: str = SUITE,
                  private_network: bool = False,
                  boot_timeout: float = 90.0) -> None:
         self.binds = dict(binds or {})
@@ -350,6 +357,7 @@ class Container:
             if not inside.startswith("/"):
                 raise ValueError(f"bind target must be an absolute path: {inside!r}")
         self.packages = tuple(packages)
+        self.suite = suite
         self.private_network = private_network
         self.boot_timeout = boot_timeout
         self.name = f"lokid-{os.getpid()}-{secrets.token_hex(4)}"
@@ -392,7 +400,7 @@ class Container:
             raise HarnessError(f"container {self.name} was already started")
         check_host()
         reap_stale()
-        tarball = ensure_rootfs(self.packages)
+        tarball = ensure_rootfs(self.packages, suite=self.suite)
         _live.add(self)
         try:
             self._unpack(tarball)

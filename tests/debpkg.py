@@ -1,0 +1,76 @@
+"""lokid's Debian package, built and installed in real Debian containers (tests/test_deb.py).
+
+The package is built the way ``make deb`` builds it (``dpkg-buildpackage -us
+-uc -b``) from a copy of the working tree, inside a Debian container of the
+target release with that release's debhelper, dh-python, lintian and Python
+libraries; then installed with apt into a fresh container of the same release
+that holds only what every server has (systemd, dbus, apt) and the engine's
+own shared libraries, so apt must resolve lokid's dependencies from Debian.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from systemd_harness import REPO
+
+TARGET = "trixie"   # Debian 13, the current stable: what the package is for
+
+# What a GPU server has before lokid: the init system, the system bus, apt. And
+# what llama-server b11434 (CPU build) links beyond its own libraries (trixie
+# names libssl3 libssl3t64), curl to talk to it. Nothing of lokid's own
+# dependencies: apt-get install must fetch them.
+RUNTIME_PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "procps", "iproute2", "curl",
+    "libgomp1", "libssl3t64", "libstdc++6", "libgcc-s1",
+)
+
+# Virtual build dependencies and what provides them.
+PROVIDERS = {"debhelper-compat": "debhelper", "dh-sequence-python3": "dh-python"}
+
+
+def build_depends(control: Path = REPO / "debian" / "control") -> list[str]:
+    """The source package's Build-Depends, one package each (first alternatives,
+    virtual ones replaced by their provider), as mmdebstrap --include wants them."""
+    text = control.read_text()
+    m = re.search(r"^Build-Depends:(.*?)^(?=\S)", text, re.M | re.S)
+    assert m, "debian/control has no Build-Depends"
+    names = []
+    for dep in m.group(1).split(","):
+        first = dep.split("|")[0]
+        name = re.sub(r"\(.*?\)|<.*?>|\[.*?\]", "", first).strip()
+        if name:
+            names.append(PROVIDERS.get(name, name))
+    return names
+
+
+def build_packages() -> tuple[str, ...]:
+    """The build container: build-essential, the build dependencies and lintian, and a systemd
+    to boot (the harness boots every container)."""
+    return ("systemd", "systemd-sysv", "dbus", "build-essential", "lintian", *build_depends())
+
+
+def copy_tree(dest: Path) -> Path:
+    """The working tree as git sees it (tracked and new files, not ignored ones: no
+    .venv, no .cache) copied to ``dest``/lokid: what a fresh clone would build."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True).stdout
+    # Not the files deleted in the working tree (still in git's index).
+    names = [f for f in files.split(b"\0") if f and os.path.lexists(REPO / os.fsdecode(f))]
+    files = b"".join(name + b"\0" for name in names)
+    src = dest / "lokid"
+    src.mkdir(parents=True)
+    pack = subprocess.Popen(["tar", "--null", "-T", "-", "-cf", "-"], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    unpack = subprocess.Popen(["tar", "-xf", "-"], cwd=src, stdin=pack.stdout)
+    assert pack.stdin is not None and pack.stdout is not None
+    pack.stdin.write(files)
+    pack.stdin.close()
+    pack.stdout.close()
+    if unpack.wait() != 0 or pack.wait() != 0:
+        raise RuntimeError("copying the working tree failed")
+    return src
