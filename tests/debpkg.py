@@ -1,8 +1,8 @@
 """lokid's Debian package, built and installed in real Debian containers (tests/test_deb.py).
 
 The package is built the way ``make deb`` builds it (``dpkg-buildpackage -us
--uc -b``) from a copy of the working tree, inside a Debian container of the
-target release with that release's debhelper, dh-python, lintian and Python
+-uc -b``) from a copy of the working tree, inside a Debian container of each
+release it is for with that release's debhelper, dh-python, lintian and Python
 libraries; then installed with apt into a fresh container of the same release
 that holds only what every server has (systemd, dbus, apt) and the engine's
 own shared libraries, so apt must resolve lokid's dependencies from Debian.
@@ -18,15 +18,17 @@ from pathlib import Path
 from systemd_harness import REPO
 
 TARGET = "trixie"   # Debian 13, the current stable: what the package is for
+SUITES = (TARGET, "bookworm")   # and Debian 12, which it keeps working on
+PYTHON = {"trixie": "python3.13", "bookworm": "python3.11"}
 
-# What a GPU server has before lokid: the init system, the system bus, apt. And
-# what llama-server b11434 (CPU build) links beyond its own libraries (trixie
-# names libssl3 libssl3t64), curl to talk to it. Nothing of lokid's own
-# dependencies: apt-get install must fetch them.
-RUNTIME_PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "procps", "iproute2", "curl",
-    "libgomp1", "libssl3t64", "libstdc++6", "libgcc-s1",
-)
+
+def runtime_packages(suite: str) -> tuple[str, ...]:
+    """What a GPU server has before lokid: the init system, the system bus, apt. And
+    what llama-server b11434 (CPU build) links beyond its own libraries, curl to talk
+    to it. Nothing of lokid's own dependencies: apt-get install must fetch them."""
+    ssl = "libssl3t64" if suite == "trixie" else "libssl3"   # trixie's 64-bit time_t name
+    return ("systemd", "systemd-sysv", "dbus", "procps", "iproute2", "curl",
+            "libgomp1", ssl, "libstdc++6", "libgcc-s1")
 
 # Virtual build dependencies and what provides them.
 PROVIDERS = {"debhelper-compat": "debhelper", "dh-sequence-python3": "dh-python"}

@@ -1,11 +1,13 @@
-"""lokid installed into the systemd test container, as its Debian package will install it.
+"""lokid installed into the systemd test container, laid out as its Debian package does.
 
-The package comes later; until then this module lays out the same files by
-hand in a booted container (tests/systemd_harness.py), with the repository
-bound read-only at /opt/lokid:
+The package itself is built and installed in tests/test_deb.py. The other
+container tests need the repository's code as it is being changed, so this
+module lays out the same files by hand in a booted container
+(tests/systemd_harness.py), with the repository bound read-only at /opt/lokid:
 
 - ``/usr/bin/lokid``: Debian's python3 running the repository's lokid;
-- the ``loki`` system user and group, a member of ``video`` and ``render``;
+- the ``loki`` system user and group, a member of ``video`` and ``render``,
+  created by ``systemd-sysusers`` from the shipped ``data/sysusers.d/lokid.conf``;
 - ``units/loki-engine@.service`` in /etc/systemd/system (unmodified) and
   ``units/lokid-engine-generator`` in /etc/systemd/system-generators;
 - ``/etc/loki/lokid.toml`` naming the engine and ``/var/lib/loki-models``;
@@ -45,10 +47,10 @@ GENERATOR = "lokid-engine-generator"
 DAEMON_UNIT = "lokid.service"
 BUS_NAME = "org.lokid.Lokid1"
 
-# A stand-in for the Debian package's /usr/bin/lokid, which comes later: Debian's
-# own python3 and libraries (python3-systemd, ...) run the repository's code.
+# A stand-in for the Debian package's /usr/bin/lokid: Debian's own python3 and
+# libraries (python3-systemd, ...) run the repository's code.
 LOKID_WRAPPER = f"""#!/bin/sh
-# Test stand-in for the Debian package's /usr/bin/lokid (the package comes later).
+# Test stand-in for the Debian package's /usr/bin/lokid.
 PYTHONPATH={INSIDE_REPO} exec /usr/bin/python3 -m lokid.cli "$@"
 """
 
@@ -85,15 +87,12 @@ class LokidSystem:
         """Install lokid; idempotent (a second call rewrites the same files)."""
         ct = self.ct
         ct.write_file("/usr/bin/lokid", LOKID_WRAPPER, mode=0o755)
-        # GPU device nodes belong to video and render: the unit's SupplementaryGroups=
-        # needs both groups to exist. Debian creates render with udev, which a
-        # minimal container may lack.
-        if ct.run(["getent", "group", "render"], check=False).returncode != 0:
-            ct.run(["groupadd", "--system", "render"])
-        if ct.run(["getent", "passwd", "loki"], check=False).returncode != 0:
-            ct.run(["useradd", "--system", "--home-dir", STATE_DIR, "--no-create-home",
-                    "--shell", "/usr/sbin/nologin", "--user-group", "loki"])
-        ct.run(["usermod", "--append", "--groups", "video,render", "loki"])
+        # The user as the package creates it: in video and render (the GPU device
+        # nodes' groups, which the unit's SupplementaryGroups= needs), render made
+        # if missing (Debian creates it with udev, which a minimal container lacks).
+        ct.write_file("/usr/lib/sysusers.d/lokid.conf",
+                      (REPO / "data" / "sysusers.d" / "lokid.conf").read_bytes())
+        ct.run(["systemd-sysusers", "lokid.conf"])
         ct.write_file(f"{UNIT_DIR}/{TEMPLATE}", (REPO / "units" / TEMPLATE).read_bytes())
         ct.write_file(f"{GENERATOR_DIR}/{GENERATOR}", (REPO / "units" / GENERATOR).read_bytes(),
                       mode=0o755)

@@ -1,14 +1,16 @@
-"""lokid's Debian package on Debian 13 (trixie), in real containers (tests/debpkg.py).
+"""lokid's Debian package on Debian 13 (trixie) and 12 (bookworm), in real containers.
 
-Built with trixie's debhelper, dh-python and Python 3.13 (its build-time tests
-run there against python3-dbus-fast 2.x), checked by trixie's lintian, then
-installed with apt into a booted trixie that has only systemd, dbus and apt:
-apt resolves lokid's dependencies from Debian. On that system the tests follow
-an operator: the daemon is enabled and answers on the bus, a preset pointing at
-the real llama-server and a generated model starts with systemctl and becomes
-ready as loki, an upgrade restarts the daemon and leaves the engine running,
-remove stops everything and keeps config and state, purge removes them, and a
-reinstall works.
+For each release (tests/debpkg.py): built with its debhelper, dh-python and
+Python (the build-time tests run there against its python3-dbus-fast: 2.x on
+trixie, 1.84 on bookworm), checked by its lintian, then installed with apt into
+a booted system of that release that has only systemd, dbus and apt: apt
+resolves lokid's dependencies from Debian. On that system the tests follow an
+operator: the autopkgtest smoke test passes; without an engine a preset's unit
+fails with a clear message; the daemon is enabled and answers on the bus; a
+preset pointing at the real llama-server and a generated model starts with
+systemctl and becomes ready as loki; an upgrade restarts the daemon and leaves
+the engine running; remove stops everything and keeps config and state, purge
+removes them, and a reinstall works.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from debpkg import RUNTIME_PACKAGES, TARGET, build_packages, copy_tree
+from debpkg import PYTHON, SUITES, build_packages, copy_tree, runtime_packages
 from enginekit import engine_binary, free_port
 from systemd_harness import Container, _say
 
@@ -38,6 +40,7 @@ MODEL_DIR = "/srv/models"
 
 @dataclass
 class Build:
+    suite: str
     version: str
     deb: Path            # the release
     next_deb: Path       # the same tree, a later version: the upgrade
@@ -46,18 +49,19 @@ class Build:
     lintian_rc: int
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
-    """dpkg-buildpackage -us -uc -b in a trixie container, lintian on the result."""
-    work = tmp_path_factory.mktemp("deb")
+@pytest.fixture(scope="module", params=SUITES)
+def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """dpkg-buildpackage -us -uc -b in a container of the release, lintian on the result."""
+    suite: str = request.param
+    work = tmp_path_factory.mktemp(f"deb-{suite}")
     src = copy_tree(work)
     version = re.match(r"lokid \((.+?)\)", (src / "debian" / "changelog").read_text())
     assert version, "debian/changelog does not start with lokid (VERSION)"
     v = version.group(1)
-    with Container(suite=TARGET, packages=build_packages(), rw_binds={"/build": str(work)}) as ct:
+    with Container(suite=suite, packages=build_packages(), rw_binds={"/build": str(work)}) as ct:
         r = ct.run(["sh", "-c", "cd /build/lokid && dpkg-buildpackage -us -uc -b 2>&1"],
                    check=False, timeout=900)
-        assert r.returncode == 0, f"dpkg-buildpackage failed on {TARGET}:\n{r.stdout[-6000:]}"
+        assert r.returncode == 0, f"dpkg-buildpackage failed on {suite}:\n{r.stdout[-6000:]}"
         arch = ct.run(["dpkg", "--print-architecture"]).stdout.strip()
         lint = ct.run(["lintian", "--fail-on", "error,warning", "--display-info",
                        f"/build/lokid_{v}_{arch}.changes"], check=False, timeout=600)
@@ -65,22 +69,23 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
         ct.run(["sh", "-c", "cp -a /build/lokid /build/next && cd /build/next && "
                 f"sed -i '1s/({re.escape(v)})/({v}{NEXT})/' debian/changelog && "
                 "dpkg-buildpackage -us -uc -b >/build/next.log 2>&1"], timeout=900)
-    return Build(v, work / f"lokid_{v}_all.deb", work / f"lokid_{v}{NEXT}_all.deb",
+    return Build(suite, v, work / f"lokid_{v}_all.deb", work / f"lokid_{v}{NEXT}_all.deb",
                  r.stdout, lint.stdout + lint.stderr, lint.returncode)
 
 
-def test_the_package_builds_on_trixie_and_its_build_time_tests_pass_there(build: Build
-                                                                          ) -> None:
+def test_the_package_builds_and_its_build_time_tests_pass_on_the_release(build: Build
+                                                                         ) -> None:
     assert build.deb.is_file() and build.next_deb.is_file()
-    # pybuild ran the modules that need only Debian's libraries, with trixie's Python.
-    assert "python3.13 -m pytest" in build.log, build.log[-3000:]
+    # pybuild ran the modules that need only Debian's libraries, with the release's Python.
+    assert f"{PYTHON[build.suite]} -m pytest" in build.log, build.log[-3000:]
     passed = re.search(r"=+ (\d+) passed", build.log)
     assert passed and int(passed.group(1)) > 100, build.log[-3000:]
     assert not re.search(r"\d+ (failed|error)", build.log), build.log[-3000:]
 
 
 def test_lintian_has_no_error_and_no_warning(build: Build) -> None:
-    _say(f"lintian ({TARGET}) on lokid {build.version}:\n{build.lintian.strip() or '(nothing)'}")
+    said = build.lintian.strip() or "(nothing)"
+    _say(f"lintian ({build.suite}) on lokid {build.version}:\n{said}")
     tags = [line for line in build.lintian.splitlines() if re.match(r"[EW]: ", line)]
     assert build.lintian_rc == 0 and not tags, build.lintian
 
@@ -132,9 +137,10 @@ def exposure(ct: Container, unit: str) -> float:
 
 @pytest.fixture(scope="module")
 def system(build: Build, models: Any) -> Iterator[System]:
-    """A booted trixie with the release installed by apt (the clock starts at apt)."""
+    """A booted system of the release with lokid installed by apt (timed)."""
     binds = {"/debs": str(build.deb.parent), ENGINE_DIR: os.path.dirname(engine_binary())}
-    with Container(suite=TARGET, packages=RUNTIME_PACKAGES, binds=binds) as ct:
+    with Container(suite=build.suite, packages=runtime_packages(build.suite),
+                   binds=binds) as ct:
         assert status(ct) == ""
         apt(ct, "update")
         t0 = time.monotonic()
@@ -177,6 +183,23 @@ def test_the_daemon_is_enabled_active_and_introspectable(system: System) -> None
         assert member in out, out
 
 
+def test_without_an_engine_a_presets_unit_fails_with_a_clear_message(system: System
+                                                                       ) -> None:
+    ct = system.ct
+    # The shipped lokid.toml names no engine: lokid looks for llama-server in PATH.
+    ct.write_file("/etc/loki/presets/bare.toml", f'model = "{MODEL_DIR}/llama.gguf"\n')
+    ct.systemctl("daemon-reload")
+    r = ct.systemctl("start", "loki-engine@bare.service", check=False, timeout=120)
+    assert r.returncode != 0
+    log = ct.journal("loki-engine@bare.service")
+    assert "engine 'llama-server' not found" in log and "/etc/loki/lokid.toml" in log, log
+    assert "Failed to start" in log and "listening on" not in log, log
+    # (Restart=on-failure still retries it every 5 s until the start limit: see the note.)
+    ct.systemctl("stop", "loki-engine@bare.service", check=False)
+    ct.systemctl("reset-failed", "loki-engine@bare.service", check=False)
+    ct.run(["rm", "/etc/loki/presets/bare.toml"])
+
+
 def test_a_preset_starts_with_systemctl_and_becomes_ready_as_loki(system: System) -> None:
     ct = system.ct
     engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
@@ -191,7 +214,7 @@ def test_a_preset_starts_with_systemctl_and_becomes_ready_as_loki(system: System
     ct.systemctl("start", "loki-engine@demo.service", timeout=300)
     start_s = time.monotonic() - t0
     assert health(ct, system.port) == 200
-    _say(f"{TARGET}: apt-get install {system.install_s:.1f} s, then systemctl start "
+    _say(f"{system.build.suite}: apt-get install {system.install_s:.1f} s, then systemctl start "
          f"loki-engine@demo to ready {start_s:.2f} s")
     users = ct.run(["ps", "-o", "user=", "-C", "llama-server"]).stdout.split()
     assert users == ["loki"]
@@ -210,7 +233,7 @@ def test_systemd_analyze_security_of_both_units(system: System) -> None:
     ct = system.ct
     daemon = exposure(ct, "lokid.service")
     engine = exposure(ct, "loki-engine@demo.service")
-    _say(f"{TARGET}: systemd-analyze security: lokid.service {daemon}, "
+    _say(f"{system.build.suite}: systemd-analyze security: lokid.service {daemon}, "
          f"loki-engine@demo.service {engine}")
     assert daemon <= EXPOSURE_GOAL
 
