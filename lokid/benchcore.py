@@ -3,9 +3,9 @@
 What :mod:`lokid.bench` sends and reads is decided here: the sizes of each
 phase, how deep the full mode goes, how corpora are cut into never-repeating
 pieces, how cache reuse and draft acceptance are read from the engine's
-counters (never assumed), when a result is partial (shown, not saved), the
-thrash hint, and the fingerprint that ties a saved result to the
-configuration it measured.
+counters (never assumed), when a result is partial or measured a start
+that is no longer the preset's (shown, not saved), the thrash hint, and the
+fingerprint that ties a saved result to the configuration it measured.
 
 Honesty rules carried from the seed: a missing counter stays ``None``
 ("n/a"), nothing is estimated in its place, and two protocol versions never
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -360,6 +360,31 @@ def plan_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
                        facts.gpus)
 
 
+def start_differs(planned_argv: Sequence[str], planned_env: Mapping[str, str],
+                  started_argv: Sequence[str], started_env: Mapping[str, str]) -> str:
+    """Why a measurement of the running engine may not be kept under the preset's
+    fingerprint now ("" when it may): the engine was started with another plan than the
+    preset gives today (the file was edited, lokid.toml changed, a verdict cut its
+    automatic speculation). It measured the old configuration, not the new one."""
+    differ = [what for what, now, then in (
+        ("command line", list(planned_argv), list(started_argv)),
+        ("environment", dict(planned_env), dict(started_env))) if now != then]
+    if not differ:
+        return ""
+    return (f"the preset's plan changed since its engine started (its {' and '.join(differ)} "
+            f"{'differ' if len(differ) > 1 else 'differs'} now): restart it to keep a result")
+
+
+def not_saved_reason(r: Result, changed: str = "") -> str:
+    """Why a result is not kept, "" when it is: the start it measured is not the preset's
+    (:func:`start_differs`), or it is partial."""
+    reasons = [changed] if changed else []
+    if r.depth is not None and r.depth.partial:
+        reasons.append(f"the result is partial ({r.depth.partial}): only a complete one "
+                       "is kept")
+    return "; ".join(reasons)
+
+
 def fingerprint(config: dict[str, Any], gpus: str) -> str:
     """What a saved result measured: the plan's configuration, the GPUs, the protocol.
     A preset whose model, GPUs or arguments changed no longer matches its old result."""
@@ -374,8 +399,9 @@ def _draft_text(d: Draft | None) -> str:
     return f"   draft accepted {d.rate * 100:.0f} % ({d.accepted}/{d.n})"
 
 
-def report(r: Result) -> list[str]:
-    """The human report: prefill and decode, depth figures in full mode, KV, engine."""
+def report(r: Result, not_saved: str = "") -> list[str]:
+    """The human report: prefill and decode, depth figures in full mode, KV, engine, and
+    why it is not kept (``not_saved``, from :func:`not_saved_reason`)."""
     lines = [f"  Prefill    {r.prompt_per_second:7.1f} tok/s   ({r.prompt_n} tokens in "
              f"{r.prompt_ms / 1000:.2f} s)",
              f"  Decode     {r.predicted_per_second:7.1f} tok/s   ({r.predicted_n} tokens in "
@@ -398,6 +424,8 @@ def report(r: Result) -> list[str]:
         lines += [f"  ! {s}" for s in (d.reuse_note, d.partial, d.hint) if s]
     kv = r.kv + (" (quantized: a grey zone against lossless caches)" if r.kv_quantized else "")
     lines.append(f"  KV {kv} · engine {r.engine or 'n/a'} · total {r.elapsed:.2f} s")
-    if not r.savable:
+    if not_saved:
+        lines.append(f"  (not saved: {not_saved})")
+    elif not r.savable:
         lines.append("  (partial: not saved)")
     return lines

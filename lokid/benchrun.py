@@ -2,13 +2,21 @@
 
 Shared by ``lokid bench <preset>`` (against a preset started with ``lokid
 run`` or its unit) and the daemon's ``Bench()``. The preset is planned as its
-running start was (``unit.decide``, the attempt verdict applied): the plan
-gives the engine's address and what the benchmark reads from the command line
-(ubatch, weights on CPU, KV types, GPUs), and the fingerprint the result is
-saved under: the plan's configuration, the engine, the GPUs and the protocol
-version. A preset whose configuration changed no longer shows an old result.
+next start would be (``unit.decide``, the attempt verdict applied): that plan
+gives the fingerprint the result is saved under (the plan's configuration,
+the engine, the GPUs and the protocol version), so a preset whose
+configuration changed no longer shows an old result.
 
-A partial result is returned and shown but never saved.
+What runs may be older than that plan: the preset edited since its engine
+started. The plan of the running start is the runtime plan ``lokid
+prestart`` wrote (:mod:`lokid.runtime`); when it is known, it gives the
+engine's address and what the benchmark reads from the command line
+(ubatch, weights on CPU, KV types, GPUs), and when its command line or
+environment differ from the preset's plan now, the result is shown but not
+saved: it measured the old configuration, not the one its fingerprint names.
+``lokid run`` writes no runtime plan: then the preset's plan stands for it.
+
+A partial result is returned and shown but never saved either.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -35,6 +44,53 @@ class Outcome:
     saved: bool
     fingerprint: str
     url: str
+    not_saved: str = ""   # why it is not saved (core.not_saved_reason), "" when saved
+
+    def reply(self) -> dict[str, Any]:
+        """What ``Bench()`` returns and ``lokid bench --json`` prints."""
+        return {"result": self.result.to_json(keep_hint=True), "saved": self.saved,
+                "not_saved_reason": self.not_saved, "fingerprint": self.fingerprint,
+                "url": self.url}
+
+
+@dataclass(frozen=True)
+class Started:
+    """What the preset's engine was started with: its runtime plan."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    host: str
+    port: int
+
+
+def started(runtime_dir: str, name: str) -> Started | None:
+    """The runtime plan of the preset's current or last start, or None (blocking, small)."""
+    from .runtime import StalePlanError, read_runtime_plan
+
+    try:
+        rp = read_runtime_plan(runtime_dir, name)
+        return Started(tuple(str(a) for a in rp.plan["argv"]),
+                       {str(k): str(v) for k, v in dict(rp.plan["env"]).items()},
+                       rp.host, rp.port)
+    except (StalePlanError, KeyError, TypeError, ValueError):
+        return None
+
+
+def started_here(runtime_dir: str, name: str) -> Started | None:
+    """``lokid bench``: the runtime plan when it is the running engine's (blocking: /proc).
+
+    The runtime directory keeps the plan of a stopped unit, and ``lokid run`` writes
+    none: a plan counts when something listens on its port and that process, where it
+    can be seen (not another user's), runs the plan's command line.
+    """
+    from . import procio
+
+    found = started(runtime_dir, name)
+    if found is None or not procio.listening(found.port):
+        return None
+    pid = procio.pid_listening_on(found.port)
+    argv = procio.cmdline(pid) if pid is not None else None
+    return None if argv is not None and argv != list(found.argv) else found
 
 
 def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInputs]:
@@ -56,12 +112,17 @@ def sampler_here(port: int) -> bench.IOSampler | None:
 async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Options,
                   progress: bench.Progress | None = None,
                   io_sampler: bench.IOSampler | None = None,
-                  plan_and_inputs: tuple[Plan, PlanInputs] | None = None) -> Outcome:
-    """Benchmark preset ``name``'s running engine; ``io_sampler`` reads its disk reads
-    and memory for the thrash hint (see :func:`sampler_here`)."""
+                  plan_and_inputs: tuple[Plan, PlanInputs] | None = None,
+                  running: Started | None = None) -> Outcome:
+    """Benchmark preset ``name``'s running engine, started as ``running`` says (None: as
+    the preset's plan now); ``io_sampler`` reads its disk reads and memory for the thrash
+    hint (see :func:`sampler_here`)."""
     plan, inputs = plan_and_inputs or planned(config_dir, state_dir, name)
-    url = engine_url(plan.host, plan.port)
-    facts = core.plan_facts(list(plan.argv), dict(plan.env))
+    if running is None:
+        running = Started(plan.argv, dict(plan.env), plan.host, plan.port)
+    changed = core.start_differs(plan.argv, plan.env, running.argv, running.env)
+    url = engine_url(running.host, running.port)
+    facts = core.plan_facts(list(running.argv), dict(running.env))
     model = os.path.basename(inputs.model_path)
     wanted = inputs.preset.chat.reasoning_effort or ""
     with StateDB(state_dir) as db:
@@ -90,10 +151,9 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
         result = await bench.run(bench.Engine(url, client), opts, setup, progress=progress,
                                  io_sampler=io_sampler)
     fp = core.plan_fingerprint(plan, inputs)
-    saved = False
-    if result.savable:
+    not_saved = core.not_saved_reason(result, changed)
+    if not not_saved:
         with StateDB(state_dir) as db:
             db.save_bench(SavedBench(name, result.to_json(), model, result.engine, fp,
                                      time.time()))
-        saved = True
-    return Outcome(result, saved, fp, url)
+    return Outcome(result, not not_saved, fp, url, not_saved)

@@ -94,7 +94,7 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
 
     from . import benchcore
     from .bench import Options
-    from .benchrun import measure, planned, sampler_here
+    from .benchrun import measure, planned, sampler_here, started_here
 
     def progress(phase: str, step: int, steps: int) -> None:
         print(f"  [{step}/{steps}] {phase}", file=sys.stderr, flush=True)
@@ -104,15 +104,17 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
         print(f"lokid: benchmark of {preset}, {opts.mode} mode: prompt ~{prompt} tokens, "
               f"{predict} generated", file=sys.stderr, flush=True)
     plan_and_inputs = planned(config_dir, paths.state_dir(), preset)
+    running = started_here(paths.runtime_dir(), preset)  # None: as the preset plans it now
     # the thrash hint (full mode): the engine's process, found in /proc by its port
-    sampler = sampler_here(plan_and_inputs[0].port) if full else None
+    port = (running or plan_and_inputs[0]).port
+    sampler = sampler_here(port) if full else None
     out = asyncio.run(measure(config_dir, paths.state_dir(), preset, opts, progress,
-                              io_sampler=sampler, plan_and_inputs=plan_and_inputs))
+                              io_sampler=sampler, plan_and_inputs=plan_and_inputs,
+                              running=running))
     if as_json:
-        print(json.dumps({"result": out.result.to_json(keep_hint=True), "saved": out.saved,
-                          "fingerprint": out.fingerprint, "url": out.url}, indent=2))
+        print(json.dumps(out.reply(), indent=2))
     else:
-        print("\n".join(benchcore.report(out.result)))
+        print("\n".join(benchcore.report(out.result, out.not_saved)))
     return 0
 
 

@@ -320,7 +320,7 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
         return EXIT_OK
     result = benchcore.result_from_json(data["result"])
     print(f"{name}: {mode} benchmark at {data.get('url', '')}")
-    print("\n".join(benchcore.report(result)))
+    print("\n".join(benchcore.report(result, str(data.get("not_saved_reason", "")))))
     return EXIT_OK
 
 

@@ -170,6 +170,8 @@ class Daemon:
         try:
             planned = await asyncio.to_thread(benchrun.planned, self.config_dir,
                                               self.registry.state_dir, name)
+            # The runner says the engine is ready: the runtime plan is its start's.
+            running = await asyncio.to_thread(benchrun.started, self.runtime_dir, name)
             assert self.runner is not None
             # The thrash hint, read where the runner can: the unit's cgroup under systemd
             # (lokid.service may not look into the loki user's processes), the child's
@@ -183,13 +185,15 @@ class Daemon:
                            predict=predict or benchcore.DEFAULT_PREDICT)
             log.info("preset %s: %s benchmark", name, mode)
             out = await benchrun.measure(self.config_dir, self.registry.state_dir, name, opts,
-                                         progress, io_sampler=sampler, plan_and_inputs=planned)
+                                         progress, io_sampler=sampler, plan_and_inputs=planned,
+                                         running=running)
         finally:
             self.benching.discard(name)
         if out.saved:
             await self._refresh(name)
-        return {"result": out.result.to_json(keep_hint=True), "saved": out.saved,
-                "fingerprint": out.fingerprint, "url": out.url}
+        else:
+            log.info("preset %s: benchmark not saved: %s", name, out.not_saved)
+        return out.reply()
 
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""

@@ -5,7 +5,9 @@ unit, by ``lokid run`` or by the daemon's local runner). The process is found
 the way ``ss -ltnp`` finds it: the listening socket's inode in
 ``/proc/net/tcp{,6}``, then the process holding that inode among its fds.
 The daemon's local runner knows its engine without a search: the child of the
-``lokid engine`` it spawned (:func:`children`).
+``lokid engine`` it spawned (:func:`children`). ``lokid bench`` also reads the
+engine's command line, to tell whether a runtime plan left in the runtime
+directory is the running engine's (:func:`lokid.benchrun.started_here`).
 
 ``/proc/<pid>/io`` needs ptrace access to the process: as another user
 without CAP_SYS_PTRACE it is unreadable, and the hint is simply absent. Under
@@ -39,6 +41,21 @@ def _listening_inodes(port: int) -> set[str]:
         except (OSError, StopIteration, IndexError, ValueError):
             continue
     return inodes
+
+
+def listening(port: int) -> bool:
+    """Whether some process listens on TCP ``port`` (whoever it is)."""
+    return bool(_listening_inodes(port))
+
+
+def cmdline(pid: int) -> list[str] | None:
+    """The command line of ``pid``, or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] or None
 
 
 def pid_listening_on(port: int) -> int | None:

@@ -128,6 +128,63 @@ def test_lokid_bench_measures_a_running_preset_and_saves_the_result(served: Serv
     assert r.returncode == 0 and "  Prefill " in r.stdout and "  [2/2] short line" in r.stderr
 
 
+CHANGED = ("the preset's plan changed since its engine started (its command line differs "
+           "now): restart it to keep a result")
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_preset_changed_since_its_engine_started_is_measured_but_not_saved(
+        tmp_path: Path, engine: str, models: Any) -> None:
+    config = write_config(tmp_path, engine, [models.dir])
+    port = free_port()
+    write_preset(config, "e", f'model = "llama.gguf"\nctx = 2048\nport = {port}\n')
+    assert Path(models.llama).exists()
+    env = {"LOKI_STATE_DIR": str(tmp_path / "state"), "LOKI_RUNTIME_DIR": str(tmp_path / "run")}
+
+    def lokid(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "lokid", "--config-dir", str(config),
+                               *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+
+    def bench_json() -> dict[str, Any]:
+        r = lokid("bench", "e", "--prompt", "300", "--predict", "16", "--json")
+        assert r.returncode == 0, r.stderr
+        out: dict[str, Any] = json.loads(r.stdout)
+        return out
+
+    # started as its unit starts it: prestart writes the runtime plan, engine runs it
+    r = lokid("prestart", "e")
+    assert r.returncode == 0, r.stderr
+    with running([sys.executable, "-m", "lokid", "engine", "e"], tmp_path / "engine.log",
+                 env=env, port=port) as eng:
+        out = bench_json()
+        assert out["saved"] and out["not_saved_reason"] == ""
+
+        write_preset(config, "e", f'model = "llama.gguf"\nctx = 4096\nport = {port}\n')
+        out = bench_json()
+        assert not out["saved"] and out["not_saved_reason"] == CHANGED
+        assert out["url"] == eng.url and out["result"]["prompt_n"] > 0  # still measured
+        with StateDB(env["LOKI_STATE_DIR"]) as db:
+            assert db.bench("e", fingerprint=out["fingerprint"]) is None
+        r = lokid("bench", "e", "--prompt", "300", "--predict", "16")
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == f"  (not saved: {CHANGED})"
+
+        # a new port too: the engine is found where it was started, and measured there
+        write_preset(config, "e", f'model = "llama.gguf"\nctx = 4096\nport = {free_port()}\n')
+        out = bench_json()
+        assert out["url"] == eng.url and not out["saved"]
+
+    # stopped, its runtime plan stays behind (/run/loki keeps the plans of every preset);
+    # `lokid run` writes none, and the leftover is not the plan of what runs now
+    write_preset(config, "e", f'model = "llama.gguf"\nctx = 4096\nport = {port}\n')
+    assert (tmp_path / "run" / "e.json").exists()
+    with running([sys.executable, "-m", "lokid", "--config-dir", str(config), "run", "e"],
+                 tmp_path / "run.log", env=env, port=port):
+        out = bench_json()
+        assert out["saved"] and out["not_saved_reason"] == ""
+
+
 def test_lokid_bench_without_a_running_engine_says_how_to_start_it(
         tmp_path: Path, engine: str, models: Any) -> None:
     config = write_config(tmp_path, engine, [models.dir])

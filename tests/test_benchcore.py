@@ -117,6 +117,28 @@ def test_a_partial_result_is_shown_not_saved_and_its_hint_is_never_kept() -> Non
     assert Result(mode=core.QUICK).savable
 
 
+CHANGED = ("the preset's plan changed since its engine started (its command line differs "
+           "now): restart it to keep a result")
+
+
+def test_a_start_that_is_no_longer_the_presets_is_not_saved_and_says_why() -> None:
+    argv, env = ["/e", "-m", "/m.gguf", "-c", "2048"], {"CUDA_VISIBLE_DEVICES": "0"}
+    assert core.start_differs(argv, env, tuple(argv), dict(env)) == ""
+    assert core.start_differs([*argv[:-1], "4096"], env, argv, env) == CHANGED
+    assert "(its environment differs now)" in core.start_differs(argv, {}, argv, env)
+    assert "(its command line and environment differ now)" in core.start_differs(
+        argv[:-2], {}, argv, env)
+    r = Result(mode=core.QUICK)
+    assert core.not_saved_reason(r) == "" and core.not_saved_reason(r, CHANGED) == CHANGED
+    assert core.report(r, CHANGED)[-1] == f"  (not saved: {CHANGED})"
+    assert "not saved" not in "\n".join(core.report(r))
+    partial = Result(mode=core.FULL, depth=Depth(ctx=16384, target=7648,
+                                                 partial="context full after 1 turn(s)"))
+    assert core.not_saved_reason(partial, CHANGED) == (
+        f"{CHANGED}; the result is partial (context full after 1 turn(s)): only a complete "
+        "one is kept")
+
+
 def test_the_report_says_n_a_for_what_the_engine_did_not_say() -> None:
     r = Result(mode=core.FULL, prompt_n=2000, prompt_ms=1000, prompt_per_second=2000,
                predicted_n=300, predicted_ms=3000, predicted_per_second=100,

@@ -165,7 +165,8 @@ def test_host_unreachable_is_a_clear_error(tmp_path: Path) -> None:
     assert "cannot reach lokid on gpu-7 over ssh" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_bench_through_the_daemon_with_progress_and_the_saved_result(daemon: str) -> None:
+def test_bench_through_the_daemon_with_progress_and_the_saved_result(daemon: str,
+                                                                     tmp_path: Path) -> None:
     r = lokictl(daemon, "bench", "tiny")
     assert r.returncode == 1 and "preset 'tiny' is inactive, not ready" in r.stderr, r.stderr
     assert lokictl(daemon, "start", "tiny", "--wait").returncode == 0
@@ -184,6 +185,19 @@ def test_bench_through_the_daemon_with_progress_and_the_saved_result(daemon: str
         out = json.loads(r.stdout)
         # a 2048-token context is too small for the depth phase: skipped, and saved
         assert out["result"]["depth"]["skipped"].startswith("a context of 2048 tokens")
-        assert out["saved"] is True
+        assert out["saved"] is True and out["not_saved_reason"] == ""
+
+        # the preset edited since its engine started: what runs is measured, not kept
+        preset = tmp_path / "config" / "presets" / "tiny.toml"
+        preset.write_text(preset.read_text().replace("ctx = 2048", "ctx = 4096"))
+        r = lokictl(daemon, "bench", "tiny", "--prompt", "300", "--predict", "16")
+        assert r.returncode == 0, r.stderr
+        changed = ("the preset's plan changed since its engine started (its command line "
+                   "differs now): restart it to keep a result")
+        assert r.stdout.splitlines()[-1] == f"  (not saved: {changed})", r.stdout
+        out = json.loads(lokictl(daemon, "bench", "tiny", "--prompt", "300", "--predict",
+                                 "16", "--json").stdout)
+        assert out["saved"] is False and out["not_saved_reason"] == changed
+        assert out["result"]["prompt_n"] > 0
     finally:
         lokictl(daemon, "stop", "tiny", "--wait")

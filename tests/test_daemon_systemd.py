@@ -291,7 +291,21 @@ def test_bench_over_the_bus_reaches_the_engine_from_the_sandbox(lk: LokidSystem)
                    "300", user="nobody")
         assert r.returncode != 0 and "not authorized by polkit for org.lokid.lokid1.bench" \
             in r.stderr, r.stderr
+        # the preset edited since its unit started: the daemon reads the start's runtime
+        # plan from its sandbox (/run/loki), measures what runs and keeps nothing
+        lk.preset("demo", 'ubatch = 256\nmodel = "llama.gguf"\n[spec]\nmode = "ngram"\n',
+                  port=lk.demo_port, reload=False)  # type: ignore[attr-defined]
+        r = busctl(ct, "--timeout=300", "call", BUS, PATH, MANAGER, "Bench", "ssuu", "demo",
+                   "quick", "16", "300", timeout=320)
+        assert r.returncode == 0, r.stderr
+        outcome = json.loads(r.stdout)["data"][0]
+        assert outcome["saved"]["data"] is False
+        assert outcome["not_saved_reason"]["data"] == (
+            "the preset's plan changed since its engine started (its command line differs "
+            "now): restart it to keep a result")
     finally:
+        lk.preset("demo", 'model = "llama.gguf"\n[spec]\nmode = "ngram"\n',
+                  port=lk.demo_port, reload=False)  # type: ignore[attr-defined]
         busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo")
         wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
 

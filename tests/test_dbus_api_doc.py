@@ -46,3 +46,13 @@ def test_every_interface_and_member_is_described() -> None:
         for el in [iface, *[e for e in iface if e.tag in ("property", "method", "signal")]]:
             docs = [a for a in el if a.tag == "annotation" and a.get("name") == DOCSTRING]
             assert docs and len(docs[0].get("value", "")) > 10, el.get("name")
+
+
+def test_every_key_of_the_bench_reply_is_documented() -> None:
+    from lokid.benchcore import Result
+    from lokid.benchrun import Outcome
+
+    (bench,) = [m for m in documented()["org.lokid.Lokid1.Manager"] if m.get("name") == "Bench"]
+    text = next(a.get("value", "") for a in bench if a.get("name") == DOCSTRING)
+    for key in Outcome(Result("quick"), False, "0" * 16, "http://127.0.0.1:1").reply():
+        assert f" {key} (" in text, key

@@ -33,11 +33,14 @@ def test_the_process_listening_on_a_port_and_its_io() -> None:
         sampler = procio.sampler_for_port(port)
         assert sampler is not None and asyncio.run(sampler()) is not None
         assert server.pid in procio.children(os.getpid())
+        assert procio.listening(port)
+        assert procio.cmdline(server.pid) == [sys.executable, "-m", "http.server", str(port),
+                                              "--bind", "127.0.0.1"]
     finally:
         server.terminate()
         server.wait(10)
-    assert procio.pid_listening_on(port) is None
-    assert procio.sampler_for_port(port) is None
+    assert procio.pid_listening_on(port) is None and not procio.listening(port)
+    assert procio.sampler_for_port(port) is None and procio.cmdline(server.pid) is None
     assert procio.io_sample(2**22 + 7) is None
 
 
