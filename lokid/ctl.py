@@ -5,7 +5,7 @@ with ``--json``. ``bench <preset> [--full]`` runs the benchmark through the daem
 with a progress bar (``BenchProgress``) and prints the report. Verbs:
 ``start|stop|restart <preset> [--wait]`` (``--wait`` follows
 ``EngineStateChanged`` until the engine is ready or stopped, with a spinner
-showing the engine's STATUS text on a terminal) and ``clear-failures <preset>``.
+showing the engine's STATUS text on a terminal), ``reload`` and ``clear-failures <preset>``.
 
 ``--host [USER@]HOST[:PORT]`` reaches lokid on another machine the way
 ``busctl -H`` does: ``ssh -xT HOST systemd-stdio-bridge`` carries the system
@@ -324,6 +324,17 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
     return EXIT_OK
 
 
+async def cmd_reload(c: Client) -> int:
+    """Manager.Reload: the presets read again (and, under systemd, its drop-ins)."""
+    await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Reload")
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    count = len(props["Presets"])
+    print(f"presets read again: {count} preset{'s' if count != 1 else ''}")
+    for name, error in sorted(props["BrokenPresets"].items()):
+        print(f"  {name}: broken: {error}")
+    return EXIT_OK
+
+
 async def cmd_clear_failures(c: Client, name: str) -> int:
     (count,) = await c._call(await c.preset_path(name), PRESET_INTERFACE, "ClearFailures")
     print(f"{name}: {count} recorded failure{'s' if count != 1 else ''} of automatic "
@@ -359,6 +370,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="wait until the engine is ready (stopped, for stop)")
         s.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="with --wait: give up waiting after this long (exit 1)")
+    sub.add_parser("reload", help="read the presets again (after editing them)")
     s = sub.add_parser("clear-failures", help="forget the recorded failures of automatic "
                        "speculative decoding for a preset")
     s.add_argument("preset")
@@ -440,6 +452,8 @@ async def _main(args: argparse.Namespace) -> int:
             return await cmd_verb(client, command, str(args.preset), bool(args.wait), timeout)
         if command == "clear-failures":
             return await cmd_clear_failures(client, str(args.preset))
+        if command == "reload":
+            return await cmd_reload(client)
         if command == "bench":
             from .benchcore import MAX_TOKENS
 

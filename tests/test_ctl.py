@@ -125,6 +125,17 @@ def test_a_failed_start_exits_1_with_the_reason(daemon: str) -> None:
         "already in use" in r.stderr, r.stderr
 
 
+def test_reload_reads_the_presets_again(daemon: str, tmp_path: Path, models: Any) -> None:
+    assert lokictl(daemon, "show", "later").returncode == 4
+    write_preset(tmp_path / "config", "later", f'model = "{Path(models.llama).name}"\n')
+    r = lokictl(daemon, "reload")
+    assert r.returncode == 0, r.stderr
+    # tiny, busy and later; broken is listed with its error
+    assert r.stdout.startswith("presets read again: 3 presets\n"), r.stdout
+    assert "  broken: broken: " in r.stdout and "ctx" in r.stdout, r.stdout
+    assert json.loads(lokictl(daemon, "show", "later", "--json").stdout)["Name"] == "later"
+
+
 def test_clear_failures(daemon: str) -> None:
     r = lokictl(daemon, "clear-failures", "tiny")
     assert r.returncode == 0 and "tiny: 0 recorded failures" in r.stdout, r.stderr

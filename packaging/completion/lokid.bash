@@ -50,7 +50,7 @@ _lokictl() {
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan|start|stop|restart|clear-failures|bench) cmd="${words[i]}"; break ;;
+            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
@@ -58,7 +58,7 @@ _lokictl() {
         -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --timeout|--address|--predict|--prompt) return ;;
     esac
-    local verbs="status presets show plan start stop restart clear-failures bench"
+    local verbs="status presets show plan start stop restart reload clear-failures bench"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
         status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
