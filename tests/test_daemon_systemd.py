@@ -91,6 +91,10 @@ def test_the_daemon_starts_on_the_first_call_and_serves_the_presets(lk: LokidSys
     r = busctl(ct, "get-property", BUS, PATH, MANAGER, "Presets")
     assert r.returncode == 0, r.stderr  # D-Bus activation started lokid.service
     assert json.loads(r.stdout)["data"] == ["/org/lokid/Lokid1/preset/demo"]
+    # The daemon answers as soon as it owns its name and sends READY=1 right after;
+    # systemd reads that datagram on its own schedule, which can come after this call's
+    # reply: the unit may still say "activating" for a moment (seen in CI).
+    ct.wait_for("lokid.service", "active", timeout=30)
     props = lk.ct.run(["systemctl", "show", "lokid.service", "-p", "ActiveState,MainPID,"
                        "StatusText"]).stdout
     assert "ActiveState=active" in props and "StatusText=serving 1 presets" in props
