@@ -82,6 +82,7 @@ bench: setup
 	$(PY) benchmarks/readiness.py
 	$(PY) benchmarks/dbus_api.py
 	$(PY) benchmarks/bench_vs_llama_bench.py
+	$(PY) benchmarks/deb_install.py
 
 clean:
 	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from systemd_harness import REPO
+from systemd_harness import REPO, Container
 
 TARGET = "trixie"   # Debian 13, the current stable: what the package is for
 SUITES = (TARGET, "bookworm")   # and Debian 12, which it keeps working on
@@ -76,3 +77,47 @@ def copy_tree(dest: Path) -> Path:
     if unpack.wait() != 0 or pack.wait() != 0:
         raise RuntimeError("copying the working tree failed")
     return src
+
+
+@dataclass
+class Build:
+    """What :func:`build_in_container` made: ``rc`` is dpkg-buildpackage's status."""
+
+    suite: str
+    version: str
+    rc: int
+    log: str
+    deb: Path                    # the release
+    next_deb: Path | None        # the same tree as a later version (the upgrade), if asked
+    lintian: str = ""
+    lintian_rc: int = 0
+    smoke: Path = Path()         # debian/tests/smoke of the tree that was built
+
+
+def build_in_container(suite: str, work: Path, next_suffix: str = "") -> Build:
+    """``dpkg-buildpackage -us -uc -b`` of a copy of the working tree in a container of
+    ``suite``, then its lintian on the result; with ``next_suffix``, the same tree again
+    as version <version><next_suffix> (for an upgrade). The .debs land in ``work``."""
+    src = copy_tree(work)
+    found = re.match(r"lokid \((.+?)\)", (src / "debian" / "changelog").read_text())
+    if not found:
+        raise RuntimeError("debian/changelog does not start with lokid (VERSION)")
+    v = found.group(1)
+    with Container(suite=suite, packages=build_packages(), rw_binds={"/build": str(work)}) as ct:
+        r = ct.run(["sh", "-c", "cd /build/lokid && dpkg-buildpackage -us -uc -b 2>&1"],
+                   check=False, timeout=900)
+        b = Build(suite, v, r.returncode, r.stdout, work / f"lokid_{v}_all.deb", None,
+                  smoke=src / "debian" / "tests" / "smoke")
+        if r.returncode != 0:
+            return b
+        arch = ct.run(["dpkg", "--print-architecture"]).stdout.strip()
+        lint = ct.run(["lintian", "--fail-on", "error,warning", "--display-info",
+                       f"/build/lokid_{v}_{arch}.changes"], check=False, timeout=600)
+        b.lintian, b.lintian_rc = lint.stdout + lint.stderr, lint.returncode
+        if next_suffix:
+            # The changelog's first line names the version: the next build is that +suffix.
+            ct.run(["sh", "-c", "cp -a /build/lokid /build/next && cd /build/next && "
+                    f"sed -i '1s/({re.escape(v)})/({v}{next_suffix})/' debian/changelog && "
+                    "dpkg-buildpackage -us -uc -b >/build/next.log 2>&1"], timeout=900)
+            b.next_deb = work / f"lokid_{v}{next_suffix}_all.deb"
+    return b

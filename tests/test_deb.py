@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from debpkg import PYTHON, SUITES, build_packages, copy_tree, runtime_packages
+from debpkg import PYTHON, SUITES, Build, build_in_container, runtime_packages
 from enginekit import engine_binary, free_port
 from systemd_harness import Container, _say
 
@@ -38,44 +38,18 @@ ENGINE_DIR = "/opt/engine"
 MODEL_DIR = "/srv/models"
 
 
-@dataclass
-class Build:
-    suite: str
-    version: str
-    deb: Path            # the release
-    next_deb: Path       # the same tree, a later version: the upgrade
-    log: str
-    lintian: str
-    lintian_rc: int
-
-
 @pytest.fixture(scope="module", params=SUITES)
 def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Build:
     """dpkg-buildpackage -us -uc -b in a container of the release, lintian on the result."""
     suite: str = request.param
-    work = tmp_path_factory.mktemp(f"deb-{suite}")
-    src = copy_tree(work)
-    version = re.match(r"lokid \((.+?)\)", (src / "debian" / "changelog").read_text())
-    assert version, "debian/changelog does not start with lokid (VERSION)"
-    v = version.group(1)
-    with Container(suite=suite, packages=build_packages(), rw_binds={"/build": str(work)}) as ct:
-        r = ct.run(["sh", "-c", "cd /build/lokid && dpkg-buildpackage -us -uc -b 2>&1"],
-                   check=False, timeout=900)
-        assert r.returncode == 0, f"dpkg-buildpackage failed on {suite}:\n{r.stdout[-6000:]}"
-        arch = ct.run(["dpkg", "--print-architecture"]).stdout.strip()
-        lint = ct.run(["lintian", "--fail-on", "error,warning", "--display-info",
-                       f"/build/lokid_{v}_{arch}.changes"], check=False, timeout=600)
-        # The upgrade: the same tree as the next version (the changelog's first line).
-        ct.run(["sh", "-c", "cp -a /build/lokid /build/next && cd /build/next && "
-                f"sed -i '1s/({re.escape(v)})/({v}{NEXT})/' debian/changelog && "
-                "dpkg-buildpackage -us -uc -b >/build/next.log 2>&1"], timeout=900)
-    return Build(suite, v, work / f"lokid_{v}_all.deb", work / f"lokid_{v}{NEXT}_all.deb",
-                 r.stdout, lint.stdout + lint.stderr, lint.returncode)
+    b = build_in_container(suite, tmp_path_factory.mktemp(f"deb-{suite}"), NEXT)
+    assert b.rc == 0, f"dpkg-buildpackage failed on {suite}:\n{b.log[-6000:]}"
+    return b
 
 
 def test_the_package_builds_and_its_build_time_tests_pass_on_the_release(build: Build
                                                                          ) -> None:
-    assert build.deb.is_file() and build.next_deb.is_file()
+    assert build.deb.is_file() and build.next_deb is not None and build.next_deb.is_file()
     # pybuild ran the modules that need only Debian's libraries, with the release's Python.
     assert f"{PYTHON[build.suite]} -m pytest" in build.log, build.log[-3000:]
     passed = re.search(r"=+ (\d+) passed", build.log)
@@ -168,7 +142,7 @@ def test_apt_installs_it_with_its_dependencies_from_debian(system: System) -> No
 
 def test_the_autopkgtest_smoke_test_passes_on_the_installed_package(system: System) -> None:
     ct = system.ct
-    smoke = (system.build.deb.parent / "lokid" / "debian" / "tests" / "smoke").read_text()
+    smoke = system.build.smoke.read_text()
     r = ct.run(["sh", "-c", smoke], check=False, timeout=120,
                env={"AUTOPKGTEST_TMP": "/tmp"})
     assert r.returncode == 0 and "smoke: ok" in r.stdout, r.stdout + r.stderr
@@ -243,6 +217,7 @@ def test_an_upgrade_restarts_the_daemon_and_leaves_the_engine_running(system: Sy
     ct = system.ct
     daemon, engine = main_pid(ct, "lokid.service"), main_pid(ct, "loki-engine@demo.service")
     assert daemon and engine
+    assert system.build.next_deb is not None
     apt(ct, "install", f"/debs/{system.build.next_deb.name}")
     version = ct.run(["dpkg-query", "-W", "-f", "${Version}", "lokid"]).stdout
     assert version == system.build.version + NEXT
@@ -290,6 +265,6 @@ def test_a_reinstall_works(system: System) -> None:
     assert ct.systemctl("is-enabled", "lokid.service").stdout.strip() == "enabled"
     assert ct.systemctl("is-active", "lokid.service").stdout.strip() == "active"
     assert ct.run(["stat", "-c", "%U", "/var/lib/loki"]).stdout.strip() == "loki"
-    smoke = (system.build.deb.parent / "lokid" / "debian" / "tests" / "smoke").read_text()
+    smoke = system.build.smoke.read_text()
     r = ct.run(["sh", "-c", smoke], check=False, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
