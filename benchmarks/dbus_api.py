@@ -42,7 +42,7 @@ from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
 from enginekit import NotifyListener, tiny_config  # noqa: E402
 
-from lokid.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
+from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
 
 BUS_DAEMON = ("org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus")
 
@@ -121,7 +121,7 @@ async def start_until_ready(address: str) -> float:
 
 def raw_ready_s(argv: list[str], port: int) -> float:
     """The same engine command line, started directly, until /health answers 200."""
-    from lokid.supervisor import health_status
+    from lokid.engine.supervisor import health_status
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -178,7 +178,7 @@ def main() -> int:
             time.sleep(args.idle)
             idle = (proc_cpu_s(daemon.pid) - cpu0) / (time.monotonic() - t0) * 100
 
-            from lokid.gather import make_plan
+            from lokid.engine.gather import make_plan
 
             argv = make_plan(str(config), "tiny").argv
             raw = statistics.median(raw_ready_s(argv, port) for _ in range(3))

@@ -1,4 +1,4 @@
-"""lokid.modelinfo.probe_model against gguf.GGUFReader on a Qwen-scale header.
+"""lokid.core.modelinfo.probe_model against gguf.GGUFReader on a Qwen-scale header.
 
 Usage: .venv/bin/python benchmarks/probe_vs_ggufreader.py [--probe-runs N]
        [--reader-runs N] [--min-ratio R]

@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from enginekit import free_port, tiny_config  # noqa: E402
 
-from lokid.supervisor import health_status  # noqa: E402
-from lokid.unit import prestart  # noqa: E402
+from lokid.engine.supervisor import health_status  # noqa: E402
+from lokid.engine.unit import prestart  # noqa: E402
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

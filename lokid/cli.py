@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 
-from . import __version__, paths
-from .errors import BusyError, LokiError, PortBusyError
-from .runtime import journal_log
+from . import __version__
+from .core import paths
+from .core.errors import BusyError, LokiError, PortBusyError
+from .engine.runtimedir import journal_log
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -31,8 +32,8 @@ EXIT_BUSY = 1
 def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import json
 
-    from .gather import make_plan
-    from .plan import format_plan
+    from .core.plan import format_plan
+    from .engine.gather import make_plan
 
     plan = make_plan(config_dir, preset)
     if as_json:
@@ -43,21 +44,21 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
 
 
 def cmd_run(config_dir: str, preset: str) -> int:
-    from .gather import make_plan
-    from .run import run_plan
+    from .engine.foreground import run_plan
+    from .engine.gather import make_plan
 
     return run_plan(make_plan(config_dir, preset))
 
 
 def cmd_prestart(config_dir: str, preset: str) -> int:
-    from .unit import prestart
+    from .engine.unit import prestart
 
     prestart(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
     return 0
 
 
 def cmd_engine(preset: str) -> int:
-    from .unit import engine
+    from .engine.unit import engine
 
     return engine(paths.state_dir(), paths.runtime_dir(), preset)
 
@@ -67,7 +68,7 @@ def cmd_watch() -> int:
     import asyncio
     import signal
 
-    from .journalwatch import JournalWatcher
+    from .engine.journalwatch import JournalWatcher
 
     async def watch() -> None:
         loop = asyncio.get_running_loop()
@@ -92,9 +93,9 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
     import asyncio
     import json
 
-    from . import benchcore
-    from .bench import Options
-    from .benchrun import measure, planned, sampler_here, started_here
+    from .bench.measure import measure, planned, sampler_here, started_here
+    from .bench.protocol import Options
+    from .core import benchrules as benchcore
 
     def progress(phase: str, step: int, steps: int) -> None:
         print(f"  [{step}/{steps}] {phase}", file=sys.stderr, flush=True)
@@ -119,14 +120,14 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
 
 
 def cmd_daemon(config_dir: str, bus: str, bus_address: str | None, runner: str) -> int:
-    from .daemon import main as daemon_main
+    from .dbus.daemon import main as daemon_main
 
     return daemon_main(config_dir, paths.state_dir(), paths.runtime_dir(), bus, bus_address,
                        runner)
 
 
 def cmd_generate(config_dir: str, dirs: list[str]) -> int:
-    from .generator import generate
+    from .engine.generator import generate
 
     # systemd passes three directories (normal, early, late); by hand, one is enough.
     generate(config_dir, dirs[0])

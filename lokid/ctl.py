@@ -31,8 +31,7 @@ from typing import Any
 from dbus_fast import BusType, DBusError, Variant
 from dbus_fast.aio import MessageBus
 
-from .buscall import call
-from .names import (
+from .core.names import (
     BUS_NAME,
     ERROR_PREFIX,
     MANAGER_INTERFACE,
@@ -40,6 +39,7 @@ from .names import (
     PRESET_INTERFACE,
     preset_of_object_path,
 )
+from .engine.buscall import call
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
@@ -286,7 +286,7 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
     """Benchmark the preset's ready engine; progress from BenchProgress, then the report."""
     from dbus_fast import Message, MessageType
 
-    from . import benchcore
+    from .core import benchrules as benchcore
 
     await c.preset_path(name)  # NotFound before anything runs
     tty = sys.stderr.isatty()
@@ -455,7 +455,7 @@ async def _main(args: argparse.Namespace) -> int:
         if command == "reload":
             return await cmd_reload(client)
         if command == "bench":
-            from .benchcore import MAX_TOKENS
+            from .core.benchrules import MAX_TOKENS
 
             if not (0 <= args.predict <= MAX_TOKENS and 0 <= args.prompt <= MAX_TOKENS):
                 raise CtlError(f"--predict and --prompt: 0 to {MAX_TOKENS}", EXIT_USAGE)

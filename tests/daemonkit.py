@@ -12,8 +12,8 @@ from typing import Any
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 
-from lokid.daemon import Daemon
-from lokid.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
+from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
+from lokid.dbus.daemon import Daemon
 
 
 class Running:

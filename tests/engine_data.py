@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lokid.caps import EngineCaps, parse_caps
+from lokid.core.caps import EngineCaps, parse_caps
 
 DATA = Path(__file__).parent / "data" / "engine"
 ENGINE = "/usr/bin/llama-server"

@@ -1,4 +1,4 @@
-"""The benchmark protocol (lokid.bench) against the real llama-server, and its failure cases
+"""lokid.bench.protocol against the real llama-server, and its failure cases
 against a small fake engine written for them.
 
 The real engine serves the generated tiny llama with lokid's own plan: quick mode,
@@ -23,10 +23,11 @@ import httpx
 import pytest
 from enginekit import free_port, running, write_config, write_preset
 
-from lokid import bench, benchrun
-from lokid import benchcore as core
-from lokid.gather import make_plan
-from lokid.state import StateDB
+from lokid.bench import measure as benchrun
+from lokid.bench import protocol as bench
+from lokid.core import benchrules as core
+from lokid.engine.gather import make_plan
+from lokid.engine.state import StateDB
 
 
 async def run_against(url: str, opts: bench.Options, setup: bench.Setup | None = None,

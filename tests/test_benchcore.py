@@ -1,4 +1,4 @@
-"""The benchmark's pure rules (lokid.benchcore): depth, corpus cuts, reuse, hints, fingerprint."""
+"""lokid.core.benchrules, the benchmark rules: depth, corpus cuts, reuse, hints, fingerprints."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lokid import benchcore as core
-from lokid.benchcore import Depth, Draft, Result, Turn
+from lokid.core import benchrules as core
+from lokid.core.benchrules import Depth, Draft, Result, Turn
 
 
 def turn(new: int = 100, cached: int | None = None, expected: int = 0,

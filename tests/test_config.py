@@ -1,4 +1,4 @@
-"""lokid.config: typed values from valid files; for bad ones, a message naming where and what."""
+"""lokid.core.config: typed values from valid files; for bad ones, where and what is wrong."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lokid import config as cfg
-from lokid.errors import ConfigError, NotFoundError
+from lokid.core import config as cfg
+from lokid.core.errors import ConfigError, NotFoundError
 
 
 def write(root: Path, rel: str, text: str) -> Path:

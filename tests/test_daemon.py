@@ -1,6 +1,6 @@
 """The daemon's read-only D-Bus API on a private real dbus-daemon, with the real engine.
 
-In-process tests run lokid.daemon.Daemon in the test's event loop and talk to it
+In-process tests run lokid.dbus.daemon.Daemon in the test's event loop and talk to it
 with a dbus-fast client; one test runs `lokid daemon` as a process and checks
 readiness (READY=1 only once the name is owned) and SIGHUP reloads with busctl.
 """
@@ -22,8 +22,8 @@ from daemonkit import Running
 from dbus_fast import DBusError
 from enginekit import NotifyListener, write_config, write_preset
 
-from lokid import __version__, dbusapi
-from lokid.names import (
+from lokid import __version__
+from lokid.core.names import (
     BUS_NAME,
     ERROR_PREFIX,
     MANAGER_INTERFACE,
@@ -31,7 +31,8 @@ from lokid.names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
-from lokid.state import Mark, StateDB
+from lokid.dbus import interfaces as dbusapi
+from lokid.engine.state import Mark, StateDB
 
 pytestmark = pytest.mark.engine
 
@@ -132,15 +133,15 @@ async def test_a_recorded_verdict_is_served_and_signalled(running: Running, tmp_
     # what the journal watcher does for an auto launch with layers in RAM:
     # record the failure for the mark the next start would use, then tell the daemon
     view = running.daemon.registry.get("mtp")
-    from lokid.gather import gather
-    from lokid.plan import build_plan, fingerprint
+    from lokid.core.plan import build_plan, fingerprint
+    from lokid.engine.gather import gather
 
     inputs = gather(running.daemon.registry.config_dir, "mtp")
     mark = Mark(fingerprint(build_plan(inputs), inputs.model), inputs.caps.path,
                 inputs.caps.build)
     with StateDB(str(tmp_path / "state")) as db:
         db.record_failure("mtp", mark, "only 0/3 layers on GPU with the draft")
-    from lokid.journalwatch import AutoCut
+    from lokid.engine.journalwatch import AutoCut
 
     running.daemon._on_verdict(AutoCut("mtp", "inv", "only 0/3 layers on GPU with the draft"))
     deadline = time.monotonic() + 20

@@ -2,7 +2,7 @@
 private real dbus-daemon.
 
 On a session bus the daemon runs ``lokid prestart`` and ``lokid engine`` as its own
-children (lokid.localrunner); these tests drive it only through D-Bus and check what
+children (lokid.engine.local_runner); these tests drive it only through D-Bus and check what
 an operator would see: EngineStateChanged in order, the properties, the engine
 answering HTTP, restarts after a crash, and the refusals.
 """
@@ -28,8 +28,7 @@ from dbus_fast.aio import MessageBus
 from enginekit import free_port, write_config, write_preset
 from polkit_standin import PolkitStandIn
 
-from lokid import localrunner
-from lokid.names import (
+from lokid.core.names import (
     BUS_NAME,
     ERROR_PREFIX,
     MANAGER_INTERFACE,
@@ -37,8 +36,9 @@ from lokid.names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
-from lokid.state import StateDB
-from lokid.supervisor import resident_kib
+from lokid.engine import local_runner as localrunner
+from lokid.engine.state import StateDB
+from lokid.engine.supervisor import resident_kib
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -197,7 +197,7 @@ async def test_what_cannot_start_is_refused_with_a_reason(running: Running, name
 
 
 async def test_clear_failures_forgets_the_recorded_cut(running: Running, tmp_path: Path) -> None:
-    from lokid.state import Mark
+    from lokid.engine.state import Mark
 
     with StateDB(str(tmp_path / "state")) as db:
         db.record_failure("plain", Mark("f" * 16, "/e", 1), "layers in RAM")

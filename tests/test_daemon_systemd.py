@@ -321,7 +321,7 @@ import asyncio, json, sys
 sys.path.insert(0, "/opt/lokid")
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
-from lokid.sdrunner import SystemdRunner
+from lokid.engine.systemd_runner import SystemdRunner
 async def main():
     bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
     sampler = await SystemdRunner(bus, lambda *a: None).io_sampler(sys.argv[1])

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lokid.dbusapi import ManagerInterface, PresetInterface
-from lokid.registry import Registry
+from lokid.dbus.interfaces import ManagerInterface, PresetInterface
+from lokid.dbus.registry import Registry
 
 DOC = Path(__file__).resolve().parent.parent / "data" / "dbus" / "org.lokid.Lokid1.xml"
 DOCSTRING = "org.gtk.GDBus.DocString"
@@ -49,8 +49,8 @@ def test_every_interface_and_member_is_described() -> None:
 
 
 def test_every_key_of_the_bench_reply_is_documented() -> None:
-    from lokid.benchcore import Result
-    from lokid.benchrun import Outcome
+    from lokid.bench.measure import Outcome
+    from lokid.core.benchrules import Result
 
     (bench,) = [m for m in documented()["org.lokid.Lokid1.Manager"] if m.get("name") == "Bench"]
     text = next(a.get("value", "") for a in bench if a.get("name") == DOCSTRING)

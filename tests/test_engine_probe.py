@@ -1,4 +1,4 @@
-"""lokid.caps and lokid.engineprobe: the real engine's --help/--version, and the recorded ones."""
+"""lokid.core.caps, lokid.engine.probe: the real engine's --help/--version, and recorded ones."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from engine_data import B11434, B11434_HELP, DATA
 
-from lokid import engineprobe
-from lokid.caps import parse_flags, parse_version
-from lokid.errors import EngineError
+from lokid.core.caps import parse_flags, parse_version
+from lokid.core.errors import EngineError
+from lokid.engine import probe as engineprobe
 
 pytestmark = pytest.mark.engine
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from enginekit import free_port, running, write_config, write_preset
 
-from lokid.gather import make_plan
-from lokid.plan import Plan
+from lokid.core.plan import Plan
+from lokid.engine.gather import make_plan
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

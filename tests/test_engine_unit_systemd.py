@@ -21,7 +21,7 @@ import pytest
 from lokid_install import GENERATED_DIR, STATE_DB, LokidSystem, install, unit
 from systemd_harness import Container
 
-from lokid.state import NEVER_ANSWERED
+from lokid.engine.state import NEVER_ANSWERED
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""lokid.enginelog: real llama-server lines → events, and the offload verdict of a load."""
+"""lokid.core.enginelog: real llama-server lines → events, and the offload verdict of a load."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lokid.enginelog import LoadTracker, last_offload, parse_line
+from lokid.core.enginelog import LoadTracker, last_offload, parse_line
 
 LOGS = Path(__file__).parent / "data" / "engine-logs"
 

@@ -1,4 +1,4 @@
-"""lokid.generator: per-preset drop-ins for loki-engine@<preset>.service."""
+"""lokid.engine.generator: per-preset drop-ins for loki-engine@<preset>.service."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from enginekit import write_config, write_preset
 
-from lokid.generator import BASE_START_TIMEOUT, MAX_START_TIMEOUT, generate, start_timeout
+from lokid.engine.generator import BASE_START_TIMEOUT, MAX_START_TIMEOUT, generate, start_timeout
 
 
 def dropin(out: Path, preset: str) -> str:

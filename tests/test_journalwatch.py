@@ -1,4 +1,4 @@
-"""lokid.journalwatch on real journal files: systemd-journal-remote turns export-format
+"""lokid.engine.journalwatch on real journal files: systemd-journal-remote turns export-format
 entries (recorded engine lines, as journald would store them) into a journal that
 systemd.journal.Reader reads, exactly as it reads the system journal."""
 
@@ -14,14 +14,14 @@ import pytest
 from enginekit import free_port, write_config, write_preset
 from systemd import journal
 
-from lokid.journalwatch import (
+from lokid.engine.journalwatch import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
     MESSAGE_FORMAT_UNKNOWN,
     JournalWatcher,
 )
-from lokid.state import StateDB
-from lokid.unit import prestart
+from lokid.engine.state import StateDB
+from lokid.engine.unit import prestart
 
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 LOGS = Path(__file__).parent / "data" / "engine-logs"
@@ -114,7 +114,7 @@ def test_layers_pushed_to_ram_on_an_auto_launch_cut_auto_next_time(setup: Setup)
 
 
 def db_mark(setup: Setup) -> Any:
-    from lokid.runtime import read_runtime_plan
+    from lokid.engine.runtimedir import read_runtime_plan
 
     return read_runtime_plan(setup.runtime, "p").mark
 

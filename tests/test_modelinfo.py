@@ -1,4 +1,4 @@
-"""lokid.modelinfo: the GGUF header probe, checked against gguf.GGUFReader.
+"""lokid.core.modelinfo: the GGUF header probe, checked against gguf.GGUFReader.
 
 Every generated fixture is probed and compared field by field with what the
 gguf package's own (slow, complete) reader says about the same file; broken
@@ -19,9 +19,9 @@ from conftest import Models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lokid import modelinfo
-from lokid.errors import ModelError
-from lokid.modelinfo import ModelInfo, probe_model
+from lokid.core import modelinfo
+from lokid.core.errors import ModelError
+from lokid.core.modelinfo import ModelInfo, probe_model
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""lokid.plan: argv order, the environment lokid adds, and the JSON form."""
+"""lokid.core.plan: argv order, the environment lokid adds, and the JSON form."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from engine_data import B11434, ENGINE
 from test_spec import MTP, PLAIN
 
-from lokid.config import GlobalConfig, Preset, SpecConfig
-from lokid.plan import PlanInputs, build_plan
+from lokid.core.config import GlobalConfig, Preset, SpecConfig
+from lokid.core.plan import PlanInputs, build_plan
 
 GLOBAL = GlobalConfig(engine=ENGINE, model_dirs=("/m",), host="127.0.0.1", port=8080)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lokid import procio
+from lokid.engine import proc as procio
 
 
 def test_the_process_listening_on_a_port_and_its_io() -> None:

@@ -16,8 +16,8 @@ from dbus_fast import DBusError, PropertyAccess
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, dbus_property, method
 
-from lokid import benchcore as core
-from lokid.sdrunner import SYSTEMD, SYSTEMD_PATH, UNKNOWN, SystemdRunner
+from lokid.core import benchrules as core
+from lokid.engine.systemd_runner import SYSTEMD, SYSTEMD_PATH, UNKNOWN, SystemdRunner
 
 UNIT_PATH = SYSTEMD_PATH + "/unit/loki_2dengine_40demo_2eservice"
 

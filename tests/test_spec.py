@@ -1,4 +1,4 @@
-"""lokid.spec: every speculative-decoding rule, one test (or table row) per behaviour."""
+"""lokid.core.spec: every speculative-decoding rule, one test (or table row) per behaviour."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 from engine_data import B11434, SKULK_BUILD1, caps_build, caps_without
 
-from lokid.caps import EngineCaps
-from lokid.config import SpecConfig
-from lokid.modelinfo import ModelInfo
-from lokid.spec import NGRAM_ARGS, DraftInput, SpecInputs, SpecResult, plan_spec
+from lokid.core.caps import EngineCaps
+from lokid.core.config import SpecConfig
+from lokid.core.modelinfo import ModelInfo
+from lokid.core.spec import NGRAM_ARGS, DraftInput, SpecInputs, SpecResult, plan_spec
 
 PLAIN = ModelInfo(path="/m/plain.gguf", file_size=8 * 2**30, arch="llama", name="plain",
                   block_count=32, context_length=32768, nextn_predict_layers=0,

@@ -1,4 +1,4 @@
-"""lokid.state: the attempt token's peek/settle/clear semantics on a real SQLite file,
+"""lokid.engine.state: the attempt token's peek/settle/clear semantics on a real SQLite file,
 and its behaviour under concurrent real processes."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lokid import state as state_module
-from lokid.state import (
+from lokid.engine import state as state_module
+from lokid.engine.state import (
     FAILED_MAX,
     NEVER_ANSWERED,
     Mark,
@@ -185,7 +185,7 @@ def test_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
 
 WORKER = textwrap.dedent("""
     import sys
-    from lokid.state import Mark, StateDB, Verdict
+    from lokid.engine.state import Mark, StateDB, Verdict
     role, state, preset, fp, n = sys.argv[1:6]
     mark = Mark(fp, "/e", 1)
     with StateDB(state) as db:
@@ -238,7 +238,7 @@ def test_helpers_opening_a_new_state_db_at_once_all_succeed(tmp_path: Path) -> N
     of twelve processes each make that very likely to show."""
     for round_ in range(4):
         start = time.time() + 0.4  # every process opens the file at the same moment
-        code = ("import sys, time; from lokid.state import StateDB\n"
+        code = ("import sys, time; from lokid.engine.state import StateDB\n"
                 f"time.sleep(max(0, {start} - time.time()))\n"
                 "StateDB(sys.argv[1]).close()")
         procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / str(round_))],

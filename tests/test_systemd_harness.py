@@ -100,9 +100,9 @@ def test_lokid_imports_with_debian_python(systemd_container: Container) -> None:
     # Debian package of lokid will run on.
     r = systemd_container.run([
         "python3", "-c",
-        "import sys; sys.path.insert(0, '/opt/lokid'); import lokid.plan; "
+        "import sys; sys.path.insert(0, '/opt/lokid'); import lokid.core.plan; "
         "import httpx, tomlkit, systemd.daemon, dbus_fast, sdnotify; "
-        "print(lokid.plan.__file__)"])
+        "print(lokid.core.plan.__file__)"])
     assert r.stdout.strip() == "/opt/lokid/lokid/plan.py"
 
 

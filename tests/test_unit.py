@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from enginekit import NotifyListener, free_port, write_config, write_preset
 
-from lokid.errors import PortBusyError
-from lokid.runtime import StalePlanError, read_runtime_plan
-from lokid.state import NEVER_ANSWERED, StateDB
-from lokid.unit import prestart
+from lokid.core.errors import PortBusyError
+from lokid.engine.runtimedir import StalePlanError, read_runtime_plan
+from lokid.engine.state import NEVER_ANSWERED, StateDB
+from lokid.engine.unit import prestart
 
 pytestmark = pytest.mark.engine
 
@@ -234,7 +234,7 @@ def test_engine_helper_refuses_a_plan_of_another_invocation(dirs: Dirs, models: 
     ("gpu1.lan", "http://gpu1.lan:8080"),
 ])
 def test_the_ready_url_is_one_a_client_can_use(host: str, url: str) -> None:
-    from lokid.supervisor import engine_url
+    from lokid.engine.supervisor import engine_url
 
     assert engine_url(host, 8080) == url
 
@@ -263,7 +263,7 @@ def test_a_missed_sigterm_is_sent_again_and_the_stop_stays_clean(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from lokid import supervisor
+    from lokid.engine import supervisor
 
     monkeypatch.setattr(supervisor, "STOP_RESEND", 0.5)
     port = free_port()

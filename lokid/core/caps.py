@@ -1,6 +1,6 @@
 """Engine capabilities: what a llama-server binary knows, from its ``--help`` and ``--version``.
 
-Parsing only (pure): running the binary is :mod:`lokid.engineprobe`'s job.
+Parsing only (pure): running the binary is :mod:`lokid.engine.probe`'s job.
 The spec guards look at the help text rather than at a version number,
 because a self-built engine or a fork may report any build and still lack a
 flag, or have it.

@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .attempt import NEVER_ANSWERED, Mark, Verdict, verdict
-from .errors import LokiError
+from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
+from ..core.errors import LokiError
 
 __all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateError", "Failure",
            "SavedBench"]
@@ -61,7 +61,7 @@ _MIGRATIONS = [
         PRIMARY KEY (preset, mark)
     );
     """,
-    # 2: benchmark results (lokid.benchcore): the last complete one of each preset,
+    # 2: benchmark results (lokid.core.benchrules): the last complete one of each preset,
     # with what it measured, and the last complete one overall.
     """
     CREATE TABLE bench (

@@ -1,7 +1,7 @@
 """``lokid run <preset>``: the engine in the foreground, no systemd needed.
 
 Plan, check the port is free, then the same supervisor as the unit's
-``lokid engine`` (:mod:`lokid.supervisor`): the engine's output goes straight
+``lokid engine`` (:mod:`lokid.engine.supervisor`): the engine's output goes straight
 to our stdout/stderr, "ready" is printed with the URL once ``/health``
 answers 200, Ctrl-C or SIGTERM stop it cleanly, and the exit status is the
 engine's.
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from .errors import PortBusyError
-from .plan import Plan
+from ..core.errors import PortBusyError
+from ..core.plan import Plan
 from .supervisor import Launch, supervise
 
 

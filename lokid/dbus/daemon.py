@@ -9,19 +9,19 @@ reported and skipped, the others stay served) and, under systemd, rerun the
 generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
 stop the daemon.
 
-Engines are run by a runner (:mod:`lokid.engines`): through systemd's D-Bus
+Engines are run by a runner (:mod:`lokid.engine.runner`): through systemd's D-Bus
 API when systemd is the system manager and the daemon is on the system bus
-(:mod:`lokid.sdrunner`), else as the daemon's own children
-(:mod:`lokid.localrunner`). Their changes become the preset objects'
+(:mod:`lokid.engine.systemd_runner`), else as the daemon's own children
+(:mod:`lokid.engine.local_runner`). Their changes become the preset objects'
 ``State``/``Status``/``SpecActive`` properties, the manager's
 ``ActivePresets`` and the ``EngineStateChanged`` signal.
 
 Layers-in-RAM verdicts come from the engines' output: the journal watcher
-(:mod:`lokid.journalwatch`) under systemd, the local runner's pipes
+(:mod:`lokid.engine.journalwatch`) under systemd, the local runner's pipes
 otherwise. A verdict is recorded in the state DB, the preset is planned again
 and ``VerdictRecorded`` is emitted.
 
-Verbs are authorised per call (:mod:`lokid.authz`) before they run.
+Verbs are authorised per call (:mod:`lokid.dbus.authz`) before they run.
 """
 
 from __future__ import annotations
@@ -36,17 +36,17 @@ from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
+from ..core.errors import LokiError
+from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
+from ..engine.runner import LIVE, EngineState, Runner
+from ..engine.runtimedir import StalePlanError, read_runtime_plan
+from ..engine.state import StateDB
+from ..engine.supervisor import Notifier
 from .authz import MANAGE_GROUP, Authority
-from .dbusapi import ManagerInterface, PresetInterface
-from .engines import LIVE, EngineState, Runner
-from .errors import LokiError
-from .names import BUS_NAME, OBJECT_PATH, preset_object_path
+from .interfaces import ManagerInterface, PresetInterface
 from .registry import Registry
-from .runtime import StalePlanError, read_runtime_plan
-from .state import StateDB
-from .supervisor import Notifier
 
-log = logging.getLogger("lokid.daemon")
+log = logging.getLogger("lokid.dbus.daemon")
 
 
 class DaemonError(LokiError):
@@ -146,12 +146,13 @@ class Daemon:
         return count
 
     async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]:
-        """Benchmark the preset's ready engine (lokid.benchrun); BenchProgress on the way."""
+        """Benchmark the preset's ready engine (lokid.bench.measure); BenchProgress on the way."""
         from dbus_fast import DBusError
 
-        from . import benchcore, benchrun
-        from .bench import Options
-        from .errors import BusyError, EngineError
+        from ..bench import measure as benchrun
+        from ..bench.protocol import Options
+        from ..core import benchrules as benchcore
+        from ..core.errors import BusyError, EngineError
 
         if mode not in (benchcore.QUICK, benchcore.FULL):
             raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
@@ -283,15 +284,15 @@ class Daemon:
 
     def _make_runner(self) -> Runner:
         assert self.bus is not None
-        from .sdrunner import SystemdRunner, systemd_reachable
+        from ..engine.systemd_runner import SystemdRunner, systemd_reachable
 
         kind = self.runner_kind
         if kind == "auto":
             kind = "systemd" if systemd_reachable(self.bus_type == BusType.SYSTEM) else "local"
         if kind == "systemd":
             return SystemdRunner(self.bus, self._on_engine)
-        from .journalwatch import LoadJudge
-        from .localrunner import LocalRunner
+        from ..engine.journalwatch import LoadJudge
+        from ..engine.local_runner import LocalRunner
 
         def judge_log(message: str, **fields: Any) -> None:
             log.warning("%s", message)
@@ -303,7 +304,7 @@ class Daemon:
 
     def _start_watcher(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            from .journalwatch import JournalWatcher
+            from ..engine.journalwatch import JournalWatcher
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict)

@@ -7,19 +7,19 @@ the way ``ss -ltnp`` finds it: the listening socket's inode in
 The daemon's local runner knows its engine without a search: the child of the
 ``lokid engine`` it spawned (:func:`children`). ``lokid bench`` also reads the
 engine's command line, to tell whether a runtime plan left in the runtime
-directory is the running engine's (:func:`lokid.benchrun.started_here`).
+directory is the running engine's (:func:`lokid.bench.measure.started_here`).
 
 ``/proc/<pid>/io`` needs ptrace access to the process: as another user
 without CAP_SYS_PTRACE it is unreadable, and the hint is simply absent. Under
 systemd the daemon reads the unit's cgroup counters instead
-(:meth:`lokid.sdrunner.SystemdRunner.io_sampler`).
+(:meth:`lokid.engine.systemd_runner.SystemdRunner.io_sampler`).
 """
 
 from __future__ import annotations
 
 import os
 
-from .benchcore import IOSample, IOSampler
+from ..core.benchrules import IOSample, IOSampler
 from .supervisor import resident_kib
 
 RSS = "engine RSS"

@@ -12,7 +12,7 @@ what ``loki-engine@.service`` would run, with the unit's semantics:
   told by SO_PASSCRED credentials);
 - the engine's stdout and stderr through one pipe that the event loop drains
   continuously into the daemon's log and into the same line parser as the
-  journal watcher (:class:`lokid.journalwatch.LoadJudge`), so layers pushed to
+  journal watcher (:class:`lokid.engine.journalwatch.LoadJudge`), so layers pushed to
   RAM cut automatic speculation here too;
 - restart on failure after :data:`RESTART_SEC`, at most :data:`START_LIMIT`
   failed starts in :data:`START_WINDOW` seconds (the unit's Restart=on-failure,
@@ -46,12 +46,12 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .engines import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
-from .names import SYSLOG_IDENTIFIER, engine_unit
+from ..core.names import SYSLOG_IDENTIFIER, engine_unit
+from .runner import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
 from .supervisor import DIE_WITH_PARENT, die_with_parent
 
 if TYPE_CHECKING:
-    from .benchcore import IOSampler
+    from ..core.benchrules import IOSampler
 
 log = logging.getLogger("lokid.local")
 engine_log = logging.getLogger("lokid.engine")
@@ -207,7 +207,7 @@ class LocalRunner(Runner):
 
     async def io_sampler(self, preset: str) -> IOSampler | None:
         """The engine process's own counters: the one child of its supervisor."""
-        from .procio import children, sampler_for_pid
+        from .proc import children, sampler_for_pid
 
         eng = self.engines.get(preset)
         proc = eng.proc if eng is not None else None

@@ -14,7 +14,7 @@ engine's progress comes as ``EngineStateChanged`` and ``PropertiesChanged``.
 
 Deny by default: every exported method declares who may call it with
 :func:`access`: ``READ`` (anyone; the bus policy lets anyone call those) or
-a polkit action, checked by :mod:`lokid.authz` before the method runs. A
+a polkit action, checked by :mod:`lokid.dbus.authz` before the method runs. A
 test walks the interfaces and fails on a method that does not declare one.
 Preset names are checked at the boundary (the preset file name rule, so
 at most 64 characters) before anything else sees them.
@@ -33,11 +33,10 @@ from typing import Any, Protocol, TypeVar
 from dbus_fast import DBusError, PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
-from . import __version__
-from .config import valid_preset_name
-from .engines import EngineState
-from .errors import LokiError, NotFoundError
-from .names import (
+from .. import __version__
+from ..core.config import valid_preset_name
+from ..core.errors import LokiError, NotFoundError
+from ..core.names import (
     ACTION_BENCH,
     ACTION_MANAGE,
     ERROR_PREFIX,
@@ -45,6 +44,7 @@ from .names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
+from ..engine.runner import EngineState
 from .registry import PresetView, Registry
 
 log = logging.getLogger("lokid.dbus")

@@ -1,7 +1,7 @@
 """Who may call the verbs: polkit where it runs, else root or the ``loki`` group.
 
 Every method of the D-Bus API declares READ (anyone) or an action
-(:data:`lokid.names.ACTION_MANAGE`, :data:`lokid.names.ACTION_BENCH`). For an
+(:data:`lokid.core.names.ACTION_MANAGE`, :data:`lokid.core.names.ACTION_BENCH`). For an
 action, :meth:`Authority.check` asks, in order:
 
 1. the caller's uid, from the bus (``GetConnectionCredentials``): root and
@@ -34,11 +34,11 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageFlag, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
-from .buscall import call
-from .errors import PermissionDeniedError
-from .names import OBJECT_PATH
+from ..core.errors import PermissionDeniedError
+from ..core.names import OBJECT_PATH
+from ..engine.buscall import call
 
-log = logging.getLogger("lokid.authz")
+log = logging.getLogger("lokid.dbus.authz")
 
 DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"

@@ -1,6 +1,6 @@
 """The benchmark's rules, pure: protocol version 2 of Loki's ``llm_bench``, without the I/O.
 
-What :mod:`lokid.bench` sends and reads is decided here: the sizes of each
+What :mod:`lokid.bench.protocol` sends and reads is decided here: the sizes of each
 phase, how deep the full mode goes, how corpora are cut into never-repeating
 pieces, how cache reuse and draft acceptance are read from the engine's
 counters (never assumed), when a result is partial or measured a start
@@ -337,7 +337,7 @@ CPU_PLACEMENT_ENV = ("LLAMA_ARG_OVERRIDE_TENSOR", "LLAMA_ARG_CPU_MOE", "LLAMA_AR
 def plan_facts(argv: list[str], env: dict[str, str]) -> PlanFacts:
     """Ubatch, weights placed on CPU (depth capped), KV cache types, GPUs: flags win over
     the ``LLAMA_ARG_*`` environment, as in the engine."""
-    from .argscan import flag_value, has_flag
+    from .flags import flag_value, has_flag
 
     ub = flag_value(argv, "-ub", "--ubatch-size") or env.get("LLAMA_ARG_UBATCH", "")
     cpu = has_flag(argv, *CPU_PLACEMENT) or any(env.get(k) for k in CPU_PLACEMENT_ENV)

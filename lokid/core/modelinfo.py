@@ -538,7 +538,7 @@ _cache_lock = threading.Lock()
 
 
 def probe_model(path: str | os.PathLike[str]) -> ModelInfo:
-    """Read the GGUF header of ``path``; raise lokid.errors.ModelError on bad input.
+    """Read the GGUF header of ``path``; raise lokid.core.errors.ModelError on bad input.
 
     Results are cached by (real path, size, mtime): a file that is replaced or
     still growing is read again, an unchanged one is not.

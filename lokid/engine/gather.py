@@ -1,7 +1,7 @@
 """Collecting a plan's inputs from the host: config files, model headers, the engine, RAM.
 
 This is the I/O half of ``lokid plan``: it turns a preset name into
-:class:`lokid.plan.PlanInputs`, then :func:`lokid.plan.build_plan` decides.
+:class:`lokid.core.plan.PlanInputs`, then :func:`lokid.core.plan.build_plan` decides.
 Nothing here writes anything.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from . import config as cfg
-from .engineprobe import probe_engine
-from .errors import ConfigError, ModelError
-from .modelinfo import probe_model
-from .plan import Plan, PlanInputs, build_plan
-from .spec import DraftInput
+from ..core import config as cfg
+from ..core.errors import ConfigError, ModelError
+from ..core.modelinfo import probe_model
+from ..core.plan import Plan, PlanInputs, build_plan
+from ..core.spec import DraftInput
+from .probe import probe_engine
 
 
 def host_memory() -> int:

@@ -1,6 +1,6 @@
 """Asking an engine binary what it is: ``--version`` and ``--help``, cached per binary.
 
-An edge around :mod:`lokid.caps`: this module runs the binary (no shell, a
+An edge around :mod:`lokid.core.caps`: this module runs the binary (no shell, a
 timeout, a clean stdin), the parsing is pure. Results are cached by (path,
 size, mtime), so an engine upgraded in place is probed again.
 """
@@ -11,8 +11,8 @@ import os
 import shutil
 import subprocess
 
-from .caps import EngineCaps, parse_caps
-from .errors import EngineError
+from ..core.caps import EngineCaps, parse_caps
+from ..core.errors import EngineError
 
 PROBE_TIMEOUT = 60.0  # a CUDA build initialises its backends even for --help
 

@@ -2,10 +2,10 @@
 
 Two implementations, one contract:
 
-- :mod:`lokid.sdrunner` drives ``loki-engine@<preset>.service`` through
+- :mod:`lokid.engine.systemd_runner` drives ``loki-engine@<preset>.service`` through
   systemd's own D-Bus API (``org.freedesktop.systemd1``) and learns the
   engines' state from the units' ``PropertiesChanged`` signals;
-- :mod:`lokid.localrunner` runs ``lokid prestart`` and ``lokid engine`` as
+- :mod:`lokid.engine.local_runner` runs ``lokid prestart`` and ``lokid engine`` as
   the daemon's own children where no system manager is reachable, with the
   unit's semantics (attempt token, READY through a notify socket, restart on
   failure with a limit).
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .benchcore import IOSampler
+    from ..core.benchrules import IOSampler
 
 INACTIVE, LOADING, READY, FAILED, STOPPING = "inactive", "loading", "ready", "failed", "stopping"
 STATES = (INACTIVE, LOADING, READY, FAILED, STOPPING)

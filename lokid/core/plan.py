@@ -2,7 +2,7 @@
 
 :func:`build_plan` is a pure function. The argv is, in order: the engine,
 ``-m``, host, port, ``-c``, ``--mmproj``, ``-ngl``, ``-ub``; then the flags
-lokid adds for speculative decoding (:mod:`lokid.spec`); then the preset's
+lokid adds for speculative decoding (:mod:`lokid.core.spec`); then the preset's
 ``extra_args`` verbatim, last, so that the operator's own flags win. ``env``
 is what lokid adds to the engine's environment. ``notes`` say what was
 decided and why, one sentence each.
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .argscan import flag_value, has_flag
 from .caps import EngineCaps
 from .config import GlobalConfig, Preset
+from .flags import flag_value, has_flag
 from .modelinfo import ModelInfo
 from .spec import DraftInput, SpecInputs, plan_spec
 

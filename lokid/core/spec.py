@@ -26,9 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .argscan import flag_value, flag_values, has_flag, has_prefix
 from .caps import EngineCaps
 from .config import SpecConfig
+from .flags import flag_value, flag_values, has_flag, has_prefix
 from .modelinfo import ModelInfo
 
 MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")

@@ -3,7 +3,7 @@
 A reusable component (the daemon runs it; ``lokid watch`` runs it alone). It
 reads the journal of every ``loki-engine@*.service`` (matched by their
 common slice, ``system-loki\\x2dengine.slice``), tracks each start by
-``_SYSTEMD_INVOCATION_ID`` and feeds its lines to :mod:`lokid.enginelog`.
+``_SYSTEMD_INVOCATION_ID`` and feeds its lines to :mod:`lokid.core.enginelog`.
 When an invocation becomes ready (the supervisor's "ready at" entry) its load
 is judged: if automatic speculation was on and the model or its draft did not
 fully reach the GPU, --fit pushed layers to RAM to make room for the draft —
@@ -28,15 +28,15 @@ from typing import Any
 
 from systemd import journal
 
-from .enginelog import LoadTracker
-from .names import (
+from ..core.enginelog import LoadTracker
+from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
     MESSAGE_FORMAT_UNKNOWN,
     SYSLOG_IDENTIFIER,
     preset_of_unit,
 )
-from .runtime import StalePlanError, read_runtime_plan
+from .runtimedir import StalePlanError, read_runtime_plan
 from .state import StateDB
 
 READY_PREFIX = "ready at "

@@ -2,9 +2,9 @@
 
 ``prestart`` (ExecStartPre) plans the launch, refuses a busy port before
 touching any attempt token (peek, then settle), writes the plan of this
-invocation to ``$LOKI_RUNTIME_DIR/<preset>.json`` (:mod:`lokid.runtime`) and
+invocation to ``$LOKI_RUNTIME_DIR/<preset>.json`` (:mod:`lokid.engine.runtimedir`) and
 logs each note as its own journal entry. ``engine`` (ExecStart) reads that
-plan and supervises llama-server (:mod:`lokid.supervisor`); on READY it
+plan and supervises llama-server (:mod:`lokid.engine.supervisor`); on READY it
 clears its own attempt token, so the next start of the same configuration
 is allowed again.
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import os
 
-from .runtime import journal_log, read_runtime_plan, write_runtime_plan
+from .runtimedir import journal_log, read_runtime_plan, write_runtime_plan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .attempt import Mark, Verdict
-    from .plan import Plan, PlanInputs
+    from ..core.attempt import Mark, Verdict
+    from ..core.plan import Plan, PlanInputs
     from .state import StateDB
 
 
@@ -36,8 +36,8 @@ def decide(inputs: PlanInputs, db: StateDB) -> tuple[Plan, Mark, Verdict]:
     """
     from dataclasses import replace
 
-    from .attempt import Mark
-    from .plan import build_plan, fingerprint
+    from ..core.attempt import Mark
+    from ..core.plan import build_plan, fingerprint
 
     allowed = build_plan(inputs)
     mark = Mark(fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
@@ -49,8 +49,8 @@ def decide(inputs: PlanInputs, db: StateDB) -> tuple[Plan, Mark, Verdict]:
 def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
              environ: Mapping[str, str] | None = None) -> Plan:
     """Plan the launch of ``name``, settle its attempt token, write the runtime plan."""
+    from .foreground import check_port_free, describe
     from .gather import gather
-    from .run import check_port_free, describe
     from .state import StateDB
 
     environ = dict(os.environ if environ is None else environ)

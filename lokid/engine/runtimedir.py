@@ -11,14 +11,14 @@ import json
 import os
 import sys
 
-from .errors import LokiError
-from .names import SYSLOG_IDENTIFIER
+from ..core.errors import LokiError
+from ..core.names import SYSLOG_IDENTIFIER
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
     from typing import Any
 
-    from .attempt import Mark
+    from ..core.attempt import Mark
 
 RUNTIME_SUFFIX = ".json"
 
@@ -46,7 +46,7 @@ class RuntimePlan:
 
     @property
     def mark(self) -> Mark:
-        from .attempt import Mark
+        from ..core.attempt import Mark
 
         return Mark(str(self._mark["fingerprint"]), str(self._mark["engine"]),
                     int(self._mark["build"]))

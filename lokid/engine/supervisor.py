@@ -30,7 +30,7 @@ import signal
 import subprocess
 import time
 
-from .errors import EngineError
+from ..core.errors import EngineError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:

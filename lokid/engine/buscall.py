@@ -1,7 +1,7 @@
 """One D-Bus method call with dbus-fast's low-level API: the reply's body, or a DBusError.
 
-The daemon's authorisation (:mod:`lokid.authz`), its systemd runner
-(:mod:`lokid.sdrunner`) and ``lokictl`` call other services without proxy
+The daemon's authorisation (:mod:`lokid.dbus.authz`), its systemd runner
+(:mod:`lokid.engine.systemd_runner`) and ``lokictl`` call other services without proxy
 objects (no introspection round trip); this is the one place that turns an
 error reply into an exception with its name and message.
 """

@@ -9,7 +9,7 @@ configuration changed no longer shows an old result.
 
 What runs may be older than that plan: the preset edited since its engine
 started. The plan of the running start is the runtime plan ``lokid
-prestart`` wrote (:mod:`lokid.runtime`); when it is known, it gives the
+prestart`` wrote (:mod:`lokid.engine.runtimedir`); when it is known, it gives the
 engine's address and what the benchmark reads from the command line
 (ubatch, weights on CPU, KV types, GPUs), and when its command line or
 environment differ from the preset's plan now, the result is shown but not
@@ -28,14 +28,14 @@ from typing import Any
 
 import httpx
 
-from . import bench
-from . import benchcore as core
-from .errors import EngineError
-from .gather import gather
-from .plan import Plan, PlanInputs
-from .state import SavedBench, StateDB
-from .supervisor import engine_url
-from .unit import decide
+from ..core import benchrules as core
+from ..core.errors import EngineError
+from ..core.plan import Plan, PlanInputs
+from ..engine.gather import gather
+from ..engine.state import SavedBench, StateDB
+from ..engine.supervisor import engine_url
+from ..engine.unit import decide
+from . import protocol as bench
 
 
 @dataclass
@@ -65,7 +65,7 @@ class Started:
 
 def started(runtime_dir: str, name: str) -> Started | None:
     """The runtime plan of the preset's current or last start, or None (blocking, small)."""
-    from .runtime import StalePlanError, read_runtime_plan
+    from ..engine.runtimedir import StalePlanError, read_runtime_plan
 
     try:
         rp = read_runtime_plan(runtime_dir, name)
@@ -83,7 +83,7 @@ def started_here(runtime_dir: str, name: str) -> Started | None:
     none: a plan counts when something listens on its port and that process, where it
     can be seen (not another user's), runs the plan's command line.
     """
-    from . import procio
+    from ..engine import proc as procio
 
     found = started(runtime_dir, name)
     if found is None or not procio.listening(found.port):
@@ -104,7 +104,7 @@ def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInput
 def sampler_here(port: int) -> bench.IOSampler | None:
     """``lokid bench``: the engine's process found by its port in /proc (blocking), or None
     when it cannot be read (another user's, without CAP_SYS_PTRACE)."""
-    from .procio import sampler_for_port
+    from ..engine.proc import sampler_for_port
 
     return sampler_for_port(port)
 

@@ -26,11 +26,11 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from .benchcore import IOSample, IOSampler
+from ..core.benchrules import IOSample, IOSampler
+from ..core.errors import EngineError, LokiError, PermissionDeniedError
+from ..core.names import engine_unit
 from .buscall import call
-from .engines import EngineState, Listener, Runner, unit_state
-from .errors import EngineError, LokiError, PermissionDeniedError
-from .names import engine_unit
+from .runner import EngineState, Listener, Runner, unit_state
 
 log = logging.getLogger("lokid.systemd")
 

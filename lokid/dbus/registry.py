@@ -14,13 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import config as cfg
-from .benchcore import plan_fingerprint
-from .errors import ConfigError, LokiError, NotFoundError
-from .gather import gather
-from .names import engine_unit
-from .state import StateDB
-from .unit import decide
+from ..core import config as cfg
+from ..core.benchrules import plan_fingerprint
+from ..core.errors import ConfigError, LokiError, NotFoundError
+from ..core.names import engine_unit
+from ..engine.gather import gather
+from ..engine.state import StateDB
+from ..engine.unit import decide
 
 
 @dataclass(frozen=True)

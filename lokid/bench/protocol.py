@@ -3,14 +3,14 @@
 Quick mode: a discarded warm-up, then the short line (prose completed with
 code, ~2000 prompt tokens, ~300 generated, ``cache_prompt: false``, fixed
 seed) on ``/v1/chat/completions``. Full mode adds the depth phase: a cold
-prefill at depth D, then :data:`~lokid.benchcore.TURNS` turns, each adding
+prefill at depth D, then :data:`~lokid.core.benchrules.TURNS` turns, each adding
 ~2048 never-seen tokens of code to the same conversation (user → assistant
 → user, ``cache_prompt: true``), reading the reuse from the response.
 
 Every figure comes from the engine's own ``timings``: a non-200 answer or a
 response without timings fails the phase; a missing counter stays None. A
 request past its budget makes the depth phase partial. The rules (sizes,
-depth, reuse, partial) are in :mod:`lokid.benchcore`; this module only talks.
+depth, reuse, partial) are in :mod:`lokid.core.benchrules`; this module only talks.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from . import benchcore as core
-from . import benchcorpus
-from .errors import BusyError, LokiError
+from ..core import benchrules as core
+from ..core.errors import BusyError, LokiError
+from . import corpus as benchcorpus
 
 Progress = Callable[[str, int, int], None]
 IOSampler = core.IOSampler   # the engine's disk reads and memory, for the thrash hint

@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import sys
 
-from . import config as cfg
-from .errors import ConfigError
-from .names import engine_unit
+from ..core import config as cfg
+from ..core.errors import ConfigError
+from ..core.names import engine_unit
 
 DROPIN_NAME = "50-lokid-preset.conf"
 BASE_START_TIMEOUT = 120        # seconds for a model of unknown or tiny size
