@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from enginekit import engine_binary, free_port, running, write_config, write_preset  # noqa: E402
+from support.enginekit import engine_binary, free_port, running, write_config, write_preset  # noqa: E402
 
 from lokid import benchcore  # noqa: E402
 from lokid.bench.measure import measure  # noqa: E402
@@ -66,7 +66,7 @@ def main() -> int:
                     help="also lokid's full mode (16k context) against llama-bench at its depth")
     args = ap.parse_args()
 
-    from models import write_llama
+    from support.models import write_llama
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

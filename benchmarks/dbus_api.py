@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
-from enginekit import NotifyListener, tiny_config  # noqa: E402
+from support.enginekit import NotifyListener, tiny_config  # noqa: E402
 
 from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
 
@@ -121,7 +121,7 @@ async def start_until_ready(address: str) -> float:
 
 def raw_ready_s(argv: list[str], port: int) -> float:
     """The same engine command line, started directly, until /health answers 200."""
-    from lokid.engine.supervisor import health_status
+    from lokid.engine.endpoint import health_status
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -144,7 +144,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        from enginekit import free_port
+        from support.enginekit import free_port
 
         port = free_port()
         config = tiny_config(root, "tiny", f"port = {port}\n")

@@ -1,6 +1,6 @@
 """The Debian package on a fresh Debian 13: install to ready, against the raw engine.
 
-Builds the package in a trixie container (tests/debpkg.py, as tests/test_deb.py
+Builds the package in a trixie container (tests/support/debpkg.py, as tests/packaging/test_deb.py
 does), boots a bare trixie (systemd, dbus, apt, the engine's shared libraries),
 and measures, side by side in that one container:
 
@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from debpkg import build_in_container, runtime_packages  # noqa: E402
-from enginekit import engine_binary, free_port  # noqa: E402
-from models import write_llama  # noqa: E402
-from systemd_harness import Container  # noqa: E402
+from support.debpkg import build_in_container, runtime_packages  # noqa: E402
+from support.enginekit import engine_binary, free_port  # noqa: E402
+from support.models import write_llama  # noqa: E402
+from support.systemd_harness import Container  # noqa: E402
 
 ENGINE_DIR = "/opt/engine"
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))   # the fixture generators live with the tests
 
-import models  # noqa: E402
+from support import models  # noqa: E402
 
 from lokid import modelinfo  # noqa: E402
 

@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from enginekit import free_port, tiny_config  # noqa: E402
+from support.enginekit import free_port, tiny_config  # noqa: E402
 
-from lokid.engine.supervisor import health_status  # noqa: E402
+from lokid.engine.endpoint import health_status  # noqa: E402
 from lokid.engine.unit import prestart  # noqa: E402
 
 

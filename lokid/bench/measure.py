@@ -28,23 +28,25 @@ from typing import Any
 
 import httpx
 
-from ..core import benchrules as core
-from ..core.errors import EngineError
+from ..core import benchrules
+from ..core.address import engine_url
+from ..core.errors import EngineError, StalePlanError
+from ..core.iosample import IOSampler
 from ..core.plan import Plan, PlanInputs
-from ..engine.gather import gather
+from ..core.runtimeplan import RuntimePlan
+from ..engine.gather import decide, gather
+from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import SavedBench, StateDB
-from ..engine.supervisor import engine_url
-from ..engine.unit import decide
-from . import protocol as bench
+from . import protocol
 
 
 @dataclass
 class Outcome:
-    result: core.Result
+    result: benchrules.Result
     saved: bool
     fingerprint: str
     url: str
-    not_saved: str = ""   # why it is not saved (core.not_saved_reason), "" when saved
+    not_saved: str = ""   # why it is not saved (benchrules.not_saved_reason), "" when saved
 
     def reply(self) -> dict[str, Any]:
         """What ``Bench()`` returns and ``lokid bench --json`` prints."""
@@ -53,43 +55,28 @@ class Outcome:
                 "url": self.url}
 
 
-@dataclass(frozen=True)
-class Started:
-    """What the preset's engine was started with: its runtime plan."""
-
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    host: str
-    port: int
-
-
-def started(runtime_dir: str, name: str) -> Started | None:
+def started(runtime_dir: str, name: str) -> RuntimePlan | None:
     """The runtime plan of the preset's current or last start, or None (blocking, small)."""
-    from ..engine.runtimedir import StalePlanError, read_runtime_plan
-
     try:
-        rp = read_runtime_plan(runtime_dir, name)
-        return Started(tuple(str(a) for a in rp.plan["argv"]),
-                       {str(k): str(v) for k, v in dict(rp.plan["env"]).items()},
-                       rp.host, rp.port)
-    except (StalePlanError, KeyError, TypeError, ValueError):
+        return read_runtime_plan(runtime_dir, name)
+    except StalePlanError:
         return None
 
 
-def started_here(runtime_dir: str, name: str) -> Started | None:
+def started_here(runtime_dir: str, name: str) -> RuntimePlan | None:
     """``lokid bench``: the runtime plan when it is the running engine's (blocking: /proc).
 
     The runtime directory keeps the plan of a stopped unit, and ``lokid run`` writes
     none: a plan counts when something listens on its port and that process, where it
     can be seen (not another user's), runs the plan's command line.
     """
-    from ..engine import proc as procio
+    from ..engine import proc
 
     found = started(runtime_dir, name)
-    if found is None or not procio.listening(found.port):
+    if found is None or not proc.listening(found.port):
         return None
-    pid = procio.pid_listening_on(found.port)
-    argv = procio.cmdline(pid) if pid is not None else None
+    pid = proc.pid_listening_on(found.port)
+    argv = proc.cmdline(pid) if pid is not None else None
     return None if argv is not None and argv != list(found.argv) else found
 
 
@@ -101,7 +88,7 @@ def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInput
     return plan, inputs
 
 
-def sampler_here(port: int) -> bench.IOSampler | None:
+def sampler_here(port: int) -> IOSampler | None:
     """``lokid bench``: the engine's process found by its port in /proc (blocking), or None
     when it cannot be read (another user's, without CAP_SYS_PTRACE)."""
     from ..engine.proc import sampler_for_port
@@ -109,20 +96,22 @@ def sampler_here(port: int) -> bench.IOSampler | None:
     return sampler_for_port(port)
 
 
-async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Options,
-                  progress: bench.Progress | None = None,
-                  io_sampler: bench.IOSampler | None = None,
+async def measure(config_dir: str, state_dir: str, name: str, opts: protocol.Options,
+                  progress: protocol.Progress | None = None,
+                  io_sampler: IOSampler | None = None,
                   plan_and_inputs: tuple[Plan, PlanInputs] | None = None,
-                  running: Started | None = None) -> Outcome:
+                  running: RuntimePlan | None = None) -> Outcome:
     """Benchmark preset ``name``'s running engine, started as ``running`` says (None: as
     the preset's plan now); ``io_sampler`` reads its disk reads and memory for the thrash
     hint (see :func:`sampler_here`)."""
     plan, inputs = plan_and_inputs or planned(config_dir, state_dir, name)
-    if running is None:
-        running = Started(plan.argv, dict(plan.env), plan.host, plan.port)
-    changed = core.start_differs(plan.argv, plan.env, running.argv, running.env)
-    url = engine_url(running.host, running.port)
-    facts = core.plan_facts(list(running.argv), dict(running.env))
+    if running is not None:
+        argv, env, host, port = running.argv, running.env, running.host, running.port
+    else:  # lokid run writes no runtime plan: the preset's plan now stands for it
+        argv, env, host, port = plan.argv, dict(plan.env), plan.host, plan.port
+    changed = benchrules.start_differs(plan.argv, plan.env, argv, env)
+    url = engine_url(host, port)
+    facts = benchrules.plan_facts(argv, env, inputs.model.block_count)
     model = os.path.basename(inputs.model_path)
     wanted = inputs.preset.chat.reasoning_effort or ""
     with StateDB(state_dir) as db:
@@ -134,7 +123,7 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
         with StateDB(state_dir) as db:
             db.learn_effort(model, want, used)
 
-    setup = bench.Setup(ubatch=facts.ubatch, cpu_placed=facts.cpu_placed,
+    setup = protocol.Setup(ubatch=facts.ubatch, cpu_placed=facts.cpu_placed,
                         hybrid=inputs.model.hybrid, kv=facts.kv,
                         kv_quantized=facts.kv_quantized, gpus=facts.gpus,
                         effort=wanted if learned is None else learned,
@@ -148,10 +137,10 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: bench.Option
         if health != 200:
             raise EngineError(f"preset {name!r} has no ready engine at {url}: start it first "
                               f"(lokictl start {name}, or lokid run {name})")
-        result = await bench.run(bench.Engine(url, client), opts, setup, progress=progress,
+        result = await protocol.run(protocol.Engine(url, client), opts, setup, progress=progress,
                                  io_sampler=io_sampler)
-    fp = core.plan_fingerprint(plan, inputs)
-    not_saved = core.not_saved_reason(result, changed)
+    fp = benchrules.bench_fingerprint(plan, inputs)
+    not_saved = benchrules.not_saved_reason(result, changed)
     if not not_saved:
         with StateDB(state_dir) as db:
             db.save_bench(SavedBench(name, result.to_json(), model, result.engine, fp,

@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 
-from ..core import benchrules as core
-from ..core.errors import BusyError, LokiError
-from . import corpus as benchcorpus
+from ..core import benchrules
+from ..core.errors import BenchError, EngineBusyError, EngineHTTPError, RequestTimeout
+from ..core.iosample import IOSampler
+from . import corpus
 
 Progress = Callable[[str, int, int], None]
-IOSampler = core.IOSampler   # the engine's disk reads and memory, for the thrash hint
 
 ASK_PROSE = ("\n\nContinue this text with more than a thousand words of new, varied prose "
              "mixing the languages and subjects above.")
@@ -35,33 +35,11 @@ ASK_FIRST = "Summarise in a few sentences what this source file does."
 ASK_NEXT = "Write a short Python function inspired by this part, without explanation."
 
 
-class BenchError(LokiError):
-    """A phase of the benchmark failed: nothing is saved."""
-
-    dbus_name = LokiError.dbus_name.rsplit(".", 1)[0] + ".EngineFailed"
-
-
-class EngineBusyError(BusyError):
-    """The engine is serving another request: measuring now would measure the wait."""
-
-
-class EngineHTTPError(BenchError):
-    def __init__(self, method: str, path: str, status: int, body: str):
-        self.status = status
-        self.body = body
-        snippet = body.strip()[:300]
-        super().__init__(f"{method} {path}: HTTP {status} {snippet}")
-
-
-class RequestTimeout(BenchError):
-    """One request ran past its budget."""
-
-
 @dataclass
 class Options:
-    mode: str = core.QUICK
-    prompt: int = core.DEFAULT_PROMPT
-    predict: int = core.DEFAULT_PREDICT
+    mode: str = benchrules.QUICK
+    prompt: int = benchrules.DEFAULT_PROMPT
+    predict: int = benchrules.DEFAULT_PREDICT
 
 
 @dataclass
@@ -83,7 +61,7 @@ class Setup:
                 cache: bool) -> dict[str, Any]:
         p: dict[str, Any] = {"model": "lokid-bench", "messages": messages,
                              "max_tokens": max_tokens, "stream": False, "temperature": 0.7,
-                             "seed": core.SEED, "cache_prompt": cache, **self.sampling}
+                             "seed": benchrules.SEED, "cache_prompt": cache, **self.sampling}
         if self.effort:
             p["reasoning_effort"] = self.effort
         return p
@@ -93,7 +71,7 @@ class Engine:
     """The engine as the benchmark sees it."""
 
     def __init__(self, base_url: str, client: httpx.AsyncClient,
-                 budget: float = core.REQUEST_BUDGET):
+                 budget: float = benchrules.REQUEST_BUDGET):
         self.base = base_url.rstrip("/")
         self.client = client
         self.budget = budget
@@ -143,17 +121,17 @@ class Engine:
 
     async def bytes_per_token(self, sample: str) -> float:
         if not sample:
-            return core.FALLBACK_RATIO
+            return benchrules.FALLBACK_RATIO
         try:
             out = await self.request("POST", "/tokenize", {"content": sample}, timeout=30)
         except BenchError:
-            return core.FALLBACK_RATIO
+            return benchrules.FALLBACK_RATIO
         tokens = out.get("tokens") if isinstance(out, dict) else None
         if not tokens:
-            return core.FALLBACK_RATIO
+            return benchrules.FALLBACK_RATIO
         return len(sample) / len(tokens)
 
-    async def chat(self, payload: dict[str, Any]) -> core.Turn:
+    async def chat(self, payload: dict[str, Any]) -> benchrules.Turn:
         data = await self.request("POST", "/v1/chat/completions", payload)
         return turn_of(data)
 
@@ -163,7 +141,7 @@ def _num(d: Any, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def turn_of(data: Any) -> core.Turn:
+def turn_of(data: Any) -> benchrules.Turn:
     """The measured turn of a chat response. No timings, no measurement (Loki's v1
     invented a split of the elapsed time; nothing is estimated here)."""
     t = data.get("timings") if isinstance(data, dict) else None
@@ -184,13 +162,13 @@ def turn_of(data: Any) -> core.Turn:
     draft = None
     dn, da = _num(t, "draft_n"), _num(t, "draft_n_accepted")
     if dn is not None and da is not None and dn > 0:
-        draft = core.Draft(int(dn), int(da))
+        draft = benchrules.Draft(int(dn), int(da))
     total = _num(data.get("usage"), "prompt_tokens") or 0
     content = ""
     choices = data.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         content = str((choices[0].get("message") or {}).get("content") or "")
-    return core.Turn(new=int(prompt_n), prompt_ms=prompt_ms,
+    return benchrules.Turn(new=int(prompt_n), prompt_ms=prompt_ms,
                      prompt_per_second=rate(prompt_n, prompt_ms, _num(t, "prompt_per_second")),
                      predicted_n=int(predicted_n), predicted_ms=predicted_ms,
                      predicted_per_second=rate(predicted_n, predicted_ms,
@@ -200,7 +178,7 @@ def turn_of(data: Any) -> core.Turn:
 
 
 async def ask(engine: Engine, setup: Setup, messages: list[dict[str, str]], max_tokens: int,
-              cache: bool) -> core.Turn:
+              cache: bool) -> benchrules.Turn:
     """One chat request; a template refusing the preset's reasoning effort is retried
     once with the level it names (or without the field), and the translation learned."""
     try:
@@ -208,7 +186,7 @@ async def ask(engine: Engine, setup: Setup, messages: list[dict[str, str]], max_
     except EngineHTTPError as e:
         if setup.retried or not setup.effort:
             raise
-        fixed = core.effort_from_refusal(e.body, setup.effort)
+        fixed = benchrules.effort_from_refusal(e.body, setup.effort)
         if fixed is None:
             raise
         setup.retried = True
@@ -222,17 +200,17 @@ def user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
 
-async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = benchcorpus.PROSE,
+async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = corpus.PROSE,
               code: str | None = None, progress: Progress | None = None,
-              io_sampler: IOSampler | None = None) -> core.Result:
+              io_sampler: IOSampler | None = None) -> benchrules.Result:
     """The whole protocol. BenchError when a phase fails (nothing to save); a depth phase
     cut by its budget, the context or the corpus comes back partial, and says so."""
-    code = benchcorpus.code() if code is None else code
-    prompt_tokens = opts.prompt if opts.prompt > 0 else core.DEFAULT_PROMPT
-    predict = opts.predict if opts.predict > 0 else core.DEFAULT_PREDICT
-    full = opts.mode == core.FULL
+    code = corpus.code() if code is None else code
+    prompt_tokens = opts.prompt if opts.prompt > 0 else benchrules.DEFAULT_PROMPT
+    predict = opts.predict if opts.predict > 0 else benchrules.DEFAULT_PREDICT
+    full = opts.mode == benchrules.FULL
     await engine.idle()
-    steps = 2 + (1 + core.TURNS if full else 0)
+    steps = 2 + (1 + benchrules.TURNS if full else 0)
     step = 0
 
     def next_phase(name: str) -> None:
@@ -243,19 +221,19 @@ async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = bench
 
     t0 = time.monotonic()
     n_ctx, build = await engine.props()
-    result = core.Result(mode=core.FULL if full else core.QUICK, kv=setup.kv,
+    result = benchrules.Result(mode=benchrules.FULL if full else benchrules.QUICK, kv=setup.kv,
                          kv_quantized=setup.kv_quantized, engine=build, gpus=setup.gpus)
-    code_ratio = await engine.bytes_per_token(core.cut(code, 0, core.SAMPLE_BYTES)[0])
+    code_ratio = await engine.bytes_per_token(benchrules.cut(code, 0, benchrules.SAMPLE_BYTES)[0])
     prose_ratio = await engine.bytes_per_token(prose)
 
     # 1. Warm-up, discarded: first allocations, graphs, the model's pages. Taken from
     # the end of the code, far from what the depth phase reads.
     next_phase("warm-up")
-    warm_tok = core.warm_tokens(setup.ubatch, n_ctx)
-    warm_text, _ = core.cut(code, core.line_start(code, len(code) - int(warm_tok * code_ratio)),
-                            len(code))
+    warm_tok = benchrules.warm_tokens(setup.ubatch, n_ctx)
+    warm_start = benchrules.line_start(code, len(code) - int(warm_tok * code_ratio))
+    warm_text, _ = benchrules.cut(code, warm_start, len(code))
     try:
-        await ask(engine, setup, [user(warm_text + "\n\n" + ASK_FIRST)], core.WARM_GEN, False)
+        await ask(engine, setup, [user(warm_text + "\n\n" + ASK_FIRST)], benchrules.WARM_GEN, False)
     except BenchError as e:
         raise BenchError(f"warm-up: {e}") from None
 
@@ -263,11 +241,11 @@ async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = bench
     next_phase(f"short line ({prompt_tokens} + {predict} tokens)")
     text = prose
     if int(prompt_tokens * prose_ratio) < len(text):
-        text, _ = core.cut(text, 0, int(prompt_tokens * prose_ratio))
+        text, _ = benchrules.cut(text, 0, int(prompt_tokens * prose_ratio))
     else:
         rest = prompt_tokens - int(len(text) / prose_ratio)
         if rest > 0:
-            chunk, _ = core.cut(code, core.line_start(code, len(code) // 2),
+            chunk, _ = benchrules.cut(code, benchrules.line_start(code, len(code) // 2),
                                 int(rest * code_ratio))
             text += "\n\n" + chunk
     try:
@@ -280,22 +258,22 @@ async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = bench
     result.predicted_per_second = quick.predicted_per_second
     result.draft = quick.draft
     if full:
-        target, why = core.depth_for(n_ctx, setup.cpu_placed, warm_tok + core.WARM_GEN)
-        result.depth = core.Depth(ctx=n_ctx, target=target, skipped=why)
+        target, why = benchrules.depth_for(n_ctx, setup.cpu_placed, warm_tok + benchrules.WARM_GEN)
+        result.depth = benchrules.Depth(ctx=n_ctx, target=target, skipped=why)
         if not why:
             await _depth(engine, setup, code, code_ratio, result.depth, next_phase, io_sampler)
     result.elapsed = time.monotonic() - t0
     return result
 
 
-async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: core.Depth,
+async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: benchrules.Depth,
                  next_phase: Callable[[str], None], io_sampler: IOSampler | None) -> None:
     next_phase(f"cold prefill at depth ({depth.target} tokens)")
-    prefix, offset = core.cut(code, 0, int(depth.target * ratio))
+    prefix, offset = benchrules.cut(code, 0, int(depth.target * ratio))
     messages = [user("Here is a source file of lokid:\n\n```python\n" + prefix + "\n```\n\n"
                      + ASK_FIRST)]
     try:
-        cold = await ask(engine, setup, messages, core.GEN_TOKENS, False)
+        cold = await ask(engine, setup, messages, benchrules.GEN_TOKENS, False)
     except RequestTimeout:
         depth.partial = f"cold prefill interrupted after {engine.budget:.0f} s"
         return
@@ -308,20 +286,20 @@ async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: c
     io0 = await io_sampler() if io_sampler else None
     new = generated = 0
     prompt_ms = gen_ms = 0.0
-    for r in range(1, core.TURNS + 1):
-        if not core.next_turn_fits(prev, depth.ctx):
+    for r in range(1, benchrules.TURNS + 1):
+        if not benchrules.next_turn_fits(prev, depth.ctx):
             depth.partial = f"context full after {r - 1} turn(s)"
             break
-        chunk, next_offset = core.cut(code, offset, int(core.APPEND_TOKENS * ratio))
+        chunk, next_offset = benchrules.cut(code, offset, int(benchrules.APPEND_TOKENS * ratio))
         if not chunk:
             depth.partial = f"code corpus used up after {r - 1} turn(s)"
             break
         offset = next_offset
-        next_phase(f"turn {r}/{core.TURNS} at depth")
+        next_phase(f"turn {r}/{benchrules.TURNS} at depth")
         messages = [*messages, {"role": "assistant", "content": answer},
                     user("The file goes on:\n\n```python\n" + chunk + "\n```\n\n" + ASK_NEXT)]
         try:
-            turn = await ask(engine, setup, messages, core.GEN_TOKENS, True)
+            turn = await ask(engine, setup, messages, benchrules.GEN_TOKENS, True)
         except RequestTimeout:
             depth.partial = f"turn {r} interrupted after {engine.budget:.0f} s"
             break
@@ -329,7 +307,7 @@ async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: c
             raise BenchError(f"turn {r} at depth: {e}") from None
         turn.expected = prev
         depth.turns.append(turn)
-        depth.draft = core.add_draft(depth.draft, turn.draft)
+        depth.draft = benchrules.add_draft(depth.draft, turn.draft)
         new += turn.new
         prompt_ms += turn.prompt_ms
         generated += turn.predicted_n
@@ -339,7 +317,7 @@ async def _depth(engine: Engine, setup: Setup, code: str, ratio: float, depth: c
         depth.cached_per_second = new / (prompt_ms / 1000)
     if gen_ms > 0:
         depth.decode_per_second = generated / (gen_ms / 1000)
-    depth.reuse, depth.reuse_note = core.reuse(depth.turns, setup.hybrid)
+    depth.reuse, depth.reuse_note = benchrules.reuse(depth.turns, setup.hybrid)
     io1 = await io_sampler() if io0 is not None and io_sampler else None
     if io0 is not None and io1 is not None:
-        depth.hint = core.thrash_hint(io0, io1, generated)
+        depth.hint = benchrules.thrash_hint(io0, io1, generated)

@@ -17,11 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import flags
 from .config import EFFORT_LEVELS
+from .iosample import IOSample
 
 if TYPE_CHECKING:
     from .plan import Plan, PlanInputs
@@ -48,26 +50,6 @@ DEFAULT_PREDICT = 300
 MAX_TOKENS = 131072      # the most prompt or predicted tokens a caller may ask
 # Quantized KV cache types: a measurement with them is a grey zone against lossless ones.
 LOSSLESS_KV = frozenset({"f32", "f16", "bf16"})
-
-
-@dataclass(frozen=True)
-class IOSample:
-    """The engine's disk reads so far and its memory, for the thrash hint.
-
-    Where they come from depends on who runs the engine: ``/proc/<pid>/io`` and
-    the RSS of the process (``lokid bench``, the local runner), or the cgroup
-    counters systemd keeps for its unit. ``memory`` names which, since the two
-    are not the same figure; ``memory_bytes`` None: not known.
-    """
-
-    read_bytes: int
-    memory_bytes: int | None
-    memory: str
-
-
-# A sampler of the running engine: called before and after the turns at depth. None
-# when the figures cannot be read (then there is no hint, never an invented one).
-IOSampler = Callable[[], Awaitable[IOSample | None]]
 
 
 @dataclass
@@ -330,34 +312,29 @@ class PlanFacts:
     gpus: str
 
 
-CPU_PLACEMENT = ("-ot", "--override-tensor", "-cmoe", "--cpu-moe", "-ncmoe", "--n-cpu-moe")
-CPU_PLACEMENT_ENV = ("LLAMA_ARG_OVERRIDE_TENSOR", "LLAMA_ARG_CPU_MOE", "LLAMA_ARG_N_CPU_MOE")
-
-
-def plan_facts(argv: list[str], env: dict[str, str]) -> PlanFacts:
+def plan_facts(argv: Sequence[str], env: Mapping[str, str], block_count: int = 0) -> PlanFacts:
     """Ubatch, weights placed on CPU (depth capped), KV cache types, GPUs: flags win over
-    the ``LLAMA_ARG_*`` environment, as in the engine."""
-    from .flags import flag_value, has_flag
-
-    ub = flag_value(argv, "-ub", "--ubatch-size") or env.get("LLAMA_ARG_UBATCH", "")
-    cpu = has_flag(argv, *CPU_PLACEMENT) or any(env.get(k) for k in CPU_PLACEMENT_ENV)
-    k = flag_value(argv, "-ctk", "--cache-type-k") or env.get("LLAMA_ARG_CACHE_TYPE_K")
-    v = flag_value(argv, "-ctv", "--cache-type-v") or env.get("LLAMA_ARG_CACHE_TYPE_V")
+    the ``LLAMA_ARG_*`` environment, as in the engine. Weights on CPU are the planner's
+    answer (:func:`lokid.core.flags.placement`), for the model's ``block_count``."""
+    ub = flags.setting(argv, env, flags.UBATCH) or ""
+    cpu = flags.placement(argv, env, block_count).on_cpu
+    k = flags.setting(argv, env, flags.CACHE_TYPE_K)
+    v = flags.setting(argv, env, flags.CACHE_TYPE_V)
     label, quantized = kv_label(k, v)
     return PlanFacts(ubatch=int(ub) if ub.strip().isdigit() and int(ub) > 0 else 512,
-                     cpu_placed=cpu, kv=label, kv_quantized=quantized,
+                     cpu_placed=bool(cpu), kv=label, kv_quantized=quantized,
                      gpus=env.get("CUDA_VISIBLE_DEVICES", ""))
 
 
-def plan_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
+def bench_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
     """What a preset's saved result is kept under: its plan's configuration, the engine,
     and the ``[chat]`` settings the benchmark sent (sampling, reasoning effort)."""
-    from .plan import fingerprint as config_fingerprint
+    from .plan import config_fingerprint
 
-    facts = plan_facts(list(plan.argv), dict(plan.env))
-    return fingerprint({"plan": config_fingerprint(plan, inputs.model),
-                        "engine": inputs.caps.path, "chat": asdict(inputs.preset.chat)},
-                       facts.gpus)
+    facts = plan_facts(plan.argv, plan.env, inputs.model.block_count)
+    return digest({"plan": config_fingerprint(plan, inputs.model),
+                   "engine": inputs.caps.path, "chat": asdict(inputs.preset.chat)},
+                  facts.gpus)
 
 
 def start_differs(planned_argv: Sequence[str], planned_env: Mapping[str, str],
@@ -385,9 +362,10 @@ def not_saved_reason(r: Result, changed: str = "") -> str:
     return "; ".join(reasons)
 
 
-def fingerprint(config: dict[str, Any], gpus: str) -> str:
-    """What a saved result measured: the plan's configuration, the GPUs, the protocol.
-    A preset whose model, GPUs or arguments changed no longer matches its old result."""
+def digest(config: dict[str, Any], gpus: str) -> str:
+    """The hash :func:`bench_fingerprint` keeps a result under: the configuration, the
+    GPUs, the protocol. A preset whose model, GPUs or arguments changed, or a new
+    protocol, no longer matches an old result."""
     blob = json.dumps({"config": config, "gpus": gpus, "protocol": PROTOCOL},
                       sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

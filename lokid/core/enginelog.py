@@ -128,10 +128,3 @@ class LoadTracker:
         (self.current or self.before).feed(event)
         return event
 
-
-def last_offload(log: str) -> tuple[int, int]:
-    """The reference's ``lastOffload`` over a whole log text."""
-    tracker = LoadTracker()
-    for line in log.splitlines():
-        tracker.feed(line)
-    return tracker.current.offload() if tracker.current else (0, 0)

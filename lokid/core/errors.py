@@ -1,19 +1,30 @@
-"""The failure modes of lokid, one exception class each.
+"""Every failure mode lokid reports, one exception class each, and its D-Bus error name.
 
-Every class carries the D-Bus error name it will map to once the daemon
-exists, and a message written for the operator: what is wrong, where, and
-what would be valid. Nothing here formats a traceback.
+A message is written for the operator: what is wrong, where, and what would
+be valid; nothing here formats a traceback. :data:`DBUS_NAMES` is the one
+table from class to D-Bus error name (``org.lokid.Lokid1.Error.*``, or the
+bus's own ``InvalidArgs``); a subclass without an entry takes its nearest
+base's, and :func:`dbus_name` reads it. ``data/dbus/org.lokid.Lokid1.xml``
+documents the names and which method raises which; a test keeps the two
+in step.
 """
 
 from __future__ import annotations
 
 from .names import ERROR_PREFIX
 
+# The D-Bus error names, as callers (lokictl, busctl, a web console) match them.
+FAILED = ERROR_PREFIX + "Failed"
+NOT_FOUND = ERROR_PREFIX + "NotFound"
+INVALID_PRESET = ERROR_PREFIX + "InvalidPreset"
+PERMISSION_DENIED = ERROR_PREFIX + "PermissionDenied"
+BUSY = ERROR_PREFIX + "Busy"
+ENGINE_FAILED = ERROR_PREFIX + "EngineFailed"
+INVALID_ARGS = "org.freedesktop.DBus.Error.InvalidArgs"
+
 
 class LokiError(Exception):
-    """Base of every error lokid reports to a user."""
-
-    dbus_name = ERROR_PREFIX + "Failed"
+    """Base of every error lokid reports to a user (D-Bus: Failed)."""
 
 
 class ConfigError(LokiError):
@@ -21,8 +32,6 @@ class ConfigError(LokiError):
 
     ``path`` and ``line`` (when known) say where; ``key`` says which setting.
     """
-
-    dbus_name = ERROR_PREFIX + "InvalidPreset"
 
     def __init__(self, message: str, path: str = "", line: int | None = None, key: str = ""):
         self.path = path
@@ -43,34 +52,84 @@ class ConfigError(LokiError):
 class NotFoundError(LokiError):
     """A preset (or another named object) does not exist."""
 
-    dbus_name = ERROR_PREFIX + "NotFound"
-
 
 class ModelError(LokiError):
     """A model file is missing, truncated, corrupt or not a GGUF file."""
 
-    dbus_name = ERROR_PREFIX + "InvalidPreset"
-
 
 class EngineError(LokiError):
-    """The engine binary is missing, not executable, or failed."""
-
-    dbus_name = ERROR_PREFIX + "EngineFailed"
-
-
-class PortBusyError(LokiError):
-    """The preset's port is already taken by another process."""
-
-    dbus_name = ERROR_PREFIX + "Busy"
-
-
-class PermissionDeniedError(LokiError):
-    """The caller may not do this (only root, the loki group or polkit may manage engines)."""
-
-    dbus_name = ERROR_PREFIX + "PermissionDenied"
+    """The engine binary is missing, not executable, or failed; or the preset's engine is
+    not in the state a request needs (not ready for a benchmark, a job systemd refused)."""
 
 
 class BusyError(LokiError):
     """The object is busy with something that excludes the request."""
 
-    dbus_name = ERROR_PREFIX + "Busy"
+
+class PortBusyError(BusyError):
+    """The preset's port is already taken by another process."""
+
+
+class PermissionDeniedError(LokiError):
+    """The caller may not do this (only root, the loki group or polkit may manage engines)."""
+
+
+class InvalidArgsError(LokiError):
+    """A D-Bus caller passed an argument outside its documented range (a bench mode, a
+    token count)."""
+
+
+class StalePlanError(LokiError):
+    """The runtime plan of a start is missing, unreadable or belongs to another start."""
+
+
+class StateError(LokiError):
+    """The state DB cannot be opened or written."""
+
+
+class DaemonError(LokiError):
+    """The daemon cannot start (bus unreachable, name taken, engines not followed)."""
+
+
+class BenchError(LokiError):
+    """A phase of the benchmark failed: nothing is saved."""
+
+
+class EngineHTTPError(BenchError):
+    """The engine answered a benchmark request with an HTTP error."""
+
+    def __init__(self, method: str, path: str, status: int, body: str):
+        self.status = status
+        self.body = body
+        snippet = body.strip()[:300]
+        super().__init__(f"{method} {path}: HTTP {status} {snippet}")
+
+
+class RequestTimeout(BenchError):
+    """One benchmark request ran past its budget."""
+
+
+class EngineBusyError(BusyError):
+    """The engine is serving another request: measuring now would measure the wait."""
+
+
+DBUS_NAMES: dict[type[LokiError], str] = {
+    LokiError: FAILED,
+    ConfigError: INVALID_PRESET,
+    ModelError: INVALID_PRESET,
+    NotFoundError: NOT_FOUND,
+    EngineError: ENGINE_FAILED,
+    BenchError: ENGINE_FAILED,
+    BusyError: BUSY,
+    PermissionDeniedError: PERMISSION_DENIED,
+    InvalidArgsError: INVALID_ARGS,
+}
+
+
+def dbus_name(error: LokiError) -> str:
+    """The D-Bus error name of ``error``: its class's entry, else its nearest base's."""
+    for cls in type(error).__mro__:
+        name = DBUS_NAMES.get(cls)
+        if name is not None:
+            return name
+    return FAILED

@@ -1,12 +1,51 @@
-"""Reading llama-server flags out of an argument list (a preset's ``extra_args``).
+"""What llama-server's flags mean to lokid, in one place: reading them, and what they imply.
 
-Both spellings count: ``--flag value`` and ``--flag=value``. Values are not
-validated here; the engine does that.
+Reading: both spellings count, ``--flag value`` and ``--flag=value``; the last
+occurrence wins, as in the engine; a flag beats its ``LLAMA_ARG_*`` variable.
+Values are not validated here; the engine does that.
+
+Meaning, for the planner (:mod:`lokid.core.spec`) and the benchmark
+(:mod:`lokid.core.benchrules`) alike, so the two never contradict each other
+in front of the operator:
+
+- :func:`placement`: whether layer placement is set by hand (then ``--fit``,
+  which only adjusts *unset* arguments, cannot budget a draft's memory), and
+  whether some weights stay in RAM (a decode bound by RAM bandwidth; the
+  benchmark caps its depth);
+- :func:`spec_by_hand`: whether the operator configures speculation himself.
+
+Spellings are those of llama.cpp b11434's ``--help`` (``tests/data/engine/``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# Layer placement: (spellings, environment variable).
+GPU_LAYERS = ("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS"
+TENSOR_SPLIT = ("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT"
+OVERRIDE_TENSOR = ("-ot", "--override-tensor"), "LLAMA_ARG_OVERRIDE_TENSOR"
+CPU_MOE = ("-cmoe", "--cpu-moe"), "LLAMA_ARG_CPU_MOE"
+N_CPU_MOE = ("-ncmoe", "--n-cpu-moe"), "LLAMA_ARG_N_CPU_MOE"
+N_CPU_FFN = ("-ncffn", "--n-cpu-ffn"), "LLAMA_ARG_N_CPU_FFN"
+SPLIT_MODE = ("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE"
+FIT = ("-fit", "--fit"), "LLAMA_ARG_FIT"
+DEVICE = ("-dev", "--device"), "LLAMA_ARG_DEVICE"
+# Other flags lokid reads.
+UBATCH = ("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH"
+CACHE_TYPE_K = ("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K"
+CACHE_TYPE_V = ("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V"
+CTX_SIZE = ("-c", "--ctx-size"), "LLAMA_ARG_CTX_SIZE"
+
+# Flags and variables by which an operator sets speculation by hand.
+SPEC_FLAGS = (
+    "--spec-type", "--spec_type", "-md", "--model-draft", "--spec-draft-model",
+    "-hfd", "-hfrd", "--spec-draft-hf", "--hf-repo-draft", "--spec-default",
+)
+SPEC_ENV = (
+    "LLAMA_ARG_SPEC_TYPE", "LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_SPEC_DRAFT_HF_REPO",
+)
 
 
 def _match(arg: str, flags: Sequence[str]) -> str | None:
@@ -46,3 +85,109 @@ def flag_value(args: Sequence[str], *flags: str) -> str | None:
     """The value of the last occurrence of any of ``flags`` (the one the engine keeps)."""
     values = flag_values(args, *flags)
     return values[-1] if values else None
+
+
+def setting(args: Sequence[str], env: Mapping[str, str],
+            flag: tuple[tuple[str, ...], str]) -> str | None:
+    """The value the engine will use for ``flag`` (spellings, variable): the last one on
+    the command line, else the environment's when not blank, else None. A flag without
+    a value (``--cpu-moe``) reads as ""."""
+    spellings, var = flag
+    value = flag_value(args, *spellings)
+    if value is not None:
+        return value
+    from_env = env.get(var, "")
+    return from_env if from_env.strip() else None
+
+
+def is_set(args: Sequence[str], env: Mapping[str, str],
+           flag: tuple[tuple[str, ...], str]) -> bool:
+    spellings, var = flag
+    return has_flag(args, *spellings) or bool(env.get(var, "").strip())
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the flags put the model's layers, each answer with its reason ("" = no)."""
+
+    by_hand: str   # placement set by hand: --fit will not move layers to make room
+    on_cpu: str    # some weights stay in RAM
+
+
+def placement(args: Sequence[str], env: Mapping[str, str], block_count: int = 0,
+              gpu_layers: str | None = None) -> Placement:
+    """The layer placement of an engine started with ``args`` and ``env``.
+
+    ``args`` is a command line or a preset's ``extra_args``; ``gpu_layers`` the preset's
+    setting of that name (its ``-ngl``, before ``args``: an ``-ngl`` there wins).
+    ``block_count`` is the model's (0: unknown); ``-ngl`` counts its repeating layers
+    plus the output layer, so ``-ngl 33`` puts a 32-block model wholly on the GPU.
+    """
+    ngl_args = flag_value(args, *GPU_LAYERS[0])
+    ngl = ngl_args if ngl_args is not None else gpu_layers
+    if ngl is None:
+        ngl = setting((), env, GPU_LAYERS)
+    ngl = ngl.strip().lower() if ngl is not None else None
+    return Placement(by_hand=_by_hand(args, env, ngl, from_preset=ngl_args is None
+                                      and gpu_layers is not None),
+                     on_cpu=_on_cpu(args, env, ngl, block_count))
+
+
+def _by_hand(args: Sequence[str], env: Mapping[str, str], ngl: str | None,
+             from_preset: bool) -> str:
+    if ngl is not None and ngl != "auto":  # auto is the default: --fit decides
+        return f"gpu_layers = {ngl}" if from_preset else "-ngl"
+    for flag, label in ((TENSOR_SPLIT, "-ts"), (OVERRIDE_TENSOR, "-ot"), (CPU_MOE, "--cpu-moe"),
+                        (N_CPU_MOE, "--n-cpu-moe"), (N_CPU_FFN, "--n-cpu-ffn")):
+        if is_set(args, env, flag):
+            return label
+    if (setting(args, env, SPLIT_MODE) or "").strip().lower() == "row":
+        return "-sm row"
+    if (setting(args, env, FIT) or "").strip().lower() in ("off", "0", "false", "no"):
+        return "--fit off"
+    if is_set(args, env, DEVICE):
+        return "--device"
+    return ""
+
+
+def _on_cpu(args: Sequence[str], env: Mapping[str, str], ngl: str | None,
+            block_count: int) -> str:
+    if is_set(args, env, CPU_MOE):
+        return "--cpu-moe"
+    for flag, label in ((N_CPU_MOE, "--n-cpu-moe"), (N_CPU_FFN, "--n-cpu-ffn")):
+        n = (setting(args, env, flag) or "").strip()
+        if n and n != "0":
+            return f"{label} {n}"
+    overrides = setting(args, env, OVERRIDE_TENSOR)
+    if overrides is not None and any(
+            rule.rpartition("=")[2].strip().upper().startswith("CPU")
+            for rule in overrides.split(",")):
+        return "-ot"   # a pattern kept in a CPU buffer (=CPU); =CUDA1 moves it, to a GPU
+    devices = (setting(args, env, DEVICE) or "").strip().lower()
+    if devices == "none":
+        return "-dev none"
+    if ngl is not None and ngl.isdigit():
+        layers = int(ngl)
+        total = block_count + 1 if block_count else 0
+        if total and layers < total:
+            return f"-ngl {layers} of {total}"
+        if layers == 0:
+            return "-ngl 0"
+    return ""
+
+
+def spec_by_hand(args: Sequence[str], env: Mapping[str, str], ngram_only: bool) -> bool:
+    """The operator already configures speculation by hand (with n-gram alone, the
+    draft-model tuning flags count too: they are someone's speculation setup)."""
+    if has_flag(args, *SPEC_FLAGS) or has_prefix(args, "--spec-ngram-"):
+        return True
+    if ngram_only and has_prefix(args, "--spec-draft-"):
+        return True
+    for key, value in env.items():
+        if not value.strip():
+            continue
+        if key in SPEC_ENV or key.startswith("LLAMA_ARG_SPEC_NGRAM_"):
+            return True
+        if ngram_only and key.startswith("LLAMA_ARG_SPEC_DRAFT_"):
+            return True
+    return False

@@ -63,6 +63,11 @@ class Plan:
     host: str
     port: int
 
+    def command_line(self) -> str:
+        """The environment lokid adds and the argv, as one shell-quoted line (for logs)."""
+        added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (added + " " if added else "") + shlex.join(self.argv)
+
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (``lokid plan --json``, and later the D-Bus Plan())."""
         return {
@@ -163,7 +168,7 @@ def build_plan(inp: PlanInputs) -> Plan:
     )
 
 
-def fingerprint(plan: Plan, model: ModelInfo) -> str:
+def config_fingerprint(plan: Plan, model: ModelInfo) -> str:
     """What identifies a launch configuration for the attempt token.
 
     The plan as it would be with automatic speculation allowed (argv without

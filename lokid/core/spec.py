@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import flags
 from .caps import EngineCaps
 from .config import SpecConfig
 from .flags import flag_value, flag_values, has_flag, has_prefix
@@ -50,14 +51,6 @@ NGRAM_ARGS = (
 NGRAM_VERIFY_BATCH = 65
 SUGGESTED_OFFLOAD_MIN_BATCH = 128
 
-# Flags by which an operator sets speculation by hand.
-USER_SPEC_FLAGS = (
-    "--spec-type", "--spec_type", "-md", "--model-draft", "--spec-draft-model",
-    "-hfd", "-hfrd", "--spec-draft-hf", "--hf-repo-draft", "--spec-default",
-)
-USER_SPEC_ENV = (
-    "LLAMA_ARG_SPEC_TYPE", "LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-)
 # Speculation heads that are not standalone models: -md with draft-simple
 # cannot load them; their --spec-type is set by hand.
 SIDECAR_ARCHS = ("eagle3", "dflash")
@@ -114,22 +107,6 @@ def parse_mode(raw: object) -> str | None:
     return value if value in MODES else None
 
 
-def user_set(extra: Sequence[str], env: Mapping[str, str], ngram_only: bool) -> bool:
-    """The operator already configures speculation by hand."""
-    if has_flag(extra, *USER_SPEC_FLAGS) or has_prefix(extra, "--spec-ngram-"):
-        return True
-    if ngram_only and has_prefix(extra, "--spec-draft-"):
-        return True
-    for key, value in env.items():
-        if not value.strip():
-            continue
-        if key in USER_SPEC_ENV or key.startswith("LLAMA_ARG_SPEC_NGRAM_"):
-            return True
-        if ngram_only and key.startswith("LLAMA_ARG_SPEC_DRAFT_"):
-            return True
-    return False
-
-
 def supports_mtp(caps: EngineCaps) -> bool:
     # The current token-count flag too: an engine with only the old
     # --draft-max is from a generation where MTP does not exist.
@@ -147,7 +124,7 @@ def ctx_fixed(ctx: int, extra: Sequence[str]) -> bool:
     With 0 (or an unreadable -c), --fit may shrink the context to make room:
     information the model silently loses.
     """
-    value = flag_value(extra, "-c", "--ctx-size")
+    value = flag_value(extra, *flags.CTX_SIZE[0])
     if value is None:
         return ctx > 0
     try:
@@ -156,52 +133,8 @@ def ctx_fixed(ctx: int, extra: Sequence[str]) -> bool:
         return False
 
 
-def manual_placement(gpu_layers: str | None, extra: Sequence[str],
-                     env: Mapping[str, str]) -> str:
-    """Why layer placement is by hand (so --fit does not budget a draft's VRAM), or ""."""
-    if gpu_layers is not None:
-        return f"gpu_layers = {gpu_layers}"
-    checks = (
-        (("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS", "-ngl"),
-        (("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT", "-ts"),
-        (("-ot", "--override-tensor"), "LLAMA_ARG_OVERRIDE_TENSOR", "-ot"),
-        (("-cmoe", "--cpu-moe"), "LLAMA_ARG_CPU_MOE", "--cpu-moe"),
-        (("-ncmoe", "--n-cpu-moe"), "LLAMA_ARG_N_CPU_MOE", "--n-cpu-moe"),
-    )
-    for flags, var, label in checks:
-        if has_flag(extra, *flags) or env.get(var, "").strip():
-            return label
-    split = flag_value(extra, "-sm", "--split-mode") or env.get("LLAMA_ARG_SPLIT_MODE", "")
-    if split.strip().lower() == "row":
-        return "-sm row"
-    fit = flag_value(extra, "-fit", "--fit") or env.get("LLAMA_ARG_FIT", "")
-    if fit.strip().lower() in ("off", "0", "false", "no"):
-        return "--fit off"
-    if has_flag(extra, "-dev", "--device") or env.get("LLAMA_ARG_DEVICE", "").strip():
-        return "--device"
-    return ""
-
-
-def weights_on_cpu(gpu_layers: str | None, extra: Sequence[str], env: Mapping[str, str],
-                   model: ModelInfo) -> str:
-    """Why some weights stay in RAM (MoE experts, -ot, partial -ngl), or ""."""
-    if has_flag(extra, "-cmoe", "--cpu-moe") or env.get("LLAMA_ARG_CPU_MOE", "").strip():
-        return "--cpu-moe"
-    ncmoe = flag_value(extra, "-ncmoe", "--n-cpu-moe") or env.get("LLAMA_ARG_N_CPU_MOE", "")
-    if ncmoe.strip() and ncmoe.strip() != "0":
-        return "--n-cpu-moe " + ncmoe.strip()
-    if has_flag(extra, "-ot", "--override-tensor") or env.get("LLAMA_ARG_OVERRIDE_TENSOR", ""):
-        return "-ot"
-    ngl = flag_value(extra, "-ngl", "--gpu-layers", "--n-gpu-layers")
-    if ngl is None:
-        ngl = gpu_layers if gpu_layers is not None else env.get("LLAMA_ARG_N_GPU_LAYERS")
-    if ngl is not None and ngl.strip().isdigit():
-        n = int(ngl)
-        # -ngl counts the repeating layers plus the output layer.
-        total = model.block_count + 1 if model.block_count else 1
-        if n < total:
-            return f"-ngl {n} of {total}" if model.block_count else f"-ngl {n}"
-    return ""
+def _placement(inp: SpecInputs) -> flags.Placement:
+    return flags.placement(inp.extra_args, inp.arg_env, inp.model.block_count, inp.gpu_layers)
 
 
 def stateful_sampler(extra: Sequence[str]) -> str:
@@ -237,7 +170,7 @@ def auto_blocker(inp: SpecInputs) -> str:
     """
     if inp.model.arch.lower() == "qwen4exp":
         return "qwen4exp: its MTP support is too new in this engine (mode = \"mtp\" forces it)"
-    placement = manual_placement(inp.gpu_layers, inp.extra_args, inp.arg_env)
+    placement = _placement(inp).by_hand
     if placement:
         return f"manual placement ({placement}): --fit does not budget the draft's VRAM"
     if not ctx_fixed(inp.ctx, inp.extra_args):
@@ -314,7 +247,7 @@ def _int_setting(raw: object) -> int | None:
 def _forced_warnings(inp: SpecInputs) -> list[str]:
     """What a forced mode overrides, said once in its note."""
     out = []
-    placement = manual_placement(inp.gpu_layers, inp.extra_args, inp.arg_env)
+    placement = _placement(inp).by_hand
     if placement:
         out.append(f"manual placement ({placement}): --fit does not budget the draft, "
                    "place it with -devd / -ngld if VRAM runs short")
@@ -343,7 +276,7 @@ def plan_spec(inp: SpecInputs) -> SpecResult:
         if inp.spec.draft is not None:
             notes.append("spec.draft ignored: spec.mode is off (auto or mtp would use it)")
         return res
-    if user_set(inp.extra_args, inp.arg_env, ngram_only=mode == "ngram"):
+    if flags.spec_by_hand(inp.extra_args, inp.arg_env, ngram_only=mode == "ngram"):
         notes.append("speculative decoding is already set in extra_args or LLAMA_ARG_*: "
                      f"spec.mode = {mode} ignored")
         return res
@@ -422,7 +355,7 @@ def _synth_warning(inp: SpecInputs, notes: list[str]) -> None:
 def _ngram_blocker(inp: SpecInputs) -> str:
     if not supports_ngram(inp.caps):
         return "this engine does not know --spec-ngram-mod-n-match"
-    cpu = weights_on_cpu(inp.gpu_layers, inp.extra_args, inp.arg_env, inp.model)
+    cpu = _placement(inp).on_cpu
     if cpu and (inp.offload_min_batch is None or inp.offload_min_batch <= NGRAM_VERIFY_BATCH):
         have = "unset" if inp.offload_min_batch is None else str(inp.offload_min_batch)
         return (f"weights on CPU ({cpu}) with GGML_OP_OFFLOAD_MIN_BATCH {have}: every "
@@ -433,7 +366,7 @@ def _ngram_blocker(inp: SpecInputs) -> str:
 
 def _ngram_warnings(inp: SpecInputs, mode: str, notes: list[str]) -> None:
     m = inp.model
-    cpu = weights_on_cpu(inp.gpu_layers, inp.extra_args, inp.arg_env, m)
+    cpu = _placement(inp).on_cpu
     if cpu and inp.host_memory and m.file_size > inp.host_memory:
         notes.append(f"warning: the model ({m.file_size / 2**30:.1f} GiB) is larger than RAM "
                      f"({inp.host_memory / 2**30:.1f} GiB) with weights on CPU: n-gram "

@@ -36,21 +36,17 @@ from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
-from ..core.errors import LokiError
+from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
+from ..engine.notify import Notifier
 from ..engine.runner import LIVE, EngineState, Runner
-from ..engine.runtimedir import StalePlanError, read_runtime_plan
+from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
-from ..engine.supervisor import Notifier
 from .authz import MANAGE_GROUP, Authority
 from .interfaces import ManagerInterface, PresetInterface
 from .registry import Registry
 
 log = logging.getLogger("lokid.dbus.daemon")
-
-
-class DaemonError(LokiError):
-    """The daemon cannot start (bus unreachable, name taken)."""
 
 
 class Daemon:
@@ -76,7 +72,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.watcher: Any = None
 
-    # -- what the D-Bus interfaces read (dbusapi.Backend) --------------------------
+    # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
     def engine_state(self, name: str) -> EngineState:
         return self.runner.state(name) if self.runner is not None else EngineState()
@@ -147,19 +143,16 @@ class Daemon:
 
     async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]:
         """Benchmark the preset's ready engine (lokid.bench.measure); BenchProgress on the way."""
-        from dbus_fast import DBusError
-
-        from ..bench import measure as benchrun
+        from ..bench import measure
         from ..bench.protocol import Options
-        from ..core import benchrules as benchcore
-        from ..core.errors import BusyError, EngineError
+        from ..core import benchrules
+        from ..core.errors import BusyError, EngineError, InvalidArgsError
 
-        if mode not in (benchcore.QUICK, benchcore.FULL):
-            raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
-                            f"mode {mode!r}: quick or full")
-        if not 0 <= predict <= benchcore.MAX_TOKENS or not 0 <= prompt <= benchcore.MAX_TOKENS:
-            raise DBusError("org.freedesktop.DBus.Error.InvalidArgs",
-                            f"predict and prompt: 0 (the default) to {benchcore.MAX_TOKENS}")
+        if mode not in (benchrules.QUICK, benchrules.FULL):
+            raise InvalidArgsError(f"mode {mode!r}: quick or full")
+        if not 0 <= predict <= benchrules.MAX_TOKENS or not 0 <= prompt <= benchrules.MAX_TOKENS:
+            raise InvalidArgsError("predict and prompt: 0 (the default) to "
+                                   f"{benchrules.MAX_TOKENS}")
         self.registry.get(name)
         state = self.engine_state(name).state
         if state != "ready":
@@ -169,23 +162,23 @@ class Daemon:
             raise BusyError(f"a benchmark of {name!r} is already running")
         self.benching.add(name)
         try:
-            planned = await asyncio.to_thread(benchrun.planned, self.config_dir,
+            planned = await asyncio.to_thread(measure.planned, self.config_dir,
                                               self.registry.state_dir, name)
             # The runner says the engine is ready: the runtime plan is its start's.
-            running = await asyncio.to_thread(benchrun.started, self.runtime_dir, name)
+            running = await asyncio.to_thread(measure.started, self.runtime_dir, name)
             assert self.runner is not None
             # The thrash hint, read where the runner can: the unit's cgroup under systemd
             # (lokid.service may not look into the loki user's processes), the child's
             # /proc files for the local runner. Only the depth phase uses it.
-            sampler = await self.runner.io_sampler(name) if mode == benchcore.FULL else None
+            sampler = await self.runner.io_sampler(name) if mode == benchrules.FULL else None
 
             def progress(phase: str, step: int, steps: int) -> None:
                 self.manager.BenchProgress(name, phase, step, steps)
 
-            opts = Options(mode, prompt=prompt or benchcore.DEFAULT_PROMPT,
-                           predict=predict or benchcore.DEFAULT_PREDICT)
+            opts = Options(mode, prompt=prompt or benchrules.DEFAULT_PROMPT,
+                           predict=predict or benchrules.DEFAULT_PREDICT)
             log.info("preset %s: %s benchmark", name, mode)
-            out = await benchrun.measure(self.config_dir, self.registry.state_dir, name, opts,
+            out = await measure.measure(self.config_dir, self.registry.state_dir, name, opts,
                                          progress, io_sampler=sampler, plan_and_inputs=planned,
                                          running=running)
         finally:
@@ -262,7 +255,7 @@ class Daemon:
             rp = read_runtime_plan(self.runtime_dir, name)
         except StalePlanError:
             return []
-        return [str(t) for t in rp.plan.get("spec", {}).get("types", [])]
+        return list(rp.spec_types)
 
     def _on_verdict(self, verdict: Any) -> None:
         log.warning("preset %s: automatic speculative decoding cut: %s",

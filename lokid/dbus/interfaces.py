@@ -35,15 +35,15 @@ from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from .. import __version__
 from ..core.config import valid_preset_name
-from ..core.errors import LokiError, NotFoundError
+from ..core.errors import FAILED, LokiError, NotFoundError, dbus_name
 from ..core.names import (
     ACTION_BENCH,
     ACTION_MANAGE,
-    ERROR_PREFIX,
     MANAGER_INTERFACE,
     PRESET_INTERFACE,
     preset_object_path,
 )
+from ..core.plan import Plan
 from ..engine.runner import EngineState
 from .registry import PresetView, Registry
 
@@ -109,9 +109,9 @@ def to_dbus_error(e: BaseException) -> DBusError:
     if isinstance(e, DBusError):
         return e
     if isinstance(e, LokiError):
-        return DBusError(e.dbus_name, str(e))
+        return DBusError(dbus_name(e), str(e))
     log.exception("unexpected error in a D-Bus call")
-    return DBusError(ERROR_PREFIX + "Failed", "internal error in lokid; details are in its log")
+    return DBusError(FAILED, "internal error in lokid; details are in its log")
 
 
 def guarded(fn: F) -> F:
@@ -164,17 +164,16 @@ def json_variant(data: dict[str, Any]) -> dict[str, Variant]:
     return out
 
 
-def plan_variant(plan: dict[str, Any]) -> dict[str, Variant]:
+def plan_variant(plan: Plan) -> dict[str, Variant]:
     """``lokid plan --json`` as a{sv}: argv (as), env (a{ss}), notes (as), spec (a{sv})."""
-    spec = plan["spec"]
     return {
-        "preset": Variant("s", plan["preset"]),
-        "argv": Variant("as", list(plan["argv"])),
-        "env": Variant("a{ss}", dict(plan["env"])),
-        "notes": Variant("as", list(plan["notes"])),
-        "spec": Variant("a{sv}", {"mode": Variant("s", spec["mode"]),
-                                  "types": Variant("as", list(spec["types"])),
-                                  "auto": Variant("b", bool(spec["auto"]))}),
+        "preset": Variant("s", plan.preset),
+        "argv": Variant("as", list(plan.argv)),
+        "env": Variant("a{ss}", dict(plan.env)),
+        "notes": Variant("as", list(plan.notes)),
+        "spec": Variant("a{sv}", {"mode": Variant("s", plan.spec.mode),
+                                  "types": Variant("as", list(plan.spec.types)),
+                                  "auto": Variant("b", plan.spec.auto)}),
     }
 
 
@@ -247,6 +246,8 @@ class PresetInterface(ServiceInterface):
     @access(READ)
     @guarded
     def GetBench(self) -> "a{sv}":
+        """Deprecated (the XML says so): LastBench as a call, kept for the first release's
+        callers until the next API version."""
         return json_variant(self.view.bench or {})
 
     @method()

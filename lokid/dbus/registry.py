@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import config as cfg
-from ..core.benchrules import plan_fingerprint
+from ..core.benchrules import bench_fingerprint
 from ..core.errors import ConfigError, LokiError, NotFoundError
 from ..core.names import engine_unit
-from ..engine.gather import gather
+from ..core.plan import Plan
+from ..engine.gather import decide, gather
 from ..engine.state import StateDB
-from ..engine.unit import decide
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class PresetView:
     path: str
     model: str                      # the setting as written
     spec_mode: str                  # the setting as written ("off" when absent)
-    plan: dict[str, Any] | None     # lokid plan --json, as the next start would run it
+    plan: Plan | None               # as the next start would run it
     error: str = ""                 # why there is no plan
     error_type: type[LokiError] = LokiError
     auto_blocked: str = ""          # recorded reason automatic speculation is cut, or ""
@@ -43,11 +43,11 @@ class PresetView:
 
     @property
     def notes(self) -> list[str]:
-        return list(self.plan["notes"]) if self.plan else [self.error]
+        return list(self.plan.notes) if self.plan else [self.error]
 
     @property
     def argv(self) -> list[str]:
-        return list(self.plan["argv"]) if self.plan else []
+        return list(self.plan.argv) if self.plan else []
 
     def failure(self) -> LokiError:
         """Why the preset cannot start, as the error its planning raised."""
@@ -87,13 +87,13 @@ class Registry:
         except LokiError as e:
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
                               error=str(e), error_type=type(e))
-        saved = db.bench(preset.name, plan_fingerprint(plan, inputs))
+        saved = db.bench(preset.name, bench_fingerprint(plan, inputs))
         bench = None
         if saved is not None:
             bench = {"result": saved.result, "model": saved.model, "engine": saved.engine,
                      "at": saved.at}
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
-                          plan=plan.to_json(), auto_blocked=found.why, bench=bench)
+                          plan=plan, auto_blocked=found.why, bench=bench)
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)

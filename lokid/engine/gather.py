@@ -2,20 +2,28 @@
 
 This is the I/O half of ``lokid plan``: it turns a preset name into
 :class:`lokid.core.plan.PlanInputs`, then :func:`lokid.core.plan.build_plan` decides.
-Nothing here writes anything.
+:func:`decide` is the plan of the next start: the attempt verdict the state DB
+holds for it applied, as ``lokid prestart``, the daemon's registry and the
+benchmark all need it. Nothing here writes anything.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ..core import config as cfg
+from ..core.attempt import Mark, Verdict
 from ..core.errors import ConfigError, ModelError
 from ..core.modelinfo import probe_model
-from ..core.plan import Plan, PlanInputs, build_plan
+from ..core.plan import Plan, PlanInputs, build_plan, config_fingerprint
 from ..core.spec import DraftInput
 from .probe import probe_engine
+
+if TYPE_CHECKING:
+    from .state import StateDB
 
 
 def host_memory() -> int:
@@ -100,3 +108,16 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
 
 def make_plan(config_dir: str, name: str, environ: Mapping[str, str] | None = None) -> Plan:
     return build_plan(gather(config_dir, name, environ))
+
+
+def decide(inputs: PlanInputs, db: StateDB) -> tuple[Plan, Mark, Verdict]:
+    """The plan of a start, given the attempt verdict for its mark (read-only on ``db``).
+
+    The mark is the plan's as it would be with automatic speculation allowed, so
+    that a cut configuration keeps the same mark.
+    """
+    allowed = build_plan(inputs)
+    mark = Mark(config_fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
+    found = db.peek(inputs.preset.name, mark)
+    plan = build_plan(replace(inputs, auto_blocked=found.why)) if found.why else allowed
+    return plan, mark, found

@@ -29,6 +29,7 @@ from typing import Any
 from systemd import journal
 
 from ..core.enginelog import LoadTracker
+from ..core.errors import StalePlanError
 from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
@@ -36,7 +37,7 @@ from ..core.names import (
     SYSLOG_IDENTIFIER,
     preset_of_unit,
 )
-from .runtimedir import StalePlanError, read_runtime_plan
+from .runtimedir import read_runtime_plan
 from .state import StateDB
 
 READY_PREFIX = "ready at "

@@ -47,11 +47,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
+from .proc import die_with_parent
 from .runner import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
-from .supervisor import DIE_WITH_PARENT, die_with_parent
+from .supervisor import DIE_WITH_PARENT
 
 if TYPE_CHECKING:
-    from ..core.benchrules import IOSampler
+    from ..core.iosample import IOSampler
 
 log = logging.getLogger("lokid.local")
 engine_log = logging.getLogger("lokid.engine")

@@ -1,4 +1,9 @@
-"""The engine process and its disk reads, from /proc: the benchmark's thrash hint (Linux).
+"""The engine process seen through /proc (Linux): progress, memory, disk reads, its socket.
+
+The supervisor reads its engine's progress counters and resident memory
+(:func:`progress_counters`, :func:`resident_kib`) and has it die with its
+parent (:func:`die_with_parent`, prctl). The rest serves the benchmark's
+thrash hint.
 
 ``lokid bench`` knows the engine by its address only (a preset started by its
 unit, by ``lokid run`` or by the daemon's local runner). The process is found
@@ -19,8 +24,59 @@ from __future__ import annotations
 
 import os
 
-from ..core.benchrules import IOSample, IOSampler
-from .supervisor import resident_kib
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..core.iosample import IOSample, IOSampler
+
+# The supervisor (on the path to READY) imports this module: the sample type and
+# ctypes are imported where used.
+
+def die_with_parent(sig: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that has the child receive ``sig`` when its parent dies
+    (PR_SET_PDEATHSIG). libc is loaded here, in the parent: the child only calls it."""
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def guard() -> None:
+        prctl(1, sig)  # PR_SET_PDEATHSIG
+
+    return guard
+
+
+def progress_counters(pid: int) -> tuple[int, ...]:
+    """Counters that move while a process works: CPU ticks, resident pages, bytes read."""
+    out: list[int] = []
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        out += [int(fields[11]) + int(fields[12]), int(fields[21])]  # utime+stime, rss
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            out += [int(line.split()[1]) for line in f if line.startswith((b"rchar", b"read_b"))]
+    except (OSError, ValueError, IndexError):
+        pass  # /proc/<pid>/io needs ptrace access: a different user may not have it
+    return tuple(out)
+
+
+def resident_kib(pid: int) -> int | None:
+    """The process's resident memory (VmRSS), KiB; None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
 
 RSS = "engine RSS"
 
@@ -112,6 +168,8 @@ def io_sample(pid: int) -> IOSample | None:
     except (OSError, StopIteration, ValueError, IndexError):
         return None
     rss = resident_kib(pid)
+    from ..core.iosample import IOSample
+
     return None if rss is None else IOSample(read, rss * 1024, RSS)
 
 

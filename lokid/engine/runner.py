@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..core.benchrules import IOSampler
+    from ..core.iosample import IOSampler
 
 INACTIVE, LOADING, READY, FAILED, STOPPING = "inactive", "loading", "ready", "failed", "stopping"
-STATES = (INACTIVE, LOADING, READY, FAILED, STOPPING)
 # States in which the engine's processes exist (the preset is "active").
 LIVE = frozenset({LOADING, READY, STOPPING})
 

@@ -36,9 +36,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
-from ..core.errors import LokiError
+from ..core.errors import StateError
 
-__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateError", "Failure",
+__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "Failure",
            "SavedBench"]
 
 DB_FILE = "state.db"
@@ -62,7 +62,10 @@ _MIGRATIONS = [
     );
     """,
     # 2: benchmark results (lokid.core.benchrules): the last complete one of each preset,
-    # with what it measured, and the last complete one overall.
+    # with what it measured. bench_last (the last one overall) was never read and is no
+    # longer written; the next migration drops it. Not one of its own: a schema bump makes
+    # an engine helper still running the previous release refuse the database at READY
+    # (it refuses newer schemas), which only a change worth it should cost.
     """
     CREATE TABLE bench (
         preset       TEXT PRIMARY KEY,
@@ -89,10 +92,6 @@ _MIGRATIONS = [
     );
     """,
 ]
-
-
-class StateError(LokiError):
-    """The state DB cannot be opened or written."""
 
 
 @dataclass(frozen=True)
@@ -276,18 +275,10 @@ class StateDB:
         with self._write() as db:
             return db.execute("DELETE FROM failed WHERE preset = ?", (preset,)).rowcount
 
-    def forget(self, preset: str) -> None:
-        """Everything about a deleted preset, its benchmark results included."""
-        with self._write() as db:
-            db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
-            db.execute("DELETE FROM failed WHERE preset = ?", (preset,))
-            db.execute("DELETE FROM bench WHERE preset = ?", (preset,))
-            db.execute("DELETE FROM bench_last WHERE preset = ?", (preset,))
-
     # --- benchmark results -----------------------------------------------------------
 
     def save_bench(self, saved: SavedBench) -> None:
-        """Keep a complete result as the preset's, and as the last one overall."""
+        """Keep a complete result as the preset's (replacing its previous one)."""
         import json
 
         blob = json.dumps(saved.result, sort_keys=True)
@@ -296,8 +287,6 @@ class StateDB:
                        "fingerprint, at) VALUES (?, ?, ?, ?, ?, ?)",
                        (saved.preset, blob, saved.model, saved.engine, saved.fingerprint,
                         saved.at))
-            db.execute("INSERT OR REPLACE INTO bench_last (id, preset, result, at) "
-                       "VALUES (1, ?, ?, ?)", (saved.preset, blob, saved.at))
 
     def bench(self, preset: str, fingerprint: str | None = None) -> SavedBench | None:
         """The preset's saved result; with ``fingerprint``, only if it measured that
@@ -320,9 +309,3 @@ class StateDB:
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO effort (model, wanted, used) VALUES (?, ?, ?)",
                        (model, wanted, used))
-
-    def last_bench(self) -> tuple[str, dict[str, object], float] | None:
-        import json
-
-        row = self._db.execute("SELECT preset, result, at FROM bench_last").fetchone()
-        return (row[0], json.loads(row[1]), row[2]) if row else None

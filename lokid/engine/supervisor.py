@@ -17,10 +17,10 @@ through a Python pipe a stalled reader could block), then:
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
   failure even with status 0, so that ``Restart=on-failure`` applies).
 
-Outside systemd (``NOTIFY_SOCKET`` unset) the notifications are no-ops. The
-``/health`` probe is a raw HTTP/1.1 request on a socket: it costs nothing to
-import and answers within milliseconds, which keeps lokid's readiness
-overhead over the raw engine small (see ``benchmarks/readiness.py``).
+Outside systemd (``NOTIFY_SOCKET`` unset) the notifications are no-ops
+(:mod:`lokid.engine.notify`). The ``/health`` probe is
+:func:`lokid.engine.endpoint.health_status`; the /proc readers (progress,
+resident memory, PR_SET_PDEATHSIG) are :mod:`lokid.engine.proc`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ import signal
 import subprocess
 import time
 
+from ..core.address import engine_url
 from ..core.errors import EngineError
+from .endpoint import health_status
+from .notify import Notifier
+from .proc import die_with_parent, progress_counters, resident_kib
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
-    import socket
     from collections.abc import Callable, Mapping, Sequence
 
 # socket and ctypes are imported where used: the engine is spawned first, and
@@ -50,117 +53,6 @@ STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
 # Set by lokid's local runner, which gives a notify socket but is no service
 # manager: nothing else would take the engine down with its supervisor.
 DIE_WITH_PARENT = "LOKI_DIE_WITH_PARENT"
-
-
-class Notifier:
-    """sd_notify over $NOTIFY_SOCKET; silent when not run by systemd."""
-
-    def __init__(self, env: Mapping[str, str] | None = None):
-        import socket
-
-        env = os.environ if env is None else env
-        address = env.get("NOTIFY_SOCKET", "")
-        self._sock: socket.socket | None = None
-        self._addr = ""
-        if address:
-            self._addr = "\0" + address[1:] if address.startswith("@") else address
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        usec = env.get("WATCHDOG_USEC", "")
-        pid = env.get("WATCHDOG_PID", "")
-        self.watchdog_interval: float | None = None
-        if usec.isdigit() and int(usec) > 0 and (not pid or pid == str(os.getpid())):
-            self.watchdog_interval = int(usec) / 1e6
-
-    @property
-    def enabled(self) -> bool:
-        return self._sock is not None
-
-    def send(self, *fields: str) -> None:
-        if self._sock is None:
-            return
-        try:
-            self._sock.sendto("\n".join(fields).encode(), self._addr)
-        except OSError:
-            pass  # systemd gone (shutdown): nothing to tell
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-
-
-def reachable_host(host: str) -> str:
-    """Where to reach an engine listening on ``host``: a wildcard means loopback."""
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
-
-
-def engine_url(host: str, port: int) -> str:
-    host = reachable_host(host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
-    """HTTP status of GET /health, or None when nothing answers."""
-    import socket
-
-    try:
-        with socket.create_connection((reachable_host(host), port), timeout=timeout) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: lokid\r\nConnection: close\r\n\r\n")
-            head = s.recv(64)
-    except OSError:
-        return None
-    parts = head.split(b" ", 2)
-    if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
-        return int(parts[1])
-    return None
-
-
-def die_with_parent(sig: int) -> Callable[[], None]:
-    """A ``preexec_fn`` that has the child receive ``sig`` when its parent dies
-    (PR_SET_PDEATHSIG). libc is loaded here, in the parent: the child only calls it."""
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return lambda: None
-
-    def guard() -> None:
-        prctl(1, sig)  # PR_SET_PDEATHSIG
-
-    return guard
-
-
-def _progress(pid: int) -> tuple[int, ...]:
-    """Counters that move while a process works: CPU ticks, resident pages, bytes read."""
-    out: list[int] = []
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        out += [int(fields[11]) + int(fields[12]), int(fields[21])]  # utime+stime, rss
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        with open(f"/proc/{pid}/io", "rb") as f:
-            out += [int(line.split()[1]) for line in f if line.startswith((b"rchar", b"read_b"))]
-    except (OSError, ValueError, IndexError):
-        pass  # /proc/<pid>/io needs ptrace access: a different user may not have it
-    return tuple(out)
-
-
-def resident_kib(pid: int) -> int | None:
-    """The process's resident memory (VmRSS), KiB; None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _resident(pid: int) -> str:
@@ -242,7 +134,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
     resent = False
     next_status = started
     next_extend = started + EXTEND_EVERY
-    last_progress = _progress(proc.pid)
+    last_progress = progress_counters(proc.pid)
     next_check = started
     watchdog_every = (notifier.watchdog_interval or 0) / 3 or None
     next_watchdog = started
@@ -293,7 +185,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                               f"{_resident(proc.pid)}")
                 next_status = now + STATUS_EVERY
             if now >= next_extend:
-                progress = _progress(proc.pid)
+                progress = progress_counters(proc.pid)
                 if progress != last_progress:
                     notifier.send(f"EXTEND_TIMEOUT_USEC={int(EXTEND_BY * 1e6)}")
                 last_progress = progress

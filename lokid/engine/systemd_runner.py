@@ -26,8 +26,8 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from ..core.benchrules import IOSample, IOSampler
-from ..core.errors import EngineError, LokiError, PermissionDeniedError
+from ..core.errors import EngineError, PermissionDeniedError
+from ..core.iosample import IOSample, IOSampler
 from ..core.names import engine_unit
 from .buscall import call
 from .runner import EngineState, Listener, Runner, unit_state
@@ -230,5 +230,5 @@ class SystemdRunner(Runner):
         try:
             await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "Reload")
         except DBusError as e:
-            raise LokiError(f"systemd could not reload its units: {e.text}") from None
+            raise EngineError(f"systemd could not reload its units: {e.text}") from None
 

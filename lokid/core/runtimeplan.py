@@ -1,0 +1,127 @@
+"""The runtime plan: what ``lokid prestart`` decided for one start of a preset, as one value.
+
+``lokid prestart`` (ExecStartPre) writes it to ``$LOKI_RUNTIME_DIR/<preset>.json``
+(:mod:`lokid.engine.runtimedir`); ``lokid engine`` runs its argv, the journal
+watcher attributes a load's verdict to its mark, the daemon shows its
+speculation types, and the benchmark measures at its address. They all read
+this one frozen type; the JSON form lives here and nowhere else.
+
+The JSON is ``lokid plan --json`` of the start (preset, argv, env, notes,
+spec) plus host, port, the attempt mark, the systemd invocation and
+``schema``. A file without ``schema`` was written before it existed, in the
+same layout (schema 1 added the key, nothing else): an engine started by the
+previous release is still understood after an upgrade, which restarts the
+daemon but leaves engines running. A newer schema is refused, not guessed.
+
+Kept light (dataclasses, and the attempt mark): ``lokid engine`` reads it
+between ``systemctl start`` and the engine's own start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .attempt import Mark
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .plan import Plan
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """The plan of one start: the engine's command line and environment, its address,
+    the speculation it runs and the attempt mark its token was set under."""
+
+    preset: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    host: str
+    port: int
+    mark: Mark
+    spec_mode: str = "off"
+    spec_types: tuple[str, ...] = ()
+    auto: bool = False            # automatic speculation: its token must clear on READY
+    notes: tuple[str, ...] = ()
+    invocation: str = ""          # systemd's INVOCATION_ID of the start ("" outside systemd)
+    schema: int = field(default=SCHEMA, compare=False)
+
+    @classmethod
+    def of(cls, plan: Plan, mark: Mark, invocation: str = "") -> RuntimePlan:
+        return cls(preset=plan.preset, argv=tuple(plan.argv), env=dict(plan.env),
+                   host=plan.host, port=plan.port, mark=mark, spec_mode=plan.spec.mode,
+                   spec_types=tuple(plan.spec.types), auto=plan.spec.auto,
+                   notes=tuple(plan.notes), invocation=invocation)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "preset": self.preset,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "notes": list(self.notes),
+            "spec": {"mode": self.spec_mode, "types": list(self.spec_types),
+                     "auto": self.auto},
+            "host": self.host,
+            "port": self.port,
+            "mark": {"fingerprint": self.mark.fingerprint, "engine": self.mark.engine,
+                     "build": self.mark.build},
+            "invocation": self.invocation,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> RuntimePlan:
+        """The runtime plan of a parsed JSON document; ValueError saying what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        schema = data.get("schema", SCHEMA)
+        if type(schema) is not int or schema > SCHEMA:
+            raise ValueError(f"schema {schema!r}: this lokid reads schema {SCHEMA} or older")
+        spec = _get(data, "spec", dict)
+        mark = _get(data, "mark", dict)
+        return cls(
+            preset=_get(data, "preset", str),
+            argv=_strings(data, "argv"),
+            env=_string_map(data, "env"),
+            host=_get(data, "host", str),
+            port=_get(data, "port", int),
+            mark=Mark(_get(mark, "fingerprint", str), _get(mark, "engine", str),
+                      _get(mark, "build", int)),
+            spec_mode=_get(spec, "mode", str),
+            spec_types=_strings(spec, "types"),
+            auto=_get(spec, "auto", bool),
+            notes=_strings(data, "notes"),
+            invocation=_get(data, "invocation", str, ""),
+            schema=schema,
+        )
+
+
+_MISSING = object()
+
+
+def _get(data: dict[str, Any], key: str, kind: type, default: Any = _MISSING) -> Any:
+    value = data.get(key, default)
+    if value is _MISSING:
+        raise ValueError(f"no {key!r}")
+    # bool is an int in Python: a port of true is not a port
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{key!r} is not a {kind.__name__}: {value!r}")
+    return value
+
+
+def _strings(data: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = _get(data, key, list)
+    if not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key!r} holds a non-string")
+    return tuple(value)
+
+
+def _string_map(data: dict[str, Any], key: str) -> dict[str, str]:
+    value = _get(data, key, dict)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ValueError(f"{key!r} holds a non-string value")
+    return dict(value)

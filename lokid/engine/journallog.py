@@ -1,0 +1,46 @@
+"""lokid's own lines: one journal entry each under systemd, else a line on stderr.
+
+The unit helpers (``lokid prestart``, ``lokid engine``) and the CLI's errors
+use it. Under the unit, the engine's own output carries
+SYSLOG_IDENTIFIER=llama-server (the unit's SyslogIdentifier=), so lokid's
+entries (SYSLOG_IDENTIFIER=lokid, LOKI_PRESET=) stay told apart from it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..core.names import SYSLOG_IDENTIFIER
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is the journal (systemd sets JOURNAL_STREAM to its dev:inode)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    if ":" not in stream:
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return stream == f"{st.st_dev}:{st.st_ino}"
+
+
+def journal_log(preset: str, message: str, priority: int = 5) -> None:
+    """One journal entry from lokid (SYSLOG_IDENTIFIER=lokid, and LOKI_PRESET= when a
+    preset is given) when stderr is the journal; else a line on stderr.
+
+    Under the unit, the engine's own output carries SYSLOG_IDENTIFIER=llama-server
+    (the unit's SyslogIdentifier=), so lokid's entries stay told apart from it.
+    """
+    if stderr_is_journal():
+        try:
+            from systemd import journal
+
+            fields = {"LOKI_PRESET": preset} if preset else {}
+            journal.send(message, PRIORITY=priority, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER,
+                         **fields)
+            return
+        except (ImportError, OSError):
+            pass
+    print(f"lokid: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,214 @@
+"""lokictl against the real daemon on a private real dbus-daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.enginekit import NotifyListener, free_port, write_config, write_preset
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def busy() -> Iterator[socket.socket]:
+    """A port taken by something else."""
+    with socket.socket() as s:
+        yield s
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, engine: str, models: Any, bus_address: str,
+           busy: socket.socket) -> Iterator[str]:
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "tiny", f'model = "{Path(models.llama).name}"\nctx = 2048\n'
+                 f'port = {free_port()}\n[spec]\nmode = "ngram"\n')
+    write_preset(config, "broken", 'model = "llama.gguf"\nctx = "big"\n')
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    write_preset(config, "busy", f'model = "llama.gguf"\nctx = 2048\n'
+                 f'port = {busy.getsockname()[1]}\n')
+    notify = NotifyListener(tmp_path / "notify")
+    env = {**os.environ, "LOKI_STATE_DIR": str(tmp_path / "state"),
+           "LOKI_RUNTIME_DIR": str(tmp_path / "run"), "NOTIFY_SOCKET": notify.path}
+    proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                             "daemon", "--bus", "session", "--bus-address", bus_address],
+                            env=env, stderr=subprocess.DEVNULL)
+    try:
+        notify.wait_for("READY=1", timeout=60)
+        yield bus_address
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        notify.close()
+
+
+def lokictl(address: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lokid.ctl", "--address", address, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_status(daemon: str) -> None:
+    r = lokictl(daemon, "status")
+    assert r.returncode == 0, r.stderr
+    assert "2 presets, 1 broken" in r.stdout and "broken broken:" in r.stdout
+    data = json.loads(lokictl(daemon, "status", "--json").stdout)
+    assert data["presets"] == ["busy", "tiny"] and list(data["broken"]) == ["broken"]
+    assert data["active"] == []
+
+
+def test_presets_and_show(daemon: str) -> None:
+    r = lokictl(daemon, "presets")
+    assert r.returncode == 0 and "tiny" in r.stdout and "ngram" in r.stdout, r.stderr
+    rows = json.loads(lokictl(daemon, "presets", "--json").stdout)
+    assert [row["Name"] for row in rows] == ["busy", "tiny"]
+    assert {row["State"] for row in rows} == {"inactive"}
+    show = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
+    assert show["Unit"] == "loki-engine@tiny.service" and "ngram-mod" in show["Argv"]
+
+
+def test_plan_matches_lokid_plan_json(daemon: str, tmp_path: Path) -> None:
+    r = lokictl(daemon, "plan", "tiny", "--json")
+    assert r.returncode == 0, r.stderr
+    over_bus = json.loads(r.stdout)
+    local = json.loads(subprocess.run(
+        [sys.executable, "-m", "lokid.cli", "--config-dir", str(tmp_path / "config"), "plan",
+         "tiny", "--json"], capture_output=True, text=True,
+        env={**os.environ, "LOKI_STATE_DIR": str(tmp_path / "state")}).stdout)
+    assert over_bus == local
+
+
+@pytest.mark.parametrize("args,code,fragment", [
+    (("show", "nope"), 4, "no preset 'nope'"),
+    (("plan", "broken"), 2, "ctx: must be an integer"),
+    (("frobnicate",), 2, "invalid choice"),
+])
+def test_exit_codes(daemon: str, args: tuple[str, ...], code: int, fragment: str) -> None:
+    r = lokictl(daemon, *args)
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert fragment in r.stderr and "Traceback" not in r.stderr
+
+
+def test_no_daemon_is_a_clear_error(bus_address: str) -> None:
+    r = lokictl(bus_address, "status")
+    assert r.returncode == 1 and "lokid is not running" in r.stderr, r.stderr
+
+
+def test_start_restart_stop_with_wait(daemon: str) -> None:
+    r = lokictl(daemon, "start", "tiny", "--wait")
+    assert r.returncode == 0 and r.stdout.startswith("tiny: ready"), (r.stdout, r.stderr)
+    show = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
+    assert show["State"] == "ready" and show["SpecActive"] == ["ngram-mod"]
+    assert show["Status"].startswith("ready: tiny (llama.gguf) at http://127.0.0.1:")
+    assert json.loads(lokictl(daemon, "status", "--json").stdout)["active"] == ["tiny"]
+    r = lokictl(daemon, "start", "tiny", "--wait")  # already ready: at once
+    assert r.returncode == 0 and r.stdout.strip() == "tiny: ready", r.stderr
+    r = lokictl(daemon, "restart", "tiny", "--wait")
+    assert r.returncode == 0 and r.stdout.startswith("tiny: ready"), (r.stdout, r.stderr)
+    r = lokictl(daemon, "stop", "tiny", "--wait")
+    assert r.returncode == 0 and r.stdout.strip() == "tiny: inactive (stopped)", r.stderr
+    r = lokictl(daemon, "stop", "tiny", "--wait")
+    assert r.returncode == 0 and r.stdout.strip() == "tiny: inactive", r.stderr
+
+
+def test_a_failed_start_exits_1_with_the_reason(daemon: str) -> None:
+    r = lokictl(daemon, "start", "busy", "--wait")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("lokictl: busy: failed: prestart failed: port ") and \
+        "already in use" in r.stderr, r.stderr
+
+
+def test_reload_reads_the_presets_again(daemon: str, tmp_path: Path, models: Any) -> None:
+    assert lokictl(daemon, "show", "later").returncode == 4
+    write_preset(tmp_path / "config", "later", f'model = "{Path(models.llama).name}"\n')
+    r = lokictl(daemon, "reload")
+    assert r.returncode == 0, r.stderr
+    # tiny, busy and later; broken is listed with its error
+    assert r.stdout.startswith("presets read again: 3 presets\n"), r.stdout
+    assert "  broken: broken: " in r.stdout and "ctx" in r.stdout, r.stdout
+    assert json.loads(lokictl(daemon, "show", "later", "--json").stdout)["Name"] == "later"
+
+
+def test_clear_failures(daemon: str) -> None:
+    r = lokictl(daemon, "clear-failures", "tiny")
+    assert r.returncode == 0 and "tiny: 0 recorded failures" in r.stdout, r.stderr
+    assert lokictl(daemon, "clear-failures", "nope").returncode == 4
+
+
+def test_host_reaches_the_bus_through_ssh_and_systemd_stdio_bridge(daemon: str,
+                                                                   tmp_path: Path) -> None:
+    # A stand-in for ssh (no sshd here): it records its arguments and runs what ssh
+    # would run on the far side, the real systemd-stdio-bridge, on the test's bus.
+    record = tmp_path / "ssh-argv"
+    fake = tmp_path / "ssh"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import json, os, sys\n"
+                    f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+                    "os.execvp('systemd-stdio-bridge', ['systemd-stdio-bridge', "
+                    f"'--bus-path={daemon}'])\n")
+    fake.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "lokid.ctl", "--host", "ops@gpu-7:2222", "status",
+                        "--json"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SYSTEMD_SSH": str(fake)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["presets"] == ["busy", "tiny"]
+    assert json.loads(record.read_text()) == ["-xT", "-p", "2222", "--", "ops@gpu-7",
+                                              "systemd-stdio-bridge"]
+
+
+def test_host_unreachable_is_a_clear_error(tmp_path: Path) -> None:
+    fake = tmp_path / "ssh"
+    fake.write_text(f"#!{sys.executable}\nimport sys\n"
+                    "sys.stderr.write('ssh: connect to host gpu-7 port 22: No route to host\\n')\n"
+                    "sys.exit(255)\n")
+    fake.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "lokid.ctl", "--host", "gpu-7", "status"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SYSTEMD_SSH": str(fake)})
+    assert r.returncode == 1 and "No route to host" in r.stderr, r.stderr
+    assert "cannot reach lokid on gpu-7 over ssh" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_through_the_daemon_with_progress_and_the_saved_result(daemon: str,
+                                                                     tmp_path: Path) -> None:
+    r = lokictl(daemon, "bench", "tiny")
+    assert r.returncode == 1 and "preset 'tiny' is inactive, not ready" in r.stderr, r.stderr
+    assert lokictl(daemon, "start", "tiny", "--wait").returncode == 0
+    try:
+        r = lokictl(daemon, "bench", "tiny", "--prompt", "300", "--predict", "16")
+        assert r.returncode == 0, r.stderr
+        assert "  [1/2] warm-up" in r.stderr and "  [2/2] short line (300 + 16 tokens)" \
+            in r.stderr
+        assert r.stdout.startswith("tiny: quick benchmark at http://127.0.0.1:")
+        assert "  Prefill " in r.stdout and "  Decode " in r.stdout and "engine b11434" in r.stdout
+        show = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
+        bench = show["LastBench"]
+        assert bench["result"]["mode"] == "quick" and bench["model"] == "llama.gguf"
+        assert bench["result"]["protocol"] == 2 and bench["engine"].startswith("b11434")
+        r = lokictl(daemon, "bench", "tiny", "--full", "--json")
+        out = json.loads(r.stdout)
+        # a 2048-token context is too small for the depth phase: skipped, and saved
+        assert out["result"]["depth"]["skipped"].startswith("a context of 2048 tokens")
+        assert out["saved"] is True and out["not_saved_reason"] == ""
+
+        # the preset edited since its engine started: what runs is measured, not kept
+        preset = tmp_path / "config" / "presets" / "tiny.toml"
+        preset.write_text(preset.read_text().replace("ctx = 2048", "ctx = 4096"))
+        r = lokictl(daemon, "bench", "tiny", "--prompt", "300", "--predict", "16")
+        assert r.returncode == 0, r.stderr
+        changed = ("the preset's plan changed since its engine started (its command line "
+                   "differs now): restart it to keep a result")
+        assert r.stdout.splitlines()[-1] == f"  (not saved: {changed})", r.stdout
+        out = json.loads(lokictl(daemon, "bench", "tiny", "--prompt", "300", "--predict",
+                                 "16", "--json").stdout)
+        assert out["saved"] is False and out["not_saved_reason"] == changed
+        assert out["result"]["prompt_n"] > 0
+    finally:
+        lokictl(daemon, "stop", "tiny", "--wait")

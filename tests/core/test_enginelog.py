@@ -1,0 +1,141 @@
+"""lokid.core.enginelog: real llama-server lines → events, and the offload verdict of a load."""
+
+from __future__ import annotations
+
+import pytest
+from support import DATA
+
+from lokid.core.enginelog import LoadTracker, parse_line
+
+LOGS = DATA / "engine-logs"
+
+
+def offload_of(text: str) -> tuple[int, int]:
+    """The (N, M) the journal watcher would judge for a whole log: its last load's."""
+    tracker = LoadTracker()
+    for line in text.splitlines():
+        tracker.feed(line)
+    return tracker.current.offload() if tracker.current else (0, 0)
+
+
+def log(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+@pytest.mark.parametrize("line,kind,detail", [
+    ("0.00.008.565 I srv    load_model: loading model '/models/tiny.gguf'", "loading",
+     "/models/tiny.gguf"),
+    ("0.00.043.866 I load_tensors: offloaded 0/3 layers to GPU", "offloaded", (0, 3)),
+    ("load_tensors: offloaded 65/65 layers to GPU", "offloaded", (65, 65)),
+    ("0.00.281.276 I srv  llama_server: model loaded", "loaded", ""),
+    ("0.00.281.324 I srv  llama_server: listening on http://127.0.0.1:18080", "listening",
+     "http://127.0.0.1:18080"),
+    ("0.00.015.341 E common_speculative_init_result: failed to create MTP context",
+     "mtp_failed", ""),
+    ("0.00.015.324 W llama_init_from_model: context type MTP requested but model doesn't "
+     "contain MTP layers", "mtp_missing", ""),
+    ('llama.cpp/src/models/glm4-moe.cpp:147: GGML_ASSERT(layer.nextn.eh_proj && "MTP block '
+     'missing nextn.eh_proj") failed', "mtp_missing", ""),
+    ("0.00.010.000 E common_speculative_init_result: failed to load draft model, "
+     "'/models/d.gguf'", "draft_failed", ""),
+    # ggml-cuda.cu's format string: "%s: allocating %.2f MiB on device %d: cudaMalloc failed: %s"
+    ("E ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9628.34 MiB on device 0: "
+     "cudaMalloc failed: out of memory", "oom", ""),
+    ("0.00.017.669 E srv  llama_server: exiting due to model loading error", "load_failed", ""),
+    ("0.00.353.071 I slot get_availabl: id  3 | task -1 | selected slot by LRU", None, ""),
+    ("0.00.043.638 I load_tensors: loading model tensors, this can take a while... "
+     "(load_mode = mmap)", None, ""),
+    ("0.00.261.705 I srv    load_model: initializing, n_slots = 4", None, ""),
+])
+def test_parse_line(line: str, kind: str | None, detail: object) -> None:
+    event = parse_line(line)
+    if kind is None:
+        assert event is None
+        return
+    assert event is not None and event.kind == kind
+    if kind == "offloaded":
+        assert (event.n, event.m) == detail
+    elif detail:
+        assert event.path == detail
+
+
+def test_recorded_fit_log_shows_layers_pushed_to_ram() -> None:
+    tracker = LoadTracker()
+    for line in log("vulkan-lavapipe-fit-target-lv4.log").splitlines():
+        tracker.feed(line)
+    load = tracker.current
+    assert load is not None and load.path == "/models/tiny.gguf"
+    assert load.offload() == (0, 3) and load.loaded and load.listening
+    assert load.layers_in_ram() == ("only 0/3 layers on GPU with the draft: --fit moved "
+                                    "layers to RAM")
+
+
+def test_recorded_partial_ngl_log() -> None:
+    assert offload_of(log("vulkan-lavapipe-ngl1-lv4.log")) == (1, 3)
+
+
+def test_a_cpu_build_never_concludes_anything() -> None:
+    tracker = LoadTracker()
+    for line in log("b11434-cpu-A_full_mtp.log").splitlines():
+        tracker.feed(line)
+    assert tracker.current is not None and tracker.current.offload() == (0, 0)
+    assert tracker.current.layers_in_ram() == "" and tracker.current.loaded
+
+
+@pytest.mark.parametrize("name,kinds", [
+    ("b11434-cpu-F_plain_mtp.log", {"mtp_missing", "mtp_failed", "load_failed"}),
+    ("b11434-cpu-G_trunk_mtp.log", {"mtp_missing"}),
+    ("b11434-cpu-missingmd.log", {"load_failed"}),
+])
+def test_recorded_failures_are_recognised(name: str, kinds: set[str]) -> None:
+    tracker = LoadTracker()
+    for line in log(name).splitlines():
+        tracker.feed(line)
+    load = tracker.current or tracker.before
+    assert kinds <= {e.kind for e in load.errors}
+    assert not load.listening
+
+
+# The reference's own review found these: each line below is a real b11434 format.
+SERVER_LOAD = "0.00.008.565 I srv    load_model: loading model '/models/big.gguf'"
+INIT_AFTER = "0.00.261.705 I srv    load_model: initializing, n_slots = 4, n_ctx_slot = 4096"
+TENSORS = "0.00.043.638 I load_tensors: loading model tensors, this can take a while..."
+
+
+def test_the_load_starts_at_the_servers_loading_model_line_not_at_initializing() -> None:
+    text = "\n".join([SERVER_LOAD, TENSORS, "load_tensors: offloaded 30/65 layers to GPU",
+                      INIT_AFTER, "llama_server: model loaded"])
+    assert offload_of(text) == (30, 65)
+
+
+def test_a_separately_loaded_draft_cannot_hide_the_model() -> None:
+    # model partly in RAM, then the draft's own tensors and full offload line
+    text = "\n".join([SERVER_LOAD, TENSORS, "load_tensors: offloaded 30/65 layers to GPU",
+                      TENSORS, "load_tensors: offloaded 5/5 layers to GPU"])
+    assert offload_of(text) == (30, 65)
+
+
+def test_the_worse_of_model_and_draft_counts() -> None:
+    text = "\n".join([SERVER_LOAD, TENSORS, "load_tensors: offloaded 65/65 layers to GPU",
+                      TENSORS, "load_tensors: offloaded 2/5 layers to GPU"])
+    assert offload_of(text) == (2, 5)
+    full = "\n".join([SERVER_LOAD, "load_tensors: offloaded 65/65 layers to GPU",
+                      "load_tensors: offloaded 5/5 layers to GPU"])
+    assert offload_of(full) == (65, 65)
+
+
+def test_only_the_last_load_counts() -> None:
+    text = "\n".join([SERVER_LOAD, "load_tensors: offloaded 10/65 layers to GPU",
+                      SERVER_LOAD, "load_tensors: offloaded 65/65 layers to GPU"])
+    assert offload_of(text) == (65, 65)
+
+
+def test_no_loading_line_means_nothing_to_conclude() -> None:
+    assert offload_of("load_tensors: offloaded 10/65 layers to GPU") == (0, 0)
+
+
+def test_recorded_draft_kept_on_cpu_is_the_worse_offload() -> None:
+    """Real Vulkan log: target -ngl 99 (3/3 on GPU), draft -ngld 0 (0/2) in one load."""
+    text = log("vulkan-lavapipe-draft-lv4.log")
+    assert "offloaded 3/3 layers to GPU" in text
+    assert offload_of(text) == (0, 2)

@@ -1,0 +1,38 @@
+"""The documented API (data/dbus/org.lokid.Lokid1.xml) is exactly what the daemon exports,
+and every member is described."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from support.apidoc import DOCSTRING, documented, members
+
+from lokid.dbus.interfaces import ManagerInterface, PresetInterface
+from lokid.dbus.registry import Registry
+
+
+@pytest.mark.parametrize("cls", [ManagerInterface, PresetInterface])
+def test_the_document_matches_the_exported_interface(cls: type) -> None:
+    backend = SimpleNamespace(registry=Registry("/nonexistent", "/nonexistent"))
+    iface = cls(backend, *(["p"] if cls is PresetInterface else []))
+    live = iface.introspect().to_xml()
+    doc = documented()[live.get("name")]
+    assert members(doc) == members(live)
+
+
+def test_every_interface_and_member_is_described() -> None:
+    for iface in documented().values():
+        for el in [iface, *[e for e in iface if e.tag in ("property", "method", "signal")]]:
+            docs = [a for a in el if a.tag == "annotation" and a.get("name") == DOCSTRING]
+            assert docs and len(docs[0].get("value", "")) > 10, el.get("name")
+
+
+def test_every_key_of_the_bench_reply_is_documented() -> None:
+    from lokid.bench.measure import Outcome
+    from lokid.core.benchrules import Result
+
+    (bench,) = [m for m in documented()["org.lokid.Lokid1.Manager"] if m.get("name") == "Bench"]
+    text = next(a.get("value", "") for a in bench if a.get("name") == DOCSTRING)
+    for key in Outcome(Result("quick"), False, "0" * 16, "http://127.0.0.1:1").reply():
+        assert f" {key} (" in text, key

@@ -1,0 +1,408 @@
+"""The daemon's verbs with its local runner: the real engine started, watched and stopped over a
+private real dbus-daemon.
+
+On a session bus the daemon runs ``lokid prestart`` and ``lokid engine`` as its own
+children (lokid.engine.local_runner); these tests drive it only through D-Bus and check what
+an operator would see: EngineStateChanged in order, the properties, the engine
+answering HTTP, restarts after a crash, and the refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dbus_fast import DBusError
+from dbus_fast.aio import MessageBus
+from support import DATA
+from support.daemonkit import Running, daemon_on
+from support.enginekit import free_port, write_config, write_preset
+from support.polkit_standin import PolkitStandIn
+
+from lokid.core.names import (
+    BUS_NAME,
+    ERROR_PREFIX,
+    MANAGER_INTERFACE,
+    OBJECT_PATH,
+    PRESET_INTERFACE,
+    preset_object_path,
+)
+from lokid.engine import local_runner as localrunner
+from lokid.engine.proc import resident_kib
+from lokid.engine.state import StateDB
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+LOGS = DATA / "engine-logs"
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {"ngram": free_port(), "plain": free_port(), "auto": free_port()}
+
+
+@pytest.fixture
+def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> Path:
+    config = write_config(tmp_path, engine, [models.dir])
+    assert Path(models.llama).name == "llama.gguf"
+    write_preset(config, "ngram", f'model = "llama.gguf"\nctx = 2048\nport = {ports["ngram"]}\n'
+                 '[spec]\nmode = "ngram"\n')
+    write_preset(config, "plain", f'model = "llama.gguf"\nctx = 2048\nport = {ports["plain"]}\n')
+    write_preset(config, "nomodel", 'model = "absent.gguf"\n')
+    return config
+
+
+def health(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return int(r.status)
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+async def test_start_and_stop_through_the_bus(running: Running, ports: dict[str, int]) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    preset = await running.iface(preset_object_path("ngram"), PRESET_INTERFACE)
+    assert await preset.get_state() == "inactive" and await manager.get_active_presets() == []
+    await manager.call_start_preset("ngram")
+    await running.wait_event("ngram", "ready")
+    states = [ev[1] for ev in running.events if ev[0] == "ngram"]
+    assert states[0] == "loading" and states[-1] == "ready" and "failed" not in states
+    assert health(ports["ngram"]) == 200
+    assert await preset.get_state() == "ready"
+    assert (await preset.get_status()).startswith("ready: ngram (llama.gguf) at http://")
+    assert await preset.get_spec_active() == ["ngram-mod"]
+    assert await manager.get_active_presets() == ["ngram"]
+    # starting what runs is a no-op, as with systemctl start
+    seen = len(running.events)
+    await manager.call_start_preset("ngram")
+    await asyncio.sleep(0.5)
+    assert running.events[seen:] == []
+
+    await manager.call_stop_preset("ngram")
+    ev = await running.wait_event("ngram", "inactive", after=seen)
+    assert [e[1] for e in running.events[seen:] if e[0] == "ngram"] == ["stopping", "inactive"]
+    assert ev[2] == "stopped"
+    assert health(ports["ngram"]) is None
+    assert await manager.get_active_presets() == [] and await preset.get_spec_active() == []
+
+
+async def test_a_crashed_engine_is_restarted_and_a_restart_gives_a_new_engine(
+        running: Running, ports: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localrunner, "RESTART_SEC", 0.5)
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("plain")
+    await running.wait_event("plain", "ready")
+    runner = running.daemon.runner
+    assert isinstance(runner, localrunner.LocalRunner)
+    proc = runner.engines["plain"].proc
+    assert proc is not None
+    (engine_pid,) = children(proc.pid)
+    seen = len(running.events)
+    os.kill(engine_pid, signal.SIGKILL)  # what an engine crash looks like to its supervisor
+    ev = await running.wait_event("plain", "loading", after=seen)
+    assert "restarting in 0.5 s after a failure (the engine exited with status 137)" in ev[2], ev
+    await running.wait_event("plain", "ready", after=seen)
+    assert health(ports["plain"]) == 200
+
+    proc = runner.engines["plain"].proc
+    assert proc is not None
+    before = children(proc.pid)
+    seen = len(running.events)
+    await manager.call_restart_preset("plain")
+    await running.wait_event("plain", "ready", after=seen)
+    assert [e[1] for e in running.events[seen:]] == ["stopping", "loading", "ready"]
+    proc = runner.engines["plain"].proc
+    assert proc is not None and children(proc.pid) != before
+    await manager.call_stop_preset("plain")
+    await running.wait_event("plain", "inactive", after=seen)
+
+
+async def test_the_local_runner_samples_its_engine_for_the_thrash_hint(
+        running: Running) -> None:
+    # the engine is the daemon's grandchild, of its own user: its /proc files, no port scan
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    runner = running.daemon.runner
+    assert isinstance(runner, localrunner.LocalRunner)
+    assert await runner.io_sampler("plain") is None  # not started
+    await manager.call_start_preset("plain")
+    await running.wait_event("plain", "ready")
+    proc = runner.engines["plain"].proc
+    assert proc is not None
+    (engine_pid,) = children(proc.pid)
+    sampler = await runner.io_sampler("plain")
+    assert sampler is not None
+    sample = await sampler()
+    after = read_bytes(engine_pid)
+    assert sample is not None and sample.memory == "engine RSS"
+    # the engine's own figures, not its supervisor's: between what /proc says around them
+    assert 0 <= sample.read_bytes <= after
+    rss = resident_kib(engine_pid)
+    assert sample.memory_bytes is not None and rss is not None
+    assert abs(sample.memory_bytes - rss * 1024) <= rss * 1024 // 4, (sample, rss)
+    again = await sampler()
+    assert again is not None and again.read_bytes >= sample.read_bytes
+    seen = len(running.events)
+    await manager.call_stop_preset("plain")
+    await running.wait_event("plain", "inactive", after=seen)
+    assert await sampler() is None  # the process is gone: no figure, never an old one
+    assert await runner.io_sampler("plain") is None
+
+
+def read_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+async def test_a_failed_prestart_is_final_and_says_why(running: Running,
+                                                       ports: dict[str, int]) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports["plain"]))
+        s.listen()
+        await manager.call_start_preset("plain")
+        ev = await running.wait_event("plain", "failed")
+    assert ev[2].startswith("prestart failed: port ") and "already in use" in ev[2], ev
+    await asyncio.sleep(0.5)
+    assert [e[1] for e in running.events] == ["loading", "failed"]
+    assert await manager.get_active_presets() == []
+
+
+@pytest.mark.parametrize("name,error", [
+    ("nope", "NotFound"), ("../etc/passwd", "NotFound"), ("x" * 300, "NotFound"),
+    ("nomodel", "InvalidPreset"),
+])
+async def test_what_cannot_start_is_refused_with_a_reason(running: Running, name: str,
+                                                          error: str) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    with pytest.raises(DBusError) as exc:
+        await manager.call_start_preset(name)
+    assert exc.value.type == ERROR_PREFIX + error
+    assert len(exc.value.text) < 400 and "Traceback" not in exc.value.text
+    assert running.events == []
+
+
+async def test_clear_failures_forgets_the_recorded_cut(running: Running, tmp_path: Path) -> None:
+    from lokid.engine.state import Mark
+
+    with StateDB(str(tmp_path / "state")) as db:
+        db.record_failure("plain", Mark("f" * 16, "/e", 1), "layers in RAM")
+        db.record_failure("plain", Mark("e" * 16, "/e", 1), "layers in RAM")
+    preset = await running.iface(preset_object_path("plain"), PRESET_INTERFACE)
+    assert await preset.call_clear_failures() == 2
+    assert await preset.call_clear_failures() == 0
+    with StateDB(str(tmp_path / "state")) as db:
+        assert db.failures("plain") == []
+
+
+async def test_reload_over_the_bus_serves_a_new_preset(running: Running, config: Path) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    write_preset(config, "added", 'model = "llama.gguf"\nctx = 2048\n')
+    (config / "presets" / "plain.toml").unlink()
+    await manager.call_reload()
+    assert preset_object_path("added") in await manager.get_presets()
+    assert preset_object_path("plain") not in await manager.get_presets()
+
+
+def fit_wrapper(root: Path, engine: str) -> Path:
+    """An engine that prints a recorded --fit load (layers pushed to RAM with a draft,
+    Vulkan lavapipe: tests/data/engine-logs/README.md), then runs the real one with its
+    own log silenced (a CPU build's load would read as a second, GPU-less load)."""
+    log = LOGS / "vulkan-lavapipe-fit-target-lv4.log"
+    path = root / "fit-engine"
+    path.write_text(f"#!{sys.executable}\n"
+                    "import os, sys\n"
+                    "if not {'--help', '--version'} & set(sys.argv):\n"
+                    f"    sys.stderr.write(open({str(log)!r}).read())\n"
+                    "    sys.stderr.flush()\n"
+                    "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
+                    f"os.execv({engine!r}, [{engine!r}] + sys.argv[1:])\n")
+    path.chmod(0o755)
+    return path
+
+
+async def test_layers_in_ram_seen_in_the_engine_pipe_cut_auto_speculation(
+        tmp_path: Path, engine: str, models: Any, bus_address: str) -> None:
+    config = write_config(tmp_path, str(fit_wrapper(tmp_path, engine)), [models.dir])
+    write_preset(config, "auto", f'model = "{models.mtp_full}"\nctx = 2048\n'
+                 f'port = {free_port()}\n[spec]\nmode = "auto"\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        preset = await running.iface(preset_object_path("auto"), PRESET_INTERFACE)
+        verdicts: list[tuple[str, str]] = []
+        manager.on_verdict_recorded(lambda p, r: verdicts.append((p, r)))
+        assert "draft-mtp" in await preset.get_argv()
+        await manager.call_start_preset("auto")
+        await running.wait_event("auto", "ready")
+        assert await preset.get_spec_active() == ["draft-mtp"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not await preset.get_auto_spec_blocked():
+            await asyncio.sleep(0.05)
+        reason = "only 0/3 layers on GPU with the draft: --fit moved layers to RAM"
+        assert verdicts == [("auto", reason)]
+        assert await preset.get_auto_spec_blocked() == reason
+        assert "draft-mtp" not in await preset.get_argv()  # the next start runs without it
+
+
+def busctl_as(address: str, user: str, groups: str, *args: str
+              ) -> subprocess.CompletedProcess[str]:
+    """busctl as another user (setpriv: real uid, gid and supplementary groups)."""
+    return subprocess.run(["setpriv", f"--reuid={user}", "--regid=nogroup",
+                           f"--groups={groups}" if groups else "--clear-groups",
+                           "busctl", f"--address={address}", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_verbs_need_root_or_the_manage_group(config: Path, tmp_path: Path,
+                                                   open_bus_address: str) -> None:
+    # the manage group is "users" here: the host has no loki group, and tests do not
+    # add one; the container tests check the real loki group
+    async with daemon_on(config, tmp_path, open_bus_address, manage_group="users") as running:
+        def call(user: str, groups: str, *args: str) -> subprocess.CompletedProcess[str]:
+            return busctl_as(open_bus_address, user, groups, "call", BUS_NAME, *args)
+
+        plain = preset_object_path("plain")
+        r = await asyncio.to_thread(call, "nobody", "", OBJECT_PATH, MANAGER_INTERFACE,
+                                    "StartPreset", "s", "plain")
+        assert r.returncode != 0
+        assert "needs root or membership of group 'users'" in r.stderr, r.stderr
+        r = await asyncio.to_thread(call, "nobody", "", plain, PRESET_INTERFACE,
+                                    "ClearFailures")
+        assert r.returncode != 0 and "membership of group" in r.stderr, r.stderr
+        # reading needs nothing
+        r = await asyncio.to_thread(call, "nobody", "", plain, PRESET_INTERFACE, "Plan")
+        assert r.returncode == 0, r.stderr
+        # a member of the group (its supplementary groups, as the socket shows them)
+        r = await asyncio.to_thread(call, "nobody", "users", plain, PRESET_INTERFACE,
+                                    "ClearFailures")
+        assert r.returncode == 0 and r.stdout.strip() == "u 0", r.stderr
+        assert running.events == []
+
+
+async def test_lokictl_as_an_unprivileged_user_exits_3_with_the_reason(
+        config: Path, tmp_path: Path, open_bus_address: str) -> None:
+    async with daemon_on(config, tmp_path, open_bus_address):
+        r = await asyncio.to_thread(
+            subprocess.run, ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                             sys.executable, "-m", "lokid.ctl", "--address", open_bus_address,
+                             "start", "plain"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 3, r
+        assert r.stderr.startswith("lokictl: StartPreset needs root or membership of group "
+                                   "'loki'"), r.stderr
+        r = await asyncio.to_thread(
+            subprocess.run, ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                             sys.executable, "-m", "lokid.ctl", "--address", open_bus_address,
+                             "show", "plain"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "State: inactive" in r.stdout, r
+
+
+@pytest.mark.parametrize("allowed,ok", [({"org.lokid.lokid1.manage"}, True), (set(), False)])
+async def test_where_polkit_runs_it_decides(config: Path, tmp_path: Path,
+                                            open_bus_address: str, allowed: set[str],
+                                            ok: bool) -> None:
+    polkit_bus = await MessageBus(bus_address=open_bus_address).connect()
+    stand_in = PolkitStandIn(allowed)
+    polkit_bus.export("/org/freedesktop/PolicyKit1/Authority", stand_in)
+    await polkit_bus.request_name("org.freedesktop.PolicyKit1")
+    try:
+        async with daemon_on(config, tmp_path, open_bus_address):
+            # nobody, in the manage group: with polkit on the bus, only polkit's answer counts
+            r = await asyncio.to_thread(
+                busctl_as, open_bus_address, "nobody", "users", "call", BUS_NAME,
+                preset_object_path("plain"), PRESET_INTERFACE, "ClearFailures")
+    finally:
+        polkit_bus.disconnect()
+    assert (r.returncode == 0) is ok, r.stderr
+    if not ok:
+        assert "not authorized by polkit for org.lokid.lokid1.manage" in r.stderr, r.stderr
+    ((kind, subject), action, flags), = stand_in.calls
+    assert kind == "system-bus-name" and subject["name"].value.startswith(":1.")
+    assert action == "org.lokid.lokid1.manage"
+    assert flags == 1  # busctl allows interactive authorisation by default: passed on
+
+
+def deaf_engine(root: Path, engine: str) -> Path:
+    """An engine that answers /health but ignores SIGTERM (the real one for --help and
+    --version, which the plan reads)."""
+    path = root / "deaf-engine"
+    path.write_text(f"#!{sys.executable}\n"
+                    "import http.server, os, signal, sys\n"
+                    "if {'--help', '--version'} & set(sys.argv):\n"
+                    f"    os.execv({engine!r}, [{engine!r}] + sys.argv[1:])\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+                    "class H(http.server.BaseHTTPRequestHandler):\n"
+                    "    def do_GET(self):\n"
+                    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+                    "    def log_message(self, *a): pass\n"
+                    "open(os.environ['DEAF_PID'], 'w').write(str(os.getpid()))\n"
+                    "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
+    path.chmod(0o755)
+    return path
+
+
+async def test_a_stop_past_its_timeout_kills_and_leaves_no_engine(
+        tmp_path: Path, engine: str, models: Any, bus_address: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localrunner, "STOP_TIMEOUT", 2.0)
+    monkeypatch.setenv("DEAF_PID", str(tmp_path / "deaf.pid"))
+    config = write_config(tmp_path, str(deaf_engine(tmp_path, engine)), [models.dir])
+    write_preset(config, "deaf", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n')
+    assert Path(models.llama).exists()
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        await manager.call_start_preset("deaf")
+        await running.wait_event("deaf", "ready")
+        pid = int((tmp_path / "deaf.pid").read_text())
+        t0 = time.monotonic()
+        await manager.call_stop_preset("deaf")
+        await running.wait_event("deaf", "inactive", timeout=30)
+        assert time.monotonic() - t0 >= 2.0  # SIGTERM was ignored: the timeout ended it
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not alive(pid), "the engine outlived its supervisor"
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie left for an init that does not reap is dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_a_preset_fixed_since_the_load_starts_without_a_reload(
+        tmp_path: Path, engine: str, models: Any, bus_address: str) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    config = write_config(tmp_path, engine, [models.dir, extra])
+    write_preset(config, "late", f'model = "late.gguf"\nctx = 2048\nport = {free_port()}\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        with pytest.raises(DBusError) as exc:
+            await manager.call_start_preset("late")
+        assert exc.value.type == ERROR_PREFIX + "InvalidPreset" and "late.gguf" in exc.value.text
+        shutil.copy(models.llama, extra / "late.gguf")  # the operator copies the model in
+        await manager.call_start_preset("late")
+        await running.wait_event("late", "ready")
+        preset = await running.iface(preset_object_path("late"), PRESET_INTERFACE)
+        assert str(extra / "late.gguf") in await preset.get_argv()
+        await manager.call_stop_preset("late")
+        await running.wait_event("late", "inactive")

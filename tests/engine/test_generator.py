@@ -1,0 +1,54 @@
+"""lokid.engine.generator: per-preset drop-ins for loki-engine@<preset>.service."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from support.enginekit import write_config, write_preset
+
+from lokid.engine.generator import BASE_START_TIMEOUT, MAX_START_TIMEOUT, generate, start_timeout
+
+
+def dropin(out: Path, preset: str) -> str:
+    return (out / f"loki-engine@{preset}.service.d" / "50-lokid-preset.conf").read_text()
+
+
+def test_one_dropin_per_valid_preset(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "big.gguf").write_bytes(b"\0" * (3 * 2**20))
+    config = write_config(tmp_path, "/usr/bin/llama-server", [models])
+    write_preset(config, "a-b.c_d", 'model = "big.gguf"\ngpus = [0, 2]\n')
+    write_preset(config, "cpu", 'model = "/elsewhere/missing%.gguf"\n')
+    write_preset(config, "broken", "model = \n")
+    out = tmp_path / "gen"
+    assert generate(str(config), str(out)) == ["loki-engine@a-b.c_d.service",
+                                               "loki-engine@cpu.service"]
+    text = dropin(out, "a-b.c_d")
+    assert "Description=lokid engine a-b.c_d: big.gguf" in text
+    assert 'Environment="CUDA_VISIBLE_DEVICES=0,2"' in text
+    assert f"TimeoutStartSec={start_timeout(3 * 2**20)}" in text
+    cpu = dropin(out, "cpu")
+    assert "CUDA_VISIBLE_DEVICES" not in cpu
+    assert "Description=lokid engine cpu: missing%%.gguf" in cpu  # % is a specifier
+    assert f"TimeoutStartSec={BASE_START_TIMEOUT}" in cpu  # size unknown (disk not mounted?)
+    assert not (out / "loki-engine@broken.service.d").exists()
+
+
+def test_start_timeout_scales_with_the_model_and_is_bounded() -> None:
+    assert start_timeout(None) == BASE_START_TIMEOUT
+    assert start_timeout(40 * 2**30) > start_timeout(4 * 2**30) > BASE_START_TIMEOUT
+    assert start_timeout(10 * 2**40) == MAX_START_TIMEOUT
+
+
+def test_generator_command_takes_systemds_three_directories(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "/usr/bin/llama-server", [tmp_path])
+    write_preset(config, "p", 'model = "m.gguf"\n')
+    dirs = [tmp_path / d for d in ("normal", "early", "late")]
+    r = subprocess.run([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                        "generate", *map(str, dirs)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Description=lokid engine p: m.gguf" in dropin(dirs[0], "p")
+    assert not dirs[1].exists() and not dirs[2].exists()

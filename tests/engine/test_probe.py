@@ -1,0 +1,108 @@
+"""lokid.core.caps, lokid.engine.probe: the real engine's --help/--version, and recorded ones."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.engine_data import B11434, B11434_HELP, DATA
+
+from lokid.core.caps import parse_flags, parse_version
+from lokid.core.errors import EngineError
+from lokid.engine import probe as engineprobe
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.mark.parametrize("text,build,commit", [
+    ("version: 0.6.0-dev (build 11434, commit abc1234)\nbuilt with GNU 12", 11434, "abc1234"),
+    ("version: 0.6.0-dev (build 11434, commit unknown)", 11434, "unknown"),
+    ("version: 6543 (abcdef12)\nbuilt with cc", 6543, "abcdef12"),
+    ("version: 0 (unknown)", 0, "unknown"),
+    ("", 0, ""),
+    ("llama-server from a fork, no version line", 0, ""),
+])
+def test_build_number_from_both_version_formats(text: str, build: int, commit: str) -> None:
+    assert parse_version(text) == (build, commit)
+
+
+def test_flags_come_from_the_option_column_only() -> None:
+    flags = parse_flags(B11434_HELP)
+    for flag in ("--spec-type", "--spec-draft-n-max", "--spec-draft-sampling", "-md",
+                 "--spec-ngram-mod-n-match", "-fit", "--fit", "-ngl", "--n-gpu-layers",
+                 "--spec-default", "-hfd", "--model"):
+        assert flag in flags, flag
+    # mentioned in a description ("use --spec-draft-n-max or …"), never as an option:
+    assert "--list" not in flags
+    assert "-" not in flags
+
+
+def test_recorded_help_is_what_the_real_engine_prints(engine: str) -> None:
+    live = subprocess.run([engine, "--help"], capture_output=True, text=True, check=True).stdout
+    assert parse_flags(live) == B11434.flags
+    assert live == (DATA / "b11434-help.txt").read_text()
+
+
+def test_probe_of_the_real_engine(engine: str) -> None:
+    caps = engineprobe.probe_engine(engine)
+    assert caps.build == 11434
+    assert caps.path == os.path.realpath(engine)
+    assert caps.knows("--spec-draft-n-max") and caps.mentions("draft-mtp")
+    assert caps.knows("--spec-ngram-mod-n-match") and caps.knows("--spec-draft-sampling")
+    assert engineprobe.probe_engine(engine) is caps  # cached
+
+
+def fake_engine(path: Path, version: str, help_text: str = B11434_HELP) -> Path:
+    (path.parent / "help.txt").write_text(help_text)
+    path.write_text(f"""#!/bin/sh
+case "$1" in
+  --version) echo '{version}' >&2 ;;
+  --help) /bin/cat '{path.parent / "help.txt"}' ;;
+esac
+""")
+    path.chmod(0o755)
+    return path
+
+
+def test_probe_is_cached_per_binary_and_redone_when_it_changes(tmp_path: Path) -> None:
+    engine = fake_engine(tmp_path / "llama-server", "version: 6543 (abcdef12)")
+    first = engineprobe.probe_engine(str(engine))
+    assert first.build == 6543
+    assert engineprobe.probe_engine(str(engine)) is first
+    fake_engine(engine, "version: 0.6.0-dev (build 11500, commit 1)")
+    os.utime(engine, ns=(1, 1))  # a new mtime, as an in-place upgrade gives
+    assert engineprobe.probe_engine(str(engine)).build == 11500
+
+
+def test_engine_found_in_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_engine(tmp_path / "llama-server", "version: 1 (x)")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert engineprobe.probe_engine("llama-server").path == str(tmp_path / "llama-server")
+
+
+def test_missing_engine_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(EngineError, match=r"engine 'llama-server' not found: install "
+                       r"llama-server, or set engine = .* in /etc/loki/lokid.toml"):
+        engineprobe.probe_engine("llama-server", "/etc/loki/lokid.toml")
+    with pytest.raises(EngineError, match="not found"):
+        engineprobe.probe_engine(str(tmp_path / "nope"))
+
+
+def test_non_executable_engine(tmp_path: Path) -> None:
+    path = tmp_path / "llama-server"
+    path.write_text("")
+    with pytest.raises(EngineError, match="is not an executable file"):
+        engineprobe.probe_engine(str(path))
+    with pytest.raises(EngineError, match="is not an executable file"):
+        engineprobe.probe_engine(str(tmp_path))
+
+
+def test_a_binary_that_is_not_llama_server(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="is it llama-server"):
+        engineprobe.probe_engine("/bin/true")
+    engine = fake_engine(tmp_path / "llama-server", "v", help_text="usage: something else\n")
+    with pytest.raises(EngineError, match="is it llama-server"):
+        engineprobe.probe_engine(str(engine))

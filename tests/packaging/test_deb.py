@@ -1,0 +1,269 @@
+"""lokid's Debian package on Debian 13 (trixie) and 12 (bookworm), in real containers.
+
+For each release (tests/support/debpkg.py): built with its debhelper, dh-python and
+Python (the build-time tests run there against its python3-dbus-fast: 2.x on
+trixie, 1.84 on bookworm), checked by its lintian, then installed with apt into
+a booted system of that release that has only systemd, dbus and apt: apt
+resolves lokid's dependencies from Debian. On that system the tests follow an
+operator: the autopkgtest smoke test passes; without an engine a preset's unit
+fails with a clear message; the daemon is enabled and answers on the bus; a
+preset pointing at the real llama-server and a generated model starts with
+systemctl and becomes ready as loki; an upgrade restarts the daemon and leaves
+the engine running; remove stops everything and keeps config and state, purge
+removes them, and a reinstall works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.debpkg import PYTHON, SUITES, Build, build_in_container, runtime_packages
+from support.enginekit import engine_binary, free_port
+from support.systemd_harness import Container, _say
+
+pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
+
+NEXT = "+ci1"                  # the version suffix of the upgrade's build
+EXPOSURE_GOAL = 3.0            # lokid.service, as tests/dbus/test_daemon_systemd.py
+BUS = "org.lokid.Lokid1"
+ENGINE_DIR = "/opt/engine"
+MODEL_DIR = "/srv/models"
+
+
+@pytest.fixture(scope="module", params=SUITES)
+def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """dpkg-buildpackage -us -uc -b in a container of the release, lintian on the result."""
+    suite: str = request.param
+    b = build_in_container(suite, tmp_path_factory.mktemp(f"deb-{suite}"), NEXT)
+    assert b.rc == 0, f"dpkg-buildpackage failed on {suite}:\n{b.log[-6000:]}"
+    return b
+
+
+def test_the_package_builds_and_its_build_time_tests_pass_on_the_release(build: Build
+                                                                         ) -> None:
+    assert build.deb.is_file() and build.next_deb is not None and build.next_deb.is_file()
+    # pybuild ran the modules that need only Debian's libraries, with the release's Python.
+    assert f"{PYTHON[build.suite]} -m pytest" in build.log, build.log[-3000:]
+    passed = re.search(r"=+ (\d+) passed", build.log)
+    assert passed and int(passed.group(1)) > 100, build.log[-3000:]
+    assert not re.search(r"\d+ (failed|error)", build.log), build.log[-3000:]
+
+
+def test_lintian_has_no_error_and_no_warning(build: Build) -> None:
+    said = build.lintian.strip() or "(nothing)"
+    _say(f"lintian ({build.suite}) on lokid {build.version}:\n{said}")
+    tags = [line for line in build.lintian.splitlines() if re.match(r"[EW]: ", line)]
+    assert build.lintian_rc == 0 and not tags, build.lintian
+
+
+# --- installed ---------------------------------------------------------------------------
+
+
+@dataclass
+class System:
+    ct: Container
+    build: Build
+    port: int = 0
+    install_s: float = 0.0
+
+
+def apt(ct: Container, *args: str) -> str:
+    r = ct.run(["apt-get", "-q", "-y", *args], check=False, timeout=900,
+               env={"DEBIAN_FRONTEND": "noninteractive"})
+    assert r.returncode == 0, f"apt-get {' '.join(args)}:\n{r.stdout[-4000:]}\n{r.stderr}"
+    return r.stdout
+
+
+def status(ct: Container) -> str:
+    """dpkg's status of lokid: "ii" installed, "rc" removed with its config, "" purged."""
+    r = ct.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", "lokid"], check=False)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def exists(ct: Container, path: str) -> bool:
+    return ct.run(["test", "-e", path], check=False).returncode == 0
+
+
+def health(ct: Container, port: int) -> int:
+    r = ct.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3",
+                f"http://127.0.0.1:{port}/health"], check=False)
+    return int(r.stdout) if r.stdout.strip().isdigit() else 0
+
+
+def main_pid(ct: Container, unit: str) -> int:
+    return int(ct.show(unit, "MainPID")["MainPID"])
+
+
+def exposure(ct: Container, unit: str) -> float:
+    out = ct.run(["systemd-analyze", "security", "--no-pager", unit]).stdout
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out)
+    assert m, out[-2000:]
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def system(build: Build, models: Any) -> Iterator[System]:
+    """A booted system of the release with lokid installed by apt (timed)."""
+    binds = {"/debs": str(build.deb.parent), ENGINE_DIR: os.path.dirname(engine_binary())}
+    with Container(suite=build.suite, packages=runtime_packages(build.suite),
+                   binds=binds) as ct:
+        assert status(ct) == ""
+        apt(ct, "update")
+        t0 = time.monotonic()
+        apt(ct, "install", f"/debs/{build.deb.name}")
+        sys = System(ct, build, install_s=time.monotonic() - t0)
+        ct.write_file(f"{MODEL_DIR}/llama.gguf", Path(models.llama).read_bytes())
+        yield sys
+
+
+def test_apt_installs_it_with_its_dependencies_from_debian(system: System) -> None:
+    ct = system.ct
+    assert status(ct) == "ii"
+    assert ct.run(["dpkg-query", "-W", "-f", "${Version}", "lokid"]).stdout == system.build.version
+    # apt fetched the Python libraries (none were in the image) and the recommended polkitd.
+    for pkg in ("python3-dbus-fast", "python3-httpx", "python3-systemd", "polkitd"):
+        assert ct.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev}", pkg],
+                      check=False).stdout.startswith("ii"), pkg
+    conffiles = ct.run(["dpkg-query", "-W", "-f", "${Conffiles}", "lokid"]).stdout
+    assert "/etc/loki/lokid.toml" in conffiles and "/etc/loki/presets/example.toml" in conffiles
+    # The template is shipped, not enabled; nothing starts an engine by itself.
+    assert ct.systemctl("is-enabled", "loki-engine@.service", check=False).stdout.strip() in (
+        "disabled", "indirect")
+
+
+def test_the_autopkgtest_smoke_test_passes_on_the_installed_package(system: System) -> None:
+    ct = system.ct
+    smoke = system.build.smoke.read_text()
+    r = ct.run(["sh", "-c", smoke], check=False, timeout=120,
+               env={"AUTOPKGTEST_TMP": "/tmp"})
+    assert r.returncode == 0 and "smoke: ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_daemon_is_enabled_active_and_introspectable(system: System) -> None:
+    ct = system.ct
+    assert ct.systemctl("is-enabled", "lokid.service").stdout.strip() == "enabled"
+    assert ct.systemctl("is-active", "lokid.service").stdout.strip() == "active"
+    out = ct.run(["busctl", "introspect", BUS, "/org/lokid/Lokid1"]).stdout
+    for member in (".StartPreset", ".Bench", ".BenchProgress", ".EngineStateChanged"):
+        assert member in out, out
+
+
+def test_without_an_engine_a_presets_unit_fails_with_a_clear_message(system: System
+                                                                       ) -> None:
+    ct = system.ct
+    # The shipped lokid.toml names no engine: lokid looks for llama-server in PATH.
+    ct.write_file("/etc/loki/presets/bare.toml", f'model = "{MODEL_DIR}/llama.gguf"\n')
+    ct.systemctl("daemon-reload")
+    r = ct.systemctl("start", "loki-engine@bare.service", check=False, timeout=120)
+    assert r.returncode != 0
+    log = ct.journal("loki-engine@bare.service")
+    assert "engine 'llama-server' not found" in log and "/etc/loki/lokid.toml" in log, log
+    assert "Failed to start" in log and "listening on" not in log, log
+    # (Restart=on-failure still retries it every 5 s until the start limit: see the note.)
+    ct.systemctl("stop", "loki-engine@bare.service", check=False)
+    ct.systemctl("reset-failed", "loki-engine@bare.service", check=False)
+    ct.run(["rm", "/etc/loki/presets/bare.toml"])
+
+
+def test_a_preset_starts_with_systemctl_and_becomes_ready_as_loki(system: System) -> None:
+    ct = system.ct
+    engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
+    # What an operator does: name the engine and the model directory, write a preset.
+    ct.write_file("/etc/loki/lokid.toml",
+                  f"engine = {json.dumps(engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n")
+    system.port = free_port()
+    ct.write_file("/etc/loki/presets/demo.toml",
+                  f'model = "llama.gguf"\nctx = 2048\nport = {system.port}\n')
+    ct.systemctl("daemon-reload")
+    t0 = time.monotonic()
+    ct.systemctl("start", "loki-engine@demo.service", timeout=300)
+    start_s = time.monotonic() - t0
+    assert health(ct, system.port) == 200
+    _say(f"{system.build.suite}: apt-get install {system.install_s:.1f} s, then systemctl start "
+         f"loki-engine@demo to ready {start_s:.2f} s")
+    users = ct.run(["ps", "-o", "user=", "-C", "llama-server"]).stdout.split()
+    assert users == ["loki"]
+    owner = ct.run(["stat", "-c", "%U:%G", "/var/lib/loki", "/var/lib/loki/state.db",
+                    "/run/loki/demo.json"]).stdout.split()
+    assert owner == ["loki:loki"] * 3
+    # The daemon, told of the new preset, follows its unit: lokictl shows it ready.
+    ct.systemctl("reload", "lokid.service")
+    deadline = time.monotonic() + 30
+    while "ready" not in (out := ct.run(["lokictl", "show", "demo"]).stdout):
+        assert time.monotonic() < deadline, out
+        time.sleep(0.2)
+
+
+def test_systemd_analyze_security_of_both_units(system: System) -> None:
+    ct = system.ct
+    daemon = exposure(ct, "lokid.service")
+    engine = exposure(ct, "loki-engine@demo.service")
+    _say(f"{system.build.suite}: systemd-analyze security: lokid.service {daemon}, "
+         f"loki-engine@demo.service {engine}")
+    assert daemon <= EXPOSURE_GOAL
+
+
+def test_an_upgrade_restarts_the_daemon_and_leaves_the_engine_running(system: System
+                                                                       ) -> None:
+    ct = system.ct
+    daemon, engine = main_pid(ct, "lokid.service"), main_pid(ct, "loki-engine@demo.service")
+    assert daemon and engine
+    assert system.build.next_deb is not None
+    apt(ct, "install", f"/debs/{system.build.next_deb.name}")
+    version = ct.run(["dpkg-query", "-W", "-f", "${Version}", "lokid"]).stdout
+    assert version == system.build.version + NEXT
+    # The operator's lokid.toml is kept (a changed conffile the package did not change).
+    assert ENGINE_DIR in ct.read_file("/etc/loki/lokid.toml")
+    assert ct.systemctl("is-active", "lokid.service").stdout.strip() == "active"
+    assert main_pid(ct, "lokid.service") not in (0, daemon)
+    assert main_pid(ct, "loki-engine@demo.service") == engine
+    assert health(ct, system.port) == 200
+
+
+def test_remove_stops_everything_and_keeps_config_and_state(system: System) -> None:
+    ct = system.ct
+    apt(ct, "remove", "lokid")
+    assert status(ct) == "rc"
+    assert ct.systemctl("is-active", "lokid.service", check=False).stdout.strip() != "active"
+    assert ct.systemctl("is-active", "loki-engine@demo.service",
+                        check=False).stdout.strip() != "active"
+    assert ct.run(["pgrep", "-x", "llama-server"], check=False).returncode == 1
+    assert health(ct, system.port) == 0
+    for path in ("/etc/loki/lokid.toml", "/etc/loki/presets/example.toml",
+                 "/etc/loki/presets/demo.toml", "/var/lib/loki/state.db"):
+        assert exists(ct, path), path
+    assert not exists(ct, "/usr/bin/lokid")
+
+
+def test_purge_removes_config_and_state_and_leaves_the_operators_files(system: System
+                                                                       ) -> None:
+    ct = system.ct
+    apt(ct, "purge", "lokid")
+    assert status(ct) == ""
+    for path in ("/etc/loki/lokid.toml", "/etc/loki/presets/example.toml",
+                 "/var/lib/loki/state.db", "/run/loki"):
+        assert not exists(ct, path), path
+    # Not the package's: the preset the operator wrote, the model directory.
+    assert exists(ct, "/etc/loki/presets/demo.toml")
+    assert exists(ct, f"{MODEL_DIR}/llama.gguf")
+
+
+def test_a_reinstall_works(system: System) -> None:
+    ct = system.ct
+    ct.run(["rm", "/etc/loki/presets/demo.toml"])
+    apt(ct, "install", f"/debs/{system.build.deb.name}")
+    assert status(ct) == "ii"
+    assert ct.systemctl("is-enabled", "lokid.service").stdout.strip() == "enabled"
+    assert ct.systemctl("is-active", "lokid.service").stdout.strip() == "active"
+    assert ct.run(["stat", "-c", "%U", "/var/lib/loki"]).stdout.strip() == "loki"
+    smoke = system.build.smoke.read_text()
+    r = ct.run(["sh", "-c", smoke], check=False, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
