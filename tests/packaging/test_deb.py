@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.debpkg import PYTHON, SUITES, Build, build_in_container, runtime_packages
+from support.debpkg import (
+    PYTHON,
+    SUITES,
+    Build,
+    build_in_container,
+    not_ignored,
+    runtime_packages,
+)
 from support.enginekit import engine_binary, free_port
 from support.systemd_harness import Container, _say
 
@@ -55,6 +62,13 @@ def test_the_package_builds_and_its_build_time_tests_pass_on_the_release(build: 
     passed = re.search(r"=+ (\d+) passed", build.log)
     assert passed and int(passed.group(1)) > 100, build.log[-3000:]
     assert not re.search(r"\d+ (failed|error)", build.log), build.log[-3000:]
+
+
+def test_the_build_leaves_nothing_git_would_track(build: Build) -> None:
+    """Every file dpkg-buildpackage adds to the source tree is covered by .gitignore: none
+    gets committed by accident again (debhelper's logs and snippets once were)."""
+    assert build.products, "the build added no file at all: products are not being seen"
+    assert not_ignored(build.products) == []
 
 
 def test_lintian_has_no_error_and_no_warning(build: Build) -> None:
