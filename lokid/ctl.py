@@ -39,6 +39,7 @@ from .core.names import (
     PRESET_INTERFACE,
     preset_of_object_path,
 )
+from .dbus.wire import SafeMessageBus
 from .engine.buscall import call
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
@@ -414,7 +415,7 @@ async def connect_over_ssh(host: str) -> tuple[MessageBus, asyncio.subprocess.Pr
             listener.bind(path)
             listener.listen(1)
             listener.setblocking(False)
-            connecting = asyncio.ensure_future(MessageBus(bus_address=f"unix:path={path}")
+            connecting = asyncio.ensure_future(SafeMessageBus(bus_address=f"unix:path={path}")
                                                .connect())
             conn, _ = await loop.sock_accept(listener)
         finally:
@@ -441,7 +442,7 @@ async def _main(args: argparse.Namespace) -> int:
         bus, ssh = await connect_over_ssh(str(args.host))
     else:
         try:
-            bus = await MessageBus(bus_address=args.address, bus_type=bus_type).connect()
+            bus = await SafeMessageBus(bus_address=args.address, bus_type=bus_type).connect()
         except (OSError, ValueError) as e:
             raise CtlError(f"cannot connect to the {args.bus} bus: {e}", EXIT_FAILED) from None
     client = Client(bus)

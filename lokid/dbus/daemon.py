@@ -45,6 +45,7 @@ from ..engine.state import StateDB
 from .authz import MANAGE_GROUP, Authority
 from .interfaces import ManagerInterface, PresetInterface
 from .registry import Registry
+from .wire import SafeMessageBus
 
 log = logging.getLogger("lokid.dbus.daemon")
 
@@ -321,7 +322,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload_logged()))
         await asyncio.to_thread(self.registry.load)
         try:
-            self.bus = await MessageBus(bus_address=self.bus_address,
+            self.bus = await SafeMessageBus(bus_address=self.bus_address,
                                         bus_type=self.bus_type).connect()
         except (OSError, ValueError) as e:
             raise DaemonError(f"cannot connect to the {self.bus_type.name.lower()} bus: {e}") \

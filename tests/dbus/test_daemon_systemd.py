@@ -382,3 +382,23 @@ def test_the_thrash_hint_reads_the_units_cgroup_counters_or_nothing(lk: LokidSys
     finally:
         busctl(ct, "call", BUS, PATH, MANAGER, "StopPreset", "s", "demo")
         wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
+
+
+def test_non_ascii_text_crosses_the_bus_with_debian_12s_dbus_fast(lk: LokidSystem,
+                                                                    models: Any) -> None:
+    """Debian 12's dbus-fast 1.84 writes a string's length in characters: a plan note's
+    "→" made the bus daemon drop lokid.service at its start (InterfacesAdded), and an
+    unknown name with an accent, from any user, did the same. lokid.dbus.wire writes such
+    text in ASCII where dbus-fast needs it; the container is bookworm, so it must here."""
+    ct = lk.ct
+    mtp = lk.add_model(models.mtp_full)
+    lk.preset("auto", f'model = "{mtp}"\n[spec]\nmode = "auto"\n')
+    ct.systemctl("restart", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=30)
+    notes = prop(ct, "/org/lokid/Lokid1/preset/auto", PRESET, "Notes")
+    assert any(n.startswith("spec.mode = auto -> the model's MTP head") for n in notes), notes
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "GetPreset", "s", "modèle", user="nobody")
+    assert r.returncode != 0 and "no preset 'mod\\u00e8le'" in r.stderr, (r.stdout, r.stderr)
+    assert ct.systemctl("is-active", "lokid.service", check=False).stdout.strip() == "active"
+    assert "/org/lokid/Lokid1/preset/auto" in prop(ct, PATH, MANAGER, "Presets")
+    assert "Traceback" not in ct.journal("lokid.service")
