@@ -38,7 +38,7 @@ from ..core.errors import PermissionDeniedError
 from ..core.names import OBJECT_PATH
 from ..engine.buscall import call
 
-log = logging.getLogger("lokid.dbus.authz")
+log = logging.getLogger("lokid.authz")  # as the journal has always said it
 
 DBUS = "org.freedesktop.DBus"
 DBUS_PATH = "/org/freedesktop/DBus"

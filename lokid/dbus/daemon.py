@@ -47,7 +47,7 @@ from .interfaces import ManagerInterface, PresetInterface
 from .registry import Registry
 from .wire import SafeMessageBus
 
-log = logging.getLogger("lokid.dbus.daemon")
+log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 
 
 class Daemon:
