@@ -22,21 +22,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Layer placement: (spellings, environment variable).
-GPU_LAYERS = ("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS"
-TENSOR_SPLIT = ("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT"
-OVERRIDE_TENSOR = ("-ot", "--override-tensor"), "LLAMA_ARG_OVERRIDE_TENSOR"
-CPU_MOE = ("-cmoe", "--cpu-moe"), "LLAMA_ARG_CPU_MOE"
-N_CPU_MOE = ("-ncmoe", "--n-cpu-moe"), "LLAMA_ARG_N_CPU_MOE"
-N_CPU_FFN = ("-ncffn", "--n-cpu-ffn"), "LLAMA_ARG_N_CPU_FFN"
-SPLIT_MODE = ("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE"
-FIT = ("-fit", "--fit"), "LLAMA_ARG_FIT"
-DEVICE = ("-dev", "--device"), "LLAMA_ARG_DEVICE"
+# A flag: its spellings and the environment variable the engine reads for it.
+Flag = tuple[tuple[str, ...], str]
+
+# Layer placement.
+GPU_LAYERS: Flag = ("-ngl", "--gpu-layers", "--n-gpu-layers"), "LLAMA_ARG_N_GPU_LAYERS"
+TENSOR_SPLIT: Flag = ("-ts", "--tensor-split"), "LLAMA_ARG_TENSOR_SPLIT"
+OVERRIDE_TENSOR: Flag = ("-ot", "--override-tensor"), "LLAMA_ARG_OVERRIDE_TENSOR"
+CPU_MOE: Flag = ("-cmoe", "--cpu-moe"), "LLAMA_ARG_CPU_MOE"
+N_CPU_MOE: Flag = ("-ncmoe", "--n-cpu-moe"), "LLAMA_ARG_N_CPU_MOE"
+N_CPU_FFN: Flag = ("-ncffn", "--n-cpu-ffn"), "LLAMA_ARG_N_CPU_FFN"
+SPLIT_MODE: Flag = ("-sm", "--split-mode"), "LLAMA_ARG_SPLIT_MODE"
+FIT: Flag = ("-fit", "--fit"), "LLAMA_ARG_FIT"
+DEVICE: Flag = ("-dev", "--device"), "LLAMA_ARG_DEVICE"
 # Other flags lokid reads.
-UBATCH = ("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH"
-CACHE_TYPE_K = ("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K"
-CACHE_TYPE_V = ("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V"
-CTX_SIZE = ("-c", "--ctx-size"), "LLAMA_ARG_CTX_SIZE"
+UBATCH: Flag = ("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH"
+CACHE_TYPE_K: Flag = ("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K"
+CACHE_TYPE_V: Flag = ("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V"
+CTX_SIZE: Flag = ("-c", "--ctx-size"), "LLAMA_ARG_CTX_SIZE"
 
 # Flags and variables by which an operator sets speculation by hand.
 SPEC_FLAGS = (
@@ -88,7 +91,7 @@ def flag_value(args: Sequence[str], *flags: str) -> str | None:
 
 
 def setting(args: Sequence[str], env: Mapping[str, str],
-            flag: tuple[tuple[str, ...], str]) -> str | None:
+            flag: Flag) -> str | None:
     """The value the engine will use for ``flag`` (spellings, variable): the last one on
     the command line, else the environment's when not blank, else None. A flag without
     a value (``--cpu-moe``) reads as ""."""
@@ -101,7 +104,7 @@ def setting(args: Sequence[str], env: Mapping[str, str],
 
 
 def is_set(args: Sequence[str], env: Mapping[str, str],
-           flag: tuple[tuple[str, ...], str]) -> bool:
+           flag: Flag) -> bool:
     spellings, var = flag
     return has_flag(args, *spellings) or bool(env.get(var, "").strip())
 
