@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from support.enginekit import engine_binary, free_port, running, write_config, write_preset  # noqa: E402
 
-from lokid import benchcore  # noqa: E402
+from lokid.core import benchrules  # noqa: E402
 from lokid.bench.measure import measure  # noqa: E402
 from lokid.bench.protocol import Options  # noqa: E402
 from lokid.engine.gather import make_plan  # noqa: E402
@@ -89,10 +89,10 @@ def main() -> int:
         plan = make_plan(str(config), "mid")
         with running(plan.argv, root / "engine.log"):
             runs = [asyncio.run(measure(str(config), str(root / "state"), "mid",
-                                        Options(benchcore.QUICK, args.prompt, args.predict)))
+                                        Options(benchrules.QUICK, args.prompt, args.predict)))
                     for _ in range(args.reps)]
             full = asyncio.run(measure(str(config), str(root / "state"), "mid",
-                                       Options(benchcore.FULL, args.prompt, args.predict))) \
+                                       Options(benchrules.FULL, args.prompt, args.predict))) \
                 if args.full else None
         depth_ref: tuple[float, float, int] | None = None
         cold = full.result.depth.cold if full is not None and full.result.depth else None
@@ -101,9 +101,9 @@ def main() -> int:
             # turns' "Prefill+") and decode there (the turns' decode)
             at = cold.prompt_total()
             depth_ref = (llama_bench(model, args.threads, args.reps, "-p",
-                                     str(benchcore.APPEND_TOKENS), "-n", "0", "-d", str(at)),
+                                     str(benchrules.APPEND_TOKENS), "-n", "0", "-d", str(at)),
                          llama_bench(model, args.threads, args.reps, "-p", "0", "-n",
-                                     str(benchcore.GEN_TOKENS), "-d", str(at)), at)
+                                     str(benchrules.GEN_TOKENS), "-d", str(at)), at)
     pp = sorted(r.result.prompt_per_second for r in runs)[len(runs) // 2]
     tg = sorted(r.result.predicted_per_second for r in runs)[len(runs) // 2]
     prompt_n = runs[0].result.prompt_n
@@ -119,15 +119,15 @@ def main() -> int:
     print("quick mode:", "within" if ok else "outside", f"{args.tolerance:.0%} of llama-bench")
     if full is not None:
         print("full mode:")
-        print("\n".join(benchcore.report(full.result)))
+        print("\n".join(benchrules.report(full.result)))
         depth = full.result.depth
         if depth_ref is not None and depth is not None and depth.cached_per_second \
                 and depth.decode_per_second:
             pp_d, tg_d, at = depth_ref
             print(f"at depth {at}: lokid new-token prefill {depth.cached_per_second:.1f} tok/s, "
-                  f"llama-bench pp{benchcore.APPEND_TOKENS} @ d{at} {pp_d:.1f} tok/s "
+                  f"llama-bench pp{benchrules.APPEND_TOKENS} @ d{at} {pp_d:.1f} tok/s "
                   f"(ratio {depth.cached_per_second / pp_d:.2f}); decode "
-                  f"{depth.decode_per_second:.1f} vs tg{benchcore.GEN_TOKENS} @ d{at} "
+                  f"{depth.decode_per_second:.1f} vs tg{benchrules.GEN_TOKENS} @ d{at} "
                   f"{tg_d:.1f} tok/s (ratio {depth.decode_per_second / tg_d:.2f})")
     return 0 if ok else 1
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))   # the fixture generators live with the
 
 from support import models  # noqa: E402
 
-from lokid import modelinfo  # noqa: E402
+from lokid.core import modelinfo  # noqa: E402
 
 
 def timed(fn: Callable[[], object], runs: int) -> list[float]:
