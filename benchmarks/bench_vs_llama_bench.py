@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from support.enginekit import engine_binary, free_port, running, write_config, write_preset  # noqa: E402
 
-from lokid.core import benchrules  # noqa: E402
 from lokid.bench.measure import measure  # noqa: E402
 from lokid.bench.protocol import Options  # noqa: E402
+from lokid.core import benchrules  # noqa: E402
 from lokid.engine.gather import make_plan  # noqa: E402
 
 
