@@ -31,7 +31,7 @@ from lokid.core.names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
-from lokid.dbus import interfaces as dbusapi
+from lokid.dbus import interfaces
 from lokid.engine.state import Mark, StateDB
 
 pytestmark = pytest.mark.engine
@@ -51,13 +51,13 @@ def config(tmp_path: Path, engine: str, models: Any) -> Path:
 
 
 def test_every_exported_method_declares_who_may_call_it() -> None:
-    for cls in (dbusapi.ManagerInterface, dbusapi.PresetInterface):
+    for cls in (interfaces.ManagerInterface, interfaces.PresetInterface):
         methods = [m for m in cls.__dict__.values() if hasattr(m, "__dict__")
                    and any(k.startswith("__DBUS_METHOD") for k in m.__dict__)]
         assert methods, cls
         for m in methods:
-            assert getattr(m, dbusapi.ACCESS_ATTR, None) in (dbusapi.READ, dbusapi.MANAGE,
-                                                             dbusapi.BENCH), m
+            assert getattr(m, interfaces.ACCESS_ATTR, None) in (interfaces.READ, interfaces.MANAGE,
+                                                             interfaces.BENCH), m
 
 
 async def test_manager_properties_and_get_preset(running: Running) -> None:

@@ -37,7 +37,7 @@ from lokid.core.names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
-from lokid.engine import local_runner as localrunner
+from lokid.engine import local_runner
 from lokid.engine.proc import resident_kib
 from lokid.engine.state import StateDB
 
@@ -104,12 +104,12 @@ async def test_start_and_stop_through_the_bus(running: Running, ports: dict[str,
 
 async def test_a_crashed_engine_is_restarted_and_a_restart_gives_a_new_engine(
         running: Running, ports: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(localrunner, "RESTART_SEC", 0.5)
+    monkeypatch.setattr(local_runner, "RESTART_SEC", 0.5)
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     await manager.call_start_preset("plain")
     await running.wait_event("plain", "ready")
     runner = running.daemon.runner
-    assert isinstance(runner, localrunner.LocalRunner)
+    assert isinstance(runner, local_runner.LocalRunner)
     proc = runner.engines["plain"].proc
     assert proc is not None
     (engine_pid,) = children(proc.pid)
@@ -138,7 +138,7 @@ async def test_the_local_runner_samples_its_engine_for_the_thrash_hint(
     # the engine is the daemon's grandchild, of its own user: its /proc files, no port scan
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     runner = running.daemon.runner
-    assert isinstance(runner, localrunner.LocalRunner)
+    assert isinstance(runner, local_runner.LocalRunner)
     assert await runner.io_sampler("plain") is None  # not started
     await manager.call_start_preset("plain")
     await running.wait_event("plain", "ready")
@@ -359,7 +359,7 @@ def deaf_engine(root: Path, engine: str) -> Path:
 async def test_a_stop_past_its_timeout_kills_and_leaves_no_engine(
         tmp_path: Path, engine: str, models: Any, bus_address: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(localrunner, "STOP_TIMEOUT", 2.0)
+    monkeypatch.setattr(local_runner, "STOP_TIMEOUT", 2.0)
     monkeypatch.setenv("DEAF_PID", str(tmp_path / "deaf.pid"))
     config = write_config(tmp_path, str(deaf_engine(tmp_path, engine)), [models.dir])
     write_preset(config, "deaf", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n')

@@ -11,7 +11,7 @@ from support.engine_data import B11434, B11434_HELP, DATA
 
 from lokid.core.caps import parse_flags, parse_version
 from lokid.core.errors import EngineError
-from lokid.engine import probe as engineprobe
+from lokid.engine import probe
 
 pytestmark = pytest.mark.engine
 
@@ -46,12 +46,12 @@ def test_recorded_help_is_what_the_real_engine_prints(engine: str) -> None:
 
 
 def test_probe_of_the_real_engine(engine: str) -> None:
-    caps = engineprobe.probe_engine(engine)
+    caps = probe.probe_engine(engine)
     assert caps.build == 11434
     assert caps.path == os.path.realpath(engine)
     assert caps.knows("--spec-draft-n-max") and caps.mentions("draft-mtp")
     assert caps.knows("--spec-ngram-mod-n-match") and caps.knows("--spec-draft-sampling")
-    assert engineprobe.probe_engine(engine) is caps  # cached
+    assert probe.probe_engine(engine) is caps  # cached
 
 
 def fake_engine(path: Path, version: str, help_text: str = B11434_HELP) -> Path:
@@ -68,41 +68,41 @@ esac
 
 def test_probe_is_cached_per_binary_and_redone_when_it_changes(tmp_path: Path) -> None:
     engine = fake_engine(tmp_path / "llama-server", "version: 6543 (abcdef12)")
-    first = engineprobe.probe_engine(str(engine))
+    first = probe.probe_engine(str(engine))
     assert first.build == 6543
-    assert engineprobe.probe_engine(str(engine)) is first
+    assert probe.probe_engine(str(engine)) is first
     fake_engine(engine, "version: 0.6.0-dev (build 11500, commit 1)")
     os.utime(engine, ns=(1, 1))  # a new mtime, as an in-place upgrade gives
-    assert engineprobe.probe_engine(str(engine)).build == 11500
+    assert probe.probe_engine(str(engine)).build == 11500
 
 
 def test_engine_found_in_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_engine(tmp_path / "llama-server", "version: 1 (x)")
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert engineprobe.probe_engine("llama-server").path == str(tmp_path / "llama-server")
+    assert probe.probe_engine("llama-server").path == str(tmp_path / "llama-server")
 
 
 def test_missing_engine_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EngineError, match=r"engine 'llama-server' not found: install "
                        r"llama-server, or set engine = .* in /etc/loki/lokid.toml"):
-        engineprobe.probe_engine("llama-server", "/etc/loki/lokid.toml")
+        probe.probe_engine("llama-server", "/etc/loki/lokid.toml")
     with pytest.raises(EngineError, match="not found"):
-        engineprobe.probe_engine(str(tmp_path / "nope"))
+        probe.probe_engine(str(tmp_path / "nope"))
 
 
 def test_non_executable_engine(tmp_path: Path) -> None:
     path = tmp_path / "llama-server"
     path.write_text("")
     with pytest.raises(EngineError, match="is not an executable file"):
-        engineprobe.probe_engine(str(path))
+        probe.probe_engine(str(path))
     with pytest.raises(EngineError, match="is not an executable file"):
-        engineprobe.probe_engine(str(tmp_path))
+        probe.probe_engine(str(tmp_path))
 
 
 def test_a_binary_that_is_not_llama_server(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match="is it llama-server"):
-        engineprobe.probe_engine("/bin/true")
+        probe.probe_engine("/bin/true")
     engine = fake_engine(tmp_path / "llama-server", "v", help_text="usage: something else\n")
     with pytest.raises(EngineError, match="is it llama-server"):
-        engineprobe.probe_engine(str(engine))
+        probe.probe_engine(str(engine))

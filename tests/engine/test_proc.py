@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lokid.engine import proc as procio
+from lokid.engine import proc
 
 
 def test_the_process_listening_on_a_port_and_its_io() -> None:
@@ -23,25 +23,25 @@ def test_the_process_listening_on_a_port_and_its_io() -> None:
                                "127.0.0.1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while procio.pid_listening_on(port) is None and time.monotonic() < deadline:
+        while proc.pid_listening_on(port) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert procio.pid_listening_on(port) == server.pid
-        sample = procio.io_sample(server.pid)
+        assert proc.pid_listening_on(port) == server.pid
+        sample = proc.io_sample(server.pid)
         assert sample is not None and sample.read_bytes >= 0
         assert sample.memory_bytes is not None and sample.memory_bytes > 1 << 20
         assert sample.memory == "engine RSS"
-        sampler = procio.sampler_for_port(port)
+        sampler = proc.sampler_for_port(port)
         assert sampler is not None and asyncio.run(sampler()) is not None
-        assert server.pid in procio.children(os.getpid())
-        assert procio.listening(port)
-        assert procio.cmdline(server.pid) == [sys.executable, "-m", "http.server", str(port),
+        assert server.pid in proc.children(os.getpid())
+        assert proc.listening(port)
+        assert proc.cmdline(server.pid) == [sys.executable, "-m", "http.server", str(port),
                                               "--bind", "127.0.0.1"]
     finally:
         server.terminate()
         server.wait(10)
-    assert procio.pid_listening_on(port) is None and not procio.listening(port)
-    assert procio.sampler_for_port(port) is None and procio.cmdline(server.pid) is None
-    assert procio.io_sample(2**22 + 7) is None
+    assert proc.pid_listening_on(port) is None and not proc.listening(port)
+    assert proc.sampler_for_port(port) is None and proc.cmdline(server.pid) is None
+    assert proc.io_sample(2**22 + 7) is None
 
 
 def test_children_without_the_kernel_lists(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,9 +56,9 @@ def test_children_without_the_kernel_lists(monkeypatch: pytest.MonkeyPatch) -> N
 
     try:
         monkeypatch.setattr("builtins.open", no_children)
-        assert child.pid in procio.children(os.getpid())
+        assert child.pid in proc.children(os.getpid())
     finally:
         monkeypatch.undo()
         child.kill()
         child.wait()
-    assert procio.children(2**22 + 7) == []
+    assert proc.children(2**22 + 7) == []

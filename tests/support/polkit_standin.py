@@ -3,7 +3,7 @@
 polkitd itself needs the system bus and a user of its own, which the tests' private
 buses do not have; this speaks the interface polkit documents
 (org.freedesktop.PolicyKit1.Authority.CheckAuthorization) on the test's bus. Like
-lokid/dbusapi.py, no postponed annotations: dbus-fast reads the signature strings.
+lokid/dbus/interfaces.py, no postponed annotations: dbus-fast reads the signature strings.
 """
 
 from typing import Any
