@@ -331,10 +331,9 @@ def bench_fingerprint(plan: Plan, inputs: PlanInputs) -> str:
     and the ``[chat]`` settings the benchmark sent (sampling, reasoning effort)."""
     from .plan import config_fingerprint
 
-    facts = plan_facts(plan.argv, plan.env, inputs.model.block_count)
     return digest({"plan": config_fingerprint(plan, inputs.model),
                    "engine": inputs.caps.path, "chat": asdict(inputs.preset.chat)},
-                  facts.gpus)
+                  plan.env.get("CUDA_VISIBLE_DEVICES", ""))
 
 
 def start_differs(planned_argv: Sequence[str], planned_env: Mapping[str, str],

@@ -103,10 +103,8 @@ def setting(args: Sequence[str], env: Mapping[str, str],
     return from_env if from_env.strip() else None
 
 
-def is_set(args: Sequence[str], env: Mapping[str, str],
-           flag: Flag) -> bool:
-    spellings, var = flag
-    return has_flag(args, *spellings) or bool(env.get(var, "").strip())
+def is_set(args: Sequence[str], env: Mapping[str, str], flag: Flag) -> bool:
+    return setting(args, env, flag) is not None
 
 
 @dataclass(frozen=True)
@@ -126,13 +124,10 @@ def placement(args: Sequence[str], env: Mapping[str, str], block_count: int = 0,
     ``block_count`` is the model's (0: unknown); ``-ngl`` counts its repeating layers
     plus the output layer, so ``-ngl 33`` puts a 32-block model wholly on the GPU.
     """
-    ngl_args = flag_value(args, *GPU_LAYERS[0])
-    ngl = ngl_args if ngl_args is not None else gpu_layers
-    if ngl is None:
-        ngl = setting((), env, GPU_LAYERS)
+    from_preset = gpu_layers is not None and flag_value(args, *GPU_LAYERS[0]) is None
+    ngl = gpu_layers if from_preset else setting(args, env, GPU_LAYERS)
     ngl = ngl.strip().lower() if ngl is not None else None
-    return Placement(by_hand=_by_hand(args, env, ngl, from_preset=ngl_args is None
-                                      and gpu_layers is not None),
+    return Placement(by_hand=_by_hand(args, env, ngl, from_preset),
                      on_cpu=_on_cpu(args, env, ngl, block_count))
 
 

@@ -28,11 +28,7 @@ def stderr_is_journal() -> bool:
 
 def journal_log(preset: str, message: str, priority: int = 5) -> None:
     """One journal entry from lokid (SYSLOG_IDENTIFIER=lokid, and LOKI_PRESET= when a
-    preset is given) when stderr is the journal; else a line on stderr.
-
-    Under the unit, the engine's own output carries SYSLOG_IDENTIFIER=llama-server
-    (the unit's SyslogIdentifier=), so lokid's entries stay told apart from it.
-    """
+    preset is given) when stderr is the journal; else a line on stderr."""
     if stderr_is_journal():
         try:
             from systemd import journal
