@@ -1,14 +1,20 @@
 """Engine capabilities: what a llama-server binary knows, from its ``--help`` and ``--version``.
 
-Parsing only (pure): running the binary is :mod:`lokid.engine.probe`'s job.
-The spec guards look at the help text rather than at a version number,
-because a self-built engine or a fork may report any build and still lack a
-flag, or have it.
+Parsing only (pure): running the binary and listing its libraries is
+:mod:`lokid.engine.probe`'s job. The spec guards look at the help text rather
+than at a version number, because a self-built engine or a fork may report any
+build and still lack a flag, or have it.
+
+Which GPU backends an engine has is read from the names of the ggml backend
+libraries shipped with it (``libggml-cuda.so`` …), never from the devices
+visible now: the daemon plans inside a sandbox without device nodes
+(``PrivateDevices=yes``), and its plan must equal the one the unit runs.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # "version: 0.6.0-dev (build 11434, commit 1a2b3c4)": llama.cpp since the
@@ -18,6 +24,19 @@ _VERSION_NEW = re.compile(r"version:\s*\S+\s*\(build\s+(\d+)(?:,\s*commit\s+([0-
 _VERSION_OLD = re.compile(r"version:\s*(\d+)\s*\(([0-9A-Za-z]+)\)")
 # A flag as help lists it: "-m,    --model FNAME", "--spec-type [none|draft-mtp,...]".
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_-]*)")
+# A ggml library: "libggml.so.0", "libggml-base.so", "libggml-cpu-haswell.so",
+# "libggml-cuda.so.0.26.0", "libggml-metal.dylib", "ggml-vulkan.dll". Group 1 is the
+# backend ("cuda"), None for the core library itself.
+_GGML_LIB = re.compile(r"(?:lib)?ggml(?:-([A-Za-z0-9]+)[A-Za-z0-9_-]*)?\.(?:so|dylib|dll)\b")
+# ggml libraries that are no GPU backend: the core, the CPU backend (and its per-CPU
+# variants), BLAS (a CPU library), AMX (a CPU extension) and RPC (devices on other
+# hosts, only with --rpc). Any other backend counts as a GPU one, a future one too:
+# assuming a GPU costs journal lines, assuming none would lose the offload verdict.
+_NOT_GPU = frozenset({"base", "cpu", "blas", "amx", "rpc"})
+# How a note names a backend.
+BACKEND_NAMES = {"cuda": "CUDA", "vulkan": "Vulkan", "hip": "HIP", "sycl": "SYCL",
+                 "metal": "Metal", "opencl": "OpenCL", "musa": "MUSA", "cann": "CANN",
+                 "webgpu": "WebGPU", "kompute": "Kompute"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +49,9 @@ class EngineCaps:
     version_text: str
     help_text: str
     flags: frozenset[str]
+    # GPU backends found beside the binary (("cuda",) …); () = only CPU ones; None =
+    # unknown (no ggml library found: a static build, or one laid out elsewhere).
+    gpu_backends: tuple[str, ...] | None = None
 
     def knows(self, flag: str) -> bool:
         return flag in self.flags
@@ -72,7 +94,36 @@ def parse_flags(help_text: str) -> frozenset[str]:
     return frozenset(flags)
 
 
-def parse_caps(path: str, version_text: str, help_text: str) -> EngineCaps:
+def gpu_backends(library_names: Iterable[str]) -> tuple[str, ...] | None:
+    """The GPU backends among the file names found beside an engine, sorted.
+
+    () when ggml libraries are there but only CPU ones (``libggml-base``,
+    ``libggml-cpu``, ``libggml``); None when there is no ggml library at all,
+    which says nothing: a static build links its backends into the binary.
+    """
+    found = False
+    gpus = set()
+    for name in library_names:
+        m = _GGML_LIB.match(name)
+        if m is None:
+            continue
+        found = True
+        backend = (m.group(1) or "base").lower()
+        if backend not in _NOT_GPU:
+            gpus.add(backend)
+    return tuple(sorted(gpus)) if found else None
+
+
+def backend_label(backends: Iterable[str]) -> str:
+    """How a note names backends: "the CUDA backend", "the CUDA and Vulkan backends"."""
+    names = [BACKEND_NAMES.get(b, b) for b in backends]
+    if len(names) == 1:
+        return f"the {names[0]} backend"
+    return f"the {', '.join(names[:-1])} and {names[-1]} backends"
+
+
+def parse_caps(path: str, version_text: str, help_text: str,
+               backends: tuple[str, ...] | None = None) -> EngineCaps:
     build, commit = parse_version(version_text)
     return EngineCaps(
         path=path,
@@ -81,4 +132,5 @@ def parse_caps(path: str, version_text: str, help_text: str) -> EngineCaps:
         version_text=version_text.strip(),
         help_text=help_text,
         flags=parse_flags(help_text),
+        gpu_backends=backends,
     )

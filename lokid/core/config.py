@@ -9,9 +9,13 @@ Files are read with tomllib. Every error names the file, the line when it can
 be found, the key, and what would be valid. A broken preset is reported and
 skipped: it never hides the others (:func:`load_presets`).
 
-The ``[spec]`` table is kept raw on purpose: speculative decoding is an
-optional acceleration, so a bad value there is not a config error. The plan
-drops it with a note and the engine still starts.
+Unknown values are errors, like unknown keys: a typo such as ``spec.mode =
+"eagle"`` would otherwise start the engine without what the operator asked
+for, and say nothing. Every key whose value comes from a fixed set (the
+``[spec]`` mode and sampling, ``[chat] reasoning_effort``, ``gpu_layers``)
+names the valid ones. What a valid ``[spec]`` setting cannot do on a given
+model or engine is the plan's business: it drops the setting with a note and
+the engine still starts.
 
 This module is part of the pure core: it reads files, nothing else.
 """
@@ -43,6 +47,9 @@ PRESET_KEYS = (
     "extra_args", "env", "op_offload_min_batch", "spec", "chat",
 )
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
+SPEC_MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
+SPEC_SAMPLINGS = ("greedy", "probabilistic")
+SPEC_N_MAX_LIMIT = 64
 CHAT_KEYS = ("reasoning_effort", "temperature", "top_p", "top_k", "min_p")
 EFFORT_LEVELS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -60,16 +67,17 @@ class GlobalConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """The ``[spec]`` table, raw: the plan validates it and explains what it drops.
+    """The ``[spec]`` table, validated: the plan decides what of it applies, and says why.
 
-    ``None`` means the key is absent. ``unknown`` lists keys that mean nothing.
+    ``mode`` is one of :data:`SPEC_MODES`; ``None`` means the key is absent
+    (``draft``: no separate head; ``n_max``: the engine's default; ``sampling``:
+    greedy).
     """
 
-    mode: object = None
-    draft: object = None
-    n_max: object = None
-    sampling: object = None
-    unknown: tuple[str, ...] = ()
+    mode: str = "off"
+    draft: str | None = None
+    n_max: int | None = None
+    sampling: str | None = None
 
 
 @dataclass(frozen=True)
@@ -418,16 +426,38 @@ def _env(c: _Checker) -> dict[str, str]:
     return out
 
 
+def _choice(c: _Checker, key: str, valid: tuple[str, ...]) -> str | None:
+    """A value from a fixed set, read case- and space-insensitively ("MTP + ngram")."""
+    value = c.data.get(key)
+    if value is None:
+        return None
+    listed = ", ".join(valid)
+    if not isinstance(value, str):
+        raise c.error(key, f"must be a string, one of: {listed} (not {_tname(value)})")
+    normal = value.strip().lower().replace(" ", "")
+    if normal not in valid:
+        hint = _close_match(normal, valid)
+        raise c.error(key, f"{value!r} is not valid{hint}; valid values: {listed}")
+    return normal
+
+
 def _spec(c: _Checker) -> SpecConfig:
     value = c.data.get("spec")
     if value is None:
         return SpecConfig()
     if not isinstance(value, dict):
         raise c.error("spec", f"must be a table ([spec]), not {_tname(value)}")
-    unknown = tuple(k for k in value if k not in SPEC_KEYS)
+    t = _Checker(c.path, c.text, value, "spec")
+    t.reject_unknown(SPEC_KEYS)
+    draft = t.string("draft")
+    if draft is not None:
+        draft = _path_setting(t, "draft", draft)
     return SpecConfig(
-        mode=value.get("mode"), draft=value.get("draft"), n_max=value.get("n_max"),
-        sampling=value.get("sampling"), unknown=unknown,
+        mode=_choice(t, "mode", SPEC_MODES) or "off",
+        draft=draft,
+        n_max=t.integer("n_max", 1, SPEC_N_MAX_LIMIT,
+                        f"tokens drafted per step, 1 to {SPEC_N_MAX_LIMIT}"),
+        sampling=_choice(t, "sampling", SPEC_SAMPLINGS),
     )
 
 
@@ -441,7 +471,8 @@ def _chat(c: _Checker) -> ChatConfig:
     t.reject_unknown(CHAT_KEYS)
     effort = t.string("reasoning_effort")
     if effort is not None and effort not in EFFORT_LEVELS:
-        raise t.error("reasoning_effort", f"{effort!r} is not a level: "
+        hint = _close_match(effort, EFFORT_LEVELS)
+        raise t.error("reasoning_effort", f"{effort!r} is not a level{hint}: "
                       f"{', '.join(EFFORT_LEVELS)}")
 
     def number(key: str, lo: float, hi: float) -> float | None:

@@ -40,6 +40,13 @@ UBATCH: Flag = ("-ub", "--ubatch-size"), "LLAMA_ARG_UBATCH"
 CACHE_TYPE_K: Flag = ("-ctk", "--cache-type-k"), "LLAMA_ARG_CACHE_TYPE_K"
 CACHE_TYPE_V: Flag = ("-ctv", "--cache-type-v"), "LLAMA_ARG_CACHE_TYPE_V"
 CTX_SIZE: Flag = ("-c", "--ctx-size"), "LLAMA_ARG_CTX_SIZE"
+# Flags lokid adds from a preset unless the operator sets them (the plan).
+ALIAS: Flag = ("-a", "--alias"), "LLAMA_ARG_ALIAS"
+TEMPERATURE: Flag = ("--temp", "--temperature"), "LLAMA_ARG_TEMPERATURE"
+TOP_P: Flag = ("--top-p",), "LLAMA_ARG_TOP_P"
+TOP_K: Flag = ("--top-k",), "LLAMA_ARG_TOP_K"
+MIN_P: Flag = ("--min-p",), "LLAMA_ARG_MIN_P"
+REASONING_EFFORT: Flag = ("--reasoning-effort",), "LLAMA_ARG_REASONING_EFFORT"
 
 # Flags and variables by which an operator sets speculation by hand.
 SPEC_FLAGS = (

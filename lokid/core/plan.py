@@ -1,10 +1,12 @@
 """The plan: a preset, with everything known about its files and engine → the exact launch.
 
 :func:`build_plan` is a pure function. The argv is, in order: the engine,
-``-m``, host, port, ``-c``, ``--mmproj``, ``-ngl``, ``-ub``; then the flags
-lokid adds for speculative decoding (:mod:`lokid.core.spec`); then the preset's
-``extra_args`` verbatim, last, so that the operator's own flags win. ``env``
-is what lokid adds to the engine's environment. ``notes`` say what was
+``-m``, host, port, ``-c``, ``--mmproj``, ``-ngl``, ``-ub``; then what lokid
+adds for clients (``--alias`` with the preset's name, the ``[chat]`` values as
+the engine's defaults), the flags for speculative decoding
+(:mod:`lokid.core.spec`) and the log verbosity the verdicts need; then the
+preset's ``extra_args`` verbatim, last, so that the operator's own flags win.
+``env`` is what lokid adds to the engine's environment. ``notes`` say what was
 decided and why, one sentence each.
 """
 
@@ -17,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .caps import EngineCaps
+from . import flags
+from .caps import EngineCaps, backend_label
 from .config import GlobalConfig, Preset
 from .flags import flag_value, has_flag
 from .modelinfo import ModelInfo
@@ -28,6 +31,11 @@ OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
 # "offloaded N/M layers to GPU" among them, are not printed; 4 prints them.
 VERDICT_VERBOSITY = "4"
 VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
+# [chat] keys the engine takes as its defaults for requests that do not send them.
+CHAT_FLAGS: tuple[tuple[str, flags.Flag], ...] = (
+    ("temperature", flags.TEMPERATURE), ("top_p", flags.TOP_P), ("top_k", flags.TOP_K),
+    ("min_p", flags.MIN_P), ("reasoning_effort", flags.REASONING_EFFORT),
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,75 @@ def _offload_batch(env: Mapping[str, str]) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def _alias_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -> list[str]:
+    """``--alias <preset>``: clients listing models see the preset's name, not a path."""
+    p = inp.preset
+    if flags.is_set(p.extra_args, arg_env, flags.ALIAS):
+        return []  # the operator names the model himself
+    if not inp.caps.knows("--alias"):
+        notes.append("this engine does not know --alias: clients see the model file's path "
+                     "as the model's name")
+        return []
+    notes.append(f"--alias {p.name}: clients (GET /v1/models, the model of each reply) see "
+                 "the preset's name, not the model file's path (set -a in extra_args to "
+                 "choose)")
+    return ["--alias", p.name]
+
+
+def _chat_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -> list[str]:
+    """The ``[chat]`` values as the engine's defaults, where it knows the flag and the
+    operator has not set it by hand: a client that sends no sampling settings then gets
+    what the preset says, as the benchmark (which sends them) measures."""
+    p = inp.preset
+    out: list[str] = []
+    for key, flag in CHAT_FLAGS:
+        value = getattr(p.chat, key)
+        if value is None:
+            continue
+        spellings, var = flag
+        text = str(value)
+        if flags.is_set(p.extra_args, arg_env, flag):
+            notes.append(f"chat.{key} = {text} is not passed to the engine: extra_args or "
+                         f"{var} sets {spellings[0]} (the benchmark still sends {text})")
+        elif not any(inp.caps.knows(s) for s in spellings):
+            notes.append(f"this engine does not know {spellings[0]}: chat.{key} reaches "
+                         "only the benchmark's requests")
+        else:
+            out += [spellings[0], text]
+            notes.append(f"chat.{key} = {text} → {spellings[0]} {text}: the engine's default "
+                         "for requests that do not set it")
+    return out
+
+
+def _verbosity_args(inp: PlanInputs, auto: bool, arg_env: Mapping[str, str],
+                    notes: list[str]) -> list[str]:
+    """``-lv 4`` on an automatic launch whose engine may print offload lines.
+
+    The layers-in-RAM verdict reads ``offloaded N/M layers to GPU``, which the engine
+    prints at verbosity 4 and only with a GPU backend; 4 also prints ~5x more lines per
+    request, so a CPU-only engine is left at its default. Unknown backends keep 4.
+    """
+    p = inp.preset
+    if not auto or not inp.caps.knows("-lv") or has_flag(p.extra_args, *VERBOSITY_FLAGS) \
+            or arg_env.get("LLAMA_ARG_LOG_VERBOSITY", "").strip():
+        return []
+    backends = inp.caps.gpu_backends
+    if backends == ():
+        notes.append("automatic speculation: engine log verbosity left at its default, the "
+                     "engine has no GPU backend (only CPU libraries beside it), so it prints "
+                     "no offload lines to check")
+        return []
+    if backends is None:
+        why = ("lokid cannot tell whether this engine has a GPU backend (no libggml-* "
+               "library beside it)")
+    else:
+        why = f"the engine has {backend_label(backends)}"
+    notes.append(f"automatic speculation: {why}: engine log verbosity {VERDICT_VERBOSITY}, so "
+                 "that the journal shows whether every layer reached the GPU (set -lv in "
+                 "extra_args to choose)")
+    return ["-lv", VERDICT_VERBOSITY]
+
+
 def build_plan(inp: PlanInputs) -> Plan:
     p = inp.preset
     port = p.port if p.port is not None else inp.config.port
@@ -122,6 +199,8 @@ def build_plan(inp: PlanInputs) -> Plan:
 
     env = engine_env(inp)
     arg_env = _effective_env(inp, env)
+    argv += _alias_args(inp, arg_env, notes)
+    argv += _chat_args(inp, arg_env, notes)
     spec = plan_spec(SpecInputs(
         spec=p.spec,
         extra_args=p.extra_args,
@@ -138,12 +217,7 @@ def build_plan(inp: PlanInputs) -> Plan:
     ))
     argv += spec.args
     notes += spec.notes
-    if spec.auto and inp.caps.knows("-lv") and not has_flag(p.extra_args, *VERBOSITY_FLAGS) \
-            and not arg_env.get("LLAMA_ARG_LOG_VERBOSITY", "").strip():
-        # The layers-in-RAM verdict on an automatic launch reads those lines.
-        argv += ["-lv", VERDICT_VERBOSITY]
-        notes.append("automatic speculation: engine log verbosity 4, so that the journal shows "
-                     "whether every layer reached the GPU (set -lv in extra_args to choose)")
+    argv += _verbosity_args(inp, spec.auto, arg_env, notes)
     argv += p.extra_args
 
     # The operator's flags come last and win: host and port are where the

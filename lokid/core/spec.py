@@ -8,7 +8,8 @@ the engine from starting. Hence:
 
 - ``off`` (the default) adds nothing, whatever else is set;
 - ``auto`` adds an MTP head or a draft model only when every guard in
-  :func:`auto_blocker` passes, and the attempt verdict allows it;
+  :func:`auto_blocker` passes, and the attempt verdict allows it (a model
+  with nothing to draft with, no MTP head and no ``draft``, gets a note);
 - ``mtp`` forces it, with a warning for each guard it overrides;
 - ``ngram`` adds llama.cpp's n-gram drafter (no model: it proposes the
   continuation of text already in the context), ``mtp+ngram`` both.
@@ -16,7 +17,9 @@ the engine from starting. Hence:
 Settings the operator already made in ``extra_args`` or ``LLAMA_ARG_*`` win:
 lokid then adds nothing, since ``--spec-type`` accumulates and a second draft
 would be loaded. Anything that cannot apply is dropped with a note that says
-why and what to do; the engine always starts.
+why and what to do; the engine always starts. (A value that means nothing,
+such as ``mode = "eagle"``, never gets here: :mod:`lokid.core.config` rejects
+it with the valid ones.)
 
 Pure: the caller has resolved files, read GGUF headers and the engine's help.
 """
@@ -32,13 +35,10 @@ from .config import SpecConfig
 from .flags import flag_value, flag_values, has_flag, has_prefix
 from .modelinfo import ModelInfo
 
-MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
-
 # First official build where automatic MTP is trusted (server-side MTP landed
 # in llama.cpp PR #22673 and follow-ups). An unknown build (0) is refused too:
 # a local build or a fork may know the flag without honouring it.
 AUTO_MIN_BUILD = 11009
-N_MAX_LIMIT = 64
 
 # n-gram drafter, always in its explicit form: --spec-default's content is an
 # upstream TODO and may change under us with an engine update.
@@ -93,18 +93,6 @@ class SpecResult:
 
 
 # --- small readers -----------------------------------------------------------------
-
-
-def parse_mode(raw: object) -> str | None:
-    """The spec mode, or None when unreadable. An absent key means off."""
-    if raw is None:
-        return "off"
-    if not isinstance(raw, str):
-        return None
-    value = raw.strip().lower().replace(" ", "")
-    if value == "":
-        return "off"
-    return value if value in MODES else None
 
 
 def supports_mtp(caps: EngineCaps) -> bool:
@@ -224,7 +212,11 @@ def _draft_source(inp: SpecInputs, mode: str) -> tuple[list[str], str, str, str]
         if mode != "auto" or m.nextn_predict_layers > 0:
             return [], "", "", ("no MTP head in this file (published separately? "
                                 "set spec.draft = \"mtp-….gguf\")")
-        return [], "", "", ""  # auto on a model without MTP: nothing to say
+        # Said, not silent: an operator who asked for auto should learn that it
+        # does nothing here rather than believe speculation is on.
+        draft = "names the model itself" if d is not None else "is not set"
+        return [], "", "", (f"nothing to draft with: the model has no MTP head and spec.draft "
+                            f"{draft} (set it to an MTP head file or a small draft model)")
     if not supports_mtp(inp.caps):
         return [], "", "", "this engine does not know --spec-type draft-mtp"
     return [], "draft-mtp", "the model's MTP head", ""
@@ -232,16 +224,6 @@ def _draft_source(inp: SpecInputs, mode: str) -> tuple[list[str], str, str, str]
 
 def _base(path: str) -> str:
     return path.rsplit("/", 1)[-1]
-
-
-def _int_setting(raw: object) -> int | None:
-    if isinstance(raw, bool):
-        return None
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
-        return int(raw.strip())
-    return None
 
 
 def _forced_warnings(inp: SpecInputs) -> list[str]:
@@ -260,18 +242,11 @@ def _forced_warnings(inp: SpecInputs) -> list[str]:
 
 def plan_spec(inp: SpecInputs) -> SpecResult:
     """The speculative-decoding part of the plan."""
-    raw_mode = inp.spec.mode
-    mode = parse_mode(raw_mode)
-    res = SpecResult(mode=mode or "off")
+    mode = inp.spec.mode
+    res = SpecResult(mode=mode)
     notes = res.notes
-    for key in inp.spec.unknown:
-        notes.append(f"spec.{key} is not a spec setting (mode, draft, n_max, sampling): ignored")
     _synth_warning(inp, notes)
 
-    if mode is None:
-        notes.append(f"spec.mode = {raw_mode!r} is not valid ({', '.join(MODES)}): "
-                     "starting without speculative decoding")
-        return res
     if mode == "off":
         if inp.spec.draft is not None:
             notes.append("spec.draft ignored: spec.mode is off (auto or mtp would use it)")
@@ -295,7 +270,7 @@ def plan_spec(inp: SpecInputs) -> SpecResult:
         src_args, src_type, label, why = _draft_source(inp, mode)
         if not src_type:
             if mode != "mtp+ngram":
-                return skip(why) if why else res
+                return skip(why)
             notes.append(f"spec.mode = mtp+ngram: {why}; using n-grams alone")
             want_model = False
         else:
@@ -389,14 +364,9 @@ def _ngram_warnings(inp: SpecInputs, mode: str, notes: list[str]) -> None:
 
 
 def _n_max_args(inp: SpecInputs, notes: list[str]) -> list[str]:
-    raw = inp.spec.n_max
-    if raw is None:
+    n = inp.spec.n_max
+    if n is None:
         return []  # the engine's default (3)
-    n = _int_setting(raw)
-    if n is None or not 1 <= n <= N_MAX_LIMIT:
-        notes.append(f"spec.n_max = {raw!r} is not valid (1 to {N_MAX_LIMIT} tokens): "
-                     "engine default")
-        return []
     if not inp.caps.knows("--spec-draft-n-max"):
         notes.append("this engine does not know --spec-draft-n-max: spec.n_max ignored")
         return []
@@ -411,11 +381,7 @@ def _sampling_args(inp: SpecInputs, mode: str, notes: list[str]) -> list[str]:
     """Draft sampling: greedy is exact whatever the sampler chain, so it is pinned
     whenever the engine knows the flag (an upstream default change changes nothing)."""
     sampling = "greedy"
-    raw = inp.spec.sampling
-    value = raw.strip().lower() if isinstance(raw, str) else raw
-    if value is None or value == "greedy":
-        pass
-    elif value == "probabilistic":
+    if inp.spec.sampling == "probabilistic":
         sampler = stateful_sampler(inp.extra_args)
         if mode != "mtp":
             notes.append(f"spec.sampling = probabilistic ignored with mode = {mode} "
@@ -427,8 +393,6 @@ def _sampling_args(inp: SpecInputs, mode: str, notes: list[str]) -> list[str]:
             notes.append("this engine does not know --spec-draft-sampling probabilistic: greedy")
         else:
             sampling = "probabilistic"
-    else:
-        notes.append(f"spec.sampling = {raw!r} is not valid (greedy or probabilistic): greedy")
     if not inp.caps.knows("--spec-draft-sampling"):
         return []
     if has_flag(inp.extra_args, "--spec-draft-sampling") or inp.arg_env.get(

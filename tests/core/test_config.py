@@ -137,12 +137,56 @@ def test_spec_key_in_dotted_form_gets_its_line(tmp_path: Path) -> None:
     assert cfg._key_line((tmp_path / "presets/d.toml").read_text(), "mode", "spec") == 3
 
 
-def test_bad_spec_values_are_not_config_errors(tmp_path: Path) -> None:
-    write(tmp_path, "presets/s.toml",
-          'model = "m"\n[spec]\nmode = "turbo"\nn_max = 900\nsampling = 3\nwhat = 1\n')
-    p = cfg.load_preset(str(tmp_path), "s")
-    assert p.spec.mode == "turbo" and p.spec.n_max == 900 and p.spec.sampling == 3
-    assert p.spec.unknown == ("what",)
+MODES = "valid values: off, auto, mtp, ngram, mtp+ngram"
+
+
+@pytest.mark.parametrize("body,line,fragment", [
+    # A typo used to start the engine without speculation, and exit 0.
+    ('[spec]\nmode = "eagle"\n', 3, f"spec.mode: 'eagle' is not valid; {MODES}"),
+    ('[spec]\nmode = "atuo"\n', 3, f"spec.mode: 'atuo' is not valid (did you mean 'auto'?); "
+     f"{MODES}"),
+    ('spec.mode = "turbo"\n', 2, f"spec.mode: 'turbo' is not valid; {MODES}"),
+    ('[spec]\nmode = true\n', 3, "spec.mode: must be a string, one of: off, auto, mtp, ngram, "
+     "mtp+ngram (not a boolean)"),
+    ('[spec]\nmode = ""\n', 3, f"spec.mode: '' is not valid; {MODES}"),
+    ('[spec]\nmode = "mtp"\nsampling = "random"\n', 4,
+     "spec.sampling: 'random' is not valid; valid values: greedy, probabilistic"),
+    ('[spec]\nsampling = 3\n', 3, "spec.sampling: must be a string, one of: greedy, "
+     "probabilistic (not an integer)"),
+    ('[spec]\nn_max = 900\n', 3, "spec.n_max: 900 is out of range (tokens drafted per step, "
+     "1 to 64)"),
+    ('[spec]\nn_max = "8"\n', 3, "spec.n_max: must be an integer"),
+    ('[spec]\nnmax = 4\n', 3, "spec.nmax: unknown key (did you mean 'n_max'?); valid keys: "
+     "mode, draft, n_max, sampling"),
+    ('[spec]\ndraft = 3\n', 3, "spec.draft: must be a string, not an integer"),
+    ('[spec]\ndraft = "heads/mtp.gguf"\n', 3, "spec.draft: 'heads/mtp.gguf' is a relative "
+     "path"),
+    ('[spec]\ndraft = " "\n', 3, "spec.draft: must not be empty"),
+])
+def test_bad_spec_values_name_file_line_key_and_the_valid_ones(
+        tmp_path: Path, body: str, line: int, fragment: str) -> None:
+    path = write(tmp_path, "presets/s.toml", 'model = "m"\n' + body)
+    with pytest.raises(ConfigError) as exc:
+        cfg.load_preset(str(tmp_path), "s")
+    assert f"{path}:{line}: {fragment}" in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("raw,mode", [("AUTO", "auto"), (" auto ", "auto"),
+                                      ("MTP + ngram", "mtp+ngram"), ("off", "off")])
+def test_spec_mode_is_read_case_and_space_insensitively(tmp_path: Path, raw: str,
+                                                        mode: str) -> None:
+    write(tmp_path, "presets/s.toml", f'model = "m"\n[spec]\nmode = "{raw}"\n'
+          'sampling = "Greedy"\n')
+    spec = cfg.load_preset(str(tmp_path), "s").spec
+    assert (spec.mode, spec.sampling) == (mode, "greedy")
+
+
+def test_an_absent_spec_table_or_mode_means_off(tmp_path: Path) -> None:
+    write(tmp_path, "presets/a.toml", 'model = "m"\n')
+    write(tmp_path, "presets/b.toml", 'model = "m"\n[spec]\ndraft = "d.gguf"\n')
+    assert cfg.load_preset(str(tmp_path), "a").spec == cfg.SpecConfig()
+    b = cfg.load_preset(str(tmp_path), "b").spec
+    assert (b.mode, b.draft, b.n_max, b.sampling) == ("off", "d.gguf", None, None)
 
 
 BAD_GLOBALS = [
@@ -236,6 +280,8 @@ def test_the_chat_table_says_how_clients_use_the_preset(tmp_path: Path) -> None:
 @pytest.mark.parametrize("body,line,fragment", [
     ('[chat]\nreasoning_effort = "max"\n', 3, "chat.reasoning_effort: 'max' is not a level: "
      "none, minimal, low, medium, high, xhigh"),
+    ('[chat]\nreasoning_effort = "mediun"\n', 3, "chat.reasoning_effort: 'mediun' is not a "
+     "level (did you mean 'medium'?): none, minimal, low, medium, high, xhigh"),
     ('[chat]\ntemperature = 9\n', 3, "chat.temperature: 9 is out of range (0 to 5)"),
     ('[chat]\ntop_p = "most"\n', 3, "chat.top_p: must be a number, not a string"),
     ('[chat]\ntop_kk = 3\n', 3, "chat.top_kk: unknown key (did you mean 'top_k'?)"),

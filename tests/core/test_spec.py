@@ -22,14 +22,15 @@ def draft_of(info: ModelInfo | None, setting: str = "", **kw: object) -> DraftIn
                       path=path, info=info, **kw)  # type: ignore[arg-type]
 
 
-def run(mode: object = None, *, draft: DraftInput | None = None, n_max: object = None,
-        sampling: object = None, extra: Sequence[str] = (), env: Mapping[str, str] | None = None,
-        model: ModelInfo = MTP, caps: EngineCaps = B11434, gpu_layers: str | None = None,
-        ctx: int = 32768, mmproj: bool = False, offload: int | None = None,
-        host_memory: int = 0, auto_blocked: str = "", unknown: tuple[str, ...] = (),
-        raw_draft: object = None) -> SpecResult:
-    spec = SpecConfig(mode=mode, draft=raw_draft if raw_draft is not None else (
-        draft.setting if draft else None), n_max=n_max, sampling=sampling, unknown=unknown)
+def run(mode: str = "off", *, draft: DraftInput | None = None, n_max: int | None = None,
+        sampling: str | None = None, extra: Sequence[str] = (),
+        env: Mapping[str, str] | None = None, model: ModelInfo = MTP, caps: EngineCaps = B11434,
+        gpu_layers: str | None = None, ctx: int = 32768, mmproj: bool = False,
+        offload: int | None = None, host_memory: int = 0, auto_blocked: str = "") -> SpecResult:
+    """The spec part of a plan; the values are valid ones (the config rejects the others:
+    tests/core/test_config.py)."""
+    spec = SpecConfig(mode=mode, draft=draft.setting if draft else None, n_max=n_max,
+                      sampling=sampling)
     return plan_spec(SpecInputs(
         spec=spec, extra_args=list(extra), arg_env=dict(env or {}), model=model, draft=draft,
         caps=caps, gpu_layers=gpu_layers, ctx=ctx, mmproj=mmproj, offload_min_batch=offload,
@@ -55,18 +56,6 @@ def test_off_adds_nothing_even_with_a_draft_and_says_the_draft_is_ignored() -> N
     assert "spec.draft ignored: spec.mode is off" in joined(res)
 
 
-@pytest.mark.parametrize("raw", ["turbo", "on", 1, True, ["auto"]])
-def test_unreadable_mode_starts_without_speculation_and_says_so(raw: object) -> None:
-    res = run(raw)
-    assert res.args == [] and res.mode == "off"
-    assert "is not valid (off, auto, mtp, ngram, mtp+ngram)" in joined(res)
-
-
-@pytest.mark.parametrize("raw", ["AUTO", " auto ", "Auto"])
-def test_mode_is_read_case_and_space_insensitively(raw: str) -> None:
-    assert run(raw).types == ["draft-mtp"]
-
-
 def test_auto_uses_the_integrated_mtp_head_and_marks_the_launch_automatic() -> None:
     res = run("auto")
     assert res.args == ["--spec-type", "draft-mtp", *GREEDY]
@@ -74,9 +63,14 @@ def test_auto_uses_the_integrated_mtp_head_and_marks_the_launch_automatic() -> N
     assert "spec.mode = auto → the model's MTP head" in joined(res)
 
 
-def test_auto_on_a_model_without_head_is_silent() -> None:
+def test_auto_on_a_model_with_nothing_to_draft_with_says_so() -> None:
     res = run("auto", model=PLAIN)
-    assert (res.args, res.notes, res.auto) == ([], [], False)
+    assert (res.args, res.auto) == ([], False)
+    assert res.notes == ["spec.mode = auto: nothing to draft with: the model has no MTP head "
+                         "and spec.draft is not set (set it to an MTP head file or a small "
+                         "draft model); starting without speculative decoding"]
+    itself = run("auto", model=PLAIN, draft=draft_of(PLAIN, is_model=True))
+    assert "spec.draft names the model itself" in joined(itself) and itself.args == []
 
 
 def test_a_nextn_key_without_the_tensor_is_not_a_head() -> None:
@@ -191,12 +185,6 @@ def test_an_unreadable_draft_is_skipped_with_the_reason() -> None:
                                       error="truncated at byte 12"), model=PLAIN)
     assert res.args == []
     assert "spec.draft is unreadable: truncated at byte 12" in joined(res)
-
-
-def test_a_draft_that_is_not_a_string_is_skipped() -> None:
-    res = run("mtp", draft=DraftInput(setting="3", error="it must be a file name"),
-              raw_draft=3, model=PLAIN)
-    assert res.args == [] and "not found (it must be a file name" in joined(res)
 
 
 # --- help-text guards -----------------------------------------------------------------
@@ -364,14 +352,6 @@ def test_ngram_says_an_mtp_head_or_a_draft_is_left_unused() -> None:
 def test_n_max_becomes_spec_draft_n_max() -> None:
     res = run("mtp", n_max=8)
     assert res.args == ["--spec-type", "draft-mtp", "--spec-draft-n-max", "8", *GREEDY]
-    assert run("mtp", n_max="8").args[2:4] == ["--spec-draft-n-max", "8"]
-
-
-@pytest.mark.parametrize("raw", [0, 65, -1, "x", True, 2.5])
-def test_invalid_n_max_keeps_the_engine_default_with_a_note(raw: object) -> None:
-    res = run("mtp", n_max=raw)
-    assert "--spec-draft-n-max" not in res.args and res.types == ["draft-mtp"]
-    assert "(1 to 64 tokens): engine default" in joined(res)
 
 
 def test_n_max_is_left_to_the_operator_when_set_by_hand() -> None:
@@ -440,12 +420,6 @@ def test_probabilistic_on_an_engine_that_does_not_know_it() -> None:
     assert "does not know --spec-draft-sampling probabilistic" in joined(res)
 
 
-@pytest.mark.parametrize("raw", ["random", 1, "top-k"])
-def test_invalid_sampling_is_greedy_with_a_note(raw: object) -> None:
-    res = run("mtp", sampling=raw)
-    assert res.args[-2:] == GREEDY and "(greedy or probabilistic): greedy" in joined(res)
-
-
 def test_sampling_set_by_hand_is_left_alone() -> None:
     res = run("mtp", extra=["--spec-draft-sampling", "probabilistic"])
     assert res.types == ["draft-mtp"] and "--spec-draft-sampling" not in res.args
@@ -460,10 +434,6 @@ def test_sampling_set_by_hand_is_left_alone() -> None:
 def test_spec_synth_flags_are_warned_about_in_every_mode(kw: dict[str, object]) -> None:
     for mode in ("off", "auto"):
         assert "--spec-synth-* accepts drafts at random" in joined(run(mode, **kw))  # type: ignore[arg-type]
-
-
-def test_unknown_spec_keys_are_noted() -> None:
-    assert "spec.nmax is not a spec setting" in joined(run("auto", unknown=("nmax",)))
 
 
 # --- a real other build: prebuilt Vulkan llama-server reporting build 1 -------------------

