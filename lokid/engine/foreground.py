@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
+from ..core import paths
 from ..core.plan import Plan
 from .endpoint import check_port_free
 from .supervisor import Launch, supervise
@@ -21,7 +22,7 @@ from .supervisor import Launch, supervise
 def run_plan(plan: Plan, out: TextIO = sys.stderr,
              on_ready: Callable[[str], None] | None = None) -> int:
     """Run the plan in the foreground; the engine's exit status (128+N for signal N)."""
-    check_port_free(plan.host, plan.port)
+    check_port_free(plan.host, plan.port, paths.runtime_dir())
     for note in plan.notes:
         print(f"lokid: note: {note}", file=out)
     print(f"lokid: starting {plan.command_line()}", file=out, flush=True)

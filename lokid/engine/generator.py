@@ -12,7 +12,9 @@ below /etc/systemd/system, so an administrator's own drop-ins still win.
 
 Generators run early and must never fail a boot: a broken preset is skipped
 with a message, and no model header is read (only the file size, when the
-file is reachable; model disks may not be mounted yet).
+file is reachable; model disks may not be mounted yet). Two presets on one
+port (:func:`lokid.core.conflicts.port_conflicts`) get a message each, and
+their drop-ins as usual.
 
 Installed as ``/usr/lib/systemd/system-generators/lokid-engine-generator``,
 which runs ``lokid generate NORMAL EARLY LATE``.
@@ -24,6 +26,7 @@ import os
 import sys
 
 from ..core import config as cfg
+from ..core.conflicts import port_conflicts
 from ..core.errors import ConfigError
 from ..core.names import engine_unit
 
@@ -104,4 +107,10 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
         with open(os.path.join(directory, DROPIN_NAME), "w", encoding="utf-8") as f:
             f.write(dropin(preset, glob.model_dirs))
         written.append(unit)
+    # Both drop-ins are written all the same: whichever starts first gets the port, and
+    # the other's prestart refuses a busy port, naming the preset that holds it.
+    from .gather import listeners
+
+    for name, clash in sorted(port_conflicts(listeners(glob, presets)).items()):
+        _warn(f"preset {name}: {presets[name].path}: {clash}")
     return written

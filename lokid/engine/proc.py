@@ -1,9 +1,10 @@
 """The engine process seen through /proc (Linux): progress, memory, disk reads, its socket.
 
 The supervisor reads its engine's progress counters and resident memory
-(:func:`progress_counters`, :func:`resident_kib`) and has it die with its
-parent (:func:`die_with_parent`, prctl). The rest serves the benchmark's
-thrash hint.
+(:func:`progress_counters`, :func:`resident_kib`), has it die with its
+parent (:func:`die_with_parent`, prctl) and, once it has exited, looks for
+what is left of its process group (:func:`group_members`). The rest serves
+the benchmark's thrash hint.
 
 ``lokid bench`` knows the engine by its address only (a preset started by its
 unit, by ``lokid run`` or by the daemon's local runner). The process is found
@@ -13,6 +14,8 @@ The daemon's local runner knows its engine without a search: the child of the
 ``lokid engine`` it spawned (:func:`children`). ``lokid bench`` also reads the
 engine's command line, to tell whether a runtime plan left in the runtime
 directory is the running engine's (:func:`lokid.bench.measure.started_here`).
+A busy port at start is reported with its holder found the same way
+(:func:`pid_listening_on`, :func:`cmdline`, :func:`command_name`).
 
 ``/proc/<pid>/io`` needs ptrace access to the process: as another user
 without CAP_SYS_PTRACE it is unreadable, and the hint is simply absent. Under
@@ -47,6 +50,27 @@ def die_with_parent(sig: int) -> Callable[[], None]:
         prctl(1, sig)  # PR_SET_PDEATHSIG
 
     return guard
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (zombies left out: they hold no port
+    and no memory, and only their parent can make them go)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []               # the common case, without a walk through /proc
+    except PermissionError:
+        pass                    # members exist, but none we may signal
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry))
+    return found
 
 
 def progress_counters(pid: int) -> tuple[int, ...]:
@@ -112,6 +136,15 @@ def cmdline(pid: int) -> list[str] | None:
     except OSError:
         return None
     return [a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0")[:-1]] or None
+
+
+def command_name(pid: int) -> str | None:
+    """The command name of ``pid`` (``comm``: what ps shows), or None."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode("utf-8", "replace").rstrip("\n") or None
+    except OSError:
+        return None
 
 
 def pid_listening_on(port: int) -> int | None:

@@ -17,6 +17,14 @@ through a Python pipe a stalled reader could block), then:
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
   failure even with status 0, so that ``Restart=on-failure`` applies).
 
+The engine runs in a process group of its own, and every signal goes to the
+whole group: an ``engine`` that is a wrapper script running llama-server as
+its child (no ``exec``) would otherwise lose only the wrapper, and the real
+engine would keep serving on the port. Once the engine's main process has
+exited, whatever is left of its group is killed (SIGKILL), and the supervisor
+returns only when it is gone, so that nothing outlives ``lokid run`` or
+``lokid engine``: systemd's ``KillMode=mixed``, for one process group.
+
 Outside systemd (``NOTIFY_SOCKET`` unset) the notifications are no-ops
 (:mod:`lokid.engine.notify`). The ``/health`` probe is
 :func:`lokid.engine.endpoint.health_status`; the /proc readers (progress,
@@ -34,7 +42,7 @@ from ..core.address import engine_url
 from ..core.errors import EngineError
 from .endpoint import health_status
 from .notify import Notifier
-from .proc import die_with_parent, progress_counters, resident_kib
+from .proc import die_with_parent, group_members, progress_counters, resident_kib
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -50,6 +58,7 @@ EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
 EXTEND_BY = 30.0         # seconds granted per extension
 STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
 STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
+LEFTOVER_WAIT = 5.0      # how long the engine's group may take to die after SIGKILL
 # Set by lokid's local runner, which gives a notify socket but is no service
 # manager: nothing else would take the engine down with its supervisor.
 DIE_WITH_PARENT = "LOKI_DIE_WITH_PARENT"
@@ -107,7 +116,9 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
         # it once). SIGKILL: the supervisor only dies before its engine when it was
         # killed itself (a stop past its timeout), and an engine may not act on
         # SIGTERM (b11434 misses one sent just after it first answers /health, see
-        # _loop): nothing else would take it down.
+        # _loop): nothing else would take it down. PR_SET_PDEATHSIG reaches the
+        # direct child only: a wrapper script's own children outlive a supervisor
+        # killed with SIGKILL (under systemd, the cgroup does not let them).
         orphan_guard = None
         if "NOTIFY_SOCKET" not in os.environ or os.environ.get(DIE_WITH_PARENT) == "1":
             orphan_guard = die_with_parent(signal.SIGKILL)
@@ -117,11 +128,46 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
                                     preexec_fn=orphan_guard)
         except OSError as e:
             raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
-        return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
-                     unexpected_exit_fails)
+        try:
+            return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
+                         unexpected_exit_fails)
+        finally:
+            _end_group(proc, log)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """``sig`` to the engine's process group (its pid: ``process_group=0``)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass                            # the whole group is gone already
+    except PermissionError:
+        proc.send_signal(sig)           # members we may not signal (setuid): ours at least
+
+
+def _end_group(proc: subprocess.Popen[bytes], log: Callable[[str], None]) -> None:
+    """Kill what is left of the engine's process group once its main process has exited
+    (or, on the way out of an error, the main process too), and wait until it is gone.
+
+    The group's id stays the main process's pid while any member lives (Linux does
+    not reuse a pid still in use as a process group id), so the SIGKILL cannot reach
+    an unrelated process.
+    """
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    left = group_members(proc.pid)
+    if not left:
+        return
+    log(f"the engine exited and left {len(left)} process(es) of its group behind "
+        f"(pid {', '.join(map(str, left))}): killing them")
+    _signal_group(proc, signal.SIGKILL)
+    deadline = time.monotonic() + LEFTOVER_WAIT
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
@@ -149,7 +195,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
         if stop and stopping_since is None:
             notifier.send("STOPPING=1", "STATUS=stopping")
             log("stopping the engine")
-            proc.send_signal(signal.SIGTERM)
+            _signal_group(proc, signal.SIGTERM)
             stopping_since = now
         if stopping_since is not None:
             if now - stopping_since > STOP_RESEND and not resent:
@@ -158,11 +204,11 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                 # engine runs on. Its answer to a second signal is an immediate exit.
                 log(f"the engine is still running {STOP_RESEND:.0f} s after SIGTERM: "
                     "sending it again")
-                proc.send_signal(signal.SIGTERM)
+                _signal_group(proc, signal.SIGTERM)
                 resent = True
             if now - stopping_since > STOP_GRACE and not notifier.enabled:
                 log(f"the engine ignored SIGTERM for {STOP_GRACE:.0f} s: killing it")
-                proc.kill()
+                _signal_group(proc, signal.SIGKILL)
             time.sleep(0.05)
             continue
 

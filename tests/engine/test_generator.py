@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.enginekit import write_config, write_preset
 
 from lokid.engine.generator import BASE_START_TIMEOUT, MAX_START_TIMEOUT, generate, start_timeout
@@ -52,3 +53,26 @@ def test_generator_command_takes_systemds_three_directories(tmp_path: Path) -> N
     assert r.returncode == 0, r.stderr
     assert "Description=lokid engine p: m.gguf" in dropin(dirs[0], "p")
     assert not dirs[1].exists() and not dirs[2].exists()
+
+
+def test_two_presets_on_one_port_are_reported_and_still_generated(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SYSTEMD_SCOPE", raising=False)  # stderr, not the kernel log
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "m.gguf").write_bytes(b"\0" * 1024)
+    config = write_config(tmp_path, "/usr/bin/llama-server", [models])
+    a = write_preset(config, "a", 'model = "m.gguf"\nport = 9000\n')
+    b = write_preset(config, "b", 'model = "m.gguf"\nextra_args = ["--port=9000"]\n')
+    write_preset(config, "c", 'model = "m.gguf"\n')
+    write_preset(config, "example", 'model = "absent.gguf"\n')  # cannot start: no clash
+    out = tmp_path / "gen"
+    assert generate(str(config), str(out)) == [f"loki-engine@{p}.service"
+                                               for p in ("a", "b", "c", "example")]
+    assert capsys.readouterr().err.splitlines() == [
+        f"lokid-generator: preset a: {a}: port 9000 on 127.0.0.1 is also the port of "
+        f"preset b ({b}): set another port in one of them",
+        f"lokid-generator: preset b: {b}: port 9000 on 127.0.0.1 is also the port of "
+        f"preset a ({a}): set another port in one of them",
+    ]

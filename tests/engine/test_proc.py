@@ -62,3 +62,21 @@ def test_children_without_the_kernel_lists(monkeypatch: pytest.MonkeyPatch) -> N
         child.kill()
         child.wait()
     assert proc.children(2**22 + 7) == []
+
+
+def test_the_live_members_of_a_process_group() -> None:
+    leader = subprocess.Popen(["/bin/sh", "-c", "sleep 30 & sleep 30 & wait"], process_group=0)
+    try:
+        deadline = time.monotonic() + 10
+        while len(proc.group_members(leader.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        members = proc.group_members(leader.pid)
+        assert leader.pid in members and len(members) == 3
+        assert os.getpid() not in members
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+    deadline = time.monotonic() + 10
+    while proc.group_members(leader.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.group_members(leader.pid) == []  # zombies (the sleeps, now init's) left out

@@ -1,0 +1,126 @@
+"""Port conflicts: two presets on one address, and who holds a busy port.
+
+Two engines cannot listen on one port. Started one after the other, the
+second only fails at its prestart, and only while the first runs; this module
+finds the clash from the config alone, so that ``lokid plan``, the generator
+and the daemon report it for both presets before either starts
+(:func:`port_conflicts`). When a port is busy at start all the same, it says
+who holds it (:func:`holder`): a preset, from the runtime plans in the
+runtime directory, or a process, from ``/proc`` (both read by
+:mod:`lokid.engine.endpoint`).
+
+Pure: addresses, presets and runtime plans in, messages out.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from .config import GlobalConfig, Preset
+from .flags import flag_value
+from .runtimeplan import RuntimePlan
+
+# What a host name means for binding; anything else is compared as written.
+_LOCALHOST = frozenset({"127.0.0.1", "::1"})
+
+
+class Endpoint(NamedTuple):
+    """Where a preset's engine listens, and the preset's file (for the message)."""
+
+    host: str
+    port: int
+    path: str
+
+
+def listen_address(preset: Preset, config: GlobalConfig) -> tuple[str, int]:
+    """Where the preset's engine will listen: ``--host``/``--port`` in extra_args win
+    over the preset's port and lokid.toml's host and port, as in
+    :func:`lokid.core.plan.build_plan` (the plan's ``host``/``port`` are authoritative
+    where a plan exists; this is the same rule for presets not planned)."""
+    port = preset.port if preset.port is not None else config.port
+    extra_port = flag_value(preset.extra_args, "--port")
+    if extra_port is not None and extra_port.isdigit() and 0 < int(extra_port) < 65536:
+        port = int(extra_port)
+    host = flag_value(preset.extra_args, "--host") or config.host
+    return host, port
+
+
+def _addresses(host: str) -> frozenset[str] | None:
+    """The addresses a bind to ``host`` takes; None for a wildcard (all of them)."""
+    name = host.strip().lower().strip("[]")
+    if name in ("", "*"):
+        return None
+    if name == "localhost":
+        return _LOCALHOST
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return frozenset({name})
+    return None if ip.is_unspecified else frozenset({ip.compressed})
+
+
+def overlap(a: str, b: str) -> bool:
+    """Whether binds to hosts ``a`` and ``b`` on one port clash: the same address, or
+    either a wildcard (``0.0.0.0`` and ``::`` are both taken as taking every address:
+    a dual-stack ``::`` does, and a v4-only/v6-only split is not worth guessing)."""
+    x, y = _addresses(a), _addresses(b)
+    return x is None or y is None or bool(x & y)
+
+
+def port_conflicts(endpoints: Mapping[str, Endpoint | tuple[str, int, str]]) -> dict[str, str]:
+    """Every preset that would listen where another one does, with why.
+
+    ``endpoints`` maps each preset name to ``(host, port, path)``: its listening
+    address (:func:`listen_address`, or its plan's) and its file. Pass the
+    presets that could start: a broken preset never starts, and one whose model
+    is missing fails before it binds (the packaged example preset, which shares
+    lokid.toml's default port with every preset that sets none).
+
+    Returns ``{name: message}`` for each preset in a conflict, both sides of it
+    (a preset in none is absent). The message is one line naming the port, the
+    other presets and their files, written to be prefixed with the preset's own
+    file: "port 8080 on 127.0.0.1 is also the port of preset b
+    (/etc/loki/presets/b.toml): set another port in one of them".
+    """
+    items = sorted((name, Endpoint(*e)) for name, e in endpoints.items())
+    out: dict[str, str] = {}
+    for name, mine in items:
+        others = [(other, e) for other, e in items
+                  if other != name and e.port == mine.port and overlap(e.host, mine.host)]
+        if not others:
+            continue
+        listed = ", ".join(
+            f"{other} ({e.path}{'' if e.host == mine.host else ', on ' + e.host})"
+            for other, e in others)
+        which = "preset" if len(others) == 1 else "presets"
+        out[name] = (f"port {mine.port} on {mine.host} is also the port of {which} {listed}: "
+                     "set another port in one of them")
+    return out
+
+
+def holder(host: str, port: int, plans: Sequence[RuntimePlan], pid: int | None,
+           cmdline: Sequence[str] | None, command: str | None, user: str) -> str:
+    """Who holds a busy port, for "port P on H is already in use by …".
+
+    ``plans``: the runtime plans found (each start's address and argv); ``pid``,
+    ``cmdline``, ``command``: the process listening on the port, as far as
+    ``/proc`` shows it to ``user`` (None where it does not). A runtime plan can
+    outlive its engine (the runtime directory is kept across stops), so where
+    the process is known, a preset is named only when the process runs that
+    plan's argv (its arguments: a wrapper script passes them on to the engine).
+    """
+    mine = [p for p in plans if p.port == port and overlap(p.host, host)]
+    proc = f"pid {pid}" + (f" ({command})" if command else "") if pid is not None else ""
+    if pid is not None:
+        args = list(cmdline or ())[1:]
+        for p in mine:
+            if args and args == list(p.argv[1:]):
+                return f"preset {p.preset} ({proc})"
+        return f"another process: {proc}"
+    if mine:
+        names = ", ".join(p.preset for p in mine)
+        return (f"preset {names} (its runtime plan has this port; the process is not "
+                f"visible to user {user})")
+    return f"another process (not visible to user {user})"

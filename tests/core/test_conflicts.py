@@ -1,0 +1,114 @@
+"""lokid.core.conflicts: presets on one address, and who holds a busy port (table tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lokid.core.attempt import Mark
+from lokid.core.config import GlobalConfig, Preset
+from lokid.core.conflicts import (
+    Endpoint,
+    holder,
+    listen_address,
+    overlap,
+    port_conflicts,
+)
+from lokid.core.runtimeplan import RuntimePlan
+
+
+@pytest.mark.parametrize("a,b,clash", [
+    ("127.0.0.1", "127.0.0.1", True),
+    ("127.0.0.1", "127.0.0.2", False),
+    ("0.0.0.0", "127.0.0.1", True),
+    ("127.0.0.1", "::", True),
+    ("::", "::1", True),
+    ("0.0.0.0", "::1", True),      # either wildcard: taken as every address
+    ("::0", "10.0.0.1", True),     # written another way, still a wildcard
+    ("", "10.0.0.1", True),
+    ("::1", "0:0::1", True),       # one address, two spellings
+    ("localhost", "127.0.0.1", True),
+    ("localhost", "::1", True),
+    ("localhost", "10.0.0.1", False),
+    ("gpu1.lan", "GPU1.lan", True),
+    ("gpu1.lan", "gpu2.lan", False),
+])
+def test_hosts_that_overlap(a: str, b: str, clash: bool) -> None:
+    assert overlap(a, b) is clash and overlap(b, a) is clash
+
+
+def test_no_conflict_no_entry() -> None:
+    assert port_conflicts({"a": ("127.0.0.1", 8080, "/p/a.toml"),
+                           "b": ("127.0.0.1", 8081, "/p/b.toml"),
+                           "c": ("127.0.0.2", 8080, "/p/c.toml")}) == {}
+    assert port_conflicts({}) == {}
+
+
+def test_a_conflict_is_reported_for_both_naming_the_other() -> None:
+    found = port_conflicts({"a": ("127.0.0.1", 8080, "/p/a.toml"),
+                            "b": Endpoint("127.0.0.1", 8080, "/p/b.toml"),
+                            "c": ("127.0.0.1", 8081, "/p/c.toml")})
+    assert found == {
+        "a": "port 8080 on 127.0.0.1 is also the port of preset b (/p/b.toml): "
+             "set another port in one of them",
+        "b": "port 8080 on 127.0.0.1 is also the port of preset a (/p/a.toml): "
+             "set another port in one of them",
+    }
+
+
+def test_a_wildcard_clashes_with_every_host_and_says_where_the_other_listens() -> None:
+    found = port_conflicts({"a": ("0.0.0.0", 9000, "/p/a.toml"),
+                            "b": ("127.0.0.1", 9000, "/p/b.toml"),
+                            "c": ("10.0.0.1", 9000, "/p/c.toml")})
+    assert found["a"] == ("port 9000 on 0.0.0.0 is also the port of presets b (/p/b.toml, on "
+                          "127.0.0.1), c (/p/c.toml, on 10.0.0.1): set another port in one "
+                          "of them")
+    assert found["b"].startswith("port 9000 on 127.0.0.1 is also the port of preset a "
+                                 "(/p/a.toml, on 0.0.0.0)")
+    assert "preset a" in found["c"] and "b (" not in found["c"]  # b and c do not clash
+
+
+def preset(port: int | None = None, extra: tuple[str, ...] = ()) -> Preset:
+    return Preset(name="p", path="/p/p.toml", model="m.gguf", port=port, extra_args=extra)
+
+
+@pytest.mark.parametrize("p,address", [
+    (preset(), ("127.0.0.1", 8080)),                                  # lokid.toml's
+    (preset(9000), ("127.0.0.1", 9000)),                              # the preset's port
+    (preset(9000, ("--port", "9100")), ("127.0.0.1", 9100)),          # extra_args win
+    (preset(9000, ("--port=9100", "--host", "0.0.0.0")), ("0.0.0.0", 9100)),
+    (preset(9000, ("--port", "nine")), ("127.0.0.1", 9000)),          # not a port: the plan's
+])
+def test_where_a_preset_listens(p: Preset, address: tuple[str, int]) -> None:
+    assert listen_address(p, GlobalConfig()) == address
+
+
+def plan(preset: str, port: int, argv: tuple[str, ...], host: str = "127.0.0.1") -> RuntimePlan:
+    return RuntimePlan(preset=preset, argv=argv, env={}, host=host, port=port,
+                       mark=Mark("f", "/e", 1))
+
+
+ENGINE = ("/usr/bin/llama-server", "-m", "/m/a.gguf", "--port", "8080")
+
+
+def test_the_holder_is_the_preset_whose_plan_the_process_runs() -> None:
+    plans = [plan("b", 8081, ("/x", "--port", "8081")), plan("a", 8080, ENGINE)]
+    assert holder("127.0.0.1", 8080, plans, 42, list(ENGINE), "llama-server", "root") == (
+        "preset a (pid 42 (llama-server))")
+    # behind a wrapper script: the engine runs the plan's arguments under another argv[0]
+    assert holder("127.0.0.1", 8080, plans, 42, ["/opt/llama/bin/llama-server", *ENGINE[1:]],
+                  "llama-server", "root").startswith("preset a ")
+
+
+def test_a_stale_runtime_plan_does_not_name_a_preset_when_the_process_is_known() -> None:
+    plans = [plan("a", 8080, ENGINE)]
+    assert holder("127.0.0.1", 8080, plans, 42, ["python3", "-m", "http.server"], "python3",
+                  "root") == "another process: pid 42 (python3)"
+    assert holder("127.0.0.1", 8080, [], 42, None, None, "root") == "another process: pid 42"
+
+
+def test_an_invisible_process() -> None:
+    plans = [plan("a", 8080, ENGINE), plan("z", 8080, ENGINE, host="10.0.0.9")]
+    assert holder("127.0.0.1", 8080, plans, None, None, None, "bob") == (
+        "preset a (its runtime plan has this port; the process is not visible to user bob)")
+    assert holder("127.0.0.1", 8081, plans, None, None, None, "bob") == (
+        "another process (not visible to user bob)")

@@ -1,0 +1,110 @@
+"""lokid.engine.gather: a file this process may not read is "permission denied", never
+"does not exist" (as another user, for real: a forked child that drops root)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.enginekit import write_config, write_preset
+from support.users import throwaway_user
+
+from lokid.core.errors import LokiError
+from lokid.engine.gather import gather
+
+
+@pytest.fixture
+def user() -> Iterator[pwd.struct_passwd]:
+    if os.geteuid() != 0:
+        pytest.skip("creating a user needs root")
+    with throwaway_user() as user:
+        yield user
+
+
+@pytest.fixture
+def tree() -> Iterator[Path]:
+    """A directory every user can walk into (pytest's own temporary directory is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="lokid-gather-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root)
+
+
+def as_user(user: pwd.struct_passwd, call: Callable[[], str]) -> str:
+    """What ``call`` returns, run as ``user`` in a forked child (no exec: the test's
+    Python may live where that user cannot read)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            text = call()
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+            text = f"{type(e).__name__}: {e}"
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
+
+
+def plan_error(config: Path, name: str) -> str:
+    try:
+        inputs = gather(str(config), name)
+    except LokiError as e:
+        return f"{type(e).__name__}: {e}"
+    return "planned: " + "; ".join(
+        [] if inputs.draft is None else [f"draft error {inputs.draft.error}"])
+
+
+def test_a_model_this_user_may_not_reach_is_permission_denied(
+        engine: str, models: Any, tree: Path, user: pwd.struct_passwd) -> None:
+    private = tree / "private"
+    private.mkdir(mode=0o700)
+    shutil.copy(models.llama, private / "llama.gguf")
+    public = tree / "public"
+    public.mkdir(mode=0o755)
+    shutil.copy(models.llama, public / "llama.gguf")
+    (public / "llama.gguf").chmod(0o644)
+    config = write_config(tree, engine, [public, private])
+    config.chmod(0o755)
+    write_preset(config, "ok", 'model = "llama.gguf"\n')
+    write_preset(config, "abs", f'model = "{private}/llama.gguf"\n')
+    write_preset(config, "bare", 'model = "hidden"\n')
+    write_preset(config, "draft", f'model = "llama.gguf"\n[spec]\nmode = "mtp"\n'
+                 f'draft = "{private}/llama.gguf"\n')
+    (config / "presets").chmod(0o755)
+    for preset in (config / "presets").iterdir():
+        preset.chmod(0o644)
+    shutil.copy(models.llama, private / "hidden.gguf")
+    # the parent plans once: lazy imports and the engine probe are in place for the child
+    assert plan_error(config, "ok") == "planned: "
+
+    name = user.pw_name
+    denied = (f"permission denied for user {name}: directory {private} (owner root:root, "
+              f"mode 0700) is not searchable by it: chmod o+x {private}")
+    assert as_user(user, lambda: plan_error(config, "ok")) == "planned: "
+    out = as_user(user, lambda: plan_error(config, "abs"))
+    assert out.startswith(f"ModelError: model {private}/llama.gguf: {denied}"), out
+    out = as_user(user, lambda: plan_error(config, "bare"))  # found in the second model_dir
+    assert out.startswith(f"ModelError: model {private}/hidden: {denied}"), out
+    out = as_user(user, lambda: plan_error(config, "draft"))  # a draft only drops with a note
+    assert out.startswith(f"planned: draft error spec.draft {private}/llama.gguf: {denied}"), out
+
+    private.chmod(0o755)
+    (private / "llama.gguf").chmod(0o600)
+    out = as_user(user, lambda: plan_error(config, "abs"))
+    assert out.startswith(
+        f"ModelError: model {private}/llama.gguf: permission denied for user {name}: the file "
+        f"(owner root:root, mode 0600) is not readable by it: chmod o+r {private}/llama.gguf"), out
