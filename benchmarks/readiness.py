@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Readiness overhead of lokid's supervisor against the raw engine, side by side.
+"""Readiness overhead of the unit's whole start path against the raw engine, side by side.
 
 For the same generated tiny model and the real llama-server b11434:
 
 - raw: spawn llama-server with the plan's argv, then poll GET /health every
   millisecond until it answers 200 (the best any manager could do);
-- lokid: spawn `lokid engine <preset>` (the unit's ExecStart, after `lokid
-  prestart`), as systemd would, with NOTIFY_SOCKET on a real datagram socket;
-  the time is when READY=1 arrives.
+- lokid: spawn `lokid engine <preset>`, the unit's one ExecStart (it plans
+  the start: config, GGUF header, the engine's --help/--version probe, the
+  state DB, the runtime plan; then supervises), as systemd would, with
+  NOTIFY_SOCKET on a real datagram socket; the time is when READY=1 arrives.
+  Until the unit had one process, planning was a second one (ExecStartPre=
+  lokid prestart) and this measured the supervisor alone.
 
 Runs alternate (raw, lokid, raw, …) so machine noise hits both alike; prints
-both medians and the median extra time. Goal: at most 60 ms extra. Exits 1
+both medians and the median extra time. Goal: at most 100 ms extra. Exits 1
 when the median overhead is above --max-extra-ms.
 
-    .venv/bin/python benchmarks/readiness.py [--runs 15] [--max-extra-ms 60]
+    .venv/bin/python benchmarks/readiness.py [--runs 15] [--max-extra-ms 100]
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def lokid_run(env: dict[str, str], sock_path: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--max-extra-ms", type=float, default=60.0)
+    ap.add_argument("--max-extra-ms", type=float, default=100.0)
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +99,7 @@ def main() -> int:
         port = free_port()
         config = tiny_config(root, "bench", f"port = {port}\n")
         state, runtime = str(root / "state"), str(root / "run")
-        plan = prestart(str(config), state, runtime, "bench", environ={})
+        plan = prestart(str(config), state, runtime, "bench", environ={})  # the raw argv
         env = {**os.environ, "LOKI_CONFIG_DIR": str(config), "LOKI_STATE_DIR": state,
                "LOKI_RUNTIME_DIR": runtime, "PYTHONPATH": str(ROOT)}
         env.pop("NOTIFY_SOCKET", None)

@@ -1,11 +1,14 @@
-"""The ``lokid`` command: ``plan``, ``run``, the unit helpers ``prestart``, ``engine``,
-``generate``, ``watch`` (the journal watcher alone) and ``daemon`` (the D-Bus service).
+"""The ``lokid`` command: ``plan``, ``run``, the unit helpers ``engine`` and ``stopped``
+(and ``prestart``, planning alone), ``generate``, ``watch`` (the journal watcher alone)
+and ``daemon`` (the D-Bus service).
 
 Arguments become typed calls here; no argparse object leaves this module.
 Errors are one line on stderr, or one journal entry when stderr is the
 journal (a traceback only with ``--debug``). Exit
 status: 0 on success, 2 for a config/preset/model/engine problem, 1 for a
-busy port; ``run`` otherwise exits with the engine's own status.
+busy port; ``run`` otherwise exits with the engine's own status; ``engine`` exits
+78 when the preset cannot start as it is and 69 when the crash-loop rule stops
+its restarts (the unit's RestartPreventExitStatus=).
 """
 
 from __future__ import annotations
@@ -33,9 +36,13 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import json
 
     from .core.plan import format_plan
-    from .engine.gather import make_plan
+    from .engine.gather import check_port_conflicts
+    from .engine.unit import plan_now
 
-    plan = make_plan(config_dir, preset)
+    # As the next start will run it: as root, the files checked as loki-engine@.service's
+    # user will open them; the attempt verdict read from the state DB, changing nothing.
+    plan = plan_now(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
+    check_port_conflicts(config_dir, plan)
     if as_json:
         print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
     else:
@@ -57,10 +64,16 @@ def cmd_prestart(config_dir: str, preset: str) -> int:
     return 0
 
 
-def cmd_engine(preset: str) -> int:
+def cmd_engine(config_dir: str, preset: str) -> int:
     from .engine.unit import engine
 
-    return engine(paths.state_dir(), paths.runtime_dir(), preset)
+    return engine(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
+
+
+def cmd_stopped(preset: str) -> int:
+    from .engine.unit import stopped
+
+    return stopped(paths.state_dir(), paths.runtime_dir(), preset)
 
 
 def cmd_watch() -> int:
@@ -148,12 +161,15 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     run = sub.add_parser("run", help="run a preset's engine in the foreground")
     run.add_argument("preset")
-    pre = sub.add_parser("prestart", help="ExecStartPre of loki-engine@.service: plan, "
-                         "check the port, settle the attempt token")
+    pre = sub.add_parser("prestart", help="plan a start as loki-engine@.service does: "
+                         "check the port, settle the attempt token, write the runtime plan")
     pre.add_argument("preset")
-    eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: supervise the "
-                         "engine planned by prestart")
+    eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: plan the start, "
+                         "then supervise the engine")
     eng.add_argument("preset")
+    stp = sub.add_parser("stopped", help="ExecStopPost of loki-engine@.service: record how "
+                         "the start ended ($SERVICE_RESULT)")
+    stp.add_argument("preset")
     dmn = sub.add_parser("daemon", help="serve the presets on D-Bus as org.lokid.Lokid1")
     dmn.add_argument("--bus", choices=("system", "session"), default="system",
                      help="which bus (default: system; session for development)")
@@ -182,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(argv) == 2 and argv[0] == "engine" and not argv[1].startswith("-"):
         # The unit's ExecStart, a fixed command line: skip argparse (and the
         # regular-expression machinery it imports) on the way to READY.
-        return _guard(lambda: cmd_engine(argv[1]), debug=False)
+        return _guard(lambda: cmd_engine(paths.config_dir(), argv[1]), debug=False)
     args = _parser().parse_args(argv)
     config_dir: str = args.config_dir or paths.config_dir()
     command: str = args.command
@@ -195,7 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "prestart":
             return cmd_prestart(config_dir, args.preset)
         if command == "engine":
-            return cmd_engine(args.preset)
+            return cmd_engine(config_dir, args.preset)
+        if command == "stopped":
+            return cmd_stopped(args.preset)
         if command == "watch":
             return cmd_watch()
         if command == "bench":

@@ -136,16 +136,22 @@ async def _preset_rows(c: Client) -> list[dict[str, Any]]:
 
 
 async def cmd_presets(c: Client, as_json: bool) -> int:
+    """Every preset, the broken ones too (state "broken", and their error)."""
     rows = await _preset_rows(c)
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    broken = dict(props.get("BrokenPresets", {}))
     if as_json:
-        _print_json(rows)
+        _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
+                            for name, error in sorted(broken.items())])
         return EXIT_OK
-    width = max([len(r["Name"]) for r in rows] + [6])
+    width = max([len(r["Name"]) for r in rows] + [len(n) for n in broken] + [6])
     print(f"{'PRESET':<{width}}  {'STATE':<8}  {'SPEC':<10}  MODEL")
     for r in rows:
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
         print(f"{r['Name']:<{width}}  {r['State']:<8}  {r['SpecMode']:<10}  {r['Model']}"
               f"{blocked}")
+    for name, error in sorted(broken.items()):
+        print(f"{name:<{width}}  {'broken':<8}  {'-':<10}  {error}")
     return EXIT_OK
 
 
@@ -208,20 +214,39 @@ class Spinner:
             sys.stderr.flush()
 
 
+def _next_step(name: str, verb: str, result: str, runner_unit: bool) -> str:
+    """What to run after a job ended badly."""
+    if result == "canceled":
+        return "another start, stop or restart replaced it"
+    look = (f"journalctl -u loki-engine@{name} -n 30" if runner_unit
+            else f"lokictl show {name}")
+    return f"see `{look}`; `lokictl start {name}` tries again once the cause is fixed"
+
+
 async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float | None) -> int:
-    """start/stop/restart; with ``wait``, follow the engine until it is ready or stopped."""
+    """start/stop/restart; with ``wait``, follow the verb's job until it ends.
+
+    The daemon returns the job's id and ends it with ``JobFinished``: the
+    states on the way (a restart passes through stopping and inactive) are not
+    its outcome.
+    """
     from dbus_fast import Message, MessageType
 
     path = await c.preset_path(name)
-    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    ended: dict[str, tuple[str, str, str]] = {}    # job → (result, state, detail)
+    arrived = asyncio.Event()
     spinner = Spinner(wait and sys.stderr.isatty())
 
     def on_message(msg: Message) -> bool:
         if msg.message_type != MessageType.SIGNAL:
             return False
-        if msg.member == "EngineStateChanged" and msg.path == OBJECT_PATH \
+        if msg.member == "JobFinished" and msg.path == OBJECT_PATH and msg.body[0] == name:
+            _, job, _verb, result, state, detail = msg.body
+            ended[str(job)] = (str(result), str(state), str(detail))
+            arrived.set()
+        elif msg.member == "EngineStateChanged" and msg.path == OBJECT_PATH \
                 and msg.body[0] == name:
-            events.put_nowait((str(msg.body[1]), str(msg.body[2])))
+            spinner.show(f"{msg.body[1]}" + (f": {msg.body[2]}" if msg.body[2] else ""))
         elif msg.member == "PropertiesChanged" and msg.path == path:
             status = msg.body[1].get("Status")
             if status is not None and status.value:
@@ -230,51 +255,42 @@ async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float |
 
     if wait:
         rules = [f"type='signal',sender='{BUS_NAME}',path='{OBJECT_PATH}',"
-                 f"interface='{MANAGER_INTERFACE}',member='EngineStateChanged',arg0='{name}'",
-                 f"type='signal',sender='{BUS_NAME}',path='{path}',"
-                 "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged'"]
+                 f"interface='{MANAGER_INTERFACE}',member='{member}',arg0='{name}'"
+                 for member in ("JobFinished", "EngineStateChanged")]
+        rules.append(f"type='signal',sender='{BUS_NAME}',path='{path}',"
+                     "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged'")
         for rule in rules:
             await c.add_match(rule)
         c.bus.add_message_handler(on_message)
-    await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
+    (job,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
     if not wait:
         return EXIT_OK
-    target = "inactive" if verb == "stop" else "ready"
-    (state,) = await c._call(path, "org.freedesktop.DBus.Properties", "Get", "ss",
-                             [PRESET_INTERFACE, "State"])
-    if events.empty() and ((verb == "start" and state.value == "ready") or
-                           (verb == "stop" and state.value in ("inactive", "failed"))):
-        print(f"{name}: {state.value}")
+    target = "stopped" if verb == "stop" else "ready"
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while job not in ended:
+        left = None if deadline is None else deadline - loop.time()
+        if left is not None and left <= 0:
+            spinner.clear()
+            print(f"lokictl: {name}: not {target} after {timeout:g} s; the {verb} job goes "
+                  f"on (`lokictl stop {name}` cancels it)", file=sys.stderr)
+            return EXIT_FAILED
+        arrived.clear()
+        try:
+            await asyncio.wait_for(arrived.wait(), min(left or 0.1, 0.1))
+        except TimeoutError:
+            spinner.show()
+    spinner.clear()
+    result, state, detail = ended[job]
+    if result == "done" and (verb == "stop" or state == "ready"):
+        print(f"{name}: {state}" + (f" ({detail})" if detail else ""))
         return EXIT_OK
-    moved = verb != "restart"   # a restart must leave "ready" before it counts
-    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-    try:
-        while True:
-            left = None if deadline is None else deadline - asyncio.get_running_loop().time()
-            if left is not None and left <= 0:
-                raise TimeoutError
-            try:
-                state_now, detail = await asyncio.wait_for(events.get(), min(left or 0.1, 0.1))
-            except TimeoutError:
-                spinner.show()
-                continue
-            spinner.show(f"{state_now}" + (f": {detail}" if detail else ""))
-            if state_now != "ready":
-                moved = True
-            if state_now == target and moved:
-                spinner.clear()
-                print(f"{name}: {state_now}" + (f" ({detail})" if detail else ""))
-                return EXIT_OK
-            if state_now == "failed" or (state_now == "inactive" and target == "ready"):
-                spinner.clear()
-                print(f"lokictl: {name}: {state_now}" + (f": {detail}" if detail else ""),
-                      file=sys.stderr)
-                return EXIT_FAILED
-    except TimeoutError:
-        spinner.clear()
-        print(f"lokictl: {name}: still not {target} after {timeout:g} s (the job goes on)",
-              file=sys.stderr)
-        return EXIT_FAILED
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    under_systemd = props.get("Runner", "systemd") == "systemd"
+    what = f"{verb} {result}" if result != "done" else f"{verb} done, but the engine is {state}"
+    print(f"lokictl: {name}: {what}" + (f": {detail}" if detail else "")
+          + f"\n  {_next_step(name, verb, result, under_systemd)}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def _bar(phase: str, step: int, steps: int, width: int = 20) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NEVER_ANSWERED = "the last automatic launch with this configuration never answered"
+LOADING_NOW = ("an automatic launch of this configuration is loading now: if it never "
+               "answers, the next start runs without automatic speculation")
 
 
 @dataclass(frozen=True)
@@ -31,12 +33,21 @@ class Verdict:
 
     why: str = ""
     record: bool = False
+    pending: str = ""    # allowed, but the token's launch is still loading: what that means
 
 
-def verdict(mark: str, attempt: str | None, failed: dict[str, str]) -> Verdict:
-    """Pure: the verdict for ``mark`` given the current token and the failed marks."""
+def verdict(mark: str, attempt: str | None, failed: dict[str, str],
+            loading: bool = False) -> Verdict:
+    """Pure: the verdict for ``mark`` given the current token and the failed marks.
+
+    ``loading``: an engine of this preset runs now and has not answered yet, so a
+    token of ``mark`` is its own, not a launch that never answered (a read-only
+    look: the next start would find the port taken before it settles anything).
+    """
     if mark in failed:
         return Verdict(failed[mark], False)
     if attempt == mark:
+        if loading:
+            return Verdict(pending=LOADING_NOW)
         return Verdict(NEVER_ANSWERED, True)
     return Verdict()

@@ -15,6 +15,15 @@ def engine_unit(preset: str) -> str:
     return f"{ENGINE_UNIT_PREFIX}{preset}{ENGINE_UNIT_SUFFIX}"
 
 
+def unit_object_path(unit: str) -> str:
+    """systemd's D-Bus object path of a unit (bus_label_escape: every byte outside
+    ``[A-Za-z0-9]`` as ``_xx``, and a leading digit too)."""
+    label = "".join(c if c.isascii() and c.isalnum() and (i or not c.isdigit())
+                    else "".join(f"_{b:02x}" for b in c.encode())
+                    for i, c in enumerate(unit))
+    return "/org/freedesktop/systemd1/unit/" + (label or "_")
+
+
 def preset_of_unit(unit: str) -> str | None:
     """The preset of a loki-engine@<preset>.service unit name, or None."""
     if unit.startswith(ENGINE_UNIT_PREFIX) and unit.endswith(ENGINE_UNIT_SUFFIX):

@@ -48,14 +48,15 @@ class RuntimePlan:
     auto: bool = False            # automatic speculation: its token must clear on READY
     notes: tuple[str, ...] = ()
     invocation: str = ""          # systemd's INVOCATION_ID of the start ("" outside systemd)
+    pid: int = 0                  # the process that planned and supervises it (0: unknown)
     schema: int = field(default=SCHEMA, compare=False)
 
     @classmethod
-    def of(cls, plan: Plan, mark: Mark, invocation: str = "") -> RuntimePlan:
+    def of(cls, plan: Plan, mark: Mark, invocation: str = "", pid: int = 0) -> RuntimePlan:
         return cls(preset=plan.preset, argv=tuple(plan.argv), env=dict(plan.env),
                    host=plan.host, port=plan.port, mark=mark, spec_mode=plan.spec.mode,
                    spec_types=tuple(plan.spec.types), auto=plan.spec.auto,
-                   notes=tuple(plan.notes), invocation=invocation)
+                   notes=tuple(plan.notes), invocation=invocation, pid=pid)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +72,7 @@ class RuntimePlan:
             "mark": {"fingerprint": self.mark.fingerprint, "engine": self.mark.engine,
                      "build": self.mark.build},
             "invocation": self.invocation,
+            "pid": self.pid,
         }
 
     @classmethod
@@ -96,6 +98,7 @@ class RuntimePlan:
             auto=_get(spec, "auto", bool),
             notes=_strings(data, "notes"),
             invocation=_get(data, "invocation", str, ""),
+            pid=_get(data, "pid", int, 0),  # optional: not written before it existed
             schema=schema,
         )
 

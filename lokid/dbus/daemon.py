@@ -39,7 +39,7 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
 from ..engine.notify import Notifier
-from ..engine.runner import LIVE, EngineState, Runner
+from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
 from .authz import MANAGE_GROUP, Authority
@@ -56,6 +56,7 @@ class Daemon:
                  manage_group: str = MANAGE_GROUP):
         self.config_dir = config_dir
         self.registry = Registry(config_dir, state_dir)
+        self.registry.loading = lambda name: self.engine_state(name).state in (LOADING, STOPPING)
         self.runtime_dir = runtime_dir
         self.bus_type = bus_type
         self.bus_address = bus_address
@@ -72,6 +73,9 @@ class Daemon:
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.watcher: Any = None
+        self.dirwatch: Any = None
+        self.reloading: asyncio.Task[None] | None = None
+        self.reload_again = False
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
@@ -85,6 +89,9 @@ class Daemon:
         if self.runner is None:
             return []
         return sorted(n for n, st in self.runner.states.items() if st.state in LIVE)
+
+    def runner_in_use(self) -> str:
+        return self.runner.kind if self.runner is not None else ""
 
     def status(self) -> str:
         broken = len(self.registry.broken)
@@ -111,24 +118,24 @@ class Daemon:
             if view.plan is None:
                 raise view.failure()
 
-    async def start(self, name: str) -> None:
+    async def start(self, name: str) -> str:
         await self._startable(name)
         assert self.runner is not None
         log.info("starting preset %s", name)
-        await self.runner.start(name)
+        return await self.runner.start(name)
 
-    async def restart(self, name: str) -> None:
+    async def restart(self, name: str) -> str:
         await self._startable(name)
         assert self.runner is not None
         log.info("restarting preset %s", name)
-        await self.runner.restart(name)
+        return await self.runner.restart(name)
 
-    async def stop(self, name: str) -> None:
+    async def stop(self, name: str) -> str:
         assert self.runner is not None
         if self.runner.state(name).state not in LIVE:
             self.registry.get(name)  # NotFound for a name that is neither known nor running
         log.info("stopping preset %s", name)
-        await self.runner.stop(name)
+        return await self.runner.stop(name)
 
     async def clear_failures(self, name: str) -> int:
         self.registry.get(name)
@@ -230,6 +237,36 @@ class Daemon:
         except LokiError as e:
             log.warning("reload: %s", e)
 
+    def _files_changed(self) -> None:
+        """A preset or lokid.toml changed on disk: read them again, as ``Reload()`` does
+        (one reload at a time; a change during one makes one more)."""
+        if self.reloading is not None and not self.reloading.done():
+            self.reload_again = True
+            return
+
+        async def again() -> None:
+            while True:
+                self.reload_again = False
+                log.info("configuration files changed: reading the presets again")
+                await self._reload_logged()
+                if not self.reload_again:
+                    return
+
+        self.reloading = asyncio.get_running_loop().create_task(again())
+
+    def _systemd_reloaded(self) -> None:
+        """``systemctl daemon-reload`` (someone's, or ours): the presets as the units see
+        them. Read only: reloading systemd again would never end."""
+        asyncio.get_running_loop().create_task(self._presets_logged())
+
+    async def _presets_logged(self) -> None:
+        try:
+            await self.load_presets()
+            if self.runner is not None:
+                await self.runner.track(sorted(self.registry.presets))
+        except LokiError as e:
+            log.warning("reading the presets after a systemd reload: %s", e)
+
     def _on_engine(self, name: str, state: EngineState) -> None:
         """A runner saw an engine change: properties, the signal, the summary."""
         moved = self.signalled.get(name) != state.state  # Status alone may have changed
@@ -242,6 +279,11 @@ class Daemon:
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed(changed)
+        if moved and self.signalled.get(name) in (LOADING, STOPPING) \
+                and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
+            # a start ended (ready, stopped or failed): its attempt token is settled, and
+            # the next start's plan may differ
+            asyncio.get_running_loop().create_task(self._refresh(name))
         if moved:  # the signal is for states; Status changes are PropertiesChanged only
             self.signalled[name] = state.state
             log.info("preset %s: %s%s", name, state.state,
@@ -249,6 +291,18 @@ class Daemon:
             self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
             self.manager.emit_properties_changed({"ActivePresets": self.active_presets()})
             self.notifier.send(f"STATUS={self.status()}")
+
+    def _on_job(self, name: str, job: str, verb: str, result: str) -> None:
+        """A runner's job ended: JobFinished, with the state and why."""
+        state = self.engine_state(name)
+        detail = state.detail
+        if state.status and state.status not in detail and (result != "done" or
+                                                              state.state != "ready"):
+            detail = f"{detail}: {state.status}" if detail else state.status
+        if result != "done":
+            log.info("preset %s: the %s job ended: %s%s", name, verb, result,
+                     f" ({detail})" if detail else "")
+        self.manager.JobFinished(name, job, verb, result, state.state, detail)
 
     def _spec_types(self, name: str) -> list[str]:
         """The speculation types of the running start (its runtime plan)."""
@@ -284,7 +338,8 @@ class Daemon:
         if kind == "auto":
             kind = "systemd" if systemd_reachable(self.bus_type == BusType.SYSTEM) else "local"
         if kind == "systemd":
-            return SystemdRunner(self.bus, self._on_engine)
+            return SystemdRunner(self.bus, self._on_engine, self._on_job,
+                                 on_reloaded=self._systemd_reloaded)
         from ..engine.journalwatch import LoadJudge
         from ..engine.local_runner import LocalRunner
 
@@ -294,7 +349,7 @@ class Daemon:
         judge = LoadJudge(self.registry.state_dir, self.runtime_dir,
                           on_verdict=self._on_verdict, log=judge_log)
         return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
-                           self.runtime_dir, judge=judge)
+                           self.runtime_dir, judge=judge, on_job=self._on_job)
 
     def _start_watcher(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -347,15 +402,24 @@ class Daemon:
                               "lokid daemon runs, or the bus policy denies it")
         if self.runner.kind == "systemd":
             self._start_watcher(loop)
+        import os
+
+        from ..core.config import PRESETS_DIR
+        from ..engine.dirwatch import DirWatch
+
+        self.dirwatch = DirWatch([self.config_dir, os.path.join(self.config_dir, PRESETS_DIR)],
+                                 self._files_changed)
+        how = self.dirwatch.attach(loop)
         self.notifier.send("READY=1", f"STATUS={self.status()}")
-        log.info("%s on the %s bus, %s runner: %s", BUS_NAME, self.bus_type.name.lower(),
-                 self.runner.kind, self.status())
+        log.info("%s on the %s bus, %s runner, following the presets by %s: %s", BUS_NAME,
+                 self.bus_type.name.lower(), self.runner.kind, how, self.status())
         watchdog = loop.create_task(self._watchdog())
         try:
             await self.stopping.wait()
         finally:
             self.notifier.send("STOPPING=1")
             watchdog.cancel()
+            self.dirwatch.detach()
             if self.watcher is not None:
                 self.watcher.detach(loop)
             await self.runner.close()

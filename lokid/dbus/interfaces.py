@@ -65,10 +65,11 @@ class Backend(Protocol):
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...
     def active_presets(self) -> list[str]: ...
+    def runner_in_use(self) -> str: ...
     async def authorize(self, member: str, action: str) -> None: ...
-    async def start(self, name: str) -> None: ...
-    async def stop(self, name: str) -> None: ...
-    async def restart(self, name: str) -> None: ...
+    async def start(self, name: str) -> str: ...
+    async def stop(self, name: str) -> str: ...
+    async def restart(self, name: str) -> str: ...
     async def reload(self) -> None: ...
     async def clear_failures(self, name: str) -> int: ...
     async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]: ...
@@ -280,6 +281,10 @@ class ManagerInterface(ServiceInterface):
     def ActivePresets(self) -> "as":
         return self.backend.active_presets()
 
+    @dbus_property(access=PropertyAccess.READ)
+    def Runner(self) -> "s":
+        return self.backend.runner_in_use()
+
     @method()
     @access(READ)
     @guarded
@@ -290,20 +295,20 @@ class ManagerInterface(ServiceInterface):
     @method()
     @access(MANAGE)
     @guarded
-    async def StartPreset(self, name: "s") -> None:
-        await self.backend.start(checked_name(name))
+    async def StartPreset(self, name: "s") -> "s":
+        return await self.backend.start(checked_name(name))
 
     @method()
     @access(MANAGE)
     @guarded
-    async def StopPreset(self, name: "s") -> None:
-        await self.backend.stop(checked_name(name))
+    async def StopPreset(self, name: "s") -> "s":
+        return await self.backend.stop(checked_name(name))
 
     @method()
     @access(MANAGE)
     @guarded
-    async def RestartPreset(self, name: "s") -> None:
-        await self.backend.restart(checked_name(name))
+    async def RestartPreset(self, name: "s") -> "s":
+        return await self.backend.restart(checked_name(name))
 
     @method()
     @access(MANAGE)
@@ -325,6 +330,11 @@ class ManagerInterface(ServiceInterface):
     @signal()
     def EngineStateChanged(self, preset: "s", state: "s", detail: "s") -> "sss":
         return [preset, state, detail]
+
+    @signal()
+    def JobFinished(self, preset: "s", job: "s", verb: "s", result: "s", state: "s",
+                    detail: "s") -> "ssssss":
+        return [preset, job, verb, result, state, detail]
 
     @signal()
     def VerdictRecorded(self, preset: "s", reason: "s") -> "ss":

@@ -11,6 +11,7 @@ missing engine) is served with the reason instead of a plan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ class PresetView:
     error_type: type[LokiError] = LokiError
     auto_blocked: str = ""          # recorded reason automatic speculation is cut, or ""
     bench: dict[str, Any] | None = None   # the saved benchmark of this very configuration
+    listen: tuple[str, int] | None = None  # host and port of its plan (kept when in conflict)
 
     @property
     def unit(self) -> str:
@@ -60,6 +62,9 @@ class Registry:
     state_dir: str
     presets: dict[str, PresetView] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)   # name → the error, one line
+    # Whether a preset's engine is loading now: its attempt token is then its own, shown
+    # as pending rather than as a launch that never answered (set by the daemon).
+    loading: Callable[[str], bool] = lambda name: False
 
     def load(self) -> None:
         """Read every preset again and replace the snapshot (blocking: run in a thread)."""
@@ -68,7 +73,7 @@ class Registry:
         with StateDB(self.state_dir) as db:
             for name, preset in good.items():
                 views[name] = self._view(preset, db)
-        self.presets = views
+        self.presets = self._with_conflicts(views)
         self.broken = {name: str(error) for name, error in bad.items()}
 
     def refresh(self, name: str) -> PresetView:
@@ -76,14 +81,27 @@ class Registry:
         preset = cfg.load_preset(self.config_dir, name)
         with StateDB(self.state_dir) as db:
             view = self._view(preset, db)
-        self.presets = {**self.presets, name: view}
-        return view
+        self.presets = self._with_conflicts({**self.presets, name: view})
+        return self.presets[name]
+
+    def _with_conflicts(self, views: dict[str, PresetView]) -> dict[str, PresetView]:
+        """Presets that would listen on one address and port: each gets the error (none
+        of them can start while the other may), as ``lokid plan`` reports it."""
+        from dataclasses import replace
+
+        from ..core import conflicts
+
+        found = {name: conflicts.Endpoint(*v.listen, v.path)
+                 for name, v in views.items() if v.listen is not None}
+        clashes = conflicts.port_conflicts(found)
+        return {name: replace(v, plan=None, error=clashes[name], error_type=ConfigError)
+                if name in clashes else v for name, v in views.items()}
 
     def _view(self, preset: cfg.Preset, db: StateDB) -> PresetView:
         mode = preset.spec.mode if isinstance(preset.spec.mode, str) else "off"
         try:
             inputs = gather(self.config_dir, preset.name)
-            plan, _, found = decide(inputs, db)
+            plan, _, found = decide(inputs, db, loading=self.loading(preset.name))
         except LokiError as e:
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
                               error=str(e), error_type=type(e))
@@ -93,7 +111,8 @@ class Registry:
             bench = {"result": saved.result, "model": saved.model, "engine": saved.engine,
                      "at": saved.at}
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
-                          plan=plan, auto_blocked=found.why, bench=bench)
+                          plan=plan, auto_blocked=found.why, bench=bench,
+                          listen=(plan.host, plan.port))
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)

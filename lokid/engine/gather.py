@@ -5,25 +5,34 @@ This is the I/O half of ``lokid plan``: it turns a preset name into
 :func:`decide` is the plan of the next start: the attempt verdict the state DB
 holds for it applied, as ``lokid prestart``, the daemon's registry and the
 benchmark all need it. Nothing here writes anything.
+
+Files are checked as the engine will open them. A file this process may not
+read is "permission denied", with the path component that stops it (never
+"does not exist"). Planned as root for the unit (``for_unit``), where the
+engine runs as the unit's user (``loki``), each file is checked against that
+user's uid and groups, from the mode bits (:mod:`lokid.core.access`).
 """
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..core import access, conflicts
 from ..core import config as cfg
 from ..core.attempt import Mark, Verdict
-from ..core.errors import ConfigError, ModelError
+from ..core.errors import ConfigError, EngineError, ModelError
 from ..core.modelinfo import probe_model
 from ..core.plan import Plan, PlanInputs, build_plan, config_fingerprint
 from ..core.spec import DraftInput
 from .probe import probe_engine
 
 if TYPE_CHECKING:
-    from .state import StateDB
+    from .state import StateDB, StateReader
 
 
 def host_memory() -> int:
@@ -38,7 +47,120 @@ def host_memory() -> int:
     return 0
 
 
-def _missing(preset: cfg.Preset, key: str, value: str, dirs: tuple[str, ...]) -> ConfigError:
+# --- who may read what ------------------------------------------------------------
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except (KeyError, OverflowError):
+        return str(gid)
+
+
+def _node(path: str) -> access.Node:
+    """``path`` as stat sees it (OSError when it cannot)."""
+    st = os.stat(path)
+    try:
+        os.getxattr(path, "system.posix_acl_access")
+        acl = True
+    except OSError:     # ENODATA: no ACL; ENOTSUP: a file system without them
+        acl = False
+    return access.Node(path, st.st_mode, st.st_uid, st.st_gid, _user_name(st.st_uid),
+                       _group_name(st.st_gid), acl)
+
+
+def _prefixes(path: str) -> list[str]:
+    parts = os.path.abspath(path).split("/")[1:]
+    return ["/"] + ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _chain(path: str) -> list[access.Node]:
+    """Every directory on the way to ``path``, then the file: those of the path as
+    written (each stat'ed through its symlinks), then those of its real path not seen
+    yet. Stops at the first component this process cannot stat (past the blocker)."""
+    given = _prefixes(path)
+    real = _prefixes(os.path.realpath(path))
+    ordered = given[:-1] + [p for p in real[:-1] if p not in given] + given[-1:]
+    chain = []
+    for p in ordered:
+        try:
+            chain.append(_node(p))
+        except OSError:
+            break
+    return chain
+
+
+def _this_user() -> access.User:
+    uid, gid = os.geteuid(), os.getegid()
+    return access.User(_user_name(uid), uid, frozenset([gid, *os.getgroups()]),
+                       _group_name(gid))
+
+
+def unit_user(environ: Mapping[str, str]) -> access.User | None:
+    """The unit's engine user when this process plans for it as root, else None (not
+    root: the process plans as itself, like the unit's own ``lokid prestart``; no such
+    user: no unit runs here). Its groups are its own (primary and supplementary, from
+    the group database) and the unit's SupplementaryGroups=."""
+    if os.geteuid() != 0:
+        return None
+    name = access.engine_user(environ)
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    gids = {pw.pw_gid, *os.getgrouplist(name, pw.pw_gid)}
+    for group in access.ENGINE_GROUPS:
+        try:
+            gids.add(grp.getgrnam(group).gr_gid)
+        except KeyError:
+            pass
+    return access.User(name, pw.pw_uid, frozenset(gids), _group_name(pw.pw_gid))
+
+
+def _unusable(what: str, path: str, user: access.User | None,
+              bit: int = access.READ) -> str | None:
+    """Why the engine could not use ``path`` (an existing file), or None when it can.
+
+    ``user``: the unit's user, checked from the mode bits; None: this process, asked
+    of the kernel (ACLs included), the mode bits only naming what refused it.
+    """
+    if user is not None:
+        node = access.blocker(user, _chain(path), bit)
+        return None if node is None else access.not_permitted(what, path, user, node, bit)
+    if os.access(path, os.R_OK if bit == access.READ else os.X_OK):
+        return None
+    me = _this_user()
+    return access.permission_denied(what, path, me, access.blocker(me, _chain(path), bit), bit)
+
+
+def _denied(value: str, dirs: tuple[str, ...]) -> str | None:
+    """Where a setting not found would be, had the search not been refused (EACCES)."""
+    if os.path.isabs(value):
+        candidates = [value]
+    else:
+        candidates = [os.path.join(d, c) for d in dirs for c in (value, value + ".gguf")]
+    for path in candidates:
+        try:
+            os.stat(path)
+        except PermissionError:
+            return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _missing(preset: cfg.Preset, key: str, value: str,
+             dirs: tuple[str, ...]) -> ConfigError | ModelError:
+    denied = _denied(value, dirs)
+    if denied is not None:
+        return ModelError(_unusable(key, denied, None) or f"{key} {denied}: permission denied")
     if os.path.isabs(value):
         why = f"{value} does not exist"
     elif dirs:
@@ -48,7 +170,8 @@ def _missing(preset: cfg.Preset, key: str, value: str, dirs: tuple[str, ...]) ->
     return ConfigError(why, preset.path, None, key)
 
 
-def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...]) -> DraftInput | None:
+def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...],
+           user: access.User | None) -> DraftInput | None:
     raw = preset.spec.draft
     if raw is None:
         return None
@@ -56,12 +179,19 @@ def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...]) -> DraftI
         return DraftInput(setting=repr(raw), error="it must be a file name or an absolute path")
     path = cfg.resolve_file(raw, dirs)
     if path is None:
+        denied = _denied(raw, dirs)
+        if denied is not None:
+            return DraftInput(setting=raw, error=_unusable("spec.draft", denied, None) or
+                              "permission denied")
         where = "" if os.path.isabs(raw) else f"in model_dirs ({', '.join(dirs) or 'none set'})"
         return DraftInput(setting=raw, error=where)
     try:
         same = os.path.samefile(path, model_path)
     except OSError:
         same = False
+    refused = None if same else _unusable("spec.draft", path, user)
+    if refused is not None:
+        return DraftInput(setting=raw, path=path, error=refused)
     try:
         info = probe_model(path)
     except ModelError as e:
@@ -70,20 +200,31 @@ def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...]) -> DraftI
 
 
 def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
-           auto_blocked: str = "") -> PlanInputs:
+           auto_blocked: str = "", for_unit: bool = False) -> PlanInputs:
     """Everything the plan of preset ``name`` depends on.
+
+    ``for_unit``: the plan is for ``loki-engine@.service``, whose engine runs as
+    the unit's user (:func:`unit_user`): planned as root, the model, mmproj,
+    draft and engine are checked against that user's permissions. False where
+    the engine runs as this process's user (``lokid run``, the local runner).
 
     Raises ConfigError (preset or lokid.toml invalid, model missing),
     NotFoundError (no such preset), ModelError (the model is not a readable
-    GGUF) or EngineError (the engine is missing or not llama-server).
+    GGUF, or not readable by the engine's user) or EngineError (the engine is
+    missing, not llama-server, or not executable by the engine's user).
     """
+    env = dict(os.environ if environ is None else environ)
     glob = cfg.load_global(config_dir)
     preset = cfg.load_preset(config_dir, name)
     dirs = glob.model_dirs
+    user = unit_user(env) if for_unit else None
 
     model_path = cfg.resolve_file(preset.model, dirs)
     if model_path is None:
         raise _missing(preset, "model", preset.model, dirs)
+    refused = _unusable("model", model_path, user)
+    if refused is not None:
+        raise ModelError(refused)
     model = probe_model(model_path)
 
     mmproj_path = None
@@ -91,33 +232,72 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
         mmproj_path = cfg.resolve_file(preset.mmproj, dirs)
         if mmproj_path is None:
             raise _missing(preset, "mmproj", preset.mmproj, dirs)
+        refused = _unusable("mmproj", mmproj_path, user)
+        if refused is not None:
+            raise ModelError(refused)
+
+    caps = probe_engine(glob.engine, glob.path)
+    if user is not None:
+        refused = _unusable("engine", caps.path, user, access.EXECUTE)
+        if refused is not None:
+            raise EngineError(refused)
 
     return PlanInputs(
         preset=preset,
         config=glob,
         model_path=model_path,
         model=model,
-        caps=probe_engine(glob.engine, glob.path),
+        caps=caps,
         mmproj_path=mmproj_path,
-        draft=_draft(preset, model_path, dirs),
-        environ=dict(os.environ if environ is None else environ),
+        draft=_draft(preset, model_path, dirs, user),
+        environ=env,
         host_memory=host_memory(),
         auto_blocked=auto_blocked,
     )
 
 
-def make_plan(config_dir: str, name: str, environ: Mapping[str, str] | None = None) -> Plan:
-    return build_plan(gather(config_dir, name, environ))
+def make_plan(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
+              for_unit: bool = False) -> Plan:
+    return build_plan(gather(config_dir, name, environ, for_unit=for_unit))
 
 
-def decide(inputs: PlanInputs, db: StateDB) -> tuple[Plan, Mark, Verdict]:
+def listeners(config: cfg.GlobalConfig,
+              presets: Mapping[str, cfg.Preset]) -> dict[str, conflicts.Endpoint]:
+    """Where each preset that could start would listen: the valid ones whose model file
+    is found (one stat each; no header read), as :func:`lokid.core.conflicts.port_conflicts`
+    wants them."""
+    out = {}
+    for name, preset in presets.items():
+        if cfg.resolve_file(preset.model, config.model_dirs) is not None:
+            host, port = conflicts.listen_address(preset, config)
+            out[name] = conflicts.Endpoint(host, port, preset.path)
+    return out
+
+
+def check_port_conflicts(config_dir: str, plan: Plan) -> None:
+    """ConfigError when another preset that could start listens where ``plan`` would."""
+    glob = cfg.load_global(config_dir)
+    presets, _ = cfg.load_presets(config_dir)
+    found = listeners(glob, presets)
+    path = cfg.preset_path(config_dir, plan.preset)
+    found[plan.preset] = conflicts.Endpoint(plan.host, plan.port, path)
+    clash = conflicts.port_conflicts(found).get(plan.preset)
+    if clash is not None:
+        raise ConfigError(clash, path)
+
+
+def decide(inputs: PlanInputs, db: StateDB | StateReader,
+           loading: bool = False) -> tuple[Plan, Mark, Verdict]:
     """The plan of a start, given the attempt verdict for its mark (read-only on ``db``).
 
     The mark is the plan's as it would be with automatic speculation allowed, so
-    that a cut configuration keeps the same mark.
+    that a cut configuration keeps the same mark. ``loading``: the preset's engine
+    runs now and has not answered (see :func:`lokid.core.attempt.verdict`).
     """
     allowed = build_plan(inputs)
     mark = Mark(config_fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
-    found = db.peek(inputs.preset.name, mark)
+    found = db.peek(inputs.preset.name, mark, loading)
     plan = build_plan(replace(inputs, auto_blocked=found.why)) if found.why else allowed
+    if found.pending and plan.spec.auto:
+        plan = replace(plan, notes=(*plan.notes, found.pending))
     return plan, mark, found

@@ -3,9 +3,8 @@
 On a developer machine, in a container or on the session bus, the daemon runs
 what ``loki-engine@.service`` would run, with the unit's semantics:
 
-- ``lokid prestart <preset>`` first (plan, port check, attempt token, the
-  runtime plan), then ``lokid engine <preset>``, each with a fresh
-  ``INVOCATION_ID`` as systemd would give;
+- ``lokid engine <preset>`` (it plans the start, then supervises the
+  engine) with a fresh ``INVOCATION_ID`` as systemd would give;
 - readiness through a notify socket the daemon owns (an abstract AF_UNIX
   datagram socket, ``NOTIFY_SOCKET`` for the children): READY=1, STATUS=,
   STOPPING=1, accepted only from the engine's main process (NotifyAccess=main,
@@ -14,20 +13,22 @@ what ``loki-engine@.service`` would run, with the unit's semantics:
   continuously into the daemon's log and into the same line parser as the
   journal watcher (:class:`lokid.engine.journalwatch.LoadJudge`), so layers pushed to
   RAM cut automatic speculation here too;
-- restart on failure after :data:`RESTART_SEC`, at most :data:`START_LIMIT`
-  failed starts in :data:`START_WINDOW` seconds (the unit's Restart=on-failure,
-  StartLimitBurst=, StartLimitIntervalSec=); a stop sends SIGTERM and, after
-  :data:`STOP_TIMEOUT`, SIGKILL.
+- restart on failure after :data:`RESTART_SEC`, until the crash-loop rule of
+  :mod:`lokid.core.crashloop` says to stop (the unit's Restart=on-failure);
+  exit status 78 (the preset cannot start as it is) is final at once, as the
+  unit's RestartPreventExitStatus= makes it; a stop sends SIGTERM and, after
+  :data:`STOP_TIMEOUT`, SIGKILL. A stop before READY is not held against
+  automatic speculation (what the unit's ``lokid stopped`` does);
+- a job per verb, ended as systemd ends its jobs: a start or restart is
+  ``done`` at READY, ``failed`` when its start fails, ``canceled`` when a stop
+  replaces it; a stop is ``done`` once the engine is gone.
 
 The benchmark's thrash hint reads the engine's own ``/proc/<pid>/io`` and RSS:
 llama-server is the child of the ``lokid engine`` the runner spawned, and
 runs as the daemon's user.
 
-Differences from the unit, on purpose: a failed ``prestart`` (invalid preset,
-busy port, missing model) is final here, since trying it again cannot help,
-and an explicit start resets the start limit. No watchdog and no start
-timeout: the supervisor's pings and timeout extensions are read but not
-enforced.
+Differences from the unit, on purpose: no watchdog and no start timeout: the
+supervisor's pings and timeout extensions are read but not enforced.
 """
 
 from __future__ import annotations
@@ -42,13 +43,27 @@ import struct
 import sys
 import time
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..core import crashloop
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
 from .proc import die_with_parent
-from .runner import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState, Listener, Runner
+from .runner import (
+    CANCELED,
+    DONE,
+    FAILED,
+    INACTIVE,
+    JOB_FAILED,
+    LIVE,
+    LOADING,
+    READY,
+    STOPPING,
+    EngineState,
+    JobListener,
+    Listener,
+    Runner,
+)
 from .supervisor import DIE_WITH_PARENT
 
 if TYPE_CHECKING:
@@ -58,8 +73,6 @@ log = logging.getLogger("lokid.local")
 engine_log = logging.getLogger("lokid.engine")
 
 RESTART_SEC = 5.0
-START_LIMIT = 5
-START_WINDOW = 600.0
 STOP_TIMEOUT = 90.0
 LINE_LIMIT = 1 << 20
 LOKID_PREFIX = SYSLOG_IDENTIFIER + ": "
@@ -76,15 +89,18 @@ class _Engine:
         self.stop_requested = False
         self.again = False                       # start again once stopped (restart)
         self.wake = asyncio.Event()              # interrupts the pause before a restart
-        self.failures: deque[float] = deque()
+        self.failures: list[crashloop.Failure] = []
+        self.ready = False                       # this start's engine answered
+        self.jobs: list[tuple[str, str]] = []    # (job id, verb) not ended yet
 
 
 class LocalRunner(Runner):
     kind = "local"
 
     def __init__(self, listener: Listener, config_dir: str, state_dir: str, runtime_dir: str,
-                 judge: Any = None, lokid: Sequence[str] = (sys.executable, "-m", "lokid")):
-        super().__init__(listener)
+                 judge: Any = None, lokid: Sequence[str] = (sys.executable, "-m", "lokid"),
+                 on_job: JobListener | None = None):
+        super().__init__(listener, on_job)
         self.config_dir = config_dir
         self.state_dir = state_dir
         self.runtime_dir = runtime_dir
@@ -94,6 +110,7 @@ class LocalRunner(Runner):
         self.by_pid: dict[int, _Engine] = {}
         self.sock: socket.socket | None = None
         self.notify_address = ""
+        self.job_count = 0
         # SIGTERM: a daemon that dies lets each `lokid engine` stop its engine cleanly.
         self.orphan_guard = die_with_parent(signal.SIGTERM)
 
@@ -133,42 +150,80 @@ class LocalRunner(Runner):
             key, _, value = field.partition("=")
             if key == "READY" and value == "1" and state == LOADING:
                 state = READY
+                eng.ready = True
             elif key == "STOPPING" and value == "1":
                 state = STOPPING
             elif key == "STATUS":
                 status = value
         self._set(eng.preset, EngineState(state, status, "" if state == READY
                                           else current.detail))
+        if state == READY:
+            self._end_jobs(eng, {"start": DONE, "restart": DONE})
+
+    # -- jobs ---------------------------------------------------------------------
+
+    def _new_job(self, eng: _Engine, verb: str) -> str:
+        self.job_count += 1
+        job = f"local/{self.job_count}"
+        eng.jobs.append((job, verb))
+        return job
+
+    def _end_jobs(self, eng: _Engine, results: dict[str, str]) -> None:
+        """End the pending jobs whose verb ``results`` names, with that result."""
+        ending = [(j, v) for j, v in eng.jobs if v in results]
+        eng.jobs = [(j, v) for j, v in eng.jobs if v not in results]
+        for job, verb in ending:
+            self._job_done(eng.preset, job, verb, results[verb])
+
+    def _job_over(self, eng: _Engine, verb: str, result: str) -> str:
+        """A job that ends as soon as it is asked for (told once the caller has its id)."""
+        self.job_count += 1
+        job = f"local/{self.job_count}"
+        asyncio.get_running_loop().call_soon(self._job_done, eng.preset, job, verb, result)
+        return job
 
     # -- verbs --------------------------------------------------------------------
 
     async def track(self, presets: list[str]) -> None:
         pass  # the runner knows its own children; presets never started are inactive
 
-    async def start(self, preset: str) -> None:
-        eng = self.engines.setdefault(preset, _Engine(preset))
+    async def start(self, preset: str) -> str:
+        return self._start(self.engines.setdefault(preset, _Engine(preset)), "start")
+
+    def _start(self, eng: _Engine, verb: str) -> str:
         if eng.task is not None and not eng.task.done():
+            if self.state(eng.preset).state == READY and not eng.stop_requested:
+                return self._job_over(eng, verb, DONE)
             if eng.stop_requested:
                 eng.again = True  # like systemd's "replace": start once the stop is done
-            return
-        eng.failures.clear()
+                self._end_jobs(eng, {"stop": CANCELED})
+            return self._new_job(eng, verb)
+        eng.failures.clear()  # a start by hand: what failed before it is forgiven
         eng.stop_requested = eng.again = False
+        job = self._new_job(eng, verb)
         eng.task = asyncio.get_running_loop().create_task(self._run(eng))
+        return job
 
-    async def stop(self, preset: str) -> None:
-        eng = self.engines.get(preset)
-        if eng is None or eng.task is None or eng.task.done():
-            return
+    async def stop(self, preset: str) -> str:
+        eng = self.engines.setdefault(preset, _Engine(preset))
+        if eng.task is None or eng.task.done():
+            return self._job_over(eng, "stop", DONE)
         eng.again = False
+        self._end_jobs(eng, {"start": CANCELED, "restart": CANCELED})
+        job = self._new_job(eng, "stop")
         self._request_stop(eng)
+        return job
 
-    async def restart(self, preset: str) -> None:
-        eng = self.engines.get(preset)
-        if eng is None or eng.task is None or eng.task.done():
-            await self.start(preset)
-            return
+    async def restart(self, preset: str) -> str:
+        eng = self.engines.setdefault(preset, _Engine(preset))
+        if eng.task is None or eng.task.done():
+            return self._start(eng, "restart")
         eng.again = True
+        self._end_jobs(eng, {"start": CANCELED, "restart": CANCELED, "stop": CANCELED})
+        job = self._new_job(eng, "restart")
+        eng.failures.clear()
         self._request_stop(eng)
+        return job
 
     def _request_stop(self, eng: _Engine) -> None:
         if eng.stop_requested:
@@ -212,7 +267,7 @@ class LocalRunner(Runner):
 
         eng = self.engines.get(preset)
         proc = eng.proc if eng is not None else None
-        if proc is None or proc.pid not in self.by_pid:  # not running (or still prestart)
+        if proc is None or proc.pid not in self.by_pid:  # not running
             return None
         engines = await asyncio.to_thread(children, proc.pid)
         return sampler_for_pid(engines[0]) if len(engines) == 1 else None
@@ -239,27 +294,32 @@ class LocalRunner(Runner):
                     eng.stop_requested = False
                     if not eng.again:
                         self._set(eng.preset, EngineState(INACTIVE, "", "stopped"))
+                        self._end_jobs(eng, {"stop": DONE, "start": CANCELED,
+                                             "restart": CANCELED})
                         return
                     eng.again = False
-                    eng.failures.clear()
+                    self._end_jobs(eng, {"stop": DONE})
                 outcome = await self._once(eng)
                 if eng.stop_requested:
                     continue
                 if outcome is None:
+                    self._end_jobs(eng, {"start": JOB_FAILED, "restart": JOB_FAILED,
+                                         "stop": DONE})
                     return  # final failure, already reported
-                now = time.monotonic()
-                eng.failures.append(now)
-                while eng.failures and now - eng.failures[0] > START_WINDOW:
-                    eng.failures.popleft()
-                if len(eng.failures) >= START_LIMIT:
+                eng.failures = [*eng.failures, crashloop.Failure(time.time(), eng.ready,
+                                                                 outcome)][-crashloop.KEEP:]
+                why = crashloop.stop_reason(eng.failures, time.time())
+                if why:
                     self._set(eng.preset, EngineState(
-                        FAILED, "", f"{outcome}; {START_LIMIT} failed starts in "
-                        f"{START_WINDOW / 60:.0f} min: not restarted (start it again "
-                        "when the cause is fixed)"))
+                        FAILED, "", f"{why}; start it again when the cause is fixed"))
+                    self._end_jobs(eng, {"start": JOB_FAILED, "restart": JOB_FAILED,
+                                         "stop": DONE})
                     return
                 self._set(eng.preset, EngineState(
-                    LOADING, "", f"restarting in {RESTART_SEC:g} s after a failure "
-                    f"({outcome})"))
+                    LOADING, "", f"restarting in {RESTART_SEC:g} s: "
+                    + crashloop.progress(eng.failures, time.time())))
+                # as under systemd: the start job fails with the start, the restart goes on
+                self._end_jobs(eng, {"start": JOB_FAILED, "restart": JOB_FAILED})
                 eng.wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(eng.wake.wait(), RESTART_SEC)
@@ -267,22 +327,13 @@ class LocalRunner(Runner):
             log.exception("preset %s: the local runner failed", eng.preset)
             self._set(eng.preset, EngineState(FAILED, "", "internal error in lokid's local "
                                               "runner; details are in its log"))
+            self._end_jobs(eng, {"start": JOB_FAILED, "restart": JOB_FAILED, "stop": DONE})
 
     async def _once(self, eng: _Engine) -> str | None:
         """One start; the failure to restart after, or None when done (stopped, or final)."""
         eng.invocation = uuid.uuid4().hex
+        eng.ready = False
         self._set(eng.preset, EngineState(LOADING, "", "starting"))
-        pre = await self._spawn(eng, "prestart")
-        eng.proc = pre
-        lines = await self._drain(eng, pre, keep=True)
-        rc = await pre.wait()
-        if eng.stop_requested:
-            return None
-        if rc != 0:
-            why = lines[-1] if lines else f"status {rc}"
-            why = why[len(LOKID_PREFIX):] if why.startswith(LOKID_PREFIX) else why
-            self._set(eng.preset, EngineState(FAILED, "", f"prestart failed: {why}"))
-            return None
         proc = await self._spawn(eng, "engine")
         eng.proc = proc
         self.by_pid[proc.pid] = eng
@@ -290,15 +341,29 @@ class LocalRunner(Runner):
             proc.send_signal(signal.SIGTERM)
             asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._kill_if_alive, eng, proc)
         try:
-            await self._drain(eng, proc)
+            lines = await self._drain(eng, proc, keep=True)
             rc = await proc.wait()
         finally:
             self.by_pid.pop(proc.pid, None)
             eng.proc = None
         if eng.stop_requested:
+            if not eng.ready:
+                await asyncio.to_thread(self._forgive_stop, eng)
+            return None
+        if rc in crashloop.NO_RESTART:
+            why = lines[-1] if lines else f"status {rc}"
+            why = why[len(LOKID_PREFIX):] if why.startswith(LOKID_PREFIX) else why
+            self._set(eng.preset, EngineState(FAILED, why, f"cannot start: {why}"))
             return None
         return f"the engine exited with status {rc}" if rc >= 0 else \
             f"the engine was killed by signal {-rc}"
+
+    def _forgive_stop(self, eng: _Engine) -> None:
+        """A stop before READY is no failure of automatic speculation (lokid stopped)."""
+        from .unit import stopped
+
+        stopped(self.state_dir, self.runtime_dir, eng.preset,
+                {"SERVICE_RESULT": "success", "INVOCATION_ID": eng.invocation})
 
     async def _drain(self, eng: _Engine, proc: asyncio.subprocess.Process,
                      keep: bool = False) -> list[str]:

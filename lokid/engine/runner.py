@@ -13,7 +13,10 @@ Two implementations, one contract:
 Both report every change of an engine as an :class:`EngineState` to the
 callback the daemon gives them; the daemon turns it into properties and the
 ``EngineStateChanged`` signal. The verbs return once the start or stop is
-under way: a long job reports through the callback, never by blocking a
+under way, with the id of its *job*; the job's end (systemd's ``JobRemoved``:
+``done``, ``failed``, ``canceled``, ``timeout``…) goes to a second callback,
+so that a caller waiting for one verb learns its outcome, and not some state
+on the way (a restart passes through ``inactive``). A long job never blocks a
 D-Bus call. Each runner also says how the benchmark reads its engine's disk
 reads and memory (the thrash hint): the unit's cgroup counters under
 systemd, the engine process's ``/proc`` files for the daemon's own children.
@@ -52,6 +55,9 @@ class EngineState:
 
 
 Listener = Callable[[str, EngineState], None]
+# (preset, job id, verb, result): a job ended. Results are systemd's job results.
+JobListener = Callable[[str, str, str, str], None]
+DONE, JOB_FAILED, CANCELED = "done", "failed", "canceled"
 
 
 def unit_state(active: str, sub: str, result: str = "") -> tuple[str, str]:
@@ -81,8 +87,9 @@ class Runner(ABC):
 
     kind = ""
 
-    def __init__(self, listener: Listener):
+    def __init__(self, listener: Listener, on_job: JobListener | None = None):
         self.listener = listener
+        self.on_job = on_job
         self.states: dict[str, EngineState] = {}
 
     def state(self, preset: str) -> EngineState:
@@ -94,6 +101,10 @@ class Runner(ABC):
         self.states[preset] = state
         self.listener(preset, state)
 
+    def _job_done(self, preset: str, job: str, verb: str, result: str) -> None:
+        if self.on_job is not None:
+            self.on_job(preset, job, verb, result)
+
     @abstractmethod
     async def attach(self) -> None:
         """Begin following the engines (called once the daemon's loop runs)."""
@@ -103,16 +114,16 @@ class Runner(ABC):
         """Follow these presets' engines (after a load or reload): learn their state now."""
 
     @abstractmethod
-    async def start(self, preset: str) -> None:
-        """Start the preset's engine (nothing if it runs or is loading)."""
+    async def start(self, preset: str) -> str:
+        """Start the preset's engine (nothing if it runs or is loading); the job's id."""
 
     @abstractmethod
-    async def stop(self, preset: str) -> None:
-        """Stop the preset's engine (nothing if it is not running)."""
+    async def stop(self, preset: str) -> str:
+        """Stop the preset's engine (nothing if it is not running); the job's id."""
 
     @abstractmethod
-    async def restart(self, preset: str) -> None:
-        """Stop the engine if it runs, then start it."""
+    async def restart(self, preset: str) -> str:
+        """Stop the engine if it runs, then start it; the job's id."""
 
     @abstractmethod
     async def io_sampler(self, preset: str) -> IOSampler | None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from ..core.errors import StateError
 
-__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "Failure",
+__all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateReader", "Failure",
            "SavedBench"]
 
 DB_FILE = "state.db"
@@ -136,6 +136,55 @@ def _create_for_dir_owner(path: str, state_dir: str) -> None:
         os.close(fd)
 
 
+class StateReader:
+    """A look at the state database that never creates, migrates or writes it.
+
+    ``lokid plan`` uses it: it shows what the next start runs without changing
+    anything, and may run as a user who can read the database but not write it.
+    A database that does not exist yet holds no verdict.
+    """
+
+    def __init__(self, state_dir: str):
+        self.path = os.path.join(state_dir, DB_FILE)
+        self._db: sqlite3.Connection | None = None
+        if not os.path.exists(self.path):
+            return
+        try:
+            from urllib.parse import quote
+
+            self._db = sqlite3.connect(f"file:{quote(self.path)}?mode=ro", uri=True,
+                                       timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        except (OSError, sqlite3.Error) as e:
+            raise StateError(f"state database {self.path}: {e}") from None
+        if version > len(_MIGRATIONS):
+            raise StateError(f"state database {self.path} has schema version {version}, "
+                             f"newer than this lokid ({len(_MIGRATIONS)}): upgrade lokid")
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+    def __enter__(self) -> StateReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def peek(self, preset: str, mark: Mark, loading: bool = False) -> Verdict:
+        """Read-only verdict for the next launch of ``mark``."""
+        if self._db is None:
+            return Verdict()
+        try:
+            row = self._db.execute("SELECT mark FROM attempt WHERE preset = ?",
+                                   (preset,)).fetchone()
+            failed = dict(self._db.execute("SELECT mark, reason FROM failed WHERE preset = ?",
+                                           (preset,)))
+        except sqlite3.Error as e:
+            raise StateError(f"state database {self.path}: {e}") from None
+        return verdict(mark.key(), row[0] if row else None, failed, loading)
+
+
 class StateDB:
     """The state database of one ``$LOKI_STATE_DIR``."""
 
@@ -228,10 +277,10 @@ class StateDB:
 
     # --- the attempt token ---------------------------------------------------------
 
-    def peek(self, preset: str, mark: Mark) -> Verdict:
+    def peek(self, preset: str, mark: Mark, loading: bool = False) -> Verdict:
         """Read-only verdict for the next launch of ``mark``."""
         attempt, failed = self._read(self._db, preset)
-        return verdict(mark.key(), attempt, failed)
+        return verdict(mark.key(), attempt, failed, loading)
 
     def settle(self, preset: str, mark: Mark, found: Verdict, attempt: bool) -> None:
         """Once the port is free, just before launching: consume the old token, record

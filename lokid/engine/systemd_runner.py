@@ -4,9 +4,11 @@ Verbs are ``org.freedesktop.systemd1.Manager`` calls (StartUnit, StopUnit,
 RestartUnit with mode "replace"), never ``systemctl``. State comes from the
 signals systemd sends once subscribed: ``PropertiesChanged`` of each unit
 object (``ActiveState``/``SubState`` of ``…systemd1.Unit``, ``StatusText``
-and ``Result`` of ``…systemd1.Service``) and ``JobRemoved`` for the result of
-the jobs we queued. Nothing polls: after the one ``GetAll`` that learns a
-unit's state when it is first tracked, the signals keep it current.
+and ``Result`` of ``…systemd1.Service``), ``JobRemoved`` for the result of
+the jobs we queued, and ``Reloading`` (after a ``daemon-reload``, the
+daemon reads the presets again, as the generator just did). Nothing polls:
+after the one ``GetAll`` that learns a unit's state when it is first tracked,
+the signals keep it current.
 
 Signals are accepted only from the current owner of ``org.freedesktop.systemd1``;
 when that changes (``systemctl daemon-reexec``, a systemd upgrade), the runner
@@ -21,6 +23,7 @@ does not have.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dbus_fast import DBusError, Message, MessageType
@@ -28,9 +31,9 @@ from dbus_fast.aio import MessageBus
 
 from ..core.errors import EngineError, PermissionDeniedError
 from ..core.iosample import IOSample, IOSampler
-from ..core.names import engine_unit
+from ..core.names import engine_unit, preset_of_unit
 from .buscall import call
-from .runner import EngineState, Listener, Runner, unit_state
+from .runner import EngineState, JobListener, Listener, Runner, unit_state
 
 log = logging.getLogger("lokid.systemd")
 
@@ -46,6 +49,7 @@ MATCHES = (
     f"type='signal',sender='{SYSTEMD}',interface='{PROPERTIES}',member='PropertiesChanged',"
     f"path_namespace='{SYSTEMD_PATH}/unit'",
     f"type='signal',sender='{SYSTEMD}',interface='{SYSTEMD_MANAGER}',member='JobRemoved'",
+    f"type='signal',sender='{SYSTEMD}',interface='{SYSTEMD_MANAGER}',member='Reloading'",
     f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',"
     f"arg0='{SYSTEMD}'",
 )
@@ -66,14 +70,19 @@ def systemd_reachable(bus_is_system: bool) -> bool:
 class SystemdRunner(Runner):
     kind = "systemd"
 
-    def __init__(self, bus: MessageBus, listener: Listener):
-        super().__init__(listener)
+    def __init__(self, bus: MessageBus, listener: Listener, on_job: JobListener | None = None,
+                 on_reloaded: Callable[[], None] | None = None):
+        super().__init__(listener, on_job)
+        self.on_reloaded = on_reloaded   # after each daemon-reload (its Reloading(false))
         self.bus = bus
         self.owner = ""
         self.by_path: dict[str, str] = {}               # unit object path → preset
         self.props: dict[str, dict[str, Any]] = {}      # preset → the unit's properties
         self.jobs: dict[str, tuple[str, str]] = {}      # job path → (preset, verb)
         self.job_detail: dict[str, str] = {}            # preset → the last failed job's result
+        # Jobs of engine units that ended before their StartUnit/StopUnit reply was
+        # handled (the signal and the reply can be read in one go): job path → result.
+        self.ended: dict[str, str] = {}
 
     async def _call(self, path: str, interface: str, member: str, signature: str = "",
                     body: list[Any] | None = None, destination: str = SYSTEMD) -> list[Any]:
@@ -163,17 +172,26 @@ class SystemdRunner(Runner):
                 import asyncio
 
                 asyncio.get_running_loop().create_task(self._fetch(msg.path, preset))
+        elif msg.member == "Reloading" and msg.body == [False]:
+            if self.on_reloaded is not None:
+                self.on_reloaded()
         elif msg.member == "JobRemoved":
-            _id, job, _unit, result = msg.body
+            _id, job, unit, result = msg.body
             found = self.jobs.pop(str(job), None)
             if found is not None:
-                preset, verb = found
-                self.job_detail[preset] = "" if result == "done" else \
-                    f"the {verb} job ended: {result}"
-                self._publish(preset)
+                self._ended(found[0], str(job), found[1], str(result))
+            elif preset_of_unit(str(unit)) is not None:
+                self.ended[str(job)] = str(result)
+                while len(self.ended) > 64:
+                    del self.ended[next(iter(self.ended))]
         return False  # others may want the same signal
 
-    async def _job(self, member: str, verb: str, preset: str) -> None:
+    def _ended(self, preset: str, job: str, verb: str, result: str) -> None:
+        self.job_detail[preset] = "" if result == "done" else f"the {verb} job ended: {result}"
+        self._publish(preset)
+        self._job_done(preset, job, verb, result)
+
+    async def _job(self, member: str, verb: str, preset: str) -> str:
         unit = engine_unit(preset)
         try:
             (job,) = await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, member, "ss",
@@ -184,17 +202,25 @@ class SystemdRunner(Runner):
                     f"systemd refused to {verb} {unit}: {e.text} (lokid.service must run "
                     "as root, or polkit must allow it to manage loki-engine@ units)") from None
             raise EngineError(f"systemd could not {verb} {unit}: {e.text}") from None
-        self.jobs[str(job)] = (preset, verb)
+        job = str(job)
         self.job_detail[preset] = ""
+        result = self.ended.pop(job, None)
+        if result is None:
+            self.jobs[job] = (preset, verb)
+        else:  # already over: told once the caller has its id
+            import asyncio
 
-    async def start(self, preset: str) -> None:
-        await self._job("StartUnit", "start", preset)
+            asyncio.get_running_loop().call_soon(self._ended, preset, job, verb, result)
+        return job
 
-    async def stop(self, preset: str) -> None:
-        await self._job("StopUnit", "stop", preset)
+    async def start(self, preset: str) -> str:
+        return await self._job("StartUnit", "start", preset)
 
-    async def restart(self, preset: str) -> None:
-        await self._job("RestartUnit", "restart", preset)
+    async def stop(self, preset: str) -> str:
+        return await self._job("StopUnit", "stop", preset)
+
+    async def restart(self, preset: str) -> str:
+        return await self._job("RestartUnit", "restart", preset)
 
     async def io_sampler(self, preset: str) -> IOSampler | None:
         """The unit's cgroup counters: bytes read from block devices by its processes, and

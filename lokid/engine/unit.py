@@ -1,17 +1,32 @@
-"""The helpers ``loki-engine@.service`` runs: ``lokid prestart`` and ``lokid engine``.
+"""What ``loki-engine@.service`` runs: ``lokid engine`` (ExecStart) and ``lokid stopped``
+(ExecStopPost).
 
-``prestart`` (ExecStartPre) plans the launch, refuses a busy port before
-touching any attempt token (peek, then settle), writes the plan of this
-invocation (:class:`lokid.core.runtimeplan.RuntimePlan`) to
-``$LOKI_RUNTIME_DIR/<preset>.json`` and
-logs each note as its own journal entry. ``engine`` (ExecStart) reads that
-plan and supervises llama-server (:mod:`lokid.engine.supervisor`); on READY it
-clears its own attempt token, so the next start of the same configuration
-is allowed again.
+``engine`` is the unit's main process from the first instruction, so that its
+STATUS= line and its exit status are what ``systemctl status`` shows:
 
-``engine`` is on the path from ``systemctl start`` to READY: its imports
-are the few it needs, prestart's (config, GGUF and engine probes, the plan)
-stay inside prestart.
+1. the crash-loop rule (:mod:`lokid.core.crashloop`): after too many failures
+   it exits :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` and says why; a
+   start by hand (systemd's ``NRestarts`` is 0) forgets the failures first;
+2. :func:`prestart`: plan the launch, refuse a busy port before touching any
+   attempt token (peek, then settle), write the plan of this invocation
+   (:class:`lokid.core.runtimeplan.RuntimePlan`) to
+   ``$LOKI_RUNTIME_DIR/<preset>.json`` and log each note as its own journal
+   entry. A preset that cannot start as it is exits
+   :data:`~lokid.core.crashloop.EXIT_CONFIG` with its one-line error as
+   STATUS=; the unit's ``RestartPreventExitStatus=`` makes that final;
+3. supervise llama-server (:mod:`lokid.engine.supervisor`); on READY, clear
+   its own attempt token (the next start of the same configuration may try
+   again) and mark the start ready.
+
+``stopped`` reads how systemd ended the start (``$SERVICE_RESULT``,
+``$EXIT_CODE``, ``$EXIT_STATUS``): a failure is recorded for the crash-loop
+rule; a clean stop (the operator's, shutdown, ``apt remove``) while an
+automatic launch was loading clears its attempt token, since a stop is not
+the launch failing. A crash, a hang (watchdog) or a start timeout leaves the
+token, and the next start cuts automatic speculation.
+
+The prestart, planning and state modules are imported inside the functions
+that use them: ``engine`` is on the path from ``systemctl start`` to READY.
 """
 
 from __future__ import annotations
@@ -25,15 +40,22 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy kno
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ..core.attempt import Mark
     from ..core.plan import Plan
+    from .notify import Notifier
 
 
 def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
              environ: Mapping[str, str] | None = None) -> Plan:
     """Plan the launch of ``name``, settle its attempt token, write the runtime plan."""
+    return _prestart(config_dir, state_dir, runtime_dir, name, environ)[0]
+
+
+def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+              environ: Mapping[str, str] | None = None) -> tuple[Plan, Mark]:
     from ..core.runtimeplan import RuntimePlan
     from .endpoint import check_port_free
-    from .gather import decide, gather
+    from .gather import check_port_conflicts, decide, gather
     from .runtimedir import write_runtime_plan
     from .state import StateDB
 
@@ -41,32 +63,177 @@ def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     inputs = gather(config_dir, name, environ)
     with StateDB(state_dir) as db:
         plan, mark, found = decide(inputs, db)
+        check_port_conflicts(config_dir, plan)  # two presets on one port: neither starts
         # Before any token moves: a second start refused because the first is
         # still loading must not count the first one's token as a failure.
-        check_port_free(plan.host, plan.port)
+        check_port_free(plan.host, plan.port, runtime_dir)
         db.settle(name, mark, found, attempt=plan.spec.auto)
-    write_runtime_plan(runtime_dir, RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", "")))
+    write_runtime_plan(runtime_dir, RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""),
+                                                   pid=os.getpid()))
     for note in plan.notes:
         journal_log(name, note)
     journal_log(name, f"plan: {plan.command_line()}", priority=6)
+    return plan, mark
+
+
+def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+              environ: Mapping[str, str] | None = None) -> Plan:
+    """The plan the next start of ``name`` runs, as ``lokid plan`` shows it: the attempt
+    verdict read from the state DB without changing it (the DB is never created or
+    written here), and a token of a launch that is loading now shown as such.
+
+    A state DB that cannot be read leaves the verdict unknown, said in a note.
+    """
+    from dataclasses import replace
+
+    from ..core.errors import StateError
+    from .gather import decide, gather
+    from .state import StateReader
+
+    inputs = gather(config_dir, name, environ, for_unit=True)
+    try:
+        with StateReader(state_dir) as db:
+            plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name))
+    except StateError as e:
+        from ..core.plan import build_plan
+
+        plan = build_plan(inputs)
+        if plan.spec.auto:
+            plan = replace(plan, notes=(*plan.notes, f"{e}: whether the last automatic "
+                                        "launch of this configuration failed is unknown"))
     return plan
 
 
-def engine(state_dir: str, runtime_dir: str, name: str) -> int:
-    """Supervise the engine of this invocation; the exit status for systemd."""
-    rp = read_runtime_plan(runtime_dir, name, os.environ.get("INVOCATION_ID"))
+def _loading(runtime_dir: str, name: str) -> bool:
+    """Whether a start of ``name`` is under way and its engine has not answered yet: its
+    runtime plan names a supervisor that still runs, and no READY is on record for it."""
+    from ..core.errors import StalePlanError
+    from . import exits
+
+    try:
+        rp = read_runtime_plan(runtime_dir, name)
+    except StalePlanError:
+        return False
+    if not rp.pid or exits.was_ready(runtime_dir, name, rp.invocation):
+        return False
+    try:
+        with open(f"/proc/{rp.pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"engine" in argv and name.encode() in argv
+
+
+def _crash_loop(runtime_dir: str, name: str, notifier: Notifier) -> str:
+    """Why this start must not run (the crash-loop rule), or ""."""
+    import time
+
+    from ..core import crashloop
+    from ..core.names import engine_unit
+    from . import exits
+
+    failures = exits.read_failures(runtime_dir, name)
+    if not failures:
+        return ""
+    restarts = exits.automatic_restarts(engine_unit(name)) if notifier.enabled else 0
+    if restarts == 0:  # a start by hand: what failed before it is forgiven
+        exits.forget_failures(runtime_dir, name)
+        return ""
+    if restarts is None:
+        journal_log(name, "cannot ask systemd whether this start is an automatic restart: "
+                    "counting it as one", priority=4)
+    now = time.time()
+    why = crashloop.stop_reason(failures, now)
+    if not why:
+        journal_log(name, crashloop.progress(failures, now))
+    return why
+
+
+def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
+    """Plan, then supervise the engine of this invocation; the exit status for systemd."""
+    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
+    from ..core.errors import LokiError
+    from ..core.names import engine_unit
+    from .notify import Notifier
+
+    notifier = Notifier()
+    invocation = os.environ.get("INVOCATION_ID", "")
+    stop = _crash_loop(runtime_dir, name, notifier)
+    if stop:
+        message = (f"{stop}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
+                   "tries again")
+        notifier.send(f"STATUS={message}")
+        journal_log(name, message, priority=3)
+        return EXIT_CRASH_LOOP
+    try:
+        plan, mark = _prestart(config_dir, state_dir, runtime_dir, name)
+    except LokiError as e:
+        notifier.send(f"STATUS={e}")
+        journal_log(name, str(e), priority=3)
+        return EXIT_CONFIG
     from .supervisor import Launch, supervise
 
-    launch = Launch.of(name, rp.argv, rp.env, rp.host, rp.port)
+    launch = Launch.of(name, plan.argv, plan.env, plan.host, plan.port)
 
     def on_ready(url: str) -> None:
-        if rp.auto:
-            from .state import StateDB
+        from . import exits
 
-            with StateDB(state_dir) as db:
-                db.clear(name, rp.mark)
+        try:
+            if plan.spec.auto:
+                from .state import StateDB
+
+                with StateDB(state_dir) as db:
+                    db.clear(name, mark)
+            exits.mark_ready(runtime_dir, name, invocation)
+        except (LokiError, OSError) as e:  # never a reason to stop a healthy engine
+            journal_log(name, f"ready, but its state was not saved: {e}", priority=4)
 
     def log(message: str) -> None:
         journal_log(name, message)
 
-    return supervise(launch, log=log, on_ready=on_ready, unexpected_exit_fails=True)
+    return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
+                     unexpected_exit_fails=True)
+
+
+def stopped(state_dir: str, runtime_dir: str, name: str,
+            environ: Mapping[str, str] | None = None) -> int:
+    """ExecStopPost=: count a failure, or forgive an operator's stop while loading."""
+    import time
+
+    from ..core.crashloop import Failure, exit_reason
+    from ..core.errors import LokiError
+    from . import exits
+
+    env = os.environ if environ is None else environ
+    invocation = env.get("INVOCATION_ID", "")
+    result = env.get("SERVICE_RESULT", "")
+    ready = exits.was_ready(runtime_dir, name, invocation)
+    why = exit_reason(result, env.get("EXIT_CODE", ""), env.get("EXIT_STATUS", ""),
+                      ready=ready)
+    try:
+        if why:
+            exits.record_failure(runtime_dir, name, Failure(time.time(), ready, why))
+            journal_log(name, f"counted as a failure: {why}", priority=4)
+        elif result == "success" and not ready:
+            _forgive_stop(state_dir, runtime_dir, name, invocation)
+    except (LokiError, OSError) as e:
+        journal_log(name, f"how this start ended was not recorded: {e}", priority=4)
+    return 0
+
+
+def _forgive_stop(state_dir: str, runtime_dir: str, name: str, invocation: str) -> None:
+    """A clean stop before READY: the automatic launch did not fail, its token goes."""
+    from ..core.errors import StalePlanError
+
+    try:
+        rp = read_runtime_plan(runtime_dir, name, invocation)
+    except StalePlanError:
+        return  # stopped before this start had planned: nothing of it to clear
+    if not rp.auto or rp.invocation != invocation:
+        return
+    from .state import StateDB
+
+    with StateDB(state_dir) as db:
+        if db.clear(name, rp.mark):
+            journal_log(name, "stopped while loading: not counted against automatic "
+                        "speculative decoding")

@@ -154,11 +154,9 @@ def test_a_preset_changed_since_its_engine_started_is_measured_but_not_saved(
         out: dict[str, Any] = json.loads(r.stdout)
         return out
 
-    # started as its unit starts it: prestart writes the runtime plan, engine runs it
-    r = lokid("prestart", "e")
-    assert r.returncode == 0, r.stderr
+    # started as its unit starts it: `lokid engine` writes the runtime plan, then runs it
     with running([sys.executable, "-m", "lokid", "engine", "e"], tmp_path / "engine.log",
-                 env=env, port=port) as eng:
+                 env={**env, "LOKI_CONFIG_DIR": str(config)}, port=port) as eng:
         out = bench_json()
         assert out["saved"] and out["not_saved_reason"] == ""
 

@@ -4,26 +4,37 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
+from support.users import throwaway_user
 
 pytestmark = pytest.mark.engine
 
 
+# `lokid plan` as root checks the files as the unit's user (loki) would open them; the
+# tests' files live in pytest's 0700 temporary directory, so on a host where loki exists
+# every plan would be refused. The check has its own test, with a throwaway user.
+NO_ENGINE_USER = {"LOKI_ENGINE_USER": "lokid-test-no-such-user"}
+
+
 def lokid(config: Path, *args: str, state: Path | None = None,
-          **kw: Any) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LOKI_CONFIG_DIR": str(config),
-           "LOKI_STATE_DIR": str(state or config.parent / "state")}
+          env: dict[str, str] | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **NO_ENGINE_USER, "LOKI_CONFIG_DIR": str(config),
+           "LOKI_STATE_DIR": str(state or config.parent / "state"), **(env or {})}
     return subprocess.run([sys.executable, "-m", "lokid.cli", *args], env=env,
                           capture_output=True, text=True, timeout=120, **kw)
 
@@ -49,11 +60,11 @@ def test_plan_json_is_the_documented_shape(config: Path, engine: str, models: An
 
 
 def test_plan_text_shows_command_and_notes(config: Path) -> None:
-    write_preset(config, "noted", 'model = "llama.gguf"\n[spec]\nmode = "warp"\n')
+    write_preset(config, "noted", 'model = "llama.gguf"\n[spec]\nmode = "auto"\n')
     r = lokid(config, "plan", "noted")
     assert r.returncode == 0, r.stderr
     assert "command:\n  " in r.stdout and "-m " in r.stdout
-    assert "spec.mode = 'warp' is not valid" in r.stdout
+    assert "spec.mode = auto: nothing to draft with" in r.stdout
 
 
 def test_plan_is_read_only(config: Path, tmp_path: Path) -> None:
@@ -64,6 +75,8 @@ def test_plan_is_read_only(config: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name,text,fragment", [
     ("broken", 'model = "llama.gguf"\nctx = "big"\n', "broken.toml:2: ctx: must be an integer"),
+    ("typo", 'model = "llama.gguf"\n[spec]\nmode = "eagle"\n',
+     "typo.toml:3: spec.mode: 'eagle' is not valid; valid values: off, auto, mtp, ngram"),
     ("nomodel", 'model = "absent.gguf"\n', "'absent.gguf' is in none of model_dirs"),
     ("corrupt", 'model = "{corrupt}"\n', "not a GGUF file (magic b'GGUX')"),
     ("truncated", 'model = "{truncated}"\n', "truncated"),
@@ -98,6 +111,89 @@ def test_a_broken_preset_does_not_affect_another(config: Path) -> None:
     write_preset(config, "broken", "model = [\n")
     assert lokid(config, "plan", "broken").returncode == 2
     assert lokid(config, "plan", "demo").returncode == 0
+
+
+def test_plan_refuses_two_presets_on_one_port(config: Path) -> None:
+    port = free_port()
+    a = write_preset(config, "a", f'model = "llama.gguf"\nport = {port}\n')
+    b = write_preset(config, "b", f'model = "llama.gguf"\nextra_args = ["--port", "{port}"]\n')
+    # a preset whose model is missing never takes a port (the packaged example's case)
+    write_preset(config, "c", f'model = "absent.gguf"\nport = {port}\n')
+    r = lokid(config, "plan", "a")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"lokid: {a}: port {port} on 127.0.0.1 is also the port of preset b "
+                        f"({b}): set another port in one of them\n")
+    r = lokid(config, "plan", "b")
+    assert r.returncode == 2
+    assert f"is also the port of preset a ({a})" in r.stderr
+    (config / "lokid.toml").write_text((config / "lokid.toml").read_text()
+                                       + 'host = "127.0.0.2"\n')
+    write_preset(config, "b", f'model = "llama.gguf"\nport = {port}\n'
+                 'extra_args = ["--host", "127.0.0.3"]\n')
+    assert lokid(config, "plan", "a").returncode == 0  # other addresses, one port: no clash
+
+
+@pytest.fixture
+def engine_user() -> Iterator[pwd.struct_passwd]:
+    if os.geteuid() != 0:
+        pytest.skip("creating a user needs root")
+    with throwaway_user() as user:
+        yield user
+
+
+def test_plan_as_root_checks_the_files_as_the_units_user_will_open_them(
+        engine: str, models: Any, engine_user: pwd.struct_passwd) -> None:
+    # pytest's own temporary directory is 0700: a tree the other user can walk to
+    root = Path(tempfile.mkdtemp(prefix="lokid-access-"))
+    try:
+        root.chmod(0o755)
+        private = root / "private"
+        private.mkdir(mode=0o700)
+        model = private / "llama.gguf"
+        shutil.copy(models.llama, model)
+        model.chmod(0o644)
+        # the engine as the check sees it (its real path): a wrapper in the readable tree
+        wrapper = root / "llama-server"
+        wrapper.write_text(f'#!/bin/sh\nexec "{engine}" "$@"\n')
+        wrapper.chmod(0o744)
+        config = write_config(root, str(wrapper), [private])
+        config.chmod(0o755)
+        write_preset(config, "p", 'model = "llama.gguf"\n')
+        as_unit = {"LOKI_ENGINE_USER": engine_user.pw_name}
+
+        def plan() -> subprocess.CompletedProcess[str]:
+            return lokid(config, "plan", "p", env=as_unit)
+
+        r = plan()
+        assert r.returncode == 2
+        assert r.stderr.strip() == (
+            f"lokid: model {model} is not readable by user {engine_user.pw_name}: directory "
+            f"{private} (owner root:root, mode 0700) is not searchable by it: chmod o+x "
+            f"{private}, or chgrp {engine_user.pw_name} {private} and chmod g+x {private}")
+        private.chmod(0o755)
+        model.chmod(0o600)
+        r = plan()
+        assert r.returncode == 2
+        assert (f"model {model} is not readable by user {engine_user.pw_name} (owner "
+                f"root:root, mode 0600): chmod o+r {model}") in r.stderr
+        model.chmod(0o640)
+        os.chown(model, 0, engine_user.pw_gid)  # its group may read
+        r = plan()
+        assert r.returncode == 2
+        assert (f"engine {wrapper} is not executable by user {engine_user.pw_name} (owner "
+                f"root:root, mode 0744): chmod o+x {wrapper}") in r.stderr
+        wrapper.chmod(0o755)
+        r = plan()
+        assert r.returncode == 0, r.stderr
+        private.chmod(0o700)
+        assert plan().returncode == 2
+        assert lokid(config, "plan", "p").returncode == 0   # no such user: no such unit
+        # `lokid run` runs the engine as its own user (root): nothing checked for another
+        from lokid.engine.gather import make_plan
+
+        assert make_plan(str(config), "p", as_unit).preset == "p"
+    finally:
+        shutil.rmtree(root)
 
 
 # --- lokid run ------------------------------------------------------------------------
@@ -170,7 +266,10 @@ def test_run_refuses_a_busy_port(config: Path) -> None:
         write_preset(config, "busy", f'model = "llama.gguf"\nport = {port}\n')
         r = lokid(config, "run", "busy")
     assert r.returncode == 1
-    assert f"port {port} on 127.0.0.1 is already in use" in r.stderr
+    # the holder is named: this test's own process
+    assert (f"port {port} on 127.0.0.1 is already in use by another process: "
+            f"pid {os.getpid()} ({Path(f'/proc/{os.getpid()}/comm').read_text().strip()})"
+            in r.stderr)
 
 
 def test_run_exits_with_the_engines_status_when_it_fails(config: Path) -> None:
@@ -182,3 +281,43 @@ def test_run_exits_with_the_engines_status_when_it_fails(config: Path) -> None:
     assert "exited with status 1 before it was ready" in r.stderr
     assert 'error while handling argument "--spec-type"' in r.stderr
     assert time.monotonic() - started < 60
+
+
+def engine_pids(port: int) -> list[int]:
+    """Live processes whose command line serves ``port`` (this test's engines)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in argv and argv[argv.index(b"--port") + 1:][:1] == [str(port).encode()]:
+            found.append(int(entry))
+    return found
+
+
+def test_ctrl_c_leaves_nothing_behind_an_engine_wrapper_without_exec(
+        config: Path, engine: str, tmp_path: Path) -> None:
+    # A wrapper that runs the engine as its child (no exec): SIGTERM to the wrapper
+    # alone would leave the real llama-server serving on the port.
+    wrapper = tmp_path / "wrap.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{engine}" "$@"\nstatus=$?\necho "wrapper: $status"\n'
+                       'exit $status\n')
+    wrapper.chmod(0o755)
+    text = (config / "lokid.toml").read_text().replace(json.dumps(engine),
+                                                           json.dumps(str(wrapper)))
+    (config / "lokid.toml").write_text(text)
+    port = free_port()
+    write_preset(config, "wrapped", f'model = "llama.gguf"\nctx = 2048\nport = {port}\n')
+    run = Run(config, "wrapped")
+    try:
+        assert run.ready.wait(60), run.text()
+        pids = engine_pids(port)
+        assert len(pids) == 2, pids  # the wrapper and the llama-server it runs
+        run.proc.send_signal(signal.SIGINT)
+        assert run.proc.wait(60) == 0, run.text()
+        assert port_is_free(port), run.text()
+        assert engine_pids(port) == []
+    finally:
+        for pid in engine_pids(port):
+            os.kill(pid, signal.SIGKILL)

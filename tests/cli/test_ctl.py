@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,11 @@ def test_status(daemon: str) -> None:
 def test_presets_and_show(daemon: str) -> None:
     r = lokictl(daemon, "presets")
     assert r.returncode == 0 and "tiny" in r.stdout and "ngram" in r.stdout, r.stderr
+    assert any(line.startswith("broken ") and "ctx" in line for line in r.stdout.splitlines())
     rows = json.loads(lokictl(daemon, "presets", "--json").stdout)
-    assert [row["Name"] for row in rows] == ["busy", "tiny"]
-    assert {row["State"] for row in rows} == {"inactive"}
+    assert [row["Name"] for row in rows] == ["busy", "tiny", "broken"]
+    assert [row["State"] for row in rows] == ["inactive", "inactive", "broken"]
+    assert "ctx" in rows[2]["Error"]
     show = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
     assert show["Unit"] == "loki-engine@tiny.service" and "ngram-mod" in show["Argv"]
 
@@ -114,15 +117,16 @@ def test_start_restart_stop_with_wait(daemon: str) -> None:
     assert r.returncode == 0 and r.stdout.startswith("tiny: ready"), (r.stdout, r.stderr)
     r = lokictl(daemon, "stop", "tiny", "--wait")
     assert r.returncode == 0 and r.stdout.strip() == "tiny: inactive (stopped)", r.stderr
-    r = lokictl(daemon, "stop", "tiny", "--wait")
-    assert r.returncode == 0 and r.stdout.strip() == "tiny: inactive", r.stderr
+    r = lokictl(daemon, "stop", "tiny", "--wait")  # not running: done at once
+    assert r.returncode == 0 and r.stdout.startswith("tiny: inactive"), r.stderr
 
 
 def test_a_failed_start_exits_1_with_the_reason(daemon: str) -> None:
     r = lokictl(daemon, "start", "busy", "--wait")
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("lokictl: busy: failed: prestart failed: port ") and \
+    assert r.stderr.startswith("lokictl: busy: start failed: cannot start: port ") and \
         "already in use" in r.stderr, r.stderr
+    assert "lokictl start busy` tries again" in r.stderr
 
 
 def test_reload_reads_the_presets_again(daemon: str, tmp_path: Path, models: Any) -> None:
@@ -134,6 +138,44 @@ def test_reload_reads_the_presets_again(daemon: str, tmp_path: Path, models: Any
     assert r.stdout.startswith("presets read again: 3 presets\n"), r.stdout
     assert "  broken: broken: " in r.stdout and "ctx" in r.stdout, r.stdout
     assert json.loads(lokictl(daemon, "show", "later", "--json").stdout)["Name"] == "later"
+
+
+def test_the_daemon_follows_the_preset_files(daemon: str, tmp_path: Path, models: Any,
+                                              pytestconfig: pytest.Config) -> None:
+    """New, edited, broken and deleted presets are seen without any command (inotify),
+    and the broken one stays listed with its error. The delays are printed."""
+    presets = tmp_path / "config" / "presets"
+
+    def wait(check: Any, what: str) -> float:
+        t0 = time.monotonic()
+        while not check():
+            assert time.monotonic() - t0 < 2.0, f"{what}: not seen within 2 s"
+            time.sleep(0.02)
+        return time.monotonic() - t0
+
+    def listed() -> dict[str, Any]:
+        r = lokictl(daemon, "presets", "--json")
+        return {row["Name"]: row for row in json.loads(r.stdout)}
+
+    delays = {}
+    write_preset(tmp_path / "config", "fresh", f'model = "{Path(models.llama).name}"\n'
+                 f'ctx = 2048\nport = {free_port()}\n')
+    delays["new"] = wait(lambda: "fresh" in listed(), "a new preset")
+    write_preset(tmp_path / "config", "fresh", f'model = "{Path(models.llama).name}"\n'
+                 f'ctx = 4096\nport = {free_port()}\n')
+    delays["edited"] = wait(lambda: "4096" in " ".join(listed()["fresh"]["Argv"]), "an edit")
+    (presets / "fresh.toml").write_text('model = "llama.gguf"\nctx = [\n')
+    delays["broken"] = wait(lambda: listed().get("fresh", {}).get("State") == "broken",
+                            "a broken edit")
+    r = lokictl(daemon, "presets")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("fresh "))
+    assert "broken" in line and "fresh.toml" in line, r.stdout
+    (presets / "fresh.toml").unlink()
+    delays["deleted"] = wait(lambda: "fresh" not in listed(), "a deleted preset")
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print("\ntest_ctl: presets followed in " + ", ".join(
+            f"{k} {v * 1000:.0f} ms" for k, v in delays.items()), file=sys.stderr)
 
 
 def test_clear_failures(daemon: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from dbus_fast import DBusError
 from support.daemonkit import Running
-from support.enginekit import NotifyListener, write_config, write_preset
+from support.enginekit import NotifyListener, free_port, write_config, write_preset
 
 from lokid import __version__
 from lokid.core.names import (
@@ -41,10 +41,11 @@ pytestmark = pytest.mark.engine
 def config(tmp_path: Path, engine: str, models: Any) -> Path:
     config = write_config(tmp_path, engine, [models.dir])
     assert Path(models.llama).name == "llama.gguf"  # written on first use
+    # two ports: presets on one port are an error of both
     write_preset(config, "tiny-llama.v1_a", 'model = "llama.gguf"\nctx = 2048\n'
-                 '[spec]\nmode = "ngram"\n')
+                 f'port = {free_port()}\n[spec]\nmode = "ngram"\n')
     write_preset(config, "mtp", f'model = "{models.mtp_full}"\nctx = 2048\n'
-                 '[spec]\nmode = "auto"\n')
+                 f'port = {free_port()}\n[spec]\nmode = "auto"\n')
     write_preset(config, "broken", 'model = "llama.gguf"\nctx = "big"\n')
     write_preset(config, "nomodel", 'model = "absent.gguf"\n')
     return config
@@ -83,6 +84,25 @@ async def test_errors_have_names_and_messages(running: Running, name: str, error
         await manager.call_get_preset(name)
     assert exc.value.type == ERROR_PREFIX + error
     assert fragment in exc.value.text and "Traceback" not in exc.value.text
+
+
+async def test_presets_on_one_port_are_an_error_of_both(tmp_path: Path, engine: str,
+                                                        models: Any, bus_address: str) -> None:
+    from support.daemonkit import daemon_on
+
+    config = write_config(tmp_path, engine, [models.dir])
+    for name in ("a", "b"):
+        write_preset(config, name, 'model = "llama.gguf"\nport = 8181\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        for name, other in (("a", "b"), ("b", "a")):
+            preset = await running.iface(preset_object_path(name), PRESET_INTERFACE)
+            assert await preset.get_argv() == []
+            (note,) = await preset.get_notes()
+            assert f"port 8181 on 127.0.0.1 is also the port of preset {other}" in note
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        with pytest.raises(DBusError) as exc:
+            await manager.call_start_preset("a")
+        assert exc.value.type == ERROR_PREFIX + "InvalidPreset"
 
 
 async def test_preset_object_and_its_plan(running: Running, engine: str) -> None:

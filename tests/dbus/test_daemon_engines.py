@@ -116,7 +116,8 @@ async def test_a_crashed_engine_is_restarted_and_a_restart_gives_a_new_engine(
     seen = len(running.events)
     os.kill(engine_pid, signal.SIGKILL)  # what an engine crash looks like to its supervisor
     ev = await running.wait_event("plain", "loading", after=seen)
-    assert "restarting in 0.5 s after a failure (the engine exited with status 137)" in ev[2], ev
+    assert "restarting in 0.5 s: restart after a failure (1 of 5 " in ev[2]
+    assert "the last: the engine exited with status 137" in ev[2], ev
     await running.wait_event("plain", "ready", after=seen)
     assert health(ports["plain"]) == 200
 
@@ -177,10 +178,64 @@ async def test_a_failed_prestart_is_final_and_says_why(running: Running,
         s.listen()
         await manager.call_start_preset("plain")
         ev = await running.wait_event("plain", "failed")
-    assert ev[2].startswith("prestart failed: port ") and "already in use" in ev[2], ev
+    assert ev[2].startswith("cannot start: port ") and "already in use" in ev[2], ev
     await asyncio.sleep(0.5)
     assert [e[1] for e in running.events] == ["loading", "failed"]
     assert await manager.get_active_presets() == []
+
+
+async def test_each_verb_ends_its_job_with_the_outcome(running: Running,
+                                                      ports: dict[str, int]) -> None:
+    """JobFinished is what `lokictl --wait` follows: a restart ends at ready, not at the
+    stopping it passes through; a failed start ends failed, with why."""
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    job = await manager.call_start_preset("plain")
+    assert (await running.wait_job(job))[2:5] == ("start", "done", "ready")
+    again = await manager.call_start_preset("plain")  # runs already: done at once
+    assert again != job and (await running.wait_job(again))[3:5] == ("done", "ready")
+    seen = len(running.events)
+    job = await manager.call_restart_preset("plain")
+    assert (await running.wait_job(job))[2:5] == ("restart", "done", "ready")
+    states = [e[1] for e in running.events[seen:]]
+    assert states[0] == "stopping" and states[-1] == "ready" and "failed" not in states
+    job = await manager.call_stop_preset("plain")
+    assert (await running.wait_job(job))[2:5] == ("stop", "done", "inactive")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports["plain"]))
+        s.listen()
+        job = await manager.call_start_preset("plain")
+        _, _, verb, result, state, detail = await running.wait_job(job)
+    assert (verb, result, state) == ("start", "failed", "failed")
+    assert "already in use" in detail
+
+
+async def test_a_stop_while_loading_leaves_automatic_speculation_allowed(
+        tmp_path: Path, engine: str, models: Any, ports: dict[str, int],
+        bus_address: str) -> None:
+    """Under the local runner as under the unit: the operator's stop is no failure."""
+    slow = tmp_path / "slow-engine"
+    slow.write_text(f'#!/bin/sh\ncase "$1" in --help|--version) exec {engine} "$@";; esac\n'
+                    f'sleep 30\nexec {engine} "$@"\n')
+    slow.chmod(0o755)
+    config = write_config(tmp_path, str(slow), [models.dir])
+    write_preset(config, "auto", f'model = "{Path(models.mtp_full).name}"\nctx = 2048\n'
+                 f'port = {ports["auto"]}\n[spec]\nmode = "auto"\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        preset = await running.iface(preset_object_path("auto"), PRESET_INTERFACE)
+        await manager.call_start_preset("auto")
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "run" / "auto.json").exists():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        with StateDB(str(tmp_path / "state")) as db:
+            assert db.attempt("auto") is not None  # the launch is under way
+        job = await manager.call_stop_preset("auto")
+        assert (await running.wait_job(job))[3:5] == ("done", "inactive")
+        with StateDB(str(tmp_path / "state")) as db:
+            assert db.attempt("auto") is None and db.failures("auto") == []
+        assert await preset.get_auto_spec_blocked() == ""
+        assert "draft-mtp" in " ".join(await preset.get_argv())
 
 
 @pytest.mark.parametrize("name,error", [

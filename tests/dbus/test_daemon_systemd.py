@@ -172,6 +172,53 @@ def test_root_starts_and_stops_an_engine_through_systemd(lk: LokidSystem) -> Non
     assert states == ["loading", "ready", "stopping", "inactive"], out[-3000:]
 
 
+def lokictl(ct: Container, *args: str, timeout: float = 120) -> Any:
+    return ct.run(["env", "PYTHONPATH=/opt/lokid", "python3", "-m", "lokid.ctl", *args],
+                  check=False, timeout=timeout)
+
+
+def test_lokictl_wait_follows_the_job_truthfully(lk: LokidSystem) -> None:
+    """--wait ends with the verb's job: ready after every restart (intermediate states are
+    not failures), and a start systemd refuses ends at once with the unit's reason."""
+    import time
+
+    ct = lk.ct
+    ct.systemctl("restart", "lokid.service")
+    r = lokictl(ct, "start", "demo", "--wait")
+    assert r.returncode == 0 and r.stdout.startswith("demo: ready"), (r.stdout, r.stderr)
+    t0 = time.monotonic()
+    for n in range(20):
+        r = lokictl(ct, "restart", "demo", "--wait", "--timeout", "60")
+        assert r.returncode == 0 and r.stdout.startswith("demo: ready"), (n, r.stdout,
+                                                                          r.stderr)
+        assert lk.show("demo", "ActiveState")["ActiveState"] == "active", n
+    took = time.monotonic() - t0
+    assert lk.health(lk.demo_port) == 200  # type: ignore[attr-defined]
+    r = lokictl(ct, "stop", "demo", "--wait")
+    assert r.returncode == 0 and r.stdout.startswith("demo: inactive"), (r.stdout, r.stderr)
+
+    # the start fails in the unit (its port is taken by something else): exit 1 at once,
+    # with systemd's result, lokid's one line and what to look at next
+    holder = "demo-port-holder.service"
+    lk.track_unit(holder)
+    ct.run(["systemd-run", f"--unit={holder}", "--collect", "--", "python3", "-m",
+            "http.server", "--bind", "127.0.0.1", str(lk.demo_port)])  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 20
+    while lk.health(lk.demo_port) != 404:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    t1 = time.monotonic()
+    r = lokictl(ct, "start", "demo", "--wait", "--timeout", "100")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert time.monotonic() - t1 < 30
+    assert r.stderr.startswith("lokictl: demo: start failed: the unit failed (exit-code)"), \
+        r.stderr
+    assert "already in use" in r.stderr and "journalctl -u loki-engine@demo" in r.stderr
+    ct.systemctl("stop", holder)
+    ct.systemctl("reset-failed", unit("demo"))
+    print(f"20 lokictl restart --wait in {took:.1f} s")
+
+
 def gpuops(ct: Container) -> str:
     """A user in group loki (and not root)."""
     if ct.run(["getent", "passwd", "gpuops"], check=False).returncode != 0:

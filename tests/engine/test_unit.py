@@ -1,5 +1,7 @@
-"""`lokid prestart` and `lokid engine` outside systemd, with the real engine and a real
-sd_notify socket: the attempt-token cycle, READY/STATUS/WATCHDOG/STOPPING, failures."""
+"""`lokid prestart`, `lokid engine` and `lokid stopped` outside systemd, with the real
+engine and a real sd_notify socket: the attempt-token cycle, READY/STATUS/WATCHDOG/STOPPING,
+failures, the exit statuses the unit's RestartPreventExitStatus= knows, and how a start
+ended (the unit's ExecStopPost=)."""
 
 from __future__ import annotations
 
@@ -65,12 +67,12 @@ def test_prestart_writes_the_invocations_plan(dirs: Dirs, models: Any) -> None:
 
 
 def test_prestart_logs_one_line_per_note(dirs: Dirs, models: Any) -> None:
-    dirs.preset("p", f'model = "{models.llama}"\n[spec]\nmode = "warp"\ndraft = "x"\n')
+    dirs.preset("p", f'model = "{models.llama}"\n[spec]\nmode = "off"\ndraft = "x"\n')
     r = subprocess.run([sys.executable, "-m", "lokid.cli", "prestart", "p"], env=dirs.env(),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stderr.splitlines()
-    assert any(line.startswith("lokid: spec.mode = 'warp' is not valid") for line in lines)
+    assert any(line.startswith("lokid: spec.draft ignored: spec.mode is off") for line in lines)
     assert any(line.startswith("lokid: plan: ") for line in lines)
 
 
@@ -120,9 +122,10 @@ def test_a_busy_port_is_refused_without_touching_the_token(dirs: Dirs, models: A
 class EngineHelper:
     """`lokid engine` as systemd would run it, with a real notify socket."""
 
-    def __init__(self, dirs: Dirs, name: str, tmp_path: Path, watchdog_usec: int = 0):
+    def __init__(self, dirs: Dirs, name: str, tmp_path: Path, watchdog_usec: int = 0,
+                 **env: str):
         self.notify = NotifyListener(tmp_path / f"notify-{time.monotonic_ns()}")
-        extra = {"NOTIFY_SOCKET": self.notify.path}
+        extra = {"NOTIFY_SOCKET": self.notify.path, **env}
         if watchdog_usec:
             extra["WATCHDOG_USEC"] = str(watchdog_usec)
         self.log = tmp_path / "engine-helper.log"
@@ -156,10 +159,7 @@ def helpers() -> Iterator[list[EngineHelper]]:
 def test_engine_helper_notifies_ready_and_clears_its_token(
         dirs: Dirs, models: Any, tmp_path: Path, helpers: list[EngineHelper]) -> None:
     dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
-    dirs.prestart("p")
-    with StateDB(dirs.state) as db:
-        assert db.attempt("p") is not None
-    h = EngineHelper(dirs, "p", tmp_path)
+    h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID="inv-1")
     helpers.append(h)
     h.notify.wait_for("READY=1")
     ready = h.notify.wait_for("STATUS=ready: p (glm4moe-mtp-full.gguf) at http://127.0.0.1:")
@@ -174,6 +174,8 @@ def test_engine_helper_notifies_ready_and_clears_its_token(
         time.sleep(0.05)
     with StateDB(dirs.state) as db:
         assert db.attempt("p") is None and db.failures("p") == []
+    assert read_runtime_plan(dirs.runtime, "p", "inv-1").auto  # it planned the start itself
+    assert Path(dirs.runtime, "p.ready").read_text() == "inv-1"
     assert h.stop() == 0
     assert "STOPPING=1" in h.notify.messages
     assert dirs.prestart("p").spec.auto  # the configuration answered: auto stays on
@@ -182,7 +184,6 @@ def test_engine_helper_notifies_ready_and_clears_its_token(
 def test_engine_helper_fails_when_the_engine_dies(dirs: Dirs, models: Any, tmp_path: Path,
                                                   helpers: list[EngineHelper]) -> None:
     dirs.preset("p", f'model = "{models.llama}"\n')
-    dirs.prestart("p")
     h = EngineHelper(dirs, "p", tmp_path)
     helpers.append(h)
     h.notify.wait_for("READY=1")
@@ -194,7 +195,6 @@ def test_engine_helper_fails_when_the_engine_dies(dirs: Dirs, models: Any, tmp_p
 def test_engine_helper_stops_pinging_the_watchdog_when_health_stops(
         dirs: Dirs, models: Any, tmp_path: Path, helpers: list[EngineHelper]) -> None:
     dirs.preset("p", f'model = "{models.llama}"\n')
-    dirs.prestart("p")
     h = EngineHelper(dirs, "p", tmp_path, watchdog_usec=600_000)
     helpers.append(h)
     h.notify.wait_for("READY=1")
@@ -218,14 +218,99 @@ def test_engine_helper_stops_pinging_the_watchdog_when_health_stops(
     assert h.notify.count("WATCHDOG=1") > before
 
 
-def test_engine_helper_refuses_a_plan_of_another_invocation(dirs: Dirs, models: Any) -> None:
+def run_helper(dirs: Dirs, tmp_path: Path, *argv: str,
+               **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """One `lokid` unit helper to its end, with a notify socket: its result and messages."""
+    notify = NotifyListener(tmp_path / f"notify-{time.monotonic_ns()}")
+    try:
+        r = subprocess.run([sys.executable, "-m", "lokid.cli", *argv],
+                           env=dirs.env(NOTIFY_SOCKET=notify.path, **env),
+                           capture_output=True, text=True, timeout=60)
+        time.sleep(0.1)
+        return r, list(notify.messages)
+    finally:
+        notify.close()
+
+
+def test_a_preset_that_cannot_start_exits_78_with_its_error_as_status(
+        dirs: Dirs, tmp_path: Path) -> None:
+    """78 is in the unit's RestartPreventExitStatus=: one attempt, and `systemctl status`
+    shows lokid's one line."""
+    dirs.preset("p", 'model = "missing.gguf"\n')
+    r, messages = run_helper(dirs, tmp_path, "engine", "p")
+    assert r.returncode == 78, r.stderr
+    status = [m for m in messages if m.startswith("STATUS=")]
+    assert status and "missing.gguf" in status[-1], messages
+    assert "missing.gguf" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_busy_port_exits_78_and_leaves_the_token(dirs: Dirs, models: Any,
+                                                  tmp_path: Path) -> None:
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    dirs.prestart("p")
+    with StateDB(dirs.state) as db:
+        token = db.attempt("p")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", dirs.port))
+        s.listen()
+        r, messages = run_helper(dirs, tmp_path, "engine", "p")
+    assert r.returncode == 78
+    assert any("in use" in m for m in messages if m.startswith("STATUS=")), messages
+    with StateDB(dirs.state) as db:
+        assert db.attempt("p") == token and db.failures("p") == []
+
+
+def test_an_operators_stop_while_loading_leaves_automatic_speculation_allowed(
+        dirs: Dirs, models: Any, tmp_path: Path) -> None:
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    dirs.prestart("p", INVOCATION_ID="loading-1")  # the launch began, then was stopped
+    r, _ = run_helper(dirs, tmp_path, "stopped", "p", INVOCATION_ID="loading-1",
+                      SERVICE_RESULT="success", EXIT_CODE="killed", EXIT_STATUS="TERM")
+    assert r.returncode == 0, r.stderr
+    assert "not counted against automatic" in r.stderr
+    with StateDB(dirs.state) as db:
+        assert db.attempt("p") is None and db.failures("p") == []
+    assert dirs.prestart("p").spec.auto
+    assert not Path(dirs.runtime, "p.failures").exists()
+
+
+@pytest.mark.parametrize("result,code,status", [
+    ("timeout", "killed", "TERM"), ("watchdog", "dumped", "ABRT"),
+    ("exit-code", "exited", "1"), ("signal", "killed", "KILL")])
+def test_a_crash_hang_or_timeout_while_loading_still_cuts_it(
+        dirs: Dirs, models: Any, tmp_path: Path, result: str, code: str, status: str) -> None:
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    dirs.prestart("p", INVOCATION_ID="loading-1")
+    r, _ = run_helper(dirs, tmp_path, "stopped", "p", INVOCATION_ID="loading-1",
+                      SERVICE_RESULT=result, EXIT_CODE=code, EXIT_STATUS=status)
+    assert r.returncode == 0 and "counted as a failure" in r.stderr, r.stderr
+    plan = dirs.prestart("p")
+    assert not plan.spec.auto and any(NEVER_ANSWERED in n for n in plan.notes)
+    failures = json.loads(Path(dirs.runtime, "p.failures").read_text())
+    assert len(failures) == 1 and failures[0]["ready"] is False
+
+
+def test_a_refused_start_is_no_failure(dirs: Dirs, tmp_path: Path) -> None:
+    dirs.preset("p", 'model = "missing.gguf"\n')
+    r, _ = run_helper(dirs, tmp_path, "stopped", "p", INVOCATION_ID="x",
+                      SERVICE_RESULT="exit-code", EXIT_CODE="exited", EXIT_STATUS="78")
+    assert r.returncode == 0
+    assert not Path(dirs.runtime, "p.failures").exists()
+
+
+def test_the_crash_loop_rule_stops_automatic_restarts(dirs: Dirs, models: Any,
+                                                      tmp_path: Path) -> None:
+    """Five failures on record, and systemd cannot say this is a start by hand (no system
+    bus here): the helper refuses with 69 and says why, before planning anything."""
     dirs.preset("p", f'model = "{models.llama}"\n')
-    dirs.prestart("p", INVOCATION_ID="first")
-    r = subprocess.run([sys.executable, "-m", "lokid.cli", "engine", "p"],
-                       env=dirs.env(INVOCATION_ID="second"), capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 2 and "belongs to another start" in r.stderr
-    assert json.loads(Path(dirs.runtime, "p.json").read_text())["invocation"] == "first"
+    for n in range(5):
+        r, _ = run_helper(dirs, tmp_path, "stopped", "p", INVOCATION_ID=f"i{n}",
+                          SERVICE_RESULT="exit-code", EXIT_CODE="exited", EXIT_STATUS="1")
+    r, messages = run_helper(dirs, tmp_path, "engine", "p", INVOCATION_ID="i6")
+    assert r.returncode == 69, r.stderr
+    status = [m for m in messages if m.startswith("STATUS=")][-1]
+    assert "5 failures in 10 min" in status and "systemctl start loki-engine@p" in status
+    assert not Path(dirs.runtime, "p.json").exists()  # refused before planning
 
 
 @pytest.mark.parametrize("host,url", [
@@ -279,3 +364,46 @@ def test_a_missed_sigterm_is_sent_again_and_the_stop_stays_clean(
     assert rc == 0, logged
     assert any("sending it again" in m for m in logged), logged
     assert time.monotonic() - started < 20
+
+
+def test_lokid_plan_shows_what_the_next_start_runs(dirs: Dirs, models: Any) -> None:
+    """`lokid plan` reads the attempt verdict as the next start will, and changes nothing:
+    a token left by a launch that never answered cuts auto; one whose engine is loading
+    now is shown as such."""
+    from lokid.core.attempt import LOADING_NOW
+    from lokid.engine.unit import plan_now
+
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    assert plan_now(str(dirs.config), dirs.state, dirs.runtime, "p").spec.auto
+    assert not Path(dirs.state, "state.db").exists()  # read-only: not even created
+    dirs.prestart("p")  # an automatic launch began and never answered
+    with StateDB(dirs.state) as db:
+        token = db.attempt("p")
+    r = subprocess.run([sys.executable, "-m", "lokid.cli", "plan", "p"], env=dirs.env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "(automatic)" not in r.stdout and NEVER_ANSWERED in r.stdout, r.stdout
+    with StateDB(dirs.state) as db:  # only looked at: the next start records the failure
+        assert db.attempt("p") == token and db.failures("p") == []
+    assert dirs.prestart("p").spec.auto is False  # and the next start agrees
+
+    # a launch loading now: its supervisor (`lokid engine p`) still runs, not ready yet
+    with StateDB(dirs.state) as db:
+        db.clear_failures("p")
+    dirs.prestart("p", INVOCATION_ID="now")  # its token
+    rp = read_runtime_plan(dirs.runtime, "p")
+    from dataclasses import replace
+
+    from lokid.engine.runtimedir import write_runtime_plan
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                "engine", "p"])
+    try:
+        write_runtime_plan(dirs.runtime, replace(rp, pid=sleeper.pid))
+        plan = plan_now(str(dirs.config), dirs.state, dirs.runtime, "p")
+        assert plan.spec.auto and LOADING_NOW in plan.notes
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    plan = plan_now(str(dirs.config), dirs.state, dirs.runtime, "p")
+    assert not plan.spec.auto and any(NEVER_ANSWERED in n for n in plan.notes)

@@ -167,6 +167,88 @@ def test_stop_while_loading_is_a_clean_stop(lk: LokidSystem) -> None:
     assert lk.health(port) == 0
 
 
+def test_a_stop_while_loading_leaves_automatic_speculation_allowed(lk: LokidSystem) -> None:
+    """The operator's stop (systemctl stop, lokictl stop, apt remove, shutdown: all a clean
+    stop to systemd) is not the launch failing; a timeout is (test_attempt_token_under_systemd)."""
+    ct = lk.ct
+    name = "stop-auto"
+    lk.set_engine(lk.engine_wrapper("slow-llama-server", SLOW_ENGINE))
+    port = lk.preset(name, f'model = "{MTP}"\n{AUTO}')
+    for _ in range(2):  # twice: a second stop while loading must not count either
+        ct.systemctl("start", "--no-block", unit(name))
+        deadline = time.monotonic() + 30
+        while not lk.show(name, "StatusText")["StatusText"].startswith("loading "):
+            assert time.monotonic() < deadline, lk.journal(name)[-3000:]
+            time.sleep(0.05)
+        assert len(lk.state(name)["attempt"]) == 1   # the automatic launch is under way
+        ct.systemctl("stop", unit(name))
+        assert lk.show(name, "Result")["Result"] == "success"
+        assert lk.state(name) == {"attempt": [], "failed": []}
+    ct.wait_journal(unit(name), "stopped while loading: not counted against automatic")
+    ct.systemctl("start", unit(name))
+    assert lk.health(port) == 200
+    assert lk.runtime_plan(name)["spec"]["auto"]
+
+
+def test_restarts_by_hand_never_trip_the_crash_loop_rule(lk: LokidSystem) -> None:
+    """systemd's StartLimitBurst=5 counted these: the sixth restart left the unit failed."""
+    ct = lk.ct
+    name = "tuning"
+    port = lk.preset(name, f'model = "{LLAMA}"\n')
+    ct.systemctl("start", unit(name))
+    t0 = time.monotonic()
+    for n in range(20):
+        r = ct.systemctl("restart", unit(name), check=False)
+        assert r.returncode == 0, (n, r.stderr, lk.journal(name)[-2000:])
+        assert lk.show(name, "ActiveState")["ActiveState"] == "active", n
+    assert lk.health(port) == 200
+    assert lk.show(name, "NRestarts")["NRestarts"] == "0"
+    _notes.append(f"20 restarts by hand in {time.monotonic() - t0:.1f} s")
+
+
+DIES_AT_START = """\
+for arg in "$@"; do
+    case "$arg" in --help|--version) exec "$ENGINE" "$@" ;; esac
+done
+echo "this engine dies at every start" >&2
+exit 3
+"""
+
+
+def test_a_crash_loop_stops_after_five_failures_and_says_why(lk: LokidSystem) -> None:
+    ct = lk.ct
+    name = "crashloop"
+    lk.set_engine(lk.engine_wrapper("dying-llama-server", DIES_AT_START))
+    lk.preset(name, f'model = "{LLAMA}"\n')
+    lk.dropin(name, {"RestartSec": "1"})
+    ct.systemctl("start", "--no-block", unit(name))
+    deadline = time.monotonic() + 60
+    while lk.show(name, "ActiveState")["ActiveState"] != "failed":
+        assert time.monotonic() < deadline, lk.journal(name)[-3000:]
+        time.sleep(0.2)
+    time.sleep(2.5)  # two RestartSec= later: stopped for good
+    props = lk.show(name, "ActiveState", "NRestarts", "ExecMainStatus", "StatusText")
+    assert props["ActiveState"] == "failed" and props["ExecMainStatus"] == "69", props
+    assert props["NRestarts"] == "5", props   # 5 failed starts, the 6th refused
+    status = props["StatusText"]
+    assert status.startswith("5 failures in 10 min (the last: the engine helper exited with "
+                             "status 3 while loading): not restarted again"), status
+    assert "`systemctl start loki-engine@crashloop.service`" in status
+    log = lk.journal(name)
+    assert log.count("counted as a failure") == 5, log[-3000:]
+    assert log.count("this engine dies at every start") == 5
+    # A start by hand forgets the failures before it: one more try, then the rule again.
+    cursor = ct.cursor()
+    ct.systemctl("start", "--no-block", unit(name))
+    ct.wait_journal(unit(name), "this engine dies at every start", since_cursor=cursor)
+    deadline = time.monotonic() + 60
+    while lk.show(name, "ExecMainStatus")["ExecMainStatus"] != "69" or \
+            lk.show(name, "ActiveState")["ActiveState"] != "failed":
+        assert time.monotonic() < deadline, lk.journal(name)[-3000:]
+        time.sleep(0.2)
+    assert lk.journal(name, since_cursor=cursor).count("this engine dies at every start") == 5
+
+
 def test_a_killed_engine_is_restarted_and_stop_leaves_nothing(lk: LokidSystem) -> None:
     ct = lk.ct
     name = "kill9"
@@ -275,22 +357,25 @@ def lokid_errors(ct: Any, unit_name: str) -> list[str]:
     return r.stdout.splitlines()
 
 
-def test_an_invalid_preset_fails_with_one_line(lk: LokidSystem) -> None:
+def test_an_invalid_preset_fails_once_with_its_error_as_status(lk: LokidSystem) -> None:
     ct = lk.ct
     bad = "broken"
     lk.write_preset_text(bad, f'model = "{LLAMA}"\nport = 9\nctx = "big"\n')
+    lk.dropin(bad, {"RestartSec": "1"})
     r = ct.systemctl("start", unit(bad), check=False)
     assert r.returncode != 0
-    # The unit as shipped: Restart=on-failure retries it (the preset may be fixed
-    # meanwhile), so it is failed or waiting to restart, never active.
-    props = lk.show(bad, "ActiveState", "SubState", "Result")
-    assert props["Result"] == "exit-code" and props["ActiveState"] != "active", props
-    log = ct.wait_journal(unit(bad), "status=2/INVALIDARGUMENT")   # lokid's EXIT_CONFIG
+    expected = ("/etc/loki/presets/broken.toml:3: ctx: must be an integer "
+                "(tokens; 0 = not fixed, --fit may shrink it), not a string")
+    time.sleep(3)  # three RestartSec= later: still the one attempt
+    props = lk.show(bad, "ActiveState", "Result", "NRestarts", "ExecMainStatus", "StatusText")
+    assert props == {"ActiveState": "failed", "Result": "exit-code", "NRestarts": "0",
+                     "ExecMainStatus": "78", "StatusText": expected}, props
+    status = ct.run(["systemctl", "status", unit(bad), "--no-pager"], check=False).stdout
+    assert f'Status: "{expected}"' in status and "status=78/CONFIG" in status, status
+    log = lk.journal(bad)
     # lokid's own entry (SYSLOG_IDENTIFIER=lokid, priority err), not the engine's output
     lines = [s for s in lokid_errors(ct, unit(bad)) if "broken.toml" in s]
-    assert lines, log
-    assert lines[0] == ("/etc/loki/presets/broken.toml:3: ctx: must be an integer "
-                        "(tokens; 0 = not fixed, --fit may shrink it), not a string"), lines
+    assert lines == [expected], log
     assert "Traceback" not in log, log
     # It affects no other preset: the generator skipped only the broken one (the
     # template's own Description, no drop-in), and the other one starts.
@@ -326,9 +411,10 @@ def test_a_busy_port_fails_without_touching_the_token(lk: LokidSystem) -> None:
 
     r = ct.systemctl("start", unit(name), check=False)
     assert r.returncode != 0
-    props = lk.show(name, "ActiveState", "Result")
-    assert props["Result"] == "exit-code" and props["ActiveState"] != "active", props
-    log = ct.wait_journal(unit(name), "status=1/FAILURE")   # lokid's EXIT_BUSY
+    props = lk.show(name, "ActiveState", "Result", "ExecMainStatus")
+    assert props == {"ActiveState": "failed", "Result": "exit-code",
+                     "ExecMainStatus": "78"}, props   # no restart: the port stays taken
+    log = ct.wait_journal(unit(name), "status=78/CONFIG")
     assert any(f"port {port} on 127.0.0.1 is already in use by another process" in line
                for line in lokid_errors(ct, unit(name))), log
     assert "Traceback" not in log

@@ -21,10 +21,20 @@ class Running:
         self.daemon = daemon
         self.client = client
         self.events: list[tuple[str, str, str]] = []   # EngineStateChanged, in order
+        self.jobs: dict[str, tuple[str, ...]] = {}      # JobFinished by job id
 
     async def iface(self, path: str, interface: str) -> Any:
         intro = await self.client.introspect(BUS_NAME, path)
         return self.client.get_proxy_object(BUS_NAME, path, intro).get_interface(interface)
+
+    async def wait_job(self, job: str, timeout: float = 120) -> tuple[str, ...]:
+        """JobFinished of ``job``: (preset, job, verb, result, state, detail)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if job in self.jobs:
+                return self.jobs[job]
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"job {job} did not end in {timeout} s: {self.jobs}")
 
     async def wait_event(self, preset: str, state: str, timeout: float = 120,
                          after: int = 0) -> tuple[str, str, str]:
@@ -65,6 +75,7 @@ async def daemon_on(config: Path, root: Path, bus_address: str,
     running = Running(daemon, client)
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     manager.on_engine_state_changed(lambda *ev: running.events.append(tuple(ev)))
+    manager.on_job_finished(lambda *ev: running.jobs.__setitem__(ev[1], tuple(ev)))
     try:
         yield running
     finally:
