@@ -361,6 +361,44 @@ def test_bench_over_the_bus_reaches_the_engine_from_the_sandbox(lk: LokidSystem)
         wait_prop(ct, PRESET_PATH, PRESET, "State", "inactive")
 
 
+def lan_address(ct: Container) -> str:
+    """An IPv4 address of this host that is not loopback (the container shares the
+    host's network)."""
+    out = ct.run(["ip", "-4", "-o", "addr", "show", "scope", "global"]).stdout
+    found = re.findall(r"inet (\d+\.\d+\.\d+\.\d+)/", out)
+    assert found, f"this test needs a non-loopback IPv4 address on the host:\n{out}"
+    return found[0]
+
+
+def test_bench_over_the_bus_reaches_an_engine_on_a_lan_address(lk: LokidSystem) -> None:
+    """The daemon's sandbox allows loopback, plus the addresses presets bind to (the
+    generator's lokid.service drop-in, applied at the reload): nothing wider."""
+    ct = lk.ct
+    address = lan_address(ct)
+    ct.systemctl("start", "lokid.service")
+    port = lk.preset("lan", f'model = "llama.gguf"\nextra_args = ["--host", "{address}"]\n')
+    try:
+        dropin = ct.run(["systemctl", "cat", "lokid.service"]).stdout
+        assert f"IPAddressAllow={address}" in dropin, dropin
+        allowed = lk.ct.show("lokid.service", "IPAddressAllow")["IPAddressAllow"]
+        assert sorted(allowed.split()) == sorted(["127.0.0.0/8", f"{address}/32", "::1/128"]), \
+            allowed
+        r = lokictl(ct, "start", "lan", "--wait")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        r = lokictl(ct, "bench", "lan", "--prompt", "300", "--predict", "16", "--json",
+                    timeout=320)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["url"] == f"http://{address}:{port}" and out["result"]["prompt_n"] > 0
+        r = lk.ct.run(["systemd-analyze", "security", "--no-pager", "lokid.service"],
+                      check=False)
+        m = re.search(r"Overall exposure level for lokid\.service: (\d+\.\d+)", r.stdout)
+        assert m and float(m.group(1)) <= EXPOSURE_GOAL, r.stdout[-2000:]
+        print(f"\nwith a LAN preset: systemd-analyze security lokid.service: {m.group(1)}")
+    finally:
+        lokictl(ct, "stop", "lan", "--wait")
+
+
 # The daemon's systemd runner, on the container's system bus: its thrash-hint sampler of a
 # preset's unit, printed as JSON (null when it gives none).
 SAMPLE_UNIT = """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.enginekit import write_config, write_preset
@@ -76,3 +77,30 @@ def test_two_presets_on_one_port_are_reported_and_still_generated(
         f"lokid-generator: preset b: {b}: port 9000 on 127.0.0.1 is also the port of "
         f"preset a ({a}): set another port in one of them",
     ]
+
+
+def test_the_daemon_may_reach_the_addresses_presets_bind_to(tmp_path: Path, engine: str,
+                                                           models: Any) -> None:
+    """lokid.service allows loopback only; a preset on a LAN address adds that address (and
+    only it) to the daemon's IPAddressAllow=; wildcards need nothing, names are reported."""
+    from lokid.engine.generator import DAEMON_DROPIN, engine_addresses, generate
+
+    assert engine_addresses({"a": "127.0.0.1", "b": "0.0.0.0", "c": "::", "d": "::1",
+                             "e": "localhost"}) == ([], {})
+    allow, unreachable = engine_addresses({"lan": "192.0.2.7", "v6": "2001:db8::5",
+                                           "named": "gpu1.lan", "again": "192.0.2.7"})
+    assert allow == ["192.0.2.7", "2001:db8::5"]
+    assert list(unreachable) == ["named"] and "is a name" in unreachable["named"]
+
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "lan", f'model = "{Path(models.llama).name}"\nport = 8201\n'
+                 'extra_args = ["--host", "192.0.2.7"]\n')
+    write_preset(config, "local", f'model = "{Path(models.llama).name}"\nport = 8202\n')
+    out = tmp_path / "gen"
+    assert "lokid.service" in generate(str(config), str(out))
+    text = (out / "lokid.service.d" / DAEMON_DROPIN).read_text()
+    assert text.splitlines()[-2:] == ["[Service]", "IPAddressAllow=192.0.2.7"]
+    (config / "presets" / "lan.toml").unlink()
+    out2 = tmp_path / "gen2"
+    assert "lokid.service" not in generate(str(config), str(out2))
+    assert not (out2 / "lokid.service.d").exists()
