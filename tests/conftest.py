@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,10 @@ from support import systemd_harness
 from support.enginekit import engine_binary
 
 # --- the real engine (lead) ---------------------------------------------------------
+
+# What lokid writes to $LOKI_RUNTIME_DIR without a test asking (the engine probe's
+# cache) goes to a directory of this run, never to the host's /run/loki.
+os.environ.setdefault("LOKI_RUNTIME_DIR", tempfile.mkdtemp(prefix="lokid-test-run-"))
 
 
 @pytest.fixture(scope="session")

@@ -155,3 +155,25 @@ def test_backends_unknown_without_any_ggml_library_and_probed_again_when_one_app
     assert probe.probe_engine(str(engine)).gpu_backends is None
     (tmp_path / "libggml-cpu.so").write_bytes(b"")
     assert probe.probe_engine(str(engine)).gpu_backends == ()
+
+
+def test_the_probe_is_kept_on_disk_for_the_next_start(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start is a new process: the engine's --help/--version output is kept in the
+    runtime directory, checked against its key, so the next start runs no probe."""
+    monkeypatch.setenv("LOKI_RUNTIME_DIR", str(tmp_path / "run"))
+    engine = fake_engine(tmp_path / "llama-server", "version: 6543 (abcdef12)")
+    log = tmp_path / "runs"
+    text = engine.read_text().replace('case "$1" in', f'echo "$1" >> {log}\ncase "$1" in')
+    engine.write_text(text)
+    os.utime(engine, ns=(5, 5))
+    first = probe.probe_engine(str(engine))
+    assert log.read_text().split() == ["--version", "--help"]
+    probe._cache.clear()  # as a new process
+    again = probe.probe_engine(str(engine))
+    assert again == first and log.read_text().split() == ["--version", "--help"]
+    (stored,) = (tmp_path / "run" / "engine-probe").iterdir()
+    stored.write_text(stored.read_text().replace(str(engine), "/elsewhere"))  # another key
+    probe._cache.clear()
+    assert probe.probe_engine(str(engine)) == first
+    assert log.read_text().split() == ["--version", "--help"] * 2
