@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.users import throwaway_user
+from support.users import run_as, throwaway_user
 
 from lokid.core.attempt import Mark
 from lokid.core.errors import PortBusyError
@@ -89,25 +89,12 @@ def user() -> Iterator[pwd.struct_passwd]:
 
 def as_user(user: pwd.struct_passwd, host: str, port: int, runtime_dir: str) -> str:
     """check_port_free's message as ``user``, who may not look into root's fds."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            check_port_free(host, port, runtime_dir)
-            text = "free"
-        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
-            text = str(e)
-        os.write(write, text.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        out = f.read().decode()
-    os.waitpid(pid, 0)
-    return out
+
+    def check() -> str:
+        check_port_free(host, port, runtime_dir)
+        return "free"
+
+    return run_as(user, check)
 
 
 def test_a_holder_this_user_cannot_see(holder: tuple[subprocess.Popen[str], int],

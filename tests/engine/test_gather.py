@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from support.enginekit import write_config, write_preset
-from support.users import throwaway_user
+from support.users import run_as, throwaway_user
 
 from lokid.core.errors import LokiError
 from lokid.engine.gather import gather
@@ -37,26 +37,8 @@ def tree() -> Iterator[Path]:
 
 
 def as_user(user: pwd.struct_passwd, call: Callable[[], str]) -> str:
-    """What ``call`` returns, run as ``user`` in a forked child (no exec: the test's
-    Python may live where that user cannot read)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            text = call()
-        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
-            text = f"{type(e).__name__}: {e}"
-        os.write(write, text.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        out = f.read().decode()
-    os.waitpid(pid, 0)
-    return out
+    """What ``call`` returns as ``user``; an exception as its type and message."""
+    return run_as(user, call, lambda e: f"{type(e).__name__}: {e}")
 
 
 def plan_error(config: Path, name: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -28,3 +28,27 @@ def throwaway_user() -> Iterator[pwd.struct_passwd]:
         yield pwd.getpwnam(name)
     finally:
         subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+def run_as(user: pwd.struct_passwd, call: Callable[[], str],
+           describe: Callable[[BaseException], str] = str) -> str:
+    """What ``call`` returns, run as ``user`` in a forked child (no exec: the test's
+    Python may live where that user cannot read); an exception as ``describe`` puts it."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            text = call()
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+            text = describe(e)
+        os.write(write, text.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    return out
