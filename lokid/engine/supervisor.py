@@ -97,11 +97,13 @@ class Launch:
 def supervise(launch: Launch, *, log: Callable[[str], None],
               notifier: Notifier | None = None,
               on_ready: Callable[[str], None] | None = None,
+              on_spawned: Callable[[], None] | None = None,
               unexpected_exit_fails: bool = False) -> int:
     """Run the engine until it exits or we are told to stop; return the exit status.
 
     The engine is spawned before anything else is set up; ``notifier`` None
-    means one from this process's environment, made once the engine runs.
+    means one from this process's environment, made once the engine runs;
+    ``on_spawned`` runs then too (what the caller can do while the engine loads).
     """
     stop: list[int] = []
 
@@ -129,6 +131,8 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
         except OSError as e:
             raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
         try:
+            if on_spawned is not None:
+                on_spawned()
             return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
                          unexpected_exit_fails)
         finally:

@@ -52,7 +52,8 @@ def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
 
 
 def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
-              environ: Mapping[str, str] | None = None) -> tuple[Plan, Mark]:
+              environ: Mapping[str, str] | None = None,
+              log_notes: bool = True) -> tuple[Plan, Mark]:
     from ..core.runtimeplan import RuntimePlan
     from .endpoint import check_port_free
     from .gather import check_port_conflicts, decide, gather
@@ -70,10 +71,16 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         db.settle(name, mark, found, attempt=plan.spec.auto)
     write_runtime_plan(runtime_dir, RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""),
                                                    pid=os.getpid()))
+    if log_notes:
+        _log_plan(name, plan)
+    return plan, mark
+
+
+def _log_plan(name: str, plan: Plan) -> None:
+    """Each note as its own journal entry, then the command line."""
     for note in plan.notes:
         journal_log(name, note)
     journal_log(name, f"plan: {plan.command_line()}", priority=6)
-    return plan, mark
 
 
 def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
@@ -166,7 +173,9 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         journal_log(name, message, priority=3)
         return EXIT_CRASH_LOOP
     try:
-        plan, mark = _prestart(config_dir, state_dir, runtime_dir, name)
+        # the notes are logged once the engine is spawned: the journal's client
+        # library loads while the engine does, not before it
+        plan, mark = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
     except LokiError as e:
         notifier.send(f"STATUS={e}")
         journal_log(name, str(e), priority=3)
@@ -192,7 +201,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         journal_log(name, message)
 
     return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
-                     unexpected_exit_fails=True)
+                     on_spawned=lambda: _log_plan(name, plan), unexpected_exit_fails=True)
 
 
 def stopped(state_dir: str, runtime_dir: str, name: str,
