@@ -84,7 +84,7 @@ def _log_plan(name: str, plan: Plan) -> None:
 
 
 def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
-              environ: Mapping[str, str] | None = None) -> Plan:
+             environ: Mapping[str, str] | None = None) -> Plan:
     """The plan the next start of ``name`` runs, as ``lokid plan`` shows it: the attempt
     verdict read from the state DB without changing it (the DB is never created or
     written here), and a token of a launch that is loading now shown as such.
@@ -131,6 +131,14 @@ def _loading(runtime_dir: str, name: str) -> bool:
     return b"engine" in argv and name.encode() in argv
 
 
+def _check_name(name: str) -> None:
+    """ConfigError for a name that is no preset name (``../x`` would name files outside
+    the runtime directory)."""
+    from ..core.config import check_preset_name
+
+    check_preset_name(name)
+
+
 def _crash_loop(runtime_dir: str, name: str, notifier: Notifier) -> str:
     """Why this start must not run (the crash-loop rule), or ""."""
     import time
@@ -144,7 +152,11 @@ def _crash_loop(runtime_dir: str, name: str, notifier: Notifier) -> str:
         return ""
     restarts = exits.automatic_restarts(engine_unit(name)) if notifier.enabled else 0
     if restarts == 0:  # a start by hand: what failed before it is forgiven
-        exits.forget_failures(runtime_dir, name)
+        try:
+            exits.forget_failures(runtime_dir, name)
+        except OSError as e:
+            journal_log(name, f"the failures before this start were not forgotten: {e}",
+                        priority=4)
         return ""
     if restarts is None:
         journal_log(name, "cannot ask systemd whether this start is an automatic restart: "
@@ -165,6 +177,12 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
 
     notifier = Notifier()
     invocation = os.environ.get("INVOCATION_ID", "")
+    try:
+        _check_name(name)  # before any file named after it is read
+    except LokiError as e:
+        notifier.send(f"STATUS={e}")
+        journal_log("", str(e), priority=3)
+        return EXIT_CONFIG
     stop = _crash_loop(runtime_dir, name, notifier)
     if stop:
         message = (f"{stop}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
@@ -213,6 +231,7 @@ def stopped(state_dir: str, runtime_dir: str, name: str,
     from ..core.errors import LokiError
     from . import exits
 
+    _check_name(name)
     env = os.environ if environ is None else environ
     invocation = env.get("INVOCATION_ID", "")
     result = env.get("SERVICE_RESULT", "")

@@ -395,3 +395,18 @@ def test_lokid_plan_shows_what_the_next_start_runs(dirs: Dirs, models: Any) -> N
         sleeper.wait()
     plan = plan_now(str(dirs.config), dirs.state, dirs.runtime, "p")
     assert not plan.spec.auto and any(NEVER_ANSWERED in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("helper", ["engine", "stopped"])
+def test_the_unit_helpers_check_the_name_before_any_file(dirs: Dirs, tmp_path: Path,
+                                                        helper: str) -> None:
+    """%i comes from the unit name: `lokid engine ../x` must not read or remove
+    $LOKI_RUNTIME_DIR/../x.failures."""
+    Path(dirs.runtime).mkdir(parents=True, exist_ok=True)
+    planted = Path(dirs.runtime).parent / "x.failures"
+    planted.write_text('[{"at": 1, "ready": false, "why": "planted"}]')
+    r, _ = run_helper(dirs, tmp_path, helper, "../x", SERVICE_RESULT="exit-code",
+                      EXIT_CODE="exited", EXIT_STATUS="1")
+    assert r.returncode in (2, 78), r.stderr
+    assert "invalid preset name '../x'" in r.stderr and "Traceback" not in r.stderr
+    assert planted.read_text() == '[{"at": 1, "ready": false, "why": "planted"}]'
