@@ -32,6 +32,7 @@ that use them: ``engine`` is on the path from ``systemctl start`` to READY.
 from __future__ import annotations
 
 import os
+import shlex
 
 from .journallog import journal_log
 from .runtimedir import read_runtime_plan
@@ -41,19 +42,31 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..core.attempt import Mark
-    from ..core.plan import Plan
+    from ..core.plan import Plan, PlanInputs
+    from ..core.runtimeplan import RuntimePlan
     from .notify import Notifier
 
 
 def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
              environ: Mapping[str, str] | None = None) -> Plan:
     """Plan the launch of ``name``, settle its attempt token, write the runtime plan."""
-    return _prestart(config_dir, state_dir, runtime_dir, name, environ)[0]
+    return _prestart(config_dir, state_dir, runtime_dir, name, environ).plan
+
+
+class _Planned:
+    """A start's plan as ``_prestart`` made it: what ``engine`` needs afterwards."""
+
+    __slots__ = ("plan", "mark", "inputs", "verdict", "runtime")
+
+    def __init__(self, plan: Plan, mark: Mark, inputs: PlanInputs, verdict: str,
+                 runtime: RuntimePlan):
+        self.plan, self.mark, self.inputs = plan, mark, inputs
+        self.verdict, self.runtime = verdict, runtime
 
 
 def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
               environ: Mapping[str, str] | None = None,
-              log_notes: bool = True) -> tuple[Plan, Mark]:
+              log_notes: bool = True) -> _Planned:
     from ..core.runtimeplan import RuntimePlan
     from .endpoint import check_port_free
     from .gather import check_port_conflicts, decide, gather
@@ -69,18 +82,51 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         # still loading must not count the first one's token as a failure.
         check_port_free(plan.host, plan.port, runtime_dir)
         db.settle(name, mark, found, attempt=plan.spec.auto)
-    write_runtime_plan(runtime_dir, RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""),
-                                                   pid=os.getpid()))
+    rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
+    write_runtime_plan(runtime_dir, rp)
     if log_notes:
-        _log_plan(name, plan)
-    return plan, mark
+        _log_plan(name, plan.notes, plan.command_line())
+    return _Planned(plan, mark, inputs, found.why, rp)
 
 
-def _log_plan(name: str, plan: Plan) -> None:
+def _log_plan(name: str, notes: tuple[str, ...], command_line: str, how: str = "") -> None:
     """Each note as its own journal entry, then the command line."""
-    for note in plan.notes:
+    for note in notes:
         journal_log(name, note)
-    journal_log(name, f"plan: {plan.command_line()}", priority=6)
+    journal_log(name, f"plan{how}: {command_line}", priority=6)
+
+
+def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
+           environ: Mapping[str, str]) -> RuntimePlan | None:
+    """The plan of the last start that became ready, settled and written for this start,
+    when nothing it came from changed and the attempt verdict is the one it was planned
+    with (:mod:`lokid.engine.plancache`); None: plan afresh."""
+    from . import plancache
+
+    found = plancache.reusable(runtime_dir, name, environ)
+    if found is None:
+        return None
+    from dataclasses import replace
+
+    from ..core.runtimeplan import RuntimePlan
+    from .endpoint import check_port_free
+    from .runtimedir import write_runtime_plan
+    from .state import StateDB
+
+    data, verdict = found
+    try:
+        rp = RuntimePlan.from_json(data)
+    except ValueError:
+        return None
+    with StateDB(state_dir) as db:
+        now = db.peek(name, rp.mark)
+        if now.why != verdict or now.record:
+            return None
+        check_port_free(rp.host, rp.port, runtime_dir)
+        db.settle(name, rp.mark, now, attempt=rp.auto)
+    rp = replace(rp, invocation=invocation, pid=os.getpid())
+    write_runtime_plan(runtime_dir, rp)
+    return rp
 
 
 def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
@@ -190,28 +236,44 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         notifier.send(f"STATUS={message}")
         journal_log(name, message, priority=3)
         return EXIT_CRASH_LOOP
+    import time
+
+    planned_at = time.time_ns()
+    planned: _Planned | None = None
     try:
-        # the notes are logged once the engine is spawned: the journal's client
-        # library loads while the engine does, not before it
-        plan, mark = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+        rp = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
+        if rp is None:
+            # the notes are logged once the engine is spawned: the journal's client
+            # library loads while the engine does, not before it
+            planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+            rp = planned.runtime
     except LokiError as e:
         notifier.send(f"STATUS={e}")
         journal_log(name, str(e), priority=3)
         return EXIT_CONFIG
     from .supervisor import Launch, supervise
 
-    launch = Launch.of(name, plan.argv, plan.env, plan.host, plan.port)
+    launch = Launch.of(name, rp.argv, rp.env, rp.host, rp.port)
+    how = "" if planned is not None else \
+        " (the last ready start's: nothing it was made from has changed)"
+    command_line = " ".join(filter(None, (
+        " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(rp.env.items())),
+        shlex.join(rp.argv))))
 
     def on_ready(url: str) -> None:
-        from . import exits
+        from . import exits, plancache
 
         try:
-            if plan.spec.auto:
+            if rp.auto:
                 from .state import StateDB
 
                 with StateDB(state_dir) as db:
-                    db.clear(name, mark)
+                    db.clear(name, rp.mark)
             exits.mark_ready(runtime_dir, name, invocation)
+            if planned is not None:
+                plancache.record(runtime_dir, name,
+                                 plancache.inputs_paths(config_dir, planned.inputs, os.environ),
+                                 os.environ, rp.to_json(), planned.verdict, planned_at)
         except (LokiError, OSError) as e:  # never a reason to stop a healthy engine
             journal_log(name, f"ready, but its state was not saved: {e}", priority=4)
 
@@ -219,7 +281,8 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         journal_log(name, message)
 
     return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
-                     on_spawned=lambda: _log_plan(name, plan), unexpected_exit_fails=True)
+                     on_spawned=lambda: _log_plan(name, rp.notes, command_line, how),
+                     unexpected_exit_fails=True)
 
 
 def stopped(state_dir: str, runtime_dir: str, name: str,

@@ -410,3 +410,53 @@ def test_the_unit_helpers_check_the_name_before_any_file(dirs: Dirs, tmp_path: P
     assert r.returncode in (2, 78), r.stderr
     assert "invalid preset name '../x'" in r.stderr and "Traceback" not in r.stderr
     assert planted.read_text() == '[{"at": 1, "ready": false, "why": "planted"}]'
+
+
+def test_a_restart_reuses_the_last_ready_plan_only_while_nothing_changed(
+        dirs: Dirs, models: Any, tmp_path: Path) -> None:
+    """The plan of a start that became ready is run again while none of its inputs changed
+    (the start path then skips planning); an edited preset, a touched model or another
+    attempt verdict plan afresh."""
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    time.sleep(1.1)  # a plan is kept only when its files had not changed for a second
+
+    def start() -> str:
+        h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID=f"i{time.monotonic_ns()}")
+        try:
+            h.notify.wait_for("READY=1")
+            time.sleep(0.3)  # on_ready records after READY=1
+        finally:
+            h.stop()
+        return h.log.read_text()
+
+    first = start()
+    assert "plan: " in first and "nothing it was made from has changed" not in first
+    assert Path(dirs.runtime, "p.reuse").exists()
+    again = start()
+    assert "(the last ready start's: nothing it was made from has changed)" in again
+    plan = read_runtime_plan(dirs.runtime, "p")
+    assert plan.auto and "--spec-type" in plan.argv and plan.pid != 0
+
+    # another verdict: a failure recorded for this configuration (layers in RAM, say)
+    with StateDB(dirs.state) as db:
+        db.record_failure("p", plan.mark, "layers in RAM")
+    cut = start()
+    assert "nothing it was made from has changed" not in cut
+    assert not read_runtime_plan(dirs.runtime, "p").auto
+    with StateDB(dirs.state) as db:
+        db.clear_failures("p")
+
+    # an edited preset, then a model touched: planned afresh each time
+    time.sleep(1.1)  # the cut start was planned from old files: it recorded its plan
+    start()
+    dirs.preset("p", f'model = "{models.mtp_full}"\nubatch = 256\n{AUTO}')
+    edited = start()
+    assert "nothing it was made from has changed" not in edited
+    assert "256" in read_runtime_plan(dirs.runtime, "p").argv
+    # planned less than a second after the edit: not recorded (git's racy rule)
+    assert not Path(dirs.runtime, "p.reuse").exists()
+    time.sleep(1.1)
+    start()
+    assert "nothing it was made from has changed" in start()
+    os.utime(models.mtp_full, None)  # same content, but its status changed
+    assert "nothing it was made from has changed" not in start()
