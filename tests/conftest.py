@@ -349,3 +349,16 @@ async def running(config: Path, tmp_path: Path, bus_address: str) -> Any:
 
     async with daemon_on(config, tmp_path, bus_address) as r:
         yield r
+
+
+@pytest.fixture
+def engine_user() -> Iterator[Any]:
+    """A throwaway system user standing in for the unit's ``loki`` (permission tests)."""
+    import os
+
+    from support.users import throwaway_user
+
+    if os.geteuid() != 0:
+        pytest.skip("creating a user needs root")
+    with throwaway_user() as user:
+        yield user

@@ -13,14 +13,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
-from support.users import throwaway_user
 
 pytestmark = pytest.mark.engine
 
@@ -131,14 +129,6 @@ def test_plan_refuses_two_presets_on_one_port(config: Path) -> None:
     write_preset(config, "b", f'model = "llama.gguf"\nport = {port}\n'
                  'extra_args = ["--host", "127.0.0.3"]\n')
     assert lokid(config, "plan", "a").returncode == 0  # other addresses, one port: no clash
-
-
-@pytest.fixture
-def engine_user() -> Iterator[pwd.struct_passwd]:
-    if os.geteuid() != 0:
-        pytest.skip("creating a user needs root")
-    with throwaway_user() as user:
-        yield user
 
 
 def test_plan_as_root_checks_the_files_as_the_units_user_will_open_them(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pwd
 import shutil
 import subprocess
@@ -12,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.users import run_as, throwaway_user
+from support.users import run_as
 
 from lokid.core.attempt import Mark
 from lokid.core.errors import PortBusyError
@@ -79,14 +78,6 @@ def test_the_preset_whose_plan_the_holder_runs_is_named(
         f"port {port} on 127.0.0.1 is already in use by preset other (pid {p.pid} (portholder))")
 
 
-@pytest.fixture
-def user() -> Iterator[pwd.struct_passwd]:
-    if os.geteuid() != 0:
-        pytest.skip("creating a user needs root")
-    with throwaway_user() as user:
-        yield user
-
-
 def as_user(user: pwd.struct_passwd, host: str, port: int, runtime_dir: str) -> str:
     """check_port_free's message as ``user``, who may not look into root's fds."""
 
@@ -98,7 +89,7 @@ def as_user(user: pwd.struct_passwd, host: str, port: int, runtime_dir: str) -> 
 
 
 def test_a_holder_this_user_cannot_see(holder: tuple[subprocess.Popen[str], int],
-                                       user: pwd.struct_passwd) -> None:
+                                       engine_user: pwd.struct_passwd) -> None:
     _, port = holder
     # everything the child calls is loaded before it drops root
     busy("127.0.0.1", port, "/nonexistent")
@@ -106,13 +97,13 @@ def test_a_holder_this_user_cannot_see(holder: tuple[subprocess.Popen[str], int]
     runtime = Path(tempfile.mkdtemp(prefix="lokid-endpoint-"))
     try:
         runtime.chmod(0o755)
-        assert as_user(user, "127.0.0.1", port, str(runtime)) == (
+        assert as_user(engine_user, "127.0.0.1", port, str(runtime)) == (
             f"port {port} on 127.0.0.1 is already in use by another process (not visible "
-            f"to user {user.pw_name})")
+            f"to user {engine_user.pw_name})")
         write_plan(runtime, "other", port, ["/usr/bin/llama-server"])
         (runtime / "other.json").chmod(0o644)
-        assert as_user(user, "127.0.0.1", port, str(runtime)) == (
+        assert as_user(engine_user, "127.0.0.1", port, str(runtime)) == (
             f"port {port} on 127.0.0.1 is already in use by preset other (its runtime plan "
-            f"has this port; the process is not visible to user {user.pw_name})")
+            f"has this port; the process is not visible to user {engine_user.pw_name})")
     finally:
         shutil.rmtree(runtime)

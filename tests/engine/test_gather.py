@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import pwd
 import shutil
 import tempfile
@@ -13,18 +12,10 @@ from typing import Any
 
 import pytest
 from support.enginekit import write_config, write_preset
-from support.users import run_as, throwaway_user
+from support.users import run_as
 
 from lokid.core.errors import LokiError
 from lokid.engine.gather import gather
-
-
-@pytest.fixture
-def user() -> Iterator[pwd.struct_passwd]:
-    if os.geteuid() != 0:
-        pytest.skip("creating a user needs root")
-    with throwaway_user() as user:
-        yield user
 
 
 @pytest.fixture
@@ -51,7 +42,7 @@ def plan_error(config: Path, name: str) -> str:
 
 
 def test_a_model_this_user_may_not_reach_is_permission_denied(
-        engine: str, models: Any, tree: Path, user: pwd.struct_passwd) -> None:
+        engine: str, models: Any, tree: Path, engine_user: pwd.struct_passwd) -> None:
     private = tree / "private"
     private.mkdir(mode=0o700)
     shutil.copy(models.llama, private / "llama.gguf")
@@ -73,20 +64,21 @@ def test_a_model_this_user_may_not_reach_is_permission_denied(
     # the parent plans once: lazy imports and the engine probe are in place for the child
     assert plan_error(config, "ok") == "planned: "
 
-    name = user.pw_name
+    name = engine_user.pw_name
     denied = (f"permission denied for user {name}: directory {private} (owner root:root, "
               f"mode 0700) is not searchable by it: chmod o+x {private}")
-    assert as_user(user, lambda: plan_error(config, "ok")) == "planned: "
-    out = as_user(user, lambda: plan_error(config, "abs"))
+    assert as_user(engine_user, lambda: plan_error(config, "ok")) == "planned: "
+    out = as_user(engine_user, lambda: plan_error(config, "abs"))
     assert out.startswith(f"ModelError: model {private}/llama.gguf: {denied}"), out
-    out = as_user(user, lambda: plan_error(config, "bare"))  # found in the second model_dir
+    out = as_user(engine_user, lambda: plan_error(config, "bare"))  # found in the second model_dir
     assert out.startswith(f"ModelError: model {private}/hidden: {denied}"), out
-    out = as_user(user, lambda: plan_error(config, "draft"))  # a draft only drops with a note
+    # a draft only drops with a note
+    out = as_user(engine_user, lambda: plan_error(config, "draft"))
     assert out.startswith(f"planned: draft error spec.draft {private}/llama.gguf: {denied}"), out
 
     private.chmod(0o755)
     (private / "llama.gguf").chmod(0o600)
-    out = as_user(user, lambda: plan_error(config, "abs"))
+    out = as_user(engine_user, lambda: plan_error(config, "abs"))
     assert out.startswith(
         f"ModelError: model {private}/llama.gguf: permission denied for user {name}: the file "
         f"(owner root:root, mode 0600) is not readable by it: chmod o+r {private}/llama.gguf"), out
