@@ -441,14 +441,22 @@ def _choice(c: _Checker, key: str, valid: tuple[str, ...]) -> str | None:
     return normal
 
 
-def _spec(c: _Checker) -> SpecConfig:
-    value = c.data.get("spec")
+def _table(c: _Checker, name: str, known: tuple[str, ...]) -> _Checker | None:
+    """The checker of the preset's ``[name]`` table (its keys checked), None when absent."""
+    value = c.data.get(name)
     if value is None:
-        return SpecConfig()
+        return None
     if not isinstance(value, dict):
-        raise c.error("spec", f"must be a table ([spec]), not {_tname(value)}")
-    t = _Checker(c.path, c.text, value, "spec")
-    t.reject_unknown(SPEC_KEYS)
+        raise c.error(name, f"must be a table ([{name}]), not {_tname(value)}")
+    t = _Checker(c.path, c.text, value, name)
+    t.reject_unknown(known)
+    return t
+
+
+def _spec(c: _Checker) -> SpecConfig:
+    t = _table(c, "spec", SPEC_KEYS)
+    if t is None:
+        return SpecConfig()
     draft = t.string("draft")
     if draft is not None:
         draft = _path_setting(t, "draft", draft)
@@ -462,13 +470,9 @@ def _spec(c: _Checker) -> SpecConfig:
 
 
 def _chat(c: _Checker) -> ChatConfig:
-    value = c.data.get("chat")
-    if value is None:
+    t = _table(c, "chat", CHAT_KEYS)
+    if t is None:
         return ChatConfig()
-    if not isinstance(value, dict):
-        raise c.error("chat", f"must be a table ([chat]), not {_tname(value)}")
-    t = _Checker(c.path, c.text, value, "chat")
-    t.reject_unknown(CHAT_KEYS)
     effort = t.string("reasoning_effort")
     if effort is not None and effort not in EFFORT_LEVELS:
         hint = _close_match(effort, EFFORT_LEVELS)
@@ -476,7 +480,7 @@ def _chat(c: _Checker) -> ChatConfig:
                       f"{', '.join(EFFORT_LEVELS)}")
 
     def number(key: str, lo: float, hi: float) -> float | None:
-        v = value.get(key)
+        v = t.data.get(key)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):

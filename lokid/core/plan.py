@@ -73,8 +73,9 @@ class Plan:
 
     def command_line(self) -> str:
         """The environment lokid adds and the argv, as one shell-quoted line (for logs)."""
-        added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (added + " " if added else "") + shlex.join(self.argv)
+        from .runtimeplan import command_line
+
+        return command_line(self.env, self.argv)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (``lokid plan --json``, and later the D-Bus Plan())."""

@@ -25,6 +25,7 @@ from .attempt import Mark
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from .plan import Plan
@@ -57,6 +58,9 @@ class RuntimePlan:
                    host=plan.host, port=plan.port, mark=mark, spec_mode=plan.spec.mode,
                    spec_types=tuple(plan.spec.types), auto=plan.spec.auto,
                    notes=tuple(plan.notes), invocation=invocation, pid=pid)
+
+    def command_line(self) -> str:
+        return command_line(self.env, self.argv)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +105,14 @@ class RuntimePlan:
             pid=_get(data, "pid", int, 0),  # optional: not written before it existed
             schema=schema,
         )
+
+
+def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """The environment lokid adds and the argv, as one shell-quoted line (for logs)."""
+    import shlex
+
+    added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return (added + " " if added else "") + shlex.join(argv)
 
 
 _MISSING = object()

@@ -156,6 +156,20 @@ def _denied(value: str, dirs: tuple[str, ...]) -> str | None:
     return None
 
 
+def _required_file(preset: cfg.Preset, key: str, value: str, dirs: tuple[str, ...],
+                   user: access.User | None) -> str:
+    """The resolved path of a file the preset cannot start without (``model``,
+    ``mmproj``); ConfigError or ModelError when it is missing or the engine's user
+    could not read it."""
+    path = cfg.resolve_file(value, dirs)
+    if path is None:
+        raise _missing(preset, key, value, dirs)
+    refused = _unusable(key, path, user)
+    if refused is not None:
+        raise ModelError(refused)
+    return path
+
+
 def _missing(preset: cfg.Preset, key: str, value: str,
              dirs: tuple[str, ...]) -> ConfigError | ModelError:
     denied = _denied(value, dirs)
@@ -219,22 +233,11 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     dirs = glob.model_dirs
     user = unit_user(env) if for_unit else None
 
-    model_path = cfg.resolve_file(preset.model, dirs)
-    if model_path is None:
-        raise _missing(preset, "model", preset.model, dirs)
-    refused = _unusable("model", model_path, user)
-    if refused is not None:
-        raise ModelError(refused)
+    model_path = _required_file(preset, "model", preset.model, dirs, user)
     model = probe_model(model_path)
-
     mmproj_path = None
     if preset.mmproj is not None:
-        mmproj_path = cfg.resolve_file(preset.mmproj, dirs)
-        if mmproj_path is None:
-            raise _missing(preset, "mmproj", preset.mmproj, dirs)
-        refused = _unusable("mmproj", mmproj_path, user)
-        if refused is not None:
-            raise ModelError(refused)
+        mmproj_path = _required_file(preset, "mmproj", preset.mmproj, dirs, user)
 
     caps = probe_engine(glob.engine, glob.path)
     if user is not None:
@@ -274,9 +277,11 @@ def listeners(config: cfg.GlobalConfig,
     return out
 
 
-def check_port_conflicts(config_dir: str, plan: Plan) -> None:
-    """ConfigError when another preset that could start listens where ``plan`` would."""
-    glob = cfg.load_global(config_dir)
+def check_port_conflicts(config_dir: str, plan: Plan,
+                         glob: cfg.GlobalConfig | None = None) -> None:
+    """ConfigError when another preset that could start listens where ``plan`` would
+    (``glob``: lokid.toml when the caller has read it already)."""
+    glob = cfg.load_global(config_dir) if glob is None else glob
     presets, _ = cfg.load_presets(config_dir)
     found = listeners(glob, presets)
     path = cfg.preset_path(config_dir, plan.preset)

@@ -162,9 +162,12 @@ class LocalRunner(Runner):
 
     # -- jobs ---------------------------------------------------------------------
 
-    def _new_job(self, eng: _Engine, verb: str) -> str:
+    def _job_id(self) -> str:
         self.job_count += 1
-        job = f"local/{self.job_count}"
+        return f"local/{self.job_count}"
+
+    def _new_job(self, eng: _Engine, verb: str) -> str:
+        job = self._job_id()
         eng.jobs.append((job, verb))
         return job
 
@@ -177,8 +180,7 @@ class LocalRunner(Runner):
 
     def _job_over(self, eng: _Engine, verb: str, result: str) -> str:
         """A job that ends as soon as it is asked for (told once the caller has its id)."""
-        self.job_count += 1
-        job = f"local/{self.job_count}"
+        job = self._job_id()
         asyncio.get_running_loop().call_soon(self._job_done, eng.preset, job, verb, result)
         return job
 

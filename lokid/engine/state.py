@@ -136,6 +136,13 @@ def _create_for_dir_owner(path: str, state_dir: str) -> None:
         os.close(fd)
 
 
+def _read(db: sqlite3.Connection, preset: str) -> tuple[str | None, dict[str, str]]:
+    """The preset's attempt token and its marks recorded as failed."""
+    row = db.execute("SELECT mark FROM attempt WHERE preset = ?", (preset,)).fetchone()
+    failed = dict(db.execute("SELECT mark, reason FROM failed WHERE preset = ?", (preset,)))
+    return (row[0] if row else None), failed
+
+
 class StateReader:
     """A look at the state database that never creates, migrates or writes it.
 
@@ -176,13 +183,10 @@ class StateReader:
         if self._db is None:
             return Verdict()
         try:
-            row = self._db.execute("SELECT mark FROM attempt WHERE preset = ?",
-                                   (preset,)).fetchone()
-            failed = dict(self._db.execute("SELECT mark, reason FROM failed WHERE preset = ?",
-                                           (preset,)))
+            attempt, failed = _read(self._db, preset)
         except sqlite3.Error as e:
             raise StateError(f"state database {self.path}: {e}") from None
-        return verdict(mark.key(), row[0] if row else None, failed, loading)
+        return verdict(mark.key(), attempt, failed, loading)
 
 
 class StateDB:
@@ -262,11 +266,6 @@ class StateDB:
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
-    def _read(self, db: sqlite3.Connection, preset: str) -> tuple[str | None, dict[str, str]]:
-        row = db.execute("SELECT mark FROM attempt WHERE preset = ?", (preset,)).fetchone()
-        failed = dict(db.execute("SELECT mark, reason FROM failed WHERE preset = ?", (preset,)))
-        return (row[0] if row else None), failed
-
     def _record(self, db: sqlite3.Connection, preset: str, mark: str, why: str) -> None:
         db.execute("INSERT OR REPLACE INTO failed (preset, mark, reason, at) VALUES (?, ?, ?, ?)",
                    (preset, mark, why, time.time()))
@@ -279,7 +278,7 @@ class StateDB:
 
     def peek(self, preset: str, mark: Mark, loading: bool = False) -> Verdict:
         """Read-only verdict for the next launch of ``mark``."""
-        attempt, failed = self._read(self._db, preset)
+        attempt, failed = _read(self._db, preset)
         return verdict(mark.key(), attempt, failed, loading)
 
     def settle(self, preset: str, mark: Mark, found: Verdict, attempt: bool) -> None:
@@ -299,7 +298,7 @@ class StateDB:
         Returns whether the token was there.
         """
         with self._write() as db:
-            current, _ = self._read(db, preset)
+            current, _ = _read(db, preset)
             if current != mark.key():
                 return False
             db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
@@ -313,7 +312,7 @@ class StateDB:
             self._record(db, preset, mark.key(), why)
 
     def attempt(self, preset: str) -> str | None:
-        return self._read(self._db, preset)[0]
+        return _read(self._db, preset)[0]
 
     def failures(self, preset: str) -> list[Failure]:
         rows = self._db.execute(

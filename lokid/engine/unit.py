@@ -32,7 +32,6 @@ that use them: ``engine`` is on the path from ``systemctl start`` to READY.
 from __future__ import annotations
 
 import os
-import shlex
 
 from .journallog import journal_log
 from .runtimedir import read_runtime_plan
@@ -77,7 +76,7 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     inputs = gather(config_dir, name, environ)
     with StateDB(state_dir) as db:
         plan, mark, found = decide(inputs, db)
-        check_port_conflicts(config_dir, plan)  # two presets on one port: neither starts
+        check_port_conflicts(config_dir, plan, inputs.config)  # two presets, one port
         # Before any token moves: a second start refused because the first is
         # still loading must not count the first one's token as a failure.
         check_port_free(plan.host, plan.port, runtime_dir)
@@ -256,9 +255,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     launch = Launch.of(name, rp.argv, rp.env, rp.host, rp.port)
     how = "" if planned is not None else \
         " (the last ready start's: nothing it was made from has changed)"
-    command_line = " ".join(filter(None, (
-        " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(rp.env.items())),
-        shlex.join(rp.argv))))
+    command_line = rp.command_line()
 
     def on_ready(url: str) -> None:
         from . import exits, plancache
