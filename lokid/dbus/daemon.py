@@ -38,6 +38,7 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
+from ..engine.background import Background
 from ..engine.notify import Notifier
 from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
@@ -74,7 +75,8 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.watcher: Any = None
         self.dirwatch: Any = None
-        self.reloading: asyncio.Task[None] | None = None
+        self.reloading: asyncio.Task[Any] | None = None
+        self.background = Background(log)
         self.reload_again = False
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
@@ -252,12 +254,12 @@ class Daemon:
                 if not self.reload_again:
                     return
 
-        self.reloading = asyncio.get_running_loop().create_task(again())
+        self.reloading = self.background.spawn(again(), "reading the changed files")
 
     def _systemd_reloaded(self) -> None:
         """``systemctl daemon-reload`` (someone's, or ours): the presets as the units see
         them. Read only: reloading systemd again would never end."""
-        asyncio.get_running_loop().create_task(self._presets_logged())
+        self.background.spawn(self._presets_logged(), "reading the presets after a systemd reload")
 
     async def _presets_logged(self) -> None:
         try:
@@ -283,7 +285,7 @@ class Daemon:
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
             # a start ended (ready, stopped or failed): its attempt token is settled, and
             # the next start's plan may differ
-            asyncio.get_running_loop().create_task(self._refresh(name))
+            self.background.spawn(self._refresh(name), f"planning preset {name} again")
         if moved:  # the signal is for states; Status changes are PropertiesChanged only
             self.signalled[name] = state.state
             log.info("preset %s: %s%s", name, state.state,
@@ -316,7 +318,8 @@ class Daemon:
         log.warning("preset %s: automatic speculative decoding cut: %s",
                     verdict.preset, verdict.reason)
         self.manager.VerdictRecorded(verdict.preset, verdict.reason)
-        asyncio.get_running_loop().create_task(self._refresh(verdict.preset))
+        self.background.spawn(self._refresh(verdict.preset),
+                              f"planning preset {verdict.preset} again")
 
     async def _refresh(self, name: str) -> None:
         try:
@@ -374,7 +377,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._reload_logged()))
+        loop.add_signal_handler(signal.SIGHUP, lambda: self.background.spawn(
+            self._reload_logged(), "reloading on SIGHUP"))
         await asyncio.to_thread(self.registry.load)
         try:
             self.bus = await SafeMessageBus(bus_address=self.bus_address,
@@ -420,6 +424,7 @@ class Daemon:
             self.notifier.send("STOPPING=1")
             watchdog.cancel()
             self.dirwatch.detach()
+            await self.background.close()  # before the bus they may still use is closed
             if self.watcher is not None:
                 self.watcher.detach(loop)
             await self.runner.close()

@@ -32,6 +32,7 @@ from dbus_fast.aio import MessageBus
 from ..core.errors import EngineError, PermissionDeniedError
 from ..core.iosample import IOSample, IOSampler
 from ..core.names import engine_unit, preset_of_unit
+from .background import Background
 from .buscall import call
 from .runner import EngineState, JobListener, Listener, Runner, unit_state
 
@@ -83,6 +84,7 @@ class SystemdRunner(Runner):
         # Jobs of engine units that ended before their StartUnit/StopUnit reply was
         # handled (the signal and the reply can be read in one go): job path → result.
         self.ended: dict[str, str] = {}
+        self.background = Background(log)
 
     async def _call(self, path: str, interface: str, member: str, signature: str = "",
                     body: list[Any] | None = None, destination: str = SYSTEMD) -> list[Any]:
@@ -106,6 +108,7 @@ class SystemdRunner(Runner):
 
     async def close(self) -> None:
         self.bus.remove_message_handler(self._on_message)
+        await self.background.close()
         try:
             await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "Unsubscribe")
         except (DBusError, EOFError, OSError):
@@ -154,9 +157,7 @@ class SystemdRunner(Runner):
         if msg.member == "NameOwnerChanged" and msg.sender == DBUS and msg.body[0] == SYSTEMD:
             self.owner = str(msg.body[2])
             if self.owner:
-                import asyncio
-
-                asyncio.get_running_loop().create_task(self._resubscribe())
+                self.background.spawn(self._resubscribe(), "following systemd again")
             return False
         if msg.sender != self.owner:
             return False
@@ -169,9 +170,8 @@ class SystemdRunner(Runner):
                 self.props.setdefault(preset, {}).update(values)
                 self._publish(preset)
             if any(k in wanted for k in invalidated):
-                import asyncio
-
-                asyncio.get_running_loop().create_task(self._fetch(msg.path, preset))
+                self.background.spawn(self._fetch(msg.path, preset),
+                                      f"reading the state of {engine_unit(preset)}")
         elif msg.member == "Reloading" and msg.body == [False]:
             if self.on_reloaded is not None:
                 self.on_reloaded()
