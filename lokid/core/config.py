@@ -5,9 +5,12 @@ The layout (``$LOKI_CONFIG_DIR``, default ``/etc/loki``)::
     lokid.toml            engine, model_dirs, host, port
     presets/<name>.toml   one preset per file
 
-Files are read with tomllib. Every error names the file, the line when it can
-be found, the key, and what would be valid. A broken preset is reported and
-skipped: it never hides the others (:func:`load_presets`).
+Files are read with tomllib, within bounds: a regular file of at most
+:data:`MAX_FILE_BYTES`, opened without blocking, its text checked by
+:mod:`lokid.core.tomlscan` before and after tomllib reads it. Every error
+names the file, the line when it can be found, the key, and what would be
+valid. A broken preset is reported and skipped: it never hides the others
+(:func:`load_presets`), whatever it holds.
 
 Unknown values are errors, like unknown keys: a typo such as ``spec.mode =
 "eagle"`` would otherwise start the engine without what the operator asked
@@ -24,11 +27,13 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import tomlscan
 from .errors import ConfigError, NotFoundError
 
 GLOBAL_FILE = "lokid.toml"
@@ -40,6 +45,9 @@ DEFAULT_ENGINE = "llama-server"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 32768
+# Real presets are 1 to 3 KB; the cap keeps a runaway file (a log written to the
+# wrong place) from filling memory.
+MAX_FILE_BYTES = 64 * 1024
 
 GLOBAL_KEYS = ("engine", "model_dirs", "host", "port")
 PRESET_KEYS = (
@@ -137,26 +145,84 @@ def check_preset_name(name: str) -> None:
 _TOML_AT = re.compile(r"\(at line (\d+), column \d+\)")
 
 
-def _read_toml(path: str) -> tuple[dict[str, Any], str]:
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
+    return f"cannot read: is {kind}, not a regular file"
+
+
+def _read_file(path: str) -> bytes:
+    """The bytes of ``path``: a regular file (after links) of at most MAX_FILE_BYTES.
+
+    A FIFO would block the reader forever and /dev/zero would fill memory, so
+    the file is checked before it is opened (opening a device can act: a
+    watchdog starts), opened without blocking, and checked again on the
+    descriptor, since it may have been replaced in between.
+    """
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(_not_regular(st.st_mode), path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError("no such file", path) from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}", path) from None
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(_not_regular(st.st_mode), path)
+        if st.st_size > MAX_FILE_BYTES:
+            raise _too_large(f"{st.st_size} bytes", path)
+        chunks: list[bytes] = []
+        size = 0
+        # st_size can lie (a file still growing, one of /proc): read at most one
+        # byte more than the cap, whatever it said.
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", path) from None
+    finally:
+        os.close(fd)
+    if size > MAX_FILE_BYTES:
+        raise _too_large(f"more than {MAX_FILE_BYTES} bytes", path)
+    return b"".join(chunks)
+
+
+def _too_large(size: str, path: str) -> ConfigError:
+    return ConfigError(f"too large: {size}, the limit is {MAX_FILE_BYTES} bytes "
+                       "(a preset is a few KB)", path)
+
+
+def _read_toml(path: str) -> tuple[dict[str, Any], str]:
+    raw = _read_file(path)
+    try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"not UTF-8 text (byte {e.start})", path) from None
+    suspects = tomlscan.check_text(text, path)
     try:
-        return tomllib.loads(text), text
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         message = str(e)
         m = _TOML_AT.search(message)
         line = int(m.group(1)) if m else None
         message = _TOML_AT.sub("", message).strip()
         raise ConfigError(f"TOML syntax error: {message}", path, line) from None
+    except (RecursionError, MemoryError) as e:
+        # check_text bounds the nesting and the file is small: should either still
+        # happen, it is this file's error, not the daemon's.
+        raise ConfigError(f"cannot be parsed ({type(e).__name__})", path) from None
+    tomlscan.check_values(data, text, path, suspects)
+    return data, text
 
 
 def _key_line(text: str, key: str, table: str = "") -> int | None:
@@ -165,23 +231,35 @@ def _key_line(text: str, key: str, table: str = "") -> int | None:
     tomllib gives no positions for values, so this scans the text. It
     understands plain and quoted keys, ``[table]`` headers and dotted keys
     (``spec.mode = …``); anything fancier just yields no line number.
+
+    No backtracking regex: a line of a multi-line string can be 60 KB of spaces,
+    and a lazy group before the ``=`` took seconds on it.
     """
     current = ""
     dotted = f"{table}.{key}" if table else key
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
-        header = re.fullmatch(r"\[\s*([^\[\]]+?)\s*\]\s*(#.*)?", stripped)
-        if header:
-            current = header.group(1).replace('"', "").replace("'", "").replace(" ", "")
+        if stripped.startswith("[") and not stripped.startswith("[["):
+            end = stripped.find("]")
+            rest = stripped[end + 1:].lstrip()
+            inner = stripped[1:end].strip()
+            if end > 0 and inner and "[" not in inner and (not rest or rest[0] == "#"):
+                current = _plain_key(inner)
+                continue
+        name, equals, _ = stripped.partition("=")
+        if not equals or not _KEY_CHARS.fullmatch(name.rstrip()):
             continue
-        m = re.match(r"""([A-Za-z0-9_."' -]+?)\s*=""", stripped)
-        if not m:
-            continue
-        name = m.group(1).replace('"', "").replace("'", "").replace(" ", "")
-        full = f"{current}.{name}" if current else name
+        full = f"{current}.{_plain_key(name)}" if current else _plain_key(name)
         if full == dotted:
             return number
     return None
+
+
+_KEY_CHARS = re.compile(r"""[A-Za-z0-9_."' -]+""")
+
+
+def _plain_key(written: str) -> str:
+    return written.replace('"', "").replace("'", "").replace(" ", "")
 
 
 class _Checker:
@@ -194,7 +272,8 @@ class _Checker:
         self.table = table
 
     def error(self, key: str, message: str) -> ConfigError:
-        shown = f"{self.table}.{key}" if self.table else key
+        key_shown = tomlscan.show_key(key)
+        shown = f"{self.table}.{key_shown}" if self.table else key_shown
         return ConfigError(message, self.path, _key_line(self.text, key, self.table), shown)
 
     def reject_unknown(self, known: tuple[str, ...]) -> None:
@@ -332,8 +411,10 @@ def parse_preset(name: str, path: str) -> Preset:
     ctx = c.integer("ctx", 0, 2**31 - 1, "tokens; 0 = not fixed, --fit may shrink it")
     ubatch = c.integer("ubatch", 1, 2**31 - 1, "tokens, at least 1")
     port = c.integer("port", 1, 65535, "1 to 65535")
+    # env first: op_offload_min_batch and gpus look inside it.
+    env = _env(c)
     offload = c.integer("op_offload_min_batch", 0, 2**31 - 1, "tokens, 0 or more")
-    if offload is not None and "GGML_OP_OFFLOAD_MIN_BATCH" in (data.get("env") or {}):
+    if offload is not None and "GGML_OP_OFFLOAD_MIN_BATCH" in env:
         raise c.error("op_offload_min_batch",
                       "env.GGML_OP_OFFLOAD_MIN_BATCH is set too: keep only one of them")
 
@@ -343,19 +424,19 @@ def parse_preset(name: str, path: str) -> Preset:
         model=model,
         mmproj=mmproj,
         ctx=DEFAULT_CTX if ctx is None else ctx,
-        gpus=_gpus(c),
+        gpus=_gpus(c, env),
         gpu_layers=_gpu_layers(c),
         ubatch=ubatch,
         port=port,
         extra_args=_extra_args(c),
-        env=_env(c),
+        env=env,
         op_offload_min_batch=offload,
         spec=_spec(c),
         chat=_chat(c),
     )
 
 
-def _gpus(c: _Checker) -> str | None:
+def _gpus(c: _Checker, env: Mapping[str, str]) -> str | None:
     value = c.data.get("gpus")
     if value is None:
         return None
@@ -377,7 +458,7 @@ def _gpus(c: _Checker) -> str | None:
         out.append(text)
     if not out:
         raise c.error("gpus", "is empty: list at least one GPU, or remove the key")
-    if "CUDA_VISIBLE_DEVICES" in (c.data.get("env") or {}):
+    if "CUDA_VISIBLE_DEVICES" in env:
         raise c.error("gpus", "env.CUDA_VISIBLE_DEVICES is set too: keep only one of them")
     return ",".join(out)
 
@@ -506,7 +587,12 @@ def preset_names(config_dir: str) -> list[str]:
 
 
 def load_presets(config_dir: str) -> tuple[dict[str, Preset], dict[str, ConfigError]]:
-    """Every preset: the valid ones, and an error per broken one (never raised)."""
+    """Every preset: the valid ones, and an error per broken one (never raised).
+
+    Any exception while loading one preset becomes that preset's error: the
+    checks should leave nothing but ConfigError, but should a bug let
+    something else through, it costs one preset, not the daemon's start.
+    """
     good: dict[str, Preset] = {}
     bad: dict[str, ConfigError] = {}
     for name in preset_names(config_dir):
@@ -518,6 +604,10 @@ def load_presets(config_dir: str) -> tuple[dict[str, Preset], dict[str, ConfigEr
             if not e.path:
                 e = ConfigError(e.reason, path, e.line, e.key)
             bad[name] = e
+        except Exception as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            bad[name] = ConfigError(
+                f"cannot be read: internal error ({type(e).__name__}: {first})", path)
     return good, bad
 
 

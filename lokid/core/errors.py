@@ -11,6 +11,9 @@ in step.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from .names import ERROR_PREFIX
 
 # The D-Bus error names, as callers (lokictl, busctl, a web console) match them.
@@ -27,10 +30,23 @@ class LokiError(Exception):
     """Base of every error lokid reports to a user (D-Bus: Failed)."""
 
 
+# C0 (NUL and newline among them), DEL and C1, and lone surrogates: D-Bus refuses
+# a string holding a NUL or a surrogate (a file name that is not UTF-8 reads as
+# one), and a newline would let a file forge a second line of an error.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character and lone surrogate written as ``\\uXXXX``."""
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 class ConfigError(LokiError):
     """A config or preset file is unreadable or has an invalid value.
 
     ``path`` and ``line`` (when known) say where; ``key`` says which setting.
+    The message shows control characters escaped: its parts can come from a
+    file name or a file's content, and the message crosses D-Bus.
     """
 
     def __init__(self, message: str, path: str = "", line: int | None = None, key: str = ""):
@@ -46,7 +62,7 @@ class ConfigError(LokiError):
             text = f"{key}: {message}"
         if where:
             text = f"{where}: {text}"
-        super().__init__(text)
+        super().__init__(printable(text))
 
 
 class NotFoundError(LokiError):
@@ -77,6 +93,16 @@ class PermissionDeniedError(LokiError):
 class InvalidArgsError(LokiError):
     """A D-Bus caller passed an argument outside its documented range (a bench mode, a
     token count)."""
+
+
+class ProbePending(EngineError):
+    """The engine's probe (``--help``) has not ended within the caller's wait; it goes
+    on in the background, and ``future`` (a :class:`concurrent.futures.Future` of its
+    :class:`~lokid.core.caps.EngineCaps`) ends with it (:mod:`lokid.engine.probe`)."""
+
+    def __init__(self, message: str, future: Any) -> None:
+        super().__init__(message)
+        self.future = future
 
 
 class StalePlanError(LokiError):

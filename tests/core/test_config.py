@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,3 +299,326 @@ def test_bad_chat_settings_name_the_key_and_line(tmp_path: Path, body: str, line
     with pytest.raises(ConfigError) as exc:
         cfg.load_preset(str(tmp_path), "c")
     assert fragment in str(exc.value) and f"{path}:{line}:" in str(exc.value), str(exc.value)
+
+
+# --- one bad file harms only itself ----------------------------------------------------
+# Each of these once stopped the daemon or hung it: a traceback out of tomllib, a
+# TypeError from a wrong type, a NUL that D-Bus refuses, a read that never ends.
+
+# Loading in a child with 1 GiB of address space and a time limit: should a file make
+# the read block (a FIFO) or never end (/dev/zero) again, the test fails instead of
+# hanging the run or filling the machine's memory.
+GUARDED_LOAD = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from lokid.core import config as cfg
+from lokid.core.errors import ConfigError
+if sys.argv[2] == "presets":
+    good, bad = cfg.load_presets(sys.argv[1])
+    print(json.dumps({"good": sorted(good), "bad": {k: str(v) for k, v in bad.items()}}))
+else:
+    try:
+        print(json.dumps({"global": repr(cfg.load_global(sys.argv[1]))}))
+    except ConfigError as e:
+        print(json.dumps({"error": str(e)}))
+"""
+
+
+def load_in_child(config_dir: Path, what: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", GUARDED_LOAD, str(config_dir), what],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def load_presets_in_child(config_dir: Path) -> tuple[list[str], dict[str, str]]:
+    out = load_in_child(config_dir, "presets")
+    return out["good"], out["bad"]
+
+
+def raises_config_error(tmp_path: Path, name: str) -> ConfigError:
+    with pytest.raises(ConfigError) as exc:
+        cfg.load_preset(str(tmp_path), name)
+    return exc.value
+
+
+def assert_printable(message: str) -> None:
+    assert not any(ord(ch) < 0x20 or 0x7F <= ord(ch) <= 0x9F for ch in message), repr(message)
+
+
+def test_nesting_a_thousand_deep_is_an_error_of_the_file(tmp_path: Path) -> None:
+    # tomllib recursed into RecursionError: a traceback, and no daemon
+    deep = "[" * 1000 + "]" * 1000
+    path = write(tmp_path, "presets/deep.toml", f'model = "m"\n\nextra_args = {deep}\n')
+    e = raises_config_error(tmp_path, "deep")
+    assert str(e).startswith(f"{path}:3: nested more than 16 levels deep")
+    assert e.line == 3
+
+
+def test_nesting_is_counted_outside_strings_and_comments_only(tmp_path: Path) -> None:
+    write(tmp_path, "presets/ok.toml", 'model = "m"  # [[[[[[[[[[[[[[[[[[[[{{{{\n'
+          'extra_args = ["[[[[[[[[[[[[[[[[[[[[", \'{{{{{{{{{{{{{{{{{{{{\', [ "x" ] ]\n'
+          .replace('[ "x" ] ]', '"]]]]"]'))
+    assert cfg.load_preset(str(tmp_path), "ok").extra_args == ("[" * 20, "{" * 20, "]]]]")
+    # 16 levels parse; the 17th is refused
+    assert cfg.tomlscan.check_text("a = " + "[" * 16 + "]" * 16, "p") == []
+    with pytest.raises(ConfigError, match="more than 16 levels"):
+        cfg.tomlscan.check_text("a = " + "[" * 17 + "]" * 17, "p")
+
+
+@pytest.mark.parametrize("other", ["op_offload_min_batch = 1", "gpus = [0]"])
+def test_env_is_checked_as_a_table_before_it_is_looked_into(tmp_path: Path, other: str) -> None:
+    # "X" in 5 raised TypeError: argument of type 'int' is not iterable
+    path = write(tmp_path, "presets/e.toml", f'model = "m"\nenv = 5\n{other}\n')
+    e = raises_config_error(tmp_path, "e")
+    assert str(e) == f'{path}:2: env: must be a table of NAME = "value", not an integer'
+
+
+@pytest.mark.parametrize("body,line,where", [
+    ('"\\u0000" = 1\n', 2, "key 2"),
+    ('[spec]\nmode = "auto"\n"\\u0000" = 1\n', 4, "[spec]: key 2"),
+    ('spec.mode = "auto"\nspec."x\\u0000" = 1\n', 3, "[spec]: key 2"),
+    ('"a\\nlokid: forged error" = 1\n', 2, "key 2"),
+    ('[env]\n"A\\u007f" = "1"\n', 3, "[env]: key 1"),
+    ('[chat]\n"\\u0085" = 1\n', 3, "[chat]: key 1"),
+])
+def test_a_key_with_a_control_character_is_named_by_its_position(
+        tmp_path: Path, body: str, line: int, where: str) -> None:
+    # the raw key reached the error: D-Bus refuses a NUL (the daemon fell over) and a
+    # newline forged a second line of the error
+    path = write(tmp_path, "presets/k.toml", 'model = "m"\n' + body)
+    e = raises_config_error(tmp_path, "k")
+    message = str(e)
+    assert message.startswith(f"{path}:{line}: {where} contains a control character (U+"), message
+    assert "forged" not in message
+    assert_printable(message)
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ('extra_args = ["--jinja", "--x", "a\\nlokid: forged"]\n',
+     "extra_args: item 2 contains a control character (U+000A)"),
+    ('extra_args = ["--x", "\\u0085"]\n', "extra_args: item 1 contains a control character "
+     "(U+0085)"),
+    ('env = { A = "1\\r2" }\n', "env.A: contains a control character (U+000D)"),
+    ('[chat]\nreasoning_effort = "hi\\u001b[2J"\n',
+     "chat.reasoning_effort: contains a control character (U+001B)"),
+])
+def test_a_string_value_with_a_control_character_is_refused(
+        tmp_path: Path, body: str, fragment: str) -> None:
+    path = write(tmp_path, "presets/v.toml", 'model = "m"\n' + body)
+    message = str(raises_config_error(tmp_path, "v"))
+    assert message.startswith(f"{path}:"), message
+    assert fragment in message
+    assert "forged" not in message
+    assert_printable(message)
+
+
+def test_an_unknown_key_is_shown_escaped(tmp_path: Path) -> None:
+    # U+202E (right-to-left override) is printable to a terminal's eye, and not a
+    # control character: shown as an escape, it cannot reorder the error's text
+    write(tmp_path, "presets/u.toml", 'model = "m"\n"ctx\u202e" = 1\n')
+    message = str(raises_config_error(tmp_path, "u"))
+    assert '"ctx\\u202e": unknown key' in message
+    assert "\u202e" not in message
+
+
+def test_keys_are_bounded_in_number_and_length(tmp_path: Path) -> None:
+    write(tmp_path, "presets/n.toml", 'model = "m"\n[env]\n' +
+          "".join(f"V{i} = 1\n" for i in range(300)))
+    assert "more than 256 keys" in str(raises_config_error(tmp_path, "n"))
+    write(tmp_path, "presets/l.toml", f'model = "m"\n[spec]\n{"k" * 129} = 1\n')
+    assert str(raises_config_error(tmp_path, "l")).endswith(
+        "[spec]: key 1 is 129 characters long, more than 128")
+
+
+def test_a_long_dotted_key_is_refused_before_tomllib_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # tomllib checks every prefix of a dotted key: 32 KB of a.a.a… took 11 s
+    path = write(tmp_path, "presets/d.toml", 'model = "m"\n' + "a." * 16000 + "a = 1\n")
+    header = write(tmp_path, "presets/h.toml", 'model = "m"\n[' + ".".join("t" * 9) + "]\n")
+
+    def not_reached(text: str) -> object:
+        raise AssertionError("tomllib read a file the lexer should have refused")
+
+    monkeypatch.setattr(cfg.tomllib, "loads", not_reached)
+    e = raises_config_error(tmp_path, "d")
+    assert str(e) == f"{path}:2: a dotted key of more than 8 parts (such as spec.mode, which has 2)"
+    assert str(raises_config_error(tmp_path, "h")).startswith(f"{header}:2: a dotted key")
+
+
+def test_eight_parts_and_dots_in_strings_and_values_are_fine(tmp_path: Path) -> None:
+    write(tmp_path, "presets/k.toml", 'model = "m"\na.b.c.d.e.f.g.h = 1\n')
+    assert "a: unknown key" in str(raises_config_error(tmp_path, "k"))
+    write(tmp_path, "presets/s.toml", 'model = "a.b.c.d.e.f.g.h.i.j.gguf"  # x.x.x.x.x.x.x.x.x\n'
+          'env."A" = "1.2.3.4.5.6.7.8.9.10"\n[chat]\ntemperature = 1.5e-1\n'
+          'top_p = 0.95\nmin_p = 5e-2\n')
+    p = cfg.load_preset(str(tmp_path), "s")
+    assert p.model == "a.b.c.d.e.f.g.h.i.j.gguf" and p.env == {"A": "1.2.3.4.5.6.7.8.9.10"}
+    assert (p.chat.temperature, p.chat.top_p, p.chat.min_p) == (0.15, 0.95, 0.05)
+
+
+def test_a_fifo_or_a_device_is_refused_without_reading_it(tmp_path: Path) -> None:
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    os.mkfifo(presets / "fifo.toml")   # open() blocked forever
+    os.symlink("/dev/zero", presets / "zero.toml")   # read() grew to GiBs, then MemoryError
+    (presets / "dir.toml").mkdir()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(presets / "sock.toml"))
+        good, bad = load_presets_in_child(tmp_path)
+    assert good == []
+    assert bad == {
+        "fifo": f"{presets}/fifo.toml: cannot read: is a FIFO, not a regular file",
+        "zero": f"{presets}/zero.toml: cannot read: is a character device, not a regular file",
+        "dir": f"{presets}/dir.toml: cannot read: is a directory, not a regular file",
+        "sock": f"{presets}/sock.toml: cannot read: is a socket, not a regular file",
+    }
+
+
+def test_a_file_over_64_kib_is_refused(tmp_path: Path) -> None:
+    head = 'model = "m"\n'
+    write(tmp_path, "presets/full.toml", head + "#" * (65536 - len(head) - 1) + "\n")
+    assert cfg.load_preset(str(tmp_path), "full").model == "m"
+    path = write(tmp_path, "presets/over.toml", head + "#" * (65536 - len(head)) + "\n")
+    assert str(raises_config_error(tmp_path, "over")) == (
+        f"{path}: too large: 65537 bytes, the limit is 65536 bytes (a preset is a few KB)")
+
+
+def test_every_bad_file_beside_a_good_one_is_reported_alone(tmp_path: Path) -> None:
+    presets = tmp_path / "presets"
+    write(tmp_path, "presets/good.toml", 'model = "m"\nenv = { A = "1" }\ngpus = [0]\n')
+    write(tmp_path, "presets/deep.toml", 'model = "m"\nextra_args = ' + "[" * 1000 + "]" * 1000)
+    write(tmp_path, "presets/env.toml", 'model = "m"\nenv = 5\nop_offload_min_batch = 1\n')
+    write(tmp_path, "presets/nul.toml", 'model = "m"\n[spec]\n"\\u0000" = 1\n')
+    write(tmp_path, "presets/forge.toml", 'model = "m"\n"a\\nlokid: forged error" = 1\n')
+    write(tmp_path, "presets/dotted.toml", 'model = "m"\n' + "a." * 16000 + "a = 1\n")
+    os.mkfifo(presets / "fifo.toml")
+    os.symlink("/dev/zero", presets / "zero.toml")
+    good, bad = load_presets_in_child(tmp_path)
+    assert good == ["good"]
+    expected = {
+        "deep": ":2: nested more than 16 levels deep",
+        "env": ":2: env: must be a table",
+        "nul": ":3: [spec]: key 1 contains a control character (U+0000)",
+        "forge": ":2: key 2 contains a control character (U+000A)",
+        "dotted": ":2: a dotted key of more than 8 parts",
+        "fifo": ": cannot read: is a FIFO, not a regular file",
+        "zero": ": cannot read: is a character device, not a regular file",
+    }
+    assert sorted(bad) == sorted(expected)
+    for name, fragment in expected.items():
+        assert bad[name].startswith(f"{presets}/{name}.toml{fragment}"), bad[name]
+        assert_printable(bad[name])
+
+
+def test_any_exception_in_one_preset_is_that_presets_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # only ConfigError was caught: anything else stopped the daemon's start
+    write(tmp_path, "presets/a.toml", 'model = "m"\n')
+    write(tmp_path, "presets/buggy.toml", 'model = "m"\n')
+    write(tmp_path, "presets/z.toml", 'model = "m"\n')
+    parse = cfg.parse_preset
+
+    def bug_in_one(name: str, path: str) -> cfg.Preset:
+        if name == "buggy":
+            raise TypeError("argument of type 'int' is not iterable\nsecond line")
+        return parse(name, path)
+
+    monkeypatch.setattr(cfg, "parse_preset", bug_in_one)
+    good, bad = cfg.load_presets(str(tmp_path))
+    assert sorted(good) == ["a", "z"]
+    assert str(bad["buggy"]) == (f"{tmp_path}/presets/buggy.toml: cannot be read: internal error "
+                                 "(TypeError: argument of type 'int' is not iterable)")
+
+
+def test_a_file_name_with_a_newline_cannot_forge_an_error_line(tmp_path: Path) -> None:
+    write(tmp_path, "presets/a\nlokid: forged.toml", 'model = "m"\n')
+    _, bad = cfg.load_presets(str(tmp_path))
+    message = str(bad["a\nlokid: forged"])
+    assert "invalid preset name" in message
+    assert_printable(message)
+    assert "presets/a\\u000alokid: forged.toml" in message
+
+
+def test_lokid_toml_is_read_within_the_same_bounds(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "lokid.toml")
+    assert load_in_child(tmp_path, "global") == {
+        "error": f"{tmp_path}/lokid.toml: cannot read: is a FIFO, not a regular file"}
+    os.unlink(tmp_path / "lokid.toml")
+    write(tmp_path, "lokid.toml", 'model_dirs = ["/m", "/n\\u0000"]\n')
+    with pytest.raises(ConfigError, match=r"model_dirs: item 1 contains a control character "
+                       r"\(U\+0000\)"):
+        cfg.load_global(str(tmp_path))
+
+
+# LIT3 stands for three single quotes, which cannot sit in this literal
+VALID_TOML = r'''# a comment with [[brackets]] and {braces} and a.b.c.d.e.f.g.h.i.j
+title = "TOML [[not a table]] {not} a.b.c.d.e.f.g.h.i.j" # trailing [comment
+pi = 3.14159
+neg = -1.5e-3
+big = 1_000.000_1
+inf_ = inf
+when = 1979-05-27T07:32:00.999999-07:00
+local = 1979-05-27T07:32:00.5
+day = 1979-05-27
+at = 07:32:00.25
+lit = 'C:\path\[x].{y}.z.z.z.z.z.z.z.z.z'
+quoted = "say \"[[[[\" \\ and \u00e9 ]]]] a.b.c.d.e.f.g.h.i.j"
+ml = """
+[[[[[[[[[[[[[[[[[[[[ a.b.c.d.e.f.g.h.i.j.k
+  \"""still inside\""" {{{{{{{{{{{{{{{{{{
+"""
+ml_end = """ends with quotes"""""
+ml_lit = LIT3
+{{{{{{{{{{{{{{{{{{{{ '' x.x.x.x.x.x.x.x.x.x
+LIT3
+ml_lit_end = LIT3two moreLIT3''
+"quoted.key.with.many.dots.in.it.a.b.c" = 1
+a."b.c.d.e.f.g.h.i.j.k".c = 2
+inline = { x = 1.5, y = [1.0, 2.5, [3.5, { z = "]]]]" }]], "k.k" = { w = 1979-05-27 } }
+arr = [
+  1.5, # [[[[[[[[[[[[[[[[[[[[[[
+  2.5,
+]
+
+[table."with.dots"]
+v = [ [ [ 1 ] ] ]
+
+[[fruits.list]]
+name = "apple"
+
+[[fruits.list]]
+name = "banana [ripe]"
+'''.replace("LIT3", "'" * 3)
+
+
+def test_the_lexer_passes_valid_toml_and_finds_its_string_tokens() -> None:
+    # it must not count what sits in strings and comments, nor refuse floats, dates,
+    # inline tables or arrays of tables. (The walk after tomllib then refuses the
+    # newlines inside the multi-line strings: no preset value holds one.)
+    data = tomllib.loads(VALID_TOML)
+    assert data["ml"].count("[") == 20 and data["ml_end"] == 'ends with quotes""'
+    assert data["ml_lit_end"] == "two more''"
+    suspects = cfg.tomlscan.check_text(VALID_TOML, "p")
+    # the string tokens holding a backslash or a newline, each read whole
+    tokens = [tomllib.loads("x = " + VALID_TOML[a:b])["x"] for a, b in suspects]
+    assert tokens == [data["lit"], data["quoted"], data["ml"], data["ml_lit"]]
+
+
+def test_a_valid_preset_with_multi_line_strings_and_comments_loads(tmp_path: Path) -> None:
+    write(tmp_path, "presets/ml.toml", '''# [[[[[[[[[[[[[[[[[[[[ model.x.y.z.a.b.c.d.e
+model = """\\
+    m[1].{2}.a.b.c.d.e.f.g.h.gguf"""
+extra_args = [
+  \'\'\'--chat-template-kwargs\'\'\',  # {{{{{{{{{{{{{{{{{{{{{{{{
+  \'{"enable_thinking": [false, [[[[[[[[[[[[[[[[[[[[ ]}\',
+]
+[spec] # [[[[[[[[[[[[[[[[[[[[
+mode = "auto"
+''')
+    p = cfg.load_preset(str(tmp_path), "ml")
+    assert p.model == "m[1].{2}.a.b.c.d.e.f.g.h.gguf"
+    assert p.extra_args == ("--chat-template-kwargs",
+                            '{"enable_thinking": [false, [[[[[[[[[[[[[[[[[[[[ ]}')
+    assert p.spec.mode == "auto"
