@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -168,12 +172,161 @@ def test_the_probe_is_kept_on_disk_for_the_next_start(tmp_path: Path,
     engine.write_text(text)
     os.utime(engine, ns=(5, 5))
     first = probe.probe_engine(str(engine))
-    assert log.read_text().split() == ["--version", "--help"]
-    probe._cache.clear()  # as a new process
+    assert sorted(log.read_text().split()) == ["--help", "--version"]  # side by side
+    probe.clear_cache()  # as a new process
     again = probe.probe_engine(str(engine))
-    assert again == first and log.read_text().split() == ["--version", "--help"]
+    assert again == first and sorted(log.read_text().split()) == ["--help", "--version"]
     (stored,) = (tmp_path / "run" / "engine-probe").iterdir()
     stored.write_text(stored.read_text().replace(str(engine), "/elsewhere"))  # another key
-    probe._cache.clear()
+    probe.clear_cache()
     assert probe.probe_engine(str(engine)) == first
-    assert log.read_text().split() == ["--version", "--help"] * 2
+    assert sorted(log.read_text().split()) == ["--help"] * 2 + ["--version"] * 2
+
+
+# --- an engine that misbehaves: bounded time, output and runs -----------------------------
+
+
+def hostile_engine(tmp_path: Path, on_help: str, on_version: str = "echo 'version: 1 (x)' >&2",
+                   name: str = "llama-server") -> Path:
+    """A shell-script engine that logs each run ("$1") to ``runs`` beside it, then does
+    ``on_help``/``on_version``; ``help.txt`` beside it holds b11434's --help."""
+    (tmp_path / "help.txt").write_text(B11434_HELP)
+    path = tmp_path / name
+    path.write_text(f"""#!/bin/sh
+cd '{tmp_path}'
+echo "$1" >> runs
+case "$1" in
+  --version) {on_version} ;;
+  --help) {on_help} ;;
+esac
+""")
+    path.chmod(0o755)
+    return path
+
+
+def runs(engine: Path) -> list[str]:
+    log = engine.parent / "runs"
+    return log.read_text().split() if log.exists() else []
+
+
+def gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process ``pid`` has ended (a zombie counts: its parent is init's)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (OSError, IndexError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_an_engine_flooding_its_output_is_stopped_at_the_cap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading it all grew lokid by 400–600 MB/s until the timeout."""
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT", 10.0)
+    engine = hostile_engine(tmp_path, on_help="exec /usr/bin/yes 'flood flood flood flood'")
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=r"printed more than 1 MiB on --help: is it "
+                                          r"llama-server\?"):
+        probe.probe_engine(str(engine))
+    assert time.monotonic() - start < 8  # the cap, not the timeout, ended it
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 64 * 1024  # KiB
+
+
+def test_a_hanging_engine_is_killed_at_the_deadline_and_probed_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure was not cached: each preset the daemon planned waited for it again."""
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT", 1.0)
+    engine = hostile_engine(tmp_path, on_help="echo $$ > pid; exec sleep 600")
+    start = time.monotonic()
+    with pytest.raises(EngineError, match=rf"{engine} --help did not answer within 1 s"):
+        probe.probe_engine(str(engine))
+    assert time.monotonic() - start < 15
+    assert gone(int((tmp_path / "pid").read_text()))
+    for _ in range(5):  # the next presets: answered from memory
+        with pytest.raises(EngineError, match="did not answer within 1 s"):
+            probe.probe_engine(str(engine))
+    assert runs(engine).count("--help") == 1
+    os.utime(engine, ns=(7, 7))  # a changed binary is probed again
+    with pytest.raises(EngineError, match="did not answer"):
+        probe.probe_engine(str(engine))
+    assert runs(engine).count("--help") == 2
+
+
+def test_a_failed_probe_is_tried_again_after_a_while(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "RETRY_FAILED_AFTER", 0.0)
+    engine = hostile_engine(tmp_path, on_help="echo 'usage: something else'")
+    for _ in range(2):
+        with pytest.raises(EngineError, match=r"--help failed \(exit 0\): usage: something"):
+            probe.probe_engine(str(engine))
+    assert runs(engine).count("--help") == 2
+
+
+def test_a_child_holding_the_pipe_is_killed_with_its_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrapper script whose child keeps the output open: the wrapper exits, the
+    output never closes, and the child outlived the timeout."""
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT", 1.0)
+    engine = hostile_engine(tmp_path, on_help="sleep 600 & echo $! > child; cat help.txt")
+    with pytest.raises(EngineError, match="--help did not answer within 1 s"):
+        probe.probe_engine(str(engine))
+    assert gone(int((tmp_path / "child").read_text()))
+
+
+def test_version_and_help_run_side_by_side(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """One probe costs one engine start-up: each run waits for the other to have begun."""
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT", 5.0)
+    meet = "touch {me}; i=0; while [ ! -e {other} ] && [ $i -lt 100 ]; do sleep 0.1; " \
+           "i=$((i+1)); done; [ -e {other} ] || exit 1"
+    engine = hostile_engine(
+        tmp_path,
+        on_help=meet.format(me="h", other="v") + "; cat help.txt",
+        on_version=meet.format(me="v", other="h") + "; echo 'version: 6543 (abcdef12)' >&2")
+    assert probe.probe_engine(str(engine)).build == 6543
+
+
+def test_concurrent_callers_share_one_probe(tmp_path: Path) -> None:
+    engine = hostile_engine(tmp_path, on_help="sleep 1; cat help.txt")
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: probe.probe_engine(str(engine)), range(8)))
+    assert all(caps is results[0] for caps in results)
+    assert sorted(runs(engine)) == ["--help", "--version"]
+
+
+def test_the_daemon_is_told_when_a_pending_probe_ends(tmp_path: Path) -> None:
+    engine = hostile_engine(tmp_path, on_help="while [ ! -e go ]; do sleep 0.05; done; "
+                                              "cat help.txt")
+    assert probe.probe_future(str(engine)) is None
+    with pytest.raises(probe.ProbePending, match=r"the engine .* has not answered --help yet "
+                                                 r"\(probing for \d+\.\d s, up to 20 s\)") as e:
+        probe.probe_engine(str(engine), wait=0.2)
+    future = e.value.future
+    assert probe.probe_future(str(engine)) is future and not future.done()
+    with pytest.raises(probe.ProbePending):  # another preset: the same probe, still pending
+        probe.probe_engine(str(engine), wait=0)
+    ended = threading.Event()
+    future.add_done_callback(lambda _: ended.set())
+    (tmp_path / "go").touch()
+    assert ended.wait(15)
+    caps = future.result()
+    assert probe.probe_engine(str(engine), wait=0) is caps
+    assert runs(engine).count("--help") == 1
+
+
+def test_a_pending_probe_that_fails_ends_its_future_with_the_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT", 1.0)
+    engine = hostile_engine(tmp_path, on_help="exec sleep 600")
+    with pytest.raises(probe.ProbePending, match=r"up to 1 s\)") as e:
+        probe.probe_engine(str(engine), wait=0)
+    with pytest.raises(EngineError, match="did not answer within 1 s"):
+        e.value.future.result(timeout=15)
+    with pytest.raises(EngineError, match="did not answer within 1 s") as again:
+        probe.probe_engine(str(engine), wait=0)
+    assert not isinstance(again.value, probe.ProbePending)
+    assert runs(engine).count("--help") == 1
