@@ -32,7 +32,7 @@ from ..core.spec import DraftInput
 from .probe import probe_engine
 
 if TYPE_CHECKING:
-    from .state import StateDB, StateReader
+    from .state import StateDB, StateReader, Token
 
 
 def host_memory() -> int:
@@ -214,18 +214,22 @@ def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...],
 
 
 def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
-           auto_blocked: str = "", for_unit: bool = False) -> PlanInputs:
+           auto_blocked: str = "", for_unit: bool = False,
+           probe_wait: float | None = None) -> PlanInputs:
     """Everything the plan of preset ``name`` depends on.
 
     ``for_unit``: the plan is for ``loki-engine@.service``, whose engine runs as
     the unit's user (:func:`unit_user`): planned as root, the model, mmproj,
     draft and engine are checked against that user's permissions. False where
     the engine runs as this process's user (``lokid run``, the local runner).
+    ``probe_wait``: how long to wait for the engine's probe (None: until it ends
+    or times out); the daemon waits a little, then plans again when it ends.
 
     Raises ConfigError (preset or lokid.toml invalid, model missing),
     NotFoundError (no such preset), ModelError (the model is not a readable
     GGUF, or not readable by the engine's user) or EngineError (the engine is
-    missing, not llama-server, or not executable by the engine's user).
+    missing, not llama-server, or not executable by the engine's user; its
+    subclass ProbePending when ``probe_wait`` ran out).
     """
     env = dict(os.environ if environ is None else environ)
     glob = cfg.load_global(config_dir)
@@ -233,13 +237,19 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     dirs = glob.model_dirs
     user = unit_user(env) if for_unit else None
 
-    model_path = _required_file(preset, "model", preset.model, dirs, user)
+    # What the file is, before whether the engine's user may read it: a file that is no
+    # model (model = "/etc/shadow") is said to be none, not to need a chmod.
+    model_path = _required_file(preset, "model", preset.model, dirs, None)
     model = probe_model(model_path)
+    if user is not None:
+        refused = _unusable("model", model_path, user)
+        if refused is not None:
+            raise ModelError(refused)
     mmproj_path = None
     if preset.mmproj is not None:
         mmproj_path = _required_file(preset, "mmproj", preset.mmproj, dirs, user)
 
-    caps = probe_engine(glob.engine, glob.path)
+    caps = probe_engine(glob.engine, glob.path, wait=probe_wait)
     if user is not None:
         refused = _unusable("engine", caps.path, user, access.EXECUTE)
         if refused is not None:
@@ -291,17 +301,22 @@ def check_port_conflicts(config_dir: str, plan: Plan,
         raise ConfigError(clash, path)
 
 
-def decide(inputs: PlanInputs, db: StateDB | StateReader,
-           loading: bool = False) -> tuple[Plan, Mark, Verdict]:
+def decide(inputs: PlanInputs, db: StateDB | StateReader, loading: bool = False,
+           cleared: Token | None = None, blocked: str = "") -> tuple[Plan, Mark, Verdict]:
     """The plan of a start, given the attempt verdict for its mark (read-only on ``db``).
 
     The mark is the plan's as it would be with automatic speculation allowed, so
     that a cut configuration keeps the same mark. ``loading``: the preset's engine
     runs now and has not answered (see :func:`lokid.core.attempt.verdict`).
+    ``cleared``: a token the runtime directory notes as cleared
+    (:func:`lokid.engine.state.read_cleared`). ``blocked``: a reason of the caller's
+    to cut automatic speculation when the verdict does not (no token can be set).
     """
     allowed = build_plan(inputs)
     mark = Mark(config_fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
-    found = db.peek(inputs.preset.name, mark, loading)
+    found = db.peek(inputs.preset.name, mark, loading, cleared)
+    if blocked and not found.why:
+        found = Verdict(blocked)
     plan = build_plan(replace(inputs, auto_blocked=found.why)) if found.why else allowed
     if found.pending and plan.spec.auto:
         plan = replace(plan, notes=(*plan.notes, found.pending))

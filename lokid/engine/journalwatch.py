@@ -29,7 +29,7 @@ from typing import Any
 from systemd import journal
 
 from ..core.enginelog import LoadTracker
-from ..core.errors import StalePlanError
+from ..core.errors import StalePlanError, StateError
 from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
@@ -123,8 +123,16 @@ class LoadJudge:
             return  # no plan of this start any more: nothing to attribute the verdict to
         if not rp.auto:
             return  # forced or no speculation: the operator chose it
-        with StateDB(self.state_dir) as db:
-            db.record_failure(inv.preset, rp.mark, why)
+        try:
+            with StateDB(self.state_dir) as db:
+                db.record_failure(inv.preset, rp.mark, why)
+        except StateError as e:
+            # The verdict cannot be kept: say so, and say it once for this start.
+            inv.cut = True
+            self.log(f"preset {inv.preset}: {why}, but it cannot be recorded ({e}): the next "
+                     "start will try automatic speculative decoding again",
+                     PRIORITY=3, LOKI_PRESET=inv.preset, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
+            return
         inv.cut = True
         verdict = AutoCut(inv.preset, inv.invocation, why)
         self.verdicts.append(verdict)

@@ -24,26 +24,67 @@ The order matters (each step answers a real bug of the reference):
 SQLite (stdlib) in WAL mode with a busy timeout; every write is one
 ``BEGIN IMMEDIATE`` transaction, so concurrent processes serialise. The
 schema version lives in ``PRAGMA user_version`` and grows by migrations.
+
+Faults of the database never stop a start, and take the safe side:
+- A damaged file (SQLite's "database disk image is malformed" or "file is not
+  a database", on opening or on any query) is moved aside by :class:`StateDB`
+  as ``state.db.damaged-<UTC time>`` with its -wal and -shm, said in one
+  warning, and a new empty database replaces it: the tokens, verdicts and
+  benchmark results it held are lost, and the next automatic launch of each
+  configuration is tried once more, under a new token. :class:`StateReader`
+  never moves anything: it reads a damaged file as empty and says so.
+- A database that cannot be written (a full disk, a read-only file system)
+  opens read-only: ``unwritable`` says why, :meth:`StateDB.peek` cuts
+  automatic speculation (a launch that cannot leave its token must not try)
+  and every write raises :class:`~lokid.core.errors.StateError`. On a full
+  disk SQLite cannot even make the -shm file of a WAL database; a database
+  whose WAL holds nothing is then read from its file alone.
+- A token whose launch answered, or was stopped while loading, but that the
+  database could not clear then (the disk filled while the engine loaded) is
+  noted in the runtime directory instead (:func:`note_cleared`: a tmpfs,
+  another file system). Peek, given that note, counts the token as cleared,
+  and the next settle that succeeds forgets the note. A token is told apart
+  from a later one of the same mark by when it was set, so a note that
+  outlived its token never excuses another launch.
+
+Every public method says what a fault gives its caller: a
+:class:`~lokid.core.errors.StateError` (whose message names the file and the
+cause), or a safe default. No ``sqlite3`` exception leaves this module.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from ..core.errors import StateError
+from .journallog import journal_log
 
 __all__ = ["NEVER_ANSWERED", "Mark", "Verdict", "verdict", "StateDB", "StateReader", "Failure",
-           "SavedBench"]
+           "SavedBench", "Token", "note_cleared", "read_cleared", "forget_cleared",
+           "needs_token"]
 
 DB_FILE = "state.db"
+DAMAGED_SUFFIX = ".damaged-"  # state.db.damaged-<UTC time>: a damaged database set aside
+CLEARED_SUFFIX = ".cleared"   # $LOKI_RUNTIME_DIR/<preset>.cleared: see note_cleared
 FAILED_MAX = 32          # failed marks kept per preset, oldest forgotten first
 BUSY_TIMEOUT_MS = 10_000
+
+# SQLite's primary result codes (the low byte of sqlite_errorcode) this module tells apart.
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 8, 10, 11
+_SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
+_DAMAGE = {_SQLITE_CORRUPT, _SQLITE_NOTADB}
+_FILE_SYSTEM = {_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN}
+
+T = TypeVar("T")
 
 # Migration n brings the schema from version n to n + 1.
 _MIGRATIONS = [
@@ -113,6 +154,111 @@ class Failure:
     at: float
 
 
+@dataclass(frozen=True)
+class Token:
+    """An attempt token: the mark it was set for, and when (which tells it from a later
+    token of the same mark)."""
+
+    mark: str
+    since: float
+
+
+def needs_token(why: str) -> str:
+    """The verdict when no token can be set (``why``: the state DB cannot be written)."""
+    return f"{why}, and automatic speculation needs its attempt token"
+
+
+# --- what the state DB could not record: the runtime directory's note ----------------
+
+
+def _cleared_path(runtime_dir: str, preset: str) -> str:
+    return os.path.join(runtime_dir, preset + CLEARED_SUFFIX)
+
+
+def note_cleared(runtime_dir: str, preset: str, token: Token) -> str:
+    """Note that ``token`` counts as cleared (its launch answered, or was stopped while
+    loading) although the state DB could not clear it; return the note's path.
+
+    Written atomically; OSError when the runtime directory cannot be written either.
+    """
+    path = _cleared_path(runtime_dir, preset)
+    os.makedirs(runtime_dir, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"mark": token.mark, "since": token.since}, f)
+    os.replace(tmp, path)
+    return path
+
+
+def read_cleared(runtime_dir: str, preset: str) -> Token | None:
+    """The token noted by :func:`note_cleared`; None when there is none (a missing or
+    damaged note is none: the token then counts as never answered, the safe side)."""
+    try:
+        with open(_cleared_path(runtime_dir, preset), encoding="utf-8") as f:
+            data = json.load(f)
+        return Token(str(data["mark"]), float(data["since"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def forget_cleared(runtime_dir: str, preset: str) -> None:
+    """Remove the note (OSError when it cannot be)."""
+    try:
+        os.unlink(_cleared_path(runtime_dir, preset))
+    except FileNotFoundError:
+        pass
+
+
+# --- faults ---------------------------------------------------------------------------
+
+
+def _code(e: BaseException) -> int | None:
+    code = getattr(e, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _damaged(e: BaseException) -> bool:
+    """Whether SQLite found the file damaged (or no database at all)."""
+    return _code(e) in _DAMAGE
+
+
+def _file_system_fault(path: str) -> str:
+    """The file system's own reason it refuses writes under ``path``: read-only, or no
+    block left for this user; "" when it has none."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return ""
+    if st.f_flag & os.ST_RDONLY:
+        return os.strerror(errno.EROFS)
+    if (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0:
+        return os.strerror(errno.ENOSPC)
+    return ""
+
+
+def _cause(e: BaseException, state_dir: str) -> str:
+    """Why an operation failed, in the operator's words.
+
+    SQLite reports a full disk under a WAL database as "disk I/O error" (its -shm file
+    cannot grow) and a read-only file system as "unable to open database file": where
+    the file system has a reason of its own, that is the one given.
+    """
+    if isinstance(e, OSError) or _code(e) in _FILE_SYSTEM:
+        fault = _file_system_fault(state_dir)
+        if fault:
+            return fault
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
 def _create_for_dir_owner(path: str, state_dir: str) -> None:
     """A database root creates belongs to the state directory's owner (loki).
 
@@ -136,41 +282,183 @@ def _create_for_dir_owner(path: str, state_dir: str) -> None:
         os.close(fd)
 
 
-def _read(db: sqlite3.Connection, preset: str) -> tuple[str | None, dict[str, str]]:
+def _read(db: sqlite3.Connection, preset: str) -> tuple[Token | None, dict[str, str]]:
     """The preset's attempt token and its marks recorded as failed."""
-    row = db.execute("SELECT mark FROM attempt WHERE preset = ?", (preset,)).fetchone()
+    row = db.execute("SELECT mark, since FROM attempt WHERE preset = ?", (preset,)).fetchone()
     failed = dict(db.execute("SELECT mark, reason FROM failed WHERE preset = ?", (preset,)))
-    return (row[0] if row else None), failed
+    return (Token(row[0], row[1]) if row else None), failed
 
 
-class StateReader:
-    """A look at the state database that never creates, migrates or writes it.
+def _open_ro(path: str) -> sqlite3.Connection | None:
+    """``path`` opened read-only; None when it holds no database yet (missing, or empty).
 
-    ``lokid plan`` uses it: it shows what the next start runs without changing
-    anything, and may run as a user who can read the database but not write it.
-    A database that does not exist yet holds no verdict.
+    Raises sqlite3.Error (a damaged file among them) or StateError (a newer schema).
+    A WAL database needs its -shm file even to be read; where that cannot be made (a
+    read-only or full file system) and the WAL holds nothing, the file alone is the
+    whole database and is opened as immutable.
+    """
+    from urllib.parse import quote
+
+    if not os.path.exists(path):
+        return None
+    uri = f"file:{quote(path)}"
+    try:
+        db, version = _connect_ro(f"{uri}?mode=ro")
+    except sqlite3.Error as e:
+        try:
+            wal = os.path.getsize(path + "-wal")
+        except OSError:
+            wal = 0
+        if _damaged(e) or _code(e) not in _FILE_SYSTEM or wal > 0:
+            raise
+        db, version = _connect_ro(f"{uri}?immutable=1")
+    if version == 0:  # created and never migrated (the disk filled at once): empty
+        db.close()
+        return None
+    if version > len(_MIGRATIONS):
+        db.close()
+        raise StateError(_newer(path, version))
+    return db
+
+
+def _connect_ro(uri: str) -> tuple[sqlite3.Connection, int]:
+    """A read-only connection and the schema version it reads (the first read, where
+    SQLite finds out whether it can open the file at all)."""
+    db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    try:
+        return db, int(db.execute("PRAGMA user_version").fetchone()[0])
+    except BaseException:
+        db.close()
+        raise
+
+
+def _newer(path: str, version: int) -> str:
+    return (f"the state database {path} has schema version {version}, newer than this "
+            f"lokid ({len(_MIGRATIONS)}): upgrade lokid")
+
+
+class _Store:
+    """What :class:`StateReader` and :class:`StateDB` share: the reads and the verdict.
+
+    ``problem``: why reads see nothing (the database is damaged and was not replaced, or
+    cannot be read), "" when they see the database. ``unwritable``: why the next start
+    cannot set a token here, "" when it can.
     """
 
+    # Whether peek, when the database cannot be read, cuts automatic speculation (the
+    # writer's peek is a start's: it is about to need the database) or only says so.
+    _BLIND_CUTS = False
+
     def __init__(self, state_dir: str):
+        self.state_dir = state_dir
         self.path = os.path.join(state_dir, DB_FILE)
         self._db: sqlite3.Connection | None = None
-        if not os.path.exists(self.path):
-            return
-        try:
-            from urllib.parse import quote
-
-            self._db = sqlite3.connect(f"file:{quote(self.path)}?mode=ro", uri=True,
-                                       timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        except (OSError, sqlite3.Error) as e:
-            raise StateError(f"state database {self.path}: {e}") from None
-        if version > len(_MIGRATIONS):
-            raise StateError(f"state database {self.path} has schema version {version}, "
-                             f"newer than this lokid ({len(_MIGRATIONS)}): upgrade lokid")
+        self.problem = ""
+        self.unwritable = ""
 
     def close(self) -> None:
         if self._db is not None:
             self._db.close()
+            self._db = None
+
+    def _fault(self, e: BaseException, what: str) -> StateError:
+        return StateError(f"the state database {self.path} cannot be {what} "
+                          f"({_cause(e, self.state_dir)})")
+
+    def _damage(self, e: BaseException) -> bool:
+        """A damaged database met by a query: True when it was replaced (the query runs
+        again); here it is read as empty from now on."""
+        self.close()
+        self.problem = (f"the state database {self.path} is damaged ({e}): read as empty; "
+                        "the next start moves it aside and starts a new one")
+        return False
+
+    def _query(self, fn: Callable[[sqlite3.Connection], T], empty: T) -> T:
+        """``fn`` on the database; ``empty`` when there is none, or a damaged one that
+        stays (read as empty). A damaged one that was replaced is asked again. StateError
+        for any other fault."""
+        for retry in (False, True):
+            if self._db is None:
+                return empty
+            try:
+                return fn(self._db)
+            except sqlite3.Error as e:
+                if retry or not _damaged(e):
+                    raise self._fault(e, "read") from None
+                if not self._damage(e):
+                    return empty
+        return empty  # unreachable: the second round returns or raises
+
+    # --- the attempt token ---------------------------------------------------------
+
+    def peek(self, preset: str, mark: Mark, loading: bool = False,
+             cleared: Token | None = None) -> Verdict:
+        """Read-only verdict for the next launch of ``mark``; never raises.
+
+        ``cleared``: the token noted by :func:`read_cleared`, which counts as cleared
+        when it is the one on record. A database that cannot be written cuts automatic
+        speculation (:func:`needs_token`) unless a verdict on record already does.
+        """
+        nothing: tuple[Token | None, dict[str, str]] = (None, {})
+        try:
+            token, failed = self._query(lambda db: _read(db, preset), nothing)
+        except StateError as e:
+            unknown = f"{e}: whether the last automatic launch of this configuration failed " \
+                      "is unknown"
+            return Verdict(unknown) if self._BLIND_CUTS else Verdict(pending=unknown)
+        if token is not None and token == cleared:
+            token = None
+        found = verdict(mark.key(), None if token is None else token.mark, failed, loading)
+        if self.unwritable:
+            # a failure on record is the truer reason; one due cannot be recorded now (the
+            # token stays, and the next start that can write records it)
+            return Verdict(found.why) if found.why else Verdict(needs_token(self.unwritable))
+        if self.problem and not found.why and not found.pending:
+            return Verdict(pending=self.problem)
+        return found
+
+    def token(self, preset: str) -> Token | None:
+        """The preset's attempt token; None when there is none or it cannot be read."""
+        try:
+            return self._query(lambda db: _read(db, preset)[0], None)
+        except StateError:
+            return None
+
+
+class StateReader(_Store):
+    """A look at the state database that never creates, migrates, moves or writes it.
+
+    ``lokid plan`` uses it: it shows what the next start runs without changing
+    anything, and may run as a user who can read the database but not write it.
+    A database that does not exist yet holds no verdict.
+
+    Never raises: a database it cannot read (damaged, unreadable for this user) is read
+    as empty, ``problem`` says why and :meth:`peek` adds that as a note; one of a newer
+    schema sets ``unwritable``, since the next start cannot use it either.
+    """
+
+    def __init__(self, state_dir: str):
+        super().__init__(state_dir)
+        try:
+            self._db = _open_ro(self.path)
+        except StateError as e:
+            self.unwritable = str(e)
+        except (OSError, sqlite3.Error) as e:
+            if _damaged(e):
+                self._damage(e)
+            else:
+                self.problem = f"the state database {self.path} cannot be read " \
+                               f"({_cause(e, state_dir)}): whether the last automatic " \
+                               "launch of this configuration failed is unknown"
+        # What the next start will meet writing: a read-only file system refuses for
+        # sure; a full one most likely (a WAL with room left may still take a token).
+        fault = _file_system_fault(state_dir) if os.path.isdir(state_dir) else ""
+        if fault == os.strerror(errno.EROFS) and not self.unwritable:
+            self.unwritable = f"the state database {self.path} cannot be written ({fault})"
+        elif fault and not self.unwritable and not self.problem:
+            self.problem = (f"the state database {self.path} is on a file system that says "
+                            f"\"{fault}\": the next start may be unable to set its attempt "
+                            "token, and would then run without automatic speculation")
 
     def __enter__(self) -> StateReader:
         return self
@@ -178,55 +466,32 @@ class StateReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def peek(self, preset: str, mark: Mark, loading: bool = False) -> Verdict:
-        """Read-only verdict for the next launch of ``mark``."""
-        if self._db is None:
-            return Verdict()
-        try:
-            attempt, failed = _read(self._db, preset)
-        except sqlite3.Error as e:
-            raise StateError(f"state database {self.path}: {e}") from None
-        return verdict(mark.key(), attempt, failed, loading)
 
+class StateDB(_Store):
+    """The state database of one ``$LOKI_STATE_DIR``, for the processes that write it.
 
-class StateDB:
-    """The state database of one ``$LOKI_STATE_DIR``."""
+    Opening raises StateError only when there is nothing to work with: the directory
+    cannot be made, the database cannot even be read, or its schema is newer than this
+    lokid. A damaged database is moved aside and replaced (one warning); one that
+    cannot be written opens read-only (``unwritable``). Each method says what a fault
+    gives its caller.
+    """
+
+    _BLIND_CUTS = True
 
     def __init__(self, state_dir: str):
-        self.path = os.path.join(state_dir, DB_FILE)
+        super().__init__(state_dir)
+        self._ino: int | None = None    # the file this connection opened (see _set_aside)
         try:
             os.makedirs(state_dir, exist_ok=True)
-            if os.geteuid() == 0:
-                _create_for_dir_owner(self.path, state_dir)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
-                                       isolation_level=None)
-            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._wal()
-            self._db.execute("PRAGMA synchronous = NORMAL")
-            self._migrate()
-        except (OSError, sqlite3.Error) as e:
-            raise StateError(f"state database {self.path}: {e}") from None
-
-    def _wal(self) -> None:
-        """Switch to WAL (persistent: only the first opener of a new file changes it).
-
-        Changing the journal mode needs the database to itself, and SQLite does not
-        wait on its busy handler for that: two helpers opening a new state DB at
-        once (two presets starting at boot) got "database is locked". Retried here
-        within the busy timeout.
-        """
-        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
-        while True:
-            try:
-                self._db.execute("PRAGMA journal_mode = WAL")
-                return
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-
-    def close(self) -> None:
-        self._db.close()
+        except OSError as e:
+            raise StateError(f"the state database {self.path} cannot be created: "
+                             f"{state_dir}: {e.strerror}") from None
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> StateDB:
         return self
@@ -234,37 +499,169 @@ class StateDB:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken before reading (so reads are under the lock)."""
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise StateError(f"state database {self.path}: {e}") from None
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        else:
-            self._db.execute("COMMIT")
+    # --- opening ---------------------------------------------------------------------
 
-    def _migrate(self) -> None:
-        with self._write() as db:
+    def _open(self, damaged: BaseException | None = None) -> None:
+        """Open read-write; a damaged file (``damaged``: found by a query) is moved aside,
+        once, and a new database made in its place; one that cannot be written opens
+        read-only (``unwritable`` says why)."""
+        moved = False
+        while True:
+            if damaged is not None:
+                # Moved while its connection is still open: closing the last connection
+                # of a file deletes the -wal and -shm of that name, which must go aside
+                # with it (and must not be the new database's).
+                ok = not moved and self._set_aside(damaged)
+                self.close()
+                if not ok:
+                    error: BaseException = damaged
+                    break
+                moved, damaged = True, None
+            try:
+                self._open_rw()
+                return
+            except sqlite3.Error as e:
+                if _damaged(e):
+                    damaged = e
+                    continue
+                error = e
+            except OSError as e:
+                error = e
+            self.close()
+            break
+        if not self.unwritable:
+            self.unwritable = f"the state database {self.path} cannot be written " \
+                              f"({_cause(error, self.state_dir)})"
+        try:
+            self._db = _open_ro(self.path)
+        except (OSError, sqlite3.Error) as e:
+            if not _damaged(e):
+                raise StateError(f"the state database {self.path} cannot be opened "
+                                 f"({_cause(e, self.state_dir)})") from None
+            _Store._damage(self, e)
+
+    def _open_rw(self) -> None:
+        """``self._db``, read-write and migrated; on an error it stays open for the caller
+        (see :meth:`_open`)."""
+        if os.geteuid() == 0:
+            _create_for_dir_owner(self.path, self.state_dir)
+        self._ino = _inode(self.path)
+        self._db = db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+                                        isolation_level=None)
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        _wal(db)
+        db.execute("PRAGMA synchronous = NORMAL")
+        self._migrate(db)
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """Bring the schema up to date; a current one is not written (a full disk still
+        opens it)."""
+        if int(db.execute("PRAGMA user_version").fetchone()[0]) == len(_MIGRATIONS):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > len(_MIGRATIONS):
-                raise StateError(f"state database {self.path} has schema version {version}, "
-                                 f"newer than this lokid ({len(_MIGRATIONS)}): upgrade lokid")
+                raise StateError(_newer(self.path, version))
             for n in range(version, len(_MIGRATIONS)):
                 # executescript() would commit the transaction: one statement at a time
                 for statement in _MIGRATIONS[n].split(";"):
                     if statement.strip():
                         db.execute(statement)
             db.execute(f"PRAGMA user_version = {len(_MIGRATIONS)}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _set_aside(self, e: BaseException) -> bool:
+        """Move the damaged database (with its -wal and -shm) to ``state.db.damaged-<UTC
+        time>``; whether a new one may be made in its place.
+
+        Under a lock on the directory, and only when the file there is still the one this
+        connection opened: two helpers finding the same damage at once (two presets
+        starting at boot) set it aside once, and the second opens the first one's new
+        database rather than moving it away too.
+        """
+        try:
+            fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as oe:
+            self.unwritable = f"the state database {self.path} is damaged ({e}) and " \
+                              f"cannot be moved aside ({oe.strerror})"
+            return False
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _inode(self.path) != self._ino:
+                return True  # set aside already, by another process
+            aside = self.path + DAMAGED_SUFFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            n = 1
+            while os.path.lexists(aside + (f".{n}" if n > 1 else "")):
+                n += 1
+            aside += f".{n}" if n > 1 else ""
+            os.rename(self.path, aside)
+            for suffix in ("-wal", "-shm"):
+                try:
+                    os.rename(self.path + suffix, aside + suffix)
+                except FileNotFoundError:
+                    pass
+        except OSError as oe:
+            self.unwritable = f"the state database {self.path} is damaged ({e}) and " \
+                              f"cannot be moved aside ({oe.strerror})"
+            return False
+        finally:
+            os.close(fd)
+        journal_log("", f"the state database {self.path} is damaged ({e}): moved aside to "
+                    f"{aside}, and a new one started (the attempt tokens, failure verdicts "
+                    "and benchmark results it held are lost)", priority=4)
+        return True
+
+    def _damage(self, e: BaseException) -> bool:
+        if self.unwritable:
+            return super()._damage(e)  # cannot move it: read as empty
+        self._open(damaged=e)
+        return not self.unwritable
+
+    # --- writing ---------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self._db is None:
+            raise StateError(self.unwritable or f"the state database {self.path} is closed")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:  # a failed COMMIT may have rolled back already
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            raise
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` in one write transaction (taken before reading, so its reads are under
+        the lock); StateError when the database cannot be written. A damaged database
+        is replaced and ``fn`` runs on the new one."""
+        if self.unwritable:
+            raise StateError(self.unwritable)
+        for retry in (False, True):
+            try:
+                with self._transaction() as db:
+                    return fn(db)
+            except sqlite3.Error as e:
+                if retry or not _damaged(e) or not self._damage(e):
+                    raise self._fault(e, "written") from None
+        raise AssertionError("unreachable: the second round returns or raises")
 
     @property
     def schema_version(self) -> int:
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        """StateError when it cannot be read; 0 for a database that could not be made."""
+        return self._query(lambda db: int(db.execute("PRAGMA user_version").fetchone()[0]), 0)
 
     def _record(self, db: sqlite3.Connection, preset: str, mark: str, why: str) -> None:
         db.execute("INSERT OR REPLACE INTO failed (preset, mark, reason, at) VALUES (?, ?, ?, ?)",
@@ -276,84 +673,128 @@ class StateDB:
 
     # --- the attempt token ---------------------------------------------------------
 
-    def peek(self, preset: str, mark: Mark, loading: bool = False) -> Verdict:
-        """Read-only verdict for the next launch of ``mark``."""
-        attempt, failed = _read(self._db, preset)
-        return verdict(mark.key(), attempt, failed, loading)
-
-    def settle(self, preset: str, mark: Mark, found: Verdict, attempt: bool) -> None:
+    def settle(self, preset: str, mark: Mark, found: Verdict, attempt: bool) -> Token | None:
         """Once the port is free, just before launching: consume the old token, record
-        the failure ``found`` by :meth:`peek` if due, set a token if ``attempt``."""
-        with self._write() as db:
+        the failure ``found`` by :meth:`peek` if due, set a token if ``attempt``.
+
+        Returns the new token. StateError when the database cannot be written: nothing
+        changed, and a launch that wanted a token must run without automatic flags.
+        """
+        token = Token(mark.key(), time.time()) if attempt else None
+
+        def do(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
             if found.record:
                 self._record(db, preset, mark.key(), found.why)
-            if attempt:
+            if token is not None:
                 db.execute("INSERT INTO attempt (preset, mark, since) VALUES (?, ?, ?)",
-                           (preset, mark.key(), time.time()))
+                           (preset, token.mark, token.since))
+
+        self._write(do)
+        return token
 
     def clear(self, preset: str, mark: Mark, why: str = "") -> bool:
         """Remove ``mark``'s token, and only it; with ``why``, record ``mark`` as failed.
 
-        Returns whether the token was there.
+        Returns whether the token was there. StateError when the database cannot be
+        written (the caller may :func:`note_cleared` the token instead).
         """
-        with self._write() as db:
+        def do(db: sqlite3.Connection) -> bool:
             current, _ = _read(db, preset)
-            if current != mark.key():
+            if current is None or current.mark != mark.key():
                 return False
             db.execute("DELETE FROM attempt WHERE preset = ?", (preset,))
             if why:
                 self._record(db, preset, mark.key(), why)
             return True
 
+        return self._write(do)
+
     def record_failure(self, preset: str, mark: Mark, why: str) -> None:
-        """Record ``mark`` as failed whatever the token (a verdict from the journal)."""
-        with self._write() as db:
-            self._record(db, preset, mark.key(), why)
+        """Record ``mark`` as failed whatever the token (a verdict from the journal).
+        StateError when the database cannot be written."""
+        self._write(lambda db: self._record(db, preset, mark.key(), why))
 
     def attempt(self, preset: str) -> str | None:
-        return _read(self._db, preset)[0]
+        """The mark of the preset's token; StateError when it cannot be read."""
+        token = self._query(lambda db: _read(db, preset)[0], None)
+        return None if token is None else token.mark
 
     def failures(self, preset: str) -> list[Failure]:
-        rows = self._db.execute(
-            "SELECT mark, reason, at FROM failed WHERE preset = ? ORDER BY at, rowid", (preset,))
-        return [Failure(m, r, a) for m, r, a in rows]
+        """The failed marks on record, oldest first; StateError when they cannot be read."""
+        def do(db: sqlite3.Connection) -> list[Failure]:
+            rows = db.execute("SELECT mark, reason, at FROM failed WHERE preset = ? "
+                              "ORDER BY at, rowid", (preset,))
+            return [Failure(m, r, a) for m, r, a in rows]
+
+        return self._query(do, [])
 
     def clear_failures(self, preset: str) -> int:
-        with self._write() as db:
-            return db.execute("DELETE FROM failed WHERE preset = ?", (preset,)).rowcount
+        """Forget them; how many there were. StateError when that cannot be written."""
+        return self._write(
+            lambda db: db.execute("DELETE FROM failed WHERE preset = ?", (preset,)).rowcount)
 
     # --- benchmark results -----------------------------------------------------------
 
     def save_bench(self, saved: SavedBench) -> None:
-        """Keep a complete result as the preset's (replacing its previous one)."""
-        import json
-
+        """Keep a complete result as the preset's (replacing its previous one).
+        StateError when the database cannot be written."""
         blob = json.dumps(saved.result, sort_keys=True)
-        with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO bench (preset, result, model, engine, "
-                       "fingerprint, at) VALUES (?, ?, ?, ?, ?, ?)",
-                       (saved.preset, blob, saved.model, saved.engine, saved.fingerprint,
-                        saved.at))
+        self._write(lambda db: db.execute(
+            "INSERT OR REPLACE INTO bench (preset, result, model, engine, fingerprint, at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (saved.preset, blob, saved.model, saved.engine, saved.fingerprint, saved.at)))
 
     def bench(self, preset: str, fingerprint: str | None = None) -> SavedBench | None:
         """The preset's saved result; with ``fingerprint``, only if it measured that
-        configuration (a preset whose model, GPUs or arguments changed shows nothing)."""
-        import json
-
-        row = self._db.execute("SELECT result, model, engine, fingerprint, at FROM bench "
-                               "WHERE preset = ?", (preset,)).fetchone()
+        configuration (a preset whose model, GPUs or arguments changed shows nothing).
+        None too when it cannot be read (nothing to show is the safe answer)."""
+        try:
+            row = self._query(lambda db: db.execute(
+                "SELECT result, model, engine, fingerprint, at FROM bench WHERE preset = ?",
+                (preset,)).fetchone(), None)
+        except StateError:
+            return None
         if row is None or (fingerprint is not None and row[3] != fingerprint):
             return None
-        return SavedBench(preset, json.loads(row[0]), row[1], row[2], row[3], row[4])
+        try:
+            result = json.loads(row[0])
+        except ValueError:
+            return None
+        return SavedBench(preset, result, row[1], row[2], row[3], row[4])
 
     def effort(self, model: str, wanted: str) -> str | None:
-        """The level to send for ``wanted`` with ``model`` ("" = no field), if one was learned."""
-        row = self._db.execute("SELECT used FROM effort WHERE model = ? AND wanted = ?",
-                               (model, wanted)).fetchone()
+        """The level to send for ``wanted`` with ``model`` ("" = no field), if one was
+        learned; None too when it cannot be read (it is learned again)."""
+        try:
+            row = self._query(lambda db: db.execute(
+                "SELECT used FROM effort WHERE model = ? AND wanted = ?",
+                (model, wanted)).fetchone(), None)
+        except StateError:
+            return None
         return None if row is None else str(row[0])
 
     def learn_effort(self, model: str, wanted: str, used: str) -> None:
-        with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO effort (model, wanted, used) VALUES (?, ?, ?)",
-                       (model, wanted, used))
+        """StateError when the database cannot be written."""
+        self._write(lambda db: db.execute(
+            "INSERT OR REPLACE INTO effort (model, wanted, used) VALUES (?, ?, ?)",
+            (model, wanted, used)))
+
+
+def _wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL (persistent: only the first opener of a new file changes it).
+
+    Changing the journal mode needs the database to itself, and SQLite does not
+    wait on its busy handler for that: two helpers opening a new state DB at
+    once (two presets starting at boot) got "database is locked". Retried here
+    within the busy timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)

@@ -10,7 +10,8 @@ through a Python pipe a stalled reader could block), then:
   time, memory or I/O moving), and ``WATCHDOG=1`` while it is alive;
 - once ``/health`` answers 200: ``READY=1`` and ``STATUS=ready: …``, then
   ``WATCHDOG=1`` only while ``/health`` keeps answering, so a hung engine is
-  restarted by systemd's watchdog;
+  restarted by systemd's watchdog; the caller's ``on_ready`` runs then, and its
+  failure is one logged line, never a reason to stop the healthy engine;
 - on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
   after a grace period), and return the engine's status (0 when our SIGTERM
   killed it: a stop while loading is still a clean stop);
@@ -227,7 +228,10 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                     notifier.send("WATCHDOG=1")
                     next_watchdog = now + watchdog_every
                 if on_ready is not None:
-                    on_ready(url)
+                    try:
+                        on_ready(url)
+                    except Exception as e:  # never a reason to stop a healthy engine
+                        log(f"ready, but what follows READY failed: {type(e).__name__}: {e}")
                 next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
                 continue
             if now >= next_status:

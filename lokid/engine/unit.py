@@ -18,6 +18,12 @@ STATUS= line and its exit status are what ``systemctl status`` shows:
    its own attempt token (the next start of the same configuration may try
    again) and mark the start ready.
 
+The state DB never stops a start nor a healthy engine (:mod:`lokid.engine.state`):
+a start that cannot set its token runs without automatic speculation and says
+why; a token that cannot be cleared at READY (or at a stop while loading) is
+noted in the runtime directory instead (:func:`~lokid.engine.state.note_cleared`)
+and the next start counts it as cleared; either is one journal line.
+
 ``stopped`` reads how systemd ended the start (``$SERVICE_RESULT``,
 ``$EXIT_CODE``, ``$EXIT_STATUS``): a failure is recorded for the crash-loop
 rule; a clean stop (the operator's, shutdown, ``apt remove``) while an
@@ -40,10 +46,11 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy kno
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..core.attempt import Mark
+    from ..core.attempt import Mark, Verdict
     from ..core.plan import Plan, PlanInputs
     from ..core.runtimeplan import RuntimePlan
     from .notify import Notifier
+    from .state import StateDB, Token
 
 
 def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
@@ -55,37 +62,77 @@ def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
 class _Planned:
     """A start's plan as ``_prestart`` made it: what ``engine`` needs afterwards."""
 
-    __slots__ = ("plan", "mark", "inputs", "verdict", "runtime")
+    __slots__ = ("plan", "mark", "inputs", "verdict", "runtime", "token")
 
     def __init__(self, plan: Plan, mark: Mark, inputs: PlanInputs, verdict: str,
-                 runtime: RuntimePlan):
+                 runtime: RuntimePlan, token: Token | None):
         self.plan, self.mark, self.inputs = plan, mark, inputs
-        self.verdict, self.runtime = verdict, runtime
+        self.verdict, self.runtime, self.token = verdict, runtime, token
 
 
 def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
               environ: Mapping[str, str] | None = None,
               log_notes: bool = True) -> _Planned:
+    from ..core.conflicts import listen_source
+    from ..core.errors import StateError
     from ..core.runtimeplan import RuntimePlan
     from .endpoint import check_port_free
     from .gather import check_port_conflicts, decide, gather
     from .runtimedir import write_runtime_plan
-    from .state import StateDB
+    from .state import StateDB, StateReader, needs_token, read_cleared
 
     environ = dict(os.environ if environ is None else environ)
     inputs = gather(config_dir, name, environ)
-    with StateDB(state_dir) as db:
-        plan, mark, found = decide(inputs, db)
+    cleared = read_cleared(runtime_dir, name)
+    db: StateDB | StateReader
+    unusable: StateError | None = None
+    try:
+        db = StateDB(state_dir)
+    except StateError as e:  # nothing to write to: look, and start without a token
+        db, unusable = StateReader(state_dir), e
+    with db:
+        plan, mark, found = decide(inputs, db, cleared=cleared)
         check_port_conflicts(config_dir, plan, inputs.config)  # two presets, one port
         # Before any token moves: a second start refused because the first is
         # still loading must not count the first one's token as a failure.
-        check_port_free(plan.host, plan.port, runtime_dir)
-        db.settle(name, mark, found, attempt=plan.spec.auto)
+        check_port_free(plan.host, plan.port, runtime_dir,
+                        listen_source(inputs.preset, inputs.config))
+        token = None
+        if isinstance(db, StateDB):
+            try:
+                token = _settle(db, runtime_dir, name, mark, found, plan.spec.auto, cleared)
+            except StateError as e:
+                unusable = e
+        if unusable is not None and plan.spec.auto:
+            plan, mark, found = decide(inputs, db, cleared=cleared,
+                                       blocked=needs_token(str(unusable)))
     rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
     write_runtime_plan(runtime_dir, rp)
     if log_notes:
         _log_plan(name, plan.notes, plan.command_line())
-    return _Planned(plan, mark, inputs, found.why, rp)
+    return _Planned(plan, mark, inputs, found.why, rp, token)
+
+
+def _settle(db: StateDB, runtime_dir: str, name: str, mark: Mark, found: Verdict,
+            attempt: bool, cleared: Token | None) -> Token | None:
+    """:meth:`StateDB.settle`, and the runtime directory's note of a cleared token
+    forgotten once the token it spoke for is gone; the new token. StateError from the
+    settle: nothing changed, the note stays."""
+    if cleared is None:
+        return db.settle(name, mark, found, attempt)
+    was = db.token(name) == cleared
+    token = db.settle(name, mark, found, attempt)
+    from .state import forget_cleared
+
+    try:
+        forget_cleared(runtime_dir, name)
+    except OSError as e:
+        journal_log(name, f"the note of a cleared attempt token was not removed: {e}",
+                    priority=4)
+    if was:
+        journal_log(name, "the last automatic launch's attempt token, which the state "
+                    "database could not clear then, counted as cleared and is gone now")
+    return token
 
 
 def _log_plan(name: str, notes: tuple[str, ...], command_line: str, how: str = "") -> None:
@@ -96,10 +143,11 @@ def _log_plan(name: str, notes: tuple[str, ...], command_line: str, how: str = "
 
 
 def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
-           environ: Mapping[str, str]) -> RuntimePlan | None:
+           environ: Mapping[str, str]) -> tuple[RuntimePlan, Token | None] | None:
     """The plan of the last start that became ready, settled and written for this start,
-    when nothing it came from changed and the attempt verdict is the one it was planned
-    with (:mod:`lokid.engine.plancache`); None: plan afresh."""
+    with its token, when nothing it came from changed and the attempt verdict is the one
+    it was planned with (:mod:`lokid.engine.plancache`); None: plan afresh (the state DB
+    failing included: planning afresh says what that means)."""
     from . import plancache
 
     found = plancache.reusable(runtime_dir, name, environ)
@@ -107,25 +155,30 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         return None
     from dataclasses import replace
 
+    from ..core.errors import StateError
     from ..core.runtimeplan import RuntimePlan
     from .endpoint import check_port_free
     from .runtimedir import write_runtime_plan
-    from .state import StateDB
+    from .state import StateDB, read_cleared
 
     data, verdict = found
     try:
         rp = RuntimePlan.from_json(data)
     except ValueError:
         return None
-    with StateDB(state_dir) as db:
-        now = db.peek(name, rp.mark)
-        if now.why != verdict or now.record:
-            return None
-        check_port_free(rp.host, rp.port, runtime_dir)
-        db.settle(name, rp.mark, now, attempt=rp.auto)
+    cleared = read_cleared(runtime_dir, name)
+    try:
+        with StateDB(state_dir) as db:
+            now = db.peek(name, rp.mark, cleared=cleared)
+            if now.why != verdict or now.record:
+                return None
+            check_port_free(rp.host, rp.port, runtime_dir)
+            token = _settle(db, runtime_dir, name, rp.mark, now, rp.auto, cleared)
+    except StateError:
+        return None
     rp = replace(rp, invocation=invocation, pid=os.getpid())
     write_runtime_plan(runtime_dir, rp)
-    return rp
+    return rp, token
 
 
 def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
@@ -134,25 +187,16 @@ def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     verdict read from the state DB without changing it (the DB is never created or
     written here), and a token of a launch that is loading now shown as such.
 
-    A state DB that cannot be read leaves the verdict unknown, said in a note.
+    A state DB that cannot be read (damaged, or not readable by this user) is read as
+    empty, said in a note (:class:`~lokid.engine.state.StateReader`).
     """
-    from dataclasses import replace
-
-    from ..core.errors import StateError
     from .gather import decide, gather
-    from .state import StateReader
+    from .state import StateReader, read_cleared
 
     inputs = gather(config_dir, name, environ, for_unit=True)
-    try:
-        with StateReader(state_dir) as db:
-            plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name))
-    except StateError as e:
-        from ..core.plan import build_plan
-
-        plan = build_plan(inputs)
-        if plan.spec.auto:
-            plan = replace(plan, notes=(*plan.notes, f"{e}: whether the last automatic "
-                                        "launch of this configuration failed is unknown"))
+    with StateReader(state_dir) as db:
+        plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name),
+                            cleared=read_cleared(runtime_dir, name))
     return plan
 
 
@@ -240,12 +284,14 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     planned_at = time.time_ns()
     planned: _Planned | None = None
     try:
-        rp = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
-        if rp is None:
+        reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
+        if reused is None:
             # the notes are logged once the engine is spawned: the journal's client
             # library loads while the engine does, not before it
             planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
-            rp = planned.runtime
+            rp, token = planned.runtime, planned.token
+        else:
+            rp, token = reused
     except LokiError as e:
         notifier.send(f"STATUS={e}")
         journal_log(name, str(e), priority=3)
@@ -260,12 +306,9 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     def on_ready(url: str) -> None:
         from . import exits, plancache
 
+        if rp.auto:
+            _clear_token(state_dir, runtime_dir, name, rp.mark, token, "ready")
         try:
-            if rp.auto:
-                from .state import StateDB
-
-                with StateDB(state_dir) as db:
-                    db.clear(name, rp.mark)
             exits.mark_ready(runtime_dir, name, invocation)
             if planned is not None:
                 plancache.record(runtime_dir, name,
@@ -319,9 +362,43 @@ def _forgive_stop(state_dir: str, runtime_dir: str, name: str, invocation: str) 
         return  # stopped before this start had planned: nothing of it to clear
     if not rp.auto or rp.invocation != invocation:
         return
-    from .state import StateDB
+    if _clear_token(state_dir, runtime_dir, name, rp.mark, None, "stopped while loading"):
+        journal_log(name, "stopped while loading: not counted against automatic "
+                    "speculative decoding")
 
-    with StateDB(state_dir) as db:
-        if db.clear(name, rp.mark):
-            journal_log(name, "stopped while loading: not counted against automatic "
-                        "speculative decoding")
+
+def _clear_token(state_dir: str, runtime_dir: str, name: str, mark: Mark,
+                 token: Token | None, what: str) -> bool:
+    """Clear this launch's attempt token (``what``: why it counts as cleared); when the
+    state DB cannot, note the token in the runtime directory so that the next start
+    counts it as cleared all the same. ``token``: the one this launch set, None to read
+    it. Whether it was cleared or noted. Never raises: each failure is one journal line.
+    """
+    from ..core.errors import StateError
+    from .state import StateDB, StateReader, note_cleared
+
+    try:
+        with StateDB(state_dir) as db:
+            return db.clear(name, mark)
+    except StateError as e:
+        failed = e
+    if token is None:
+        with StateReader(state_dir) as reader:
+            token = reader.token(name)
+        if token is not None and token.mark != mark.key():
+            return False  # not this configuration's token: not ours to excuse
+    if token is None:
+        journal_log(name, f"{what}, but its attempt token was not cleared: {failed}; if it "
+                    "is still there, the next start runs without automatic speculation",
+                    priority=4)
+        return False
+    try:
+        path = note_cleared(runtime_dir, name, token)
+    except OSError as e:
+        journal_log(name, f"{what}, but its attempt token was not cleared: {failed}, nor "
+                    f"noted in {runtime_dir} ({e}); the next start runs without automatic "
+                    "speculation", priority=4)
+        return False
+    journal_log(name, f"{what}, but its attempt token was not cleared: {failed}; noted in "
+                f"{path}, the next start counts it as cleared", priority=4)
+    return True

@@ -69,3 +69,33 @@ def test_a_stop_reaches_the_whole_group_and_kills_what_ignores_it(tmp_path: Path
     assert rc == 0, logged  # the wrapper died of our SIGTERM: a clean stop
     assert not alive(int(pidfile.read_text())), logged
     assert time.monotonic() - started < supervisor.STOP_RESEND, logged
+
+
+def test_a_failing_on_ready_never_stops_a_healthy_engine(tmp_path: Path) -> None:
+    """What the caller does at READY (clear a token in a state DB on a full disk) may fail
+    with any error: one logged line, and the engine keeps serving until it is stopped."""
+    import os
+    import sqlite3
+    import threading
+
+    from lokid.engine.endpoint import health_status
+
+    port = free_port()
+    server = tmp_path / "server.py"
+    server.write_text(HEALTHY)
+    script = f'"{sys.executable}" {server} {port} & wait'
+    logged: list[str] = []
+    answered: list[int | None] = []
+
+    def later() -> None:
+        answered.append(health_status("127.0.0.1", port, timeout=2))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_ready(url: str) -> None:
+        threading.Timer(1.0, later).start()
+        raise sqlite3.OperationalError("database or disk is full")
+
+    rc = supervisor.supervise(launch(script, port), log=logged.append, on_ready=on_ready)
+    assert answered == [200], logged  # still serving a second after the failure
+    assert rc == 0, logged            # and ended by the stop, not by the error
+    assert any("OperationalError: database or disk is full" in m for m in logged), logged

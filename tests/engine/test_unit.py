@@ -1,7 +1,8 @@
 """`lokid prestart`, `lokid engine` and `lokid stopped` outside systemd, with the real
 engine and a real sd_notify socket: the attempt-token cycle, READY/STATUS/WATCHDOG/STOPPING,
-failures, the exit statuses the unit's RestartPreventExitStatus= knows, and how a start
-ended (the unit's ExecStopPost=)."""
+failures, the exit statuses the unit's RestartPreventExitStatus= knows, how a start
+ended (the unit's ExecStopPost=), and state DB faults (a damaged file; a full or read-only
+state directory: a size-limited tmpfs mounted there)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -21,7 +23,7 @@ from support.enginekit import NotifyListener, free_port, write_config, write_pre
 
 from lokid.core.errors import StalePlanError
 from lokid.engine.runtimedir import read_runtime_plan
-from lokid.engine.state import NEVER_ANSWERED, StateDB
+from lokid.engine.state import NEVER_ANSWERED, StateDB, read_cleared
 from lokid.engine.unit import prestart
 
 pytestmark = pytest.mark.engine
@@ -460,3 +462,162 @@ def test_a_restart_reuses_the_last_ready_plan_only_while_nothing_changed(
     assert "nothing it was made from has changed" in start()
     os.utime(models.mtp_full, None)  # same content, but its status changed
     assert "nothing it was made from has changed" not in start()
+
+
+# --- state DB faults ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def state_fs(dirs: Dirs) -> Iterator[Path]:
+    """A 1 MiB tmpfs as the state directory: filled, its disk is really full; remounted
+    read-only, really read-only (chmod does not stop root, which these tests run as)."""
+    where = Path(dirs.state)
+    where.mkdir(parents=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def remount(fs: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(fs)], check=True)
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["alone", "held-open"])
+def test_a_full_state_disk_at_ready_keeps_the_engine_and_the_next_start_says_why(
+        dirs: Dirs, models: Any, engine: str, tmp_path: Path, state_fs: Path,
+        helpers: list[EngineHelper], held: bool) -> None:
+    """The disk fills while the engine loads (this engine's wrapper fills it just before it
+    runs the engine, after the token was set): at READY the token cannot be cleared. The
+    engine keeps serving, the token is noted in the runtime directory, and the next start
+    says why it runs without automatic speculation, not "never answered".
+
+    ``held``: another process holds the database open, so its -shm exists and opening it
+    needs no space: the clear's own COMMIT meets the full disk (the sqlite3 error that
+    used to escape and take the engine down). Alone, opening it fails already."""
+    holder = None
+    if held:
+        StateDB(dirs.state).close()
+        holder = sqlite3.connect(Path(dirs.state, "state.db"))
+        holder.execute("SELECT * FROM attempt").fetchall()
+    filler = state_fs / "fill"
+    wrapper = tmp_path / "llama-server-fills-the-state-disk"
+    wrapper.write_text(f"""#!/bin/sh
+case " $* " in *" --help "*|*" --version "*) exec {engine} "$@";; esac
+cat /dev/zero > {filler} 2>/dev/null
+exec {engine} "$@"
+""")
+    wrapper.chmod(0o755)
+    write_config(tmp_path, str(wrapper), [models.dir])
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID="full-1")
+    helpers.append(h)
+    h.notify.wait_for("READY=1")
+    deadline = time.monotonic() + 15
+    while "was not cleared" not in h.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # it kept running past READY and the failed clear
+    log = h.log.read_text()
+    assert h.proc.poll() is None, log
+    assert "Traceback" not in log, log
+    [line] = [x for x in log.splitlines() if "was not cleared" in x]
+    assert "No space left on device" in line and "p.cleared" in line, line
+    from lokid.engine.endpoint import health_status
+
+    assert health_status("127.0.0.1", dirs.port, timeout=5) == 200
+    with StateDB(dirs.state) as db:
+        token = db.token("p")
+    assert token is not None and read_cleared(dirs.runtime, "p") == token
+    assert h.stop() == 0
+    if holder is not None:
+        holder.close()
+        # Its close leaves a checkpointed WAL that may have room for the next token, full
+        # disk or not: the next start then sets one, and auto is tried. Either way, never
+        # "never answered".
+        plan = dirs.prestart("p")
+        assert not any(NEVER_ANSWERED in n for n in plan.notes), plan.notes
+        assert plan.spec.auto or any("No space left on device" in n for n in plan.notes)
+        return
+
+    # the disk still full: no token can be set, and the plan says so
+    plan = dirs.prestart("p")
+    assert not plan.spec.auto and "--spec-type" not in plan.argv
+    assert not any(NEVER_ANSWERED in n for n in plan.notes), plan.notes
+    why = [n for n in plan.notes if "needs its attempt token" in n]
+    assert why and "No space left on device" in why[0], plan.notes
+    r = subprocess.run([sys.executable, "-m", "lokid.cli", "plan", "p"], env=dirs.env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert NEVER_ANSWERED not in r.stdout and "No space left on device" in r.stdout, r.stdout
+
+    # space again: the token counts as cleared (its launch answered), auto is tried
+    filler.unlink()
+    plan = dirs.prestart("p")
+    assert plan.spec.auto, plan.notes
+    assert read_cleared(dirs.runtime, "p") is None  # the note went with its token
+    with StateDB(dirs.state) as db:
+        assert db.attempt("p") == token.mark and db.token("p") != token  # a new one
+        assert db.failures("p") == []
+
+
+def test_a_read_only_state_dir_starts_without_automatic_speculation_and_says_why(
+        dirs: Dirs, models: Any, tmp_path: Path, state_fs: Path) -> None:
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    dirs.prestart("p", INVOCATION_ID="loading-1")  # a launch began...
+    remount(state_fs, "ro")
+    try:
+        # ...and was stopped while loading: not its failure, though the DB cannot say so
+        r, _ = run_helper(dirs, tmp_path, "stopped", "p", INVOCATION_ID="loading-1",
+                          SERVICE_RESULT="success", EXIT_CODE="killed", EXIT_STATUS="TERM")
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "Read-only file system" in r.stderr and "p.cleared" in r.stderr, r.stderr
+        assert read_cleared(dirs.runtime, "p") is not None
+        r, _ = run_helper(dirs, tmp_path, "prestart", "p")
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "Read-only file system" in r.stderr and "needs its attempt token" in r.stderr
+        rp = read_runtime_plan(dirs.runtime, "p")
+        assert not rp.auto and "--spec-type" not in rp.argv
+    finally:
+        remount(state_fs, "rw")
+    assert dirs.prestart("p").spec.auto  # the stop was forgiven after all
+
+
+def test_a_damaged_state_db_never_stops_plan_prestart_or_engine(
+        dirs: Dirs, models: Any, tmp_path: Path, helpers: list[EngineHelper]) -> None:
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    dirs.prestart("p")
+    db_file = Path(dirs.state, "state.db")
+    with open(db_file, "r+b") as f:  # the header page overwritten: "file is not a database"
+        f.write(os.urandom(4096))
+    r = subprocess.run([sys.executable, "-m", "lokid.cli", "plan", "p"], env=dirs.env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "damaged" in r.stdout and "file is not a database" in r.stdout, r.stdout
+    assert not list(Path(dirs.state).glob("state.db.damaged-*"))  # a look only
+
+    r, _ = run_helper(dirs, tmp_path, "prestart", "p")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    [moved] = Path(dirs.state).glob("state.db.damaged-*[0-9Z]")
+    assert f"moved aside to {moved}" in r.stderr, r.stderr
+    assert read_runtime_plan(dirs.runtime, "p").auto  # a new, empty database: tried
+
+    # damaged again, in the middle this time, under `lokid engine` itself
+    raw = sqlite3.connect(db_file)
+    page = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'attempt'").fetchone()[0]
+    raw.close()
+    with open(db_file, "r+b") as f:
+        f.seek((page - 1) * 4096)
+        f.write(os.urandom(4096))
+    h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID="damaged-1")
+    helpers.append(h)
+    h.notify.wait_for("READY=1")
+    time.sleep(0.3)
+    assert h.proc.poll() is None and "Traceback" not in h.log.read_text()
+    assert len(list(Path(dirs.state).glob("state.db.damaged-*[0-9Z]"))) == 2
+    assert h.stop() == 0
