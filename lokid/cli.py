@@ -3,8 +3,9 @@
 and ``daemon`` (the D-Bus service).
 
 Arguments become typed calls here; no argparse object leaves this module.
-Errors are one line on stderr, or one journal entry when stderr is the
-journal (a traceback only with ``--debug``). Exit
+A preset name is checked before anything else (:func:`_preset_name`): no file
+named after it is read or written. Errors are one line on stderr, or one journal
+entry when stderr is the journal (a traceback only with ``--debug``). Exit
 status: 0 on success, 2 for a config/preset/model/engine problem, 1 for a
 busy port; ``run`` otherwise exits with the engine's own status; ``engine`` exits
 78 when the preset cannot start as it is and 69 when the crash-loop rule stops
@@ -25,23 +26,53 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Sequence
 
+    from .core.conflicts import ListenSource
+
 # Imports of each command stay inside it: `lokid engine` is on the path from
 # `systemctl start` to READY, and every module loaded there delays readiness.
 
 EXIT_CONFIG = 2
 EXIT_BUSY = 1
+# The commands whose argument is a preset name. `engine` checks its own (the unit's
+# ExecStart: its STATUS= and exit status 78 say why, and stop the restarts).
+PRESET_COMMANDS = ("plan", "run", "prestart", "stopped", "bench")
+
+
+def _preset_name(name: str) -> str:
+    """``name``, when it is a preset name; ConfigError (exit 2) otherwise, before any
+    file named after it (a preset, a runtime plan, a failure record) is opened:
+    ``../x`` would name one outside its directory."""
+    from .core.config import check_preset_name
+
+    check_preset_name(name)
+    return name
+
+
+def _listening(config_dir: str, name: str) -> tuple[str, int, ListenSource]:
+    """Where the preset's engine will listen, and which files set the host and the port
+    (for an error about either)."""
+    from .core import config as cfg
+    from .core.conflicts import listen_address, listen_source
+
+    preset, glob = cfg.load_preset(config_dir, name), cfg.load_global(config_dir)
+    return (*listen_address(preset, glob), listen_source(preset, glob))
 
 
 def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import json
+    import os
 
     from .core.plan import format_plan
-    from .engine.gather import check_port_conflicts
+    from .engine.endpoint import check_address
+    from .engine.gather import check_port_conflicts, unit_user
     from .engine.unit import plan_now
 
     # As the next start will run it: as root, the files checked as loki-engine@.service's
     # user will open them; the attempt verdict read from the state DB, changing nothing.
     plan = plan_now(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
+    # the address as the start will bind it, and the port as that user may
+    check_address(plan.host, plan.port, unit_user(os.environ),
+                  _listening(config_dir, preset)[2])
     check_port_conflicts(config_dir, plan)
     if as_json:
         print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
@@ -51,10 +82,13 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
 
 
 def cmd_run(config_dir: str, preset: str) -> int:
+    from .core.conflicts import listen_source
+    from .core.plan import build_plan
     from .engine.foreground import run_plan
-    from .engine.gather import make_plan
+    from .engine.gather import gather
 
-    return run_plan(make_plan(config_dir, preset))
+    inputs = gather(config_dir, preset)
+    return run_plan(build_plan(inputs), source=listen_source(inputs.preset, inputs.config))
 
 
 def cmd_prestart(config_dir: str, preset: str) -> int:
@@ -195,15 +229,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 2 and argv[0] == "engine" and not argv[1].startswith("-"):
+    if len(argv) == 2 and argv[0] == "engine" and argv[1] not in ("-h", "--help"):
         # The unit's ExecStart, a fixed command line: skip argparse (and the
-        # regular-expression machinery it imports) on the way to READY.
+        # regular-expression machinery it imports) on the way to READY. Whatever
+        # the instance name, even "-rf": argparse would exit 2, which the unit
+        # restarts forever; `engine` refuses a bad name with 78, which it does not.
         return _guard(lambda: cmd_engine(paths.config_dir(), argv[1]), debug=False)
     args = _parser().parse_args(argv)
     config_dir: str = args.config_dir or paths.config_dir()
     command: str = args.command
 
     def dispatch() -> int:
+        if command in PRESET_COMMANDS:
+            _preset_name(args.preset)
         if command == "plan":
             return cmd_plan(config_dir, args.preset, bool(args.json))
         if command == "run":

@@ -30,6 +30,7 @@ import httpx
 
 from ..core import benchrules
 from ..core.address import engine_url
+from ..core.config import check_preset_name
 from ..core.errors import EngineError, StalePlanError
 from ..core.iosample import IOSampler
 from ..core.plan import Plan, PlanInputs
@@ -56,7 +57,10 @@ class Outcome:
 
 
 def started(runtime_dir: str, name: str) -> RuntimePlan | None:
-    """The runtime plan of the preset's current or last start, or None (blocking, small)."""
+    """The runtime plan of the preset's current or last start, or None (blocking, small).
+    ConfigError for a name that is no preset name: ``../x`` would read a file outside
+    the runtime directory, whichever caller forgot to plan first."""
+    check_preset_name(name)
     try:
         return read_runtime_plan(runtime_dir, name)
     except StalePlanError:

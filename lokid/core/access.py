@@ -1,4 +1,5 @@
-"""Whether a user may read a file (or run it), from mode bits: the engine unit's view.
+"""Whether a user may read a file (or run it), from mode bits, or listen on a port: the
+engine unit's view.
 
 ``loki-engine@.service`` runs the engine as :data:`ENGINE_USER`, in its own
 groups and :data:`ENGINE_GROUPS`. lokid plans as root (``lokid plan``, the
@@ -15,6 +16,11 @@ are read (owner, then group, then others, as the kernel checks them). POSIX
 ACLs are not evaluated: a node that carries one is given the benefit of the
 doubt (``acl``), so that an operator's ``setfacl -m u:loki:rx`` never turns
 into a false error. Capabilities and LSMs (AppArmor, SELinux) are not seen.
+
+A port below ``net.ipv4.ip_unprivileged_port_start`` (1024 unless lowered) is
+the same kind of check: root may bind it, the unit's ``loki`` may not (the unit
+grants no CAP_NET_BIND_SERVICE), so a plan made as root asks :func:`may_listen`
+for the unit's user rather than learning it from the engine's failed start.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ ENGINE_USER = "loki"
 ENGINE_GROUPS = ("video", "render")
 # Another user for the check (development, tests): a throwaway user stands in for loki.
 ENGINE_USER_ENV = "LOKI_ENGINE_USER"
+# The kernel's default for net.ipv4.ip_unprivileged_port_start (what binding a lower port
+# takes CAP_NET_BIND_SERVICE for), where /proc/sys cannot be read.
+UNPRIVILEGED_PORT_START = 1024
 
 READ = 4
 EXECUTE = 1      # on a directory: search
@@ -63,6 +72,14 @@ class Node:
 def engine_user(environ: Mapping[str, str]) -> str:
     """The user name the engine's unit runs as (``$LOKI_ENGINE_USER`` overrides it)."""
     return environ.get(ENGINE_USER_ENV, "").strip() or ENGINE_USER
+
+
+def may_listen(uid: int, port: int, unprivileged_start: int, capable: bool = False) -> bool:
+    """Whether a process of ``uid`` may bind ``port``: a port from
+    ``unprivileged_start`` (the sysctl net.ipv4.ip_unprivileged_port_start) up is
+    anyone's; a lower one is root's, or ``capable``'s (CAP_NET_BIND_SERVICE, which
+    ``loki-engine@.service`` gives no one: it sets no AmbientCapabilities=)."""
+    return port >= unprivileged_start or uid == 0 or capable
 
 
 def permits(user: User, node: Node, bit: int) -> bool:

@@ -9,6 +9,13 @@ who holds it (:func:`holder`): a preset, from the runtime plans in the
 runtime directory, or a process, from ``/proc`` (both read by
 :mod:`lokid.engine.endpoint`).
 
+An address can also be unusable on its own: a host that does not resolve, an
+address of another machine, a port below 1024 for the unit's unprivileged
+user. Those are config errors, reported against the file and key that set
+them (:func:`listen_source`), with what would be valid (:func:`unresolvable`,
+:func:`not_local`, :func:`port_refused`); :mod:`lokid.engine.endpoint` finds
+them, for the plan and for the start alike.
+
 Pure: addresses, presets and runtime plans in, messages out.
 """
 
@@ -40,11 +47,95 @@ def listen_address(preset: Preset, config: GlobalConfig) -> tuple[str, int]:
     :func:`lokid.core.plan.build_plan` (the plan's ``host``/``port`` are authoritative
     where a plan exists; this is the same rule for presets not planned)."""
     port = preset.port if preset.port is not None else config.port
-    extra_port = flag_value(preset.extra_args, "--port")
-    if extra_port is not None and extra_port.isdigit() and 0 < int(extra_port) < 65536:
-        port = int(extra_port)
+    extra_port = _extra_port(preset)
+    if extra_port is not None:
+        port = extra_port
     host = flag_value(preset.extra_args, "--host") or config.host
     return host, port
+
+
+def _extra_port(preset: Preset) -> int | None:
+    """The port extra_args sets, when it is one (the plan ignores anything else)."""
+    value = flag_value(preset.extra_args, "--port")
+    if value is not None and value.isdigit() and 0 < int(value) < 65536:
+        return int(value)
+    return None
+
+
+class Setting(NamedTuple):
+    """Where a listening setting is written, for its error: the file and the key."""
+
+    path: str   # "" for lokid's default (no lokid.toml)
+    key: str    # "host", "port" or "extra_args"; "" where not known
+
+
+class ListenSource(NamedTuple):
+    """Where the host and the port a preset's engine listens on are set."""
+
+    host: Setting
+    port: Setting
+
+
+# Where the caller does not have the files at hand (a start reusing its last plan): the
+# messages name none.
+UNKNOWN_SOURCE = ListenSource(Setting("", ""), Setting("", ""))
+
+
+def listen_source(preset: Preset, config: GlobalConfig) -> ListenSource:
+    """Which file and key set the host and the port of :func:`listen_address`."""
+    if _extra_port(preset) is not None:
+        port = Setting(preset.path, "extra_args")
+    elif preset.port is not None:
+        port = Setting(preset.path, "port")
+    else:
+        port = Setting(config.path, "port" if config.path else "")
+    if flag_value(preset.extra_args, "--host"):
+        host = Setting(preset.path, "extra_args")
+    else:
+        host = Setting(config.path, "host" if config.path else "")
+    return ListenSource(host, port)
+
+
+def _setting(key: str, flag: str, value: str) -> str:
+    """A listening setting as a message names it after ConfigError's "file: key: ":
+    ``--host 'x'`` in extra_args, ``'x'`` after ``host:``, ``host 'x'`` alone."""
+    if key == "extra_args":
+        return f"{flag} {value}"
+    return value if key else f"{flag.lstrip('-')} {value}"
+
+
+_ADDRESSES = "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+
+
+def unresolvable(host: str, key: str, reason: str) -> str:
+    """``host`` does not resolve (``reason``: the resolver's words)."""
+    return (f"{_setting(key, '--host', repr(host))} does not resolve to an address "
+            f"({reason}): use an address or a name of this host, such as {_ADDRESSES}")
+
+
+def not_local(host: str, key: str) -> str:
+    """``host`` resolves, but to no address of this machine (EADDRNOTAVAIL)."""
+    return (f"{_setting(key, '--host', repr(host))} is not an address of this host: use one "
+            f"of its addresses, such as {_ADDRESSES}")
+
+
+def port_refused(port: int, key: str, user: str, unprivileged_start: int) -> str:
+    """``port`` is below net.ipv4.ip_unprivileged_port_start and ``user`` may not bind it."""
+    return (f"{_setting(key, '--port', str(port))} is below {unprivileged_start}: user {user}, "
+            f"which runs the engine, may not listen on it: use a port of {unprivileged_start} "
+            f"or above, or set the sysctl net.ipv4.ip_unprivileged_port_start to {port}")
+
+
+def unix_socket(host: str, key: str) -> str:
+    """``host`` names a Unix socket (llama-server listens on one for a host ending in
+    ``.sock``): lokid reaches its engines over TCP."""
+    return (f"{_setting(key, '--host', repr(host))} is a Unix socket: lokid reaches the "
+            f"engine over TCP (/health, the benchmark); use an address such as {_ADDRESSES}")
+
+
+def cannot_listen(host: str, port: int, reason: str) -> str:
+    """Any other refusal to bind (``reason``: the kernel's words)."""
+    return f"cannot listen on port {port} of {host}: {reason}"
 
 
 def _addresses(host: str) -> frozenset[str] | None:

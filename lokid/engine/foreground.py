@@ -14,15 +14,20 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..core import paths
+from ..core.conflicts import ListenSource
 from ..core.plan import Plan
 from .endpoint import check_port_free
 from .supervisor import Launch, supervise
 
 
 def run_plan(plan: Plan, out: TextIO = sys.stderr,
-             on_ready: Callable[[str], None] | None = None) -> int:
-    """Run the plan in the foreground; the engine's exit status (128+N for signal N)."""
-    check_port_free(plan.host, plan.port, paths.runtime_dir())
+             on_ready: Callable[[str], None] | None = None,
+             source: ListenSource | None = None) -> int:
+    """Run the plan in the foreground; the engine's exit status (128+N for signal N).
+
+    ``source``: the files that set the plan's host and port, for the error when the
+    engine could not listen there (:func:`lokid.core.conflicts.listen_source`)."""
+    check_port_free(plan.host, plan.port, paths.runtime_dir(), source)
     for note in plan.notes:
         print(f"lokid: note: {note}", file=out)
     print(f"lokid: starting {plan.command_line()}", file=out, flush=True)

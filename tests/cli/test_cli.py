@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def test_plan_is_read_only(config: Path, tmp_path: Path) -> None:
     ("typo", 'model = "llama.gguf"\n[spec]\nmode = "eagle"\n',
      "typo.toml:3: spec.mode: 'eagle' is not valid; valid values: off, auto, mtp, ngram"),
     ("nomodel", 'model = "absent.gguf"\n', "'absent.gguf' is in none of model_dirs"),
-    ("corrupt", 'model = "{corrupt}"\n', "not a GGUF file (magic b'GGUX')"),
+    ("corrupt", 'model = "{corrupt}"\n', "not a GGUF file (it does not begin with \"GGUF\")"),
     ("truncated", 'model = "{truncated}"\n', "truncated"),
     ("bad name!", 'model = "x"\n', "invalid preset name"),
 ])
@@ -311,3 +312,155 @@ def test_ctrl_c_leaves_nothing_behind_an_engine_wrapper_without_exec(
     finally:
         for pid in engine_pids(port):
             os.kill(pid, signal.SIGKILL)
+
+
+# --- an address the engine could never listen on ------------------------------------------
+
+ADDRESS_COMMANDS = ["plan", "prestart", "run"]
+UNPRIVILEGED_PORT_START = Path("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+FIX = "such as 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    """The error, checked to be a single line and no traceback."""
+    assert "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ADDRESS_COMMANDS)
+@pytest.mark.parametrize("where", ["lokid.toml", "preset"])
+def test_a_host_that_does_not_resolve_is_one_line_naming_it_and_its_file(
+        config: Path, tmp_path: Path, command: str, where: str) -> None:
+    host = "no-such-host.invalid"   # .invalid never resolves (RFC 6761)
+    text = f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n'
+    if where == "lokid.toml":
+        path = config / "lokid.toml"
+        path.write_text(path.read_text() + f'host = "{host}"\n')
+        write_preset(config, "h", text)
+        setting = f"host: '{host}'"
+    else:
+        path = write_preset(config, "h", text + f'extra_args = ["--host", "{host}"]\n')
+        setting = f"extra_args: --host '{host}'"
+    r = lokid(config, command, "h", env={"LOKI_RUNTIME_DIR": str(tmp_path / "run")})
+    assert r.returncode == 2
+    line = one_line(r)
+    assert line.startswith(f"lokid: {path}: {setting} does not resolve to an address ("), line
+    assert line.endswith(f"): use an address or a name of this host, {FIX}")
+
+
+@pytest.mark.parametrize("command", ADDRESS_COMMANDS)
+def test_an_address_of_another_machine_is_one_line(config: Path, tmp_path: Path,
+                                                   command: str) -> None:
+    host = "192.0.2.123"            # TEST-NET-1 (RFC 5737): no machine's own address
+    path = write_preset(config, "far", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n'
+                        f'extra_args = ["--host", "{host}"]\n')
+    r = lokid(config, command, "far", env={"LOKI_RUNTIME_DIR": str(tmp_path / "run")})
+    assert r.returncode == 2
+    assert one_line(r) == (f"lokid: {path}: extra_args: --host '{host}' is not an address of "
+                           f"this host: use one of its addresses, {FIX}")
+
+
+def refused(path: Path, key: str, port: int, user: str, start: int) -> str:
+    setting = f"--port {port}" if key == "extra_args" else str(port)
+    return (f"{path}: {key}: {setting} is below {start}: user {user}, which runs the engine, "
+            f"may not listen on it: use a port of {start} or above, or set the sysctl "
+            f"net.ipv4.ip_unprivileged_port_start to {port}")
+
+
+def readable_config(root: Path, engine: str, models: Any) -> Path:
+    """A config, model and engine under ``root`` that another user can read and run."""
+    root.chmod(0o755)
+    shutil.copy(models.llama, root / "llama.gguf")
+    (root / "llama.gguf").chmod(0o644)
+    wrapper = root / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nexec "{engine}" "$@"\n')
+    wrapper.chmod(0o755)
+    config = write_config(root, str(wrapper), [root])
+    config.chmod(0o755)
+    (config / "presets").chmod(0o755)
+    for d in ("state", "run"):
+        (root / d).mkdir(mode=0o777)
+        (root / d).chmod(0o777)
+    return config
+
+
+def test_plan_as_root_refuses_a_port_the_units_user_may_not_listen_on(
+        engine: str, models: Any, engine_user: pwd.struct_passwd) -> None:
+    start = int(UNPRIVILEGED_PORT_START.read_text())
+    root = Path(tempfile.mkdtemp(prefix="lokid-port-"))
+    try:
+        config = readable_config(root, engine, models)
+        low = write_preset(config, "low", 'model = "llama.gguf"\nport = 80\n')
+        high = write_preset(config, "high", 'model = "llama.gguf"\nport = 8080\n'
+                            'extra_args = ["--port", "443"]\n')
+        as_unit = {"LOKI_ENGINE_USER": engine_user.pw_name, "LOKI_RUNTIME_DIR": str(root / "run")}
+        for name, path, key, port in (("low", low, "port", 80), ("high", high, "extra_args", 443)):
+            r = lokid(config, "plan", name, env=as_unit)
+            if port >= start:   # the sysctl lowered (container runtimes set 0): anyone's port
+                assert r.returncode == 0, r.stderr
+                continue
+            assert r.returncode == 2
+            assert one_line(r) == "lokid: " + refused(path, key, port, engine_user.pw_name,
+                                                      start)
+        # root itself may: no such user, no unit (the engine runs as root, `lokid run`)
+        assert lokid(config, "plan", "low", env={"LOKI_RUNTIME_DIR": str(root / "run")}
+                     ).returncode == 0
+    finally:
+        shutil.rmtree(root)
+
+
+def test_the_engines_own_user_is_refused_a_privileged_port_in_one_line(
+        engine: str, models: Any, engine_user: pwd.struct_passwd,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the unit's `lokid engine` meets as loki, and `lokid run` as an operator: the
+    # bind itself refused (EACCES), once a traceback.
+    import contextlib
+    import encodings.idna  # noqa: F401 - loaded before the child drops root
+    import io
+
+    from support.users import run_as
+
+    from lokid import cli
+    from lokid.engine import foreground, plancache, state, supervisor  # noqa: F401
+    from lokid.engine.gather import make_plan
+
+    start = int(UNPRIVILEGED_PORT_START.read_text())
+    if start <= 80:
+        pytest.skip(f"net.ipv4.ip_unprivileged_port_start is {start}: no privileged port here")
+    root = Path(tempfile.mkdtemp(prefix="lokid-port-"))
+    try:
+        config = readable_config(root, engine, models)
+        path = write_preset(config, "low", 'model = "llama.gguf"\nctx = 2048\nport = 80\n')
+        for var, value in (("LOKI_CONFIG_DIR", config), ("LOKI_STATE_DIR", root / "state"),
+                           ("LOKI_RUNTIME_DIR", root / "run")):
+            monkeypatch.setenv(var, str(value))
+        for var in ("NOTIFY_SOCKET", "JOURNAL_STREAM", "INVOCATION_ID"):
+            monkeypatch.delenv(var, raising=False)
+        # the engine probed as root (the child finds it cached): the test's Python and
+        # engine may live where that user cannot read
+        make_plan(str(config), "low")
+        socket.getaddrinfo("localhost", 80)
+
+        def lokid_as_user(*args: str) -> Callable[[], str]:
+            def call() -> str:
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err):
+                    status = cli.main(list(args))
+                return f"{status} {err.getvalue()}"
+            return call
+
+        def raised(e: BaseException) -> str:
+            return f"raised {e!r}"
+
+        name = engine_user.pw_name
+        for command in ("run", "prestart"):
+            assert run_as(engine_user, lokid_as_user(command, "low"), raised) == (
+                f"2 lokid: {refused(path, 'port', 80, name, start)}\n")
+        # the unit's main process: final (78), its file named once the unit passes it
+        out = run_as(engine_user, lokid_as_user("engine", "low"), raised)
+        assert out.startswith("78 lokid: ") and out.count("\n") == 1, out
+        assert out.endswith(refused(path, "port", 80, name, start).split(": port: ")[1] + "\n")
+    finally:
+        shutil.rmtree(root)

@@ -121,3 +121,27 @@ def test_the_user_and_groups_are_the_units() -> None:
     assert re.search(r"^User=(\S+)$", unit, re.M)[1] == access.ENGINE_USER  # type: ignore[index]
     groups = re.search(r"^SupplementaryGroups=(.*)$", unit, re.M)[1]  # type: ignore[index]
     assert tuple(groups.split()) == access.ENGINE_GROUPS
+
+
+@pytest.mark.parametrize("uid,port,start,capable,expected", [
+    (990, 80, 1024, False, False),      # loki, a privileged port
+    (990, 1023, 1024, False, False),
+    (990, 1024, 1024, False, True),     # from the sysctl's value up: anyone's
+    (990, 8080, 1024, False, True),
+    (990, 80, 80, False, True),         # the sysctl lowered to the port
+    (990, 80, 0, False, True),          # ... or to 0 (what container runtimes often set)
+    (990, 80, 1024, True, True),        # CAP_NET_BIND_SERVICE
+    (0, 80, 1024, False, True),         # root
+    (990, 8080, 10000, False, False),   # the sysctl raised
+])
+def test_may_listen_below_the_unprivileged_start_only_root_or_the_capability(
+        uid: int, port: int, start: int, capable: bool, expected: bool) -> None:
+    assert access.may_listen(uid, port, start, capable) is expected
+
+
+def test_the_unit_gives_its_user_no_capability() -> None:
+    # a plan made as root says the unit's user may not bind a low port: true while the
+    # unit grants no CAP_NET_BIND_SERVICE
+    unit = (Path(__file__).parents[2] / "units" / "loki-engine@.service").read_text()
+    assert not re.search(r"^AmbientCapabilities=", unit, re.M)
+    assert re.search(r"^User=(?!root$)", unit, re.M)

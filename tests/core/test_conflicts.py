@@ -8,10 +8,16 @@ from lokid.core.attempt import Mark
 from lokid.core.config import GlobalConfig, Preset
 from lokid.core.conflicts import (
     Endpoint,
+    ListenSource,
+    Setting,
     holder,
     listen_address,
+    listen_source,
+    not_local,
     overlap,
     port_conflicts,
+    port_refused,
+    unresolvable,
 )
 from lokid.core.runtimeplan import RuntimePlan
 
@@ -80,6 +86,46 @@ def preset(port: int | None = None, extra: tuple[str, ...] = ()) -> Preset:
 ])
 def test_where_a_preset_listens(p: Preset, address: tuple[str, int]) -> None:
     assert listen_address(p, GlobalConfig()) == address
+
+
+TOML = GlobalConfig(path="/c/lokid.toml")
+
+
+@pytest.mark.parametrize("p,config,source", [
+    (preset(), TOML, (("/c/lokid.toml", "host"), ("/c/lokid.toml", "port"))),
+    (preset(), GlobalConfig(), (("", ""), ("", ""))),                # no lokid.toml: defaults
+    (preset(9000), TOML, (("/c/lokid.toml", "host"), ("/p/p.toml", "port"))),
+    (preset(9000, ("--port", "9100")), TOML,
+     (("/c/lokid.toml", "host"), ("/p/p.toml", "extra_args"))),
+    (preset(None, ("--port=9100", "--host", "0.0.0.0")), TOML,
+     (("/p/p.toml", "extra_args"), ("/p/p.toml", "extra_args"))),
+    (preset(9000, ("--port", "nine")), TOML, (("/c/lokid.toml", "host"), ("/p/p.toml", "port"))),
+])
+def test_where_the_host_and_the_port_are_set(p: Preset, config: GlobalConfig,
+                                             source: tuple[tuple[str, str], ...]) -> None:
+    # the same rule as listen_address: the file that wins is the one an error names
+    assert listen_source(p, config) == ListenSource(*(Setting(*s) for s in source))
+
+
+@pytest.mark.parametrize("key,start", [
+    ("host", "'gpu.invalid' does not resolve"),              # after "lokid.toml: host: "
+    ("extra_args", "--host 'gpu.invalid' does not resolve"),
+    ("", "host 'gpu.invalid' does not resolve"),             # no file known
+])
+def test_a_host_is_named_as_its_file_sets_it(key: str, start: str) -> None:
+    message = unresolvable("gpu.invalid", key, "Name or service not known")
+    assert message.startswith(start + " to an address (Name or service not known): ")
+    assert "127.0.0.1" in message and "0.0.0.0" in message
+    assert not_local("192.0.2.1", key).replace("192.0.2.1", "gpu.invalid").startswith(
+        start.replace("does not resolve", "is not an address of this host"))
+
+
+def test_a_privileged_port_says_what_to_do() -> None:
+    assert port_refused(80, "port", "loki", 1024) == (
+        "80 is below 1024: user loki, which runs the engine, may not listen on it: use a "
+        "port of 1024 or above, or set the sysctl net.ipv4.ip_unprivileged_port_start to 80")
+    assert port_refused(443, "extra_args", "loki", 1000).startswith("--port 443 is below 1000")
+    assert port_refused(80, "", "loki", 1024).startswith("port 80 is below 1024")
 
 
 def plan(preset: str, port: int, argv: tuple[str, ...], host: str = "127.0.0.1") -> RuntimePlan:
