@@ -84,6 +84,8 @@ bench: setup
 	$(PY) benchmarks/dbus_api.py
 	$(PY) benchmarks/bench_vs_llama_bench.py
 	$(PY) benchmarks/deb_install.py
+	$(PY) benchmarks/probe_bound.py
+	$(PY) benchmarks/daemon_ready.py
 
 clean:
 	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache

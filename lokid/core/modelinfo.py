@@ -336,7 +336,11 @@ def _read_array(cur: _Cursor, key: str, keep: bool, depth: int) -> object:
 
 
 def _not_gguf(path: str, head: bytes) -> ModelError:
-    """Say what a non-GGUF file most likely is: these are the usual wrong downloads."""
+    """Say what a non-GGUF file most likely is: these are the usual wrong downloads.
+
+    Never its bytes: the message reaches ``Notes`` on the bus, which anyone may
+    read, and the file may be one its reader could open and they could not
+    (``model = "/etc/shadow"`` would show the start of a password hash)."""
     hint = ""
     if head.startswith(b"version https://git-lfs"):
         hint = ": a Git LFS pointer, not the model (fetch it with `git lfs pull`)"
@@ -352,7 +356,7 @@ def _not_gguf(path: str, head: bytes) -> ModelError:
         hint = ": looks like a safetensors file, convert it to GGUF"
     elif head.lstrip()[:1] in (b"{", b"["):
         hint = ": looks like a JSON document"
-    return ModelError(f"{path}: not a GGUF file (magic {head[:4]!r}){hint}")
+    return ModelError(f"{path}: not a GGUF file (it does not begin with \"GGUF\"){hint}")
 
 
 def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:

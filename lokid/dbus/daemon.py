@@ -50,14 +50,25 @@ from .wire import SafeMessageBus
 
 log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 
+# How long loading the presets waits for the engine's --help (all presets together):
+# an engine that hangs there must not hold the daemon's readiness. Its presets are
+# served meanwhile with "has not answered --help yet", and planned again at its end.
+PROBE_BUDGET = 1.0
+
 
 class Daemon:
     def __init__(self, config_dir: str, state_dir: str, runtime_dir: str, bus_type: BusType,
                  bus_address: str | None = None, runner: str = "auto",
                  manage_group: str = MANAGE_GROUP):
         self.config_dir = config_dir
-        self.registry = Registry(config_dir, state_dir)
+        self.registry = Registry(config_dir, state_dir, runtime_dir)
         self.registry.loading = lambda name: self.engine_state(name).state in (LOADING, STOPPING)
+        self.registry.probe_budget = PROBE_BUDGET
+        from ..engine.systemd_runner import systemd_reachable
+
+        self.registry.for_units = runner == "systemd" or (
+            runner == "auto" and systemd_reachable(bus_type == BusType.SYSTEM))
+        self.followed_probe: Any = None
         self.runtime_dir = runtime_dir
         self.bus_type = bus_type
         self.bus_address = bus_address
@@ -220,6 +231,7 @@ class Daemon:
 
     async def load_presets(self) -> None:
         await asyncio.to_thread(self.registry.load)
+        self._follow_probe()
         for name, error in sorted(self.registry.broken.items()):
             log.warning("preset %s skipped: %s", name, error)
         self._sync_objects()
@@ -268,6 +280,28 @@ class Daemon:
                 await self.runner.track(sorted(self.registry.presets))
         except LokiError as e:
             log.warning("reading the presets after a systemd reload: %s", e)
+
+    def _follow_probe(self) -> None:
+        """A load gave up waiting for the engine's probe: plan again when it ends."""
+        future = self.registry.pending_probe
+        if future is None or future is self.followed_probe or self.bus is None:
+            return
+        self.followed_probe = future
+        loop = asyncio.get_running_loop()
+
+        def ended(_: object) -> None:  # in the probe's thread
+            try:
+                loop.call_soon_threadsafe(self._probe_ended)
+            except RuntimeError:  # the loop is closed: the daemon has stopped
+                pass
+
+        log.info("the engine has not answered --help within %.0f s: serving the presets "
+                 "unplanned until it does", PROBE_BUDGET)
+        future.add_done_callback(ended)
+
+    def _probe_ended(self) -> None:
+        log.info("the engine's probe ended: planning the presets again")
+        self.background.spawn(self.load_presets(), "planning the presets after the probe")
 
     def _on_engine(self, name: str, state: EngineState) -> None:
         """A runner saw an engine change: properties, the signal, the summary."""
@@ -327,6 +361,7 @@ class Daemon:
         except LokiError as e:
             log.warning("preset %s: %s", name, e)
             return
+        self._follow_probe()
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed({"AutoSpecBlocked": view.auto_blocked,
@@ -398,6 +433,7 @@ class Daemon:
                               f"{e}") from None
         self.bus.export(OBJECT_PATH, self.manager)
         self._sync_objects()
+        self._follow_probe()
         reply = await self.bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
         if reply not in (RequestNameReply.PRIMARY_OWNER, RequestNameReply.ALREADY_OWNER):
             await self.runner.close()

@@ -185,10 +185,20 @@ class PresetInterface(ServiceInterface):
         super().__init__(PRESET_INTERFACE)
         self.backend = backend
         self.preset = name  # not .name: ServiceInterface keeps the interface's name there
+        self.last: PresetView | None = None
 
     @property
     def view(self) -> PresetView:
-        return self.backend.registry.get(self.preset)
+        """The preset as the registry has it; while a reload has just dropped it (broken
+        or deleted: this object is unexported right after), as it was until then, so
+        that a client reading it in that moment gets its properties, not an error."""
+        view = self.backend.registry.presets.get(self.preset)
+        if view is None:
+            if self.last is not None:
+                return self.last
+            view = self.backend.registry.get(self.preset)  # raises: why there is none
+        self.last = view
+        return view
 
     @dbus_property(access=PropertyAccess.READ)
     def Name(self) -> "s":

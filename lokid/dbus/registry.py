@@ -11,17 +11,22 @@ missing engine) is served with the reason instead of a plan.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import config as cfg
 from ..core.benchrules import bench_fingerprint
-from ..core.errors import ConfigError, LokiError, NotFoundError
+from ..core.errors import ConfigError, LokiError, NotFoundError, ProbePending, StateError
 from ..core.names import engine_unit
 from ..core.plan import Plan
 from ..engine.gather import decide, gather
-from ..engine.state import StateDB
+from ..engine.state import StateDB, StateReader, read_cleared
+
+log = logging.getLogger("lokid.daemon")
 
 
 @dataclass(frozen=True)
@@ -60,27 +65,40 @@ class PresetView:
 class Registry:
     config_dir: str
     state_dir: str
+    runtime_dir: str = ""   # where a start notes a token it could not clear ("" = none)
+    # Whether the engines run as loki-engine@.service (its user: files, port): planned as
+    # the unit will run them, as `lokid plan` does; else as this process.
+    for_units: bool = False
     presets: dict[str, PresetView] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)   # name → the error, one line
     # Whether a preset's engine is loading now: its attempt token is then its own, shown
     # as pending rather than as a launch that never answered (set by the daemon).
     loading: Callable[[str], bool] = lambda name: False
+    # How long one load may wait for the engine's probe, all presets together (None:
+    # until it ends). The daemon waits briefly: an engine that hangs on --help must not
+    # hold its readiness; the presets then say so, and are planned again at its end.
+    probe_budget: float | None = None
+    # The probe a load gave up waiting for (its future), until it ends.
+    pending_probe: Future[Any] | None = None
 
     def load(self) -> None:
         """Read every preset again and replace the snapshot (blocking: run in a thread)."""
         good, bad = cfg.load_presets(self.config_dir)
         views = {}
-        with StateDB(self.state_dir) as db:
+        self.pending_probe = None
+        deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
+        with self._state() as db:
             for name, preset in good.items():
-                views[name] = self._view(preset, db)
+                views[name] = self._view(preset, db, deadline)
         self.presets = self._with_conflicts(views)
         self.broken = {name: str(error) for name, error in bad.items()}
 
     def refresh(self, name: str) -> PresetView:
         """Plan one preset again (after a verdict was recorded for it)."""
         preset = cfg.load_preset(self.config_dir, name)
-        with StateDB(self.state_dir) as db:
-            view = self._view(preset, db)
+        deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
+        with self._state() as db:
+            view = self._view(preset, db, deadline)
         self.presets = self._with_conflicts({**self.presets, name: view})
         return self.presets[name]
 
@@ -97,15 +115,46 @@ class Registry:
         return {name: replace(v, plan=None, error=clashes[name], error_type=ConfigError)
                 if name in clashes else v for name, v in views.items()}
 
-    def _view(self, preset: cfg.Preset, db: StateDB) -> PresetView:
-        mode = preset.spec.mode if isinstance(preset.spec.mode, str) else "off"
+    def _state(self) -> StateDB | StateReader:
+        """The state DB to plan with: read-only when it cannot be opened to write (a
+        newer schema, a state directory that cannot be created): the presets are still
+        served, their verdicts read as the reader can (:class:`StateReader` never
+        raises)."""
         try:
-            inputs = gather(self.config_dir, preset.name)
-            plan, _, found = decide(inputs, db, loading=self.loading(preset.name))
+            return StateDB(self.state_dir)
+        except StateError as e:
+            log.warning("%s: planning the presets with the state DB read-only", e)
+            return StateReader(self.state_dir)
+
+    def _view(self, preset: cfg.Preset, db: StateDB | StateReader,
+              deadline: float | None = None) -> PresetView:
+        mode = preset.spec.mode if isinstance(preset.spec.mode, str) else "off"
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            inputs = gather(self.config_dir, preset.name, for_unit=self.for_units,
+                            probe_wait=wait)
+            cleared = read_cleared(self.runtime_dir, preset.name) if self.runtime_dir else None
+            plan, _, found = decide(inputs, db, loading=self.loading(preset.name),
+                                    cleared=cleared)
+        except ProbePending as e:
+            self.pending_probe = e.future
+            return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
+                              error=str(e), error_type=type(e))
         except LokiError as e:
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
                               error=str(e), error_type=type(e))
-        saved = db.bench(preset.name, bench_fingerprint(plan, inputs))
+        except Exception as e:  # a defect, or input no check foresaw: this preset only
+            log.warning("preset %s: planning failed: %s: %s", preset.name, type(e).__name__, e)
+            return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
+                              error=f"{preset.path}: cannot be planned: internal error "
+                              f"({type(e).__name__}: {e})")
+        error = _address_error(plan, inputs, self.for_units)
+        if error is not None:
+            return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
+                              error=str(error), error_type=type(error),
+                              listen=(plan.host, plan.port))
+        saved = db.bench(preset.name, bench_fingerprint(plan, inputs)) \
+            if isinstance(db, StateDB) else None
         bench = None
         if saved is not None:
             bench = {"result": saved.result, "model": saved.model, "engine": saved.engine,
@@ -121,3 +170,26 @@ class Registry:
                 raise ConfigError(f"preset {name!r} is invalid: {self.broken[name]}")
             raise NotFoundError(f"no preset {name!r} (known: {', '.join(sorted(self.presets))})")
         return view
+
+
+def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | None:
+    """Why the engine could not listen where the plan says (an address that is not this
+    host's, a port its user may not take), as ``lokid plan`` says it. Addresses only: a
+    host *name* would make every load wait on DNS; its start says what is wrong with it."""
+    import ipaddress
+    import os
+
+    from ..core.conflicts import listen_source
+    from ..engine.endpoint import check_address
+    from ..engine.gather import unit_user
+
+    try:
+        ipaddress.ip_address(plan.host.strip("[]"))
+    except ValueError:
+        return None
+    try:
+        check_address(plan.host, plan.port, unit_user(os.environ) if for_units else None,
+                      listen_source(inputs.preset, inputs.config))
+    except ConfigError as e:
+        return e
+    return None

@@ -12,7 +12,12 @@ it with ``busctl call … GetPreset s é``.
 two-byte character. Where the length comes out wrong, every string of every
 message body leaving the daemon is written in ASCII first: common typographic
 characters as their look-alikes ("→" as "->"), anything else as ``\\uXXXX``.
-Where dbus-fast is right (Debian 13, PyPI), nothing is changed.
+Where dbus-fast is right (Debian 13, PyPI), non-ASCII text is sent as it is.
+
+Two things no D-Bus string may hold are escaped on every dbus-fast: a NUL
+character, and a lone surrogate (what Python makes of a file name that is not
+UTF-8, such as a preset file ``\xff.toml`` listed as broken). dbus-fast would
+raise while marshalling, and the daemon with it.
 """
 
 from __future__ import annotations
@@ -40,24 +45,37 @@ def marshals_utf8_by_bytes() -> bool:
 
 def ascii_text(text: str) -> str:
     if text.isascii():
-        return text
-    return "".join(c if c.isascii() else LOOKALIKES.get(c) or
+        return text.replace("\0", "\\u0000")
+    return "".join(c if c.isascii() and c != "\0" else LOOKALIKES.get(c) or
                    (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
                    for c in text)
 
 
-def ascii_value(value: Any) -> Any:
-    """``value`` (a message body or part of one) with every string in ASCII."""
+def wire_text(text: str, ascii_only: bool = False) -> str:
+    """``text`` as a D-Bus string may hold it: in ASCII when ``ascii_only`` (above); else
+    only a NUL or a lone surrogate escaped (``\\u0000``, ``\\udcff``)."""
+    if ascii_only or text.isascii():
+        return ascii_text(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return ascii_text(text)
+    return text.replace("\0", "\\u0000")
+
+
+def ascii_value(value: Any, ascii_only: bool = True) -> Any:
+    """``value`` (a message body or part of one) with every string made sendable by
+    :func:`wire_text` (in ASCII unless ``ascii_only`` is false)."""
     if isinstance(value, str):
-        return ascii_text(value)
+        return wire_text(value, ascii_only)
     if isinstance(value, Variant):
-        return Variant(value.signature, ascii_value(value.value))
+        return Variant(value.signature, ascii_value(value.value, ascii_only))
     if isinstance(value, list):
-        return [ascii_value(v) for v in value]
+        return [ascii_value(v, ascii_only) for v in value]
     if isinstance(value, tuple):
-        return tuple(ascii_value(v) for v in value)
+        return tuple(ascii_value(v, ascii_only) for v in value)
     if isinstance(value, dict):
-        return {ascii_value(k): ascii_value(v) for k, v in value.items()}
+        return {ascii_value(k, ascii_only): ascii_value(v, ascii_only) for k, v in value.items()}
     return value
 
 
@@ -65,6 +83,5 @@ class SafeMessageBus(MessageBus):
     """dbus-fast's asyncio bus, writing message bodies in ASCII where it must (above)."""
 
     def send(self, msg: Message) -> Any:
-        if not marshals_utf8_by_bytes():
-            msg.body = ascii_value(msg.body)
+        msg.body = ascii_value(msg.body, not marshals_utf8_by_bytes())
         return super().send(msg)

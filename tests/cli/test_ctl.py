@@ -155,6 +155,7 @@ def test_the_daemon_follows_the_preset_files(daemon: str, tmp_path: Path, models
 
     def listed() -> dict[str, Any]:
         r = lokictl(daemon, "presets", "--json")
+        assert r.returncode == 0, (r.returncode, r.stderr)
         return {row["Name"]: row for row in json.loads(r.stdout)}
 
     delays = {}

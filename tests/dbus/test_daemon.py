@@ -214,3 +214,35 @@ def test_daemon_process_is_ready_only_once_its_name_is_owned_and_reloads_on_sigh
         if proc.poll() is None:
             proc.kill()
         notify.close()
+
+
+async def test_an_engine_slow_on_help_does_not_hold_the_daemon(tmp_path: Path, engine: str,
+                                                                models: Any,
+                                                                bus_address: str) -> None:
+    """The engine answers --help only after 4 s (a slow CUDA initialisation, or a hang):
+    the daemon is on the bus before, its presets saying why they have no plan yet, and
+    they are planned (PropertiesChanged) when the probe ends."""
+    from support.daemonkit import daemon_on
+
+    slow = tmp_path / "slow-engine"
+    slow.write_text(f'#!/bin/sh\ncase " $* " in *" --help "*) sleep 4;; esac\n'
+                    f'exec {engine} "$@"\n')
+    slow.chmod(0o755)
+    config = write_config(tmp_path, str(slow), [models.dir])
+    assert Path(models.llama).name == "llama.gguf"  # written on first use
+    for i in range(20):
+        write_preset(config, f"p{i}", f'model = "llama.gguf"\nport = {21000 + i}\n')
+    t0 = time.monotonic()
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        on_bus = time.monotonic() - t0
+        preset = await running.iface(preset_object_path("p7"), PRESET_INTERFACE)
+        (note,) = await preset.get_notes()
+        assert "has not answered --help yet" in note, note
+        assert await preset.get_argv() == []
+        assert on_bus < 4, on_bus  # not a timing goal: the probe alone takes 4 s
+        for _ in range(300):
+            argv = await preset.get_argv()
+            if argv:
+                break
+            await asyncio.sleep(0.1)
+        assert argv and argv[0] == str(slow), argv

@@ -36,6 +36,14 @@ def test_the_installed_dbus_fast_writes_byte_lengths() -> None:
     assert wire.marshals_utf8_by_bytes()
 
 
+def test_nul_and_lone_surrogates_are_escaped_on_every_dbus_fast() -> None:
+    # a key "\u0000" in a preset, a preset file named b"\xff.toml" (listed as broken)
+    for ascii_only in (False, True):
+        assert wire.wire_text("a\0b", ascii_only) == "a\\u0000b"
+        assert wire.wire_text("\udcff.toml", ascii_only) == "\\udcff.toml"
+    assert wire.wire_text("modèle → x") == "modèle → x"
+
+
 @pytest.mark.parametrize("buggy", [False, True])
 async def test_a_signal_arrives_whole_and_in_ascii_only_where_needed(
         bus_address: str, monkeypatch: pytest.MonkeyPatch, buggy: bool) -> None:
@@ -53,11 +61,11 @@ async def test_a_signal_arrives_whole_and_in_ascii_only_where_needed(
                                 interface="org.freedesktop.DBus", member="AddMatch",
                                 signature="s", body=["type='signal',member='Said'"]))
     await sender.send(Message.new_signal("/t", "org.lokid.Test", "Said", "sv",
-                                         ["auto → MTP", Variant("as", ["modèle"])]))
+                                         ["auto → MTP", Variant("as", ["modèle", "k\0\udcff"])]))
     body = await asyncio.wait_for(got, 10)
     if buggy:
-        assert body == ["auto -> MTP", Variant("as", ["mod\\u00e8le"])]
+        assert body == ["auto -> MTP", Variant("as", ["mod\\u00e8le", "k\\u0000\\udcff"])]
     else:
-        assert body == ["auto → MTP", Variant("as", ["modèle"])]
+        assert body == ["auto → MTP", Variant("as", ["modèle", "k\\u0000\\udcff"])]
     sender.disconnect()
     receiver.disconnect()

@@ -104,3 +104,27 @@ def test_the_daemon_may_reach_the_addresses_presets_bind_to(tmp_path: Path, engi
     out2 = tmp_path / "gen2"
     assert "lokid.service" not in generate(str(config), str(out2))
     assert not (out2 / "lokid.service.d").exists()
+
+
+def test_file_names_that_are_not_text_neither_stop_it_nor_forge_lines(tmp_path: Path) -> None:
+    """A preset file named b"\\xff.toml" (not UTF-8) or "a\\nb.toml": the warning is one
+    escaped line, written where the generator writes (the kernel log under systemd, which
+    is opened as UTF-8: a lone surrogate failed the write, and every drop-in after it),
+    and the good preset still gets its drop-in."""
+    import os
+
+    config = write_config(tmp_path, "/usr/bin/llama-server", [tmp_path])
+    write_preset(config, "good", 'model = "/m/good.gguf"\n')
+    presets = os.fsencode(config / "presets")
+    for raw in (b"\xff.toml", b"a\nlokid: forged.toml"):
+        with open(os.path.join(presets, raw), "w") as f:
+            f.write('model = "/m/x.gguf"\n')
+    out = tmp_path / "gen"
+    r = subprocess.run([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                        "generate", str(out)], capture_output=True, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "Description=lokid engine good: good.gguf" in dropin(out, "good")
+    lines = r.stderr.decode().splitlines()
+    assert all(line.startswith("lokid-generator: ") for line in lines), lines
+    assert any("\\udcff" in line for line in lines) and \
+        any("a\\u000alokid: forged" in line for line in lines), lines
