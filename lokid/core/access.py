@@ -126,6 +126,9 @@ def _describe(node: Node) -> str:
 def _fix(user: User, node: Node, bit: int) -> str:
     """The chmod/chgrp that would give ``user`` the permission: the class that decides."""
     c, p = _LETTER[bit], node.path
+    if bit == READ and stat.S_ISREG(node.mode) and not p.endswith(".gguf"):
+        # model = "/etc/shadow": no advice to open a file up that may be no model at all
+        return "is it the right file? its name does not end in .gguf"
     if user.uid == node.uid:
         return f"chmod u+{c} {p}"
     if node.gid in user.gids:

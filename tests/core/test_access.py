@@ -17,7 +17,7 @@ DIR, FILE = stat.S_IFDIR, stat.S_IFREG
 
 
 def node(path: str, mode: int, uid: int = 0, gid: int = 0, acl: bool = False) -> Node:
-    kind = DIR if not path.endswith((".gguf", "server")) else FILE
+    kind = DIR if not path.endswith((".gguf", "server", "shadow")) else FILE
     return Node(path, kind | mode, uid, gid, "root" if uid == 0 else str(uid),
                 "root" if gid == 0 else str(gid), acl)
 
@@ -106,6 +106,11 @@ def test_permission_denied_for_this_process() -> None:
                                     READ).endswith(
         "the file (owner root:root, mode 0600) is not readable by it: chmod o+r /m/x.gguf, "
         "or chgrp bob /m/x.gguf and chmod g+r /m/x.gguf")
+    # model = "/etc/shadow": never the advice to open up a file that is no model
+    shadow = access.permission_denied("model", "/etc/shadow", me, node("/etc/shadow", 0o640),
+                                      READ)
+    assert shadow.endswith("is not readable by it: is it the right file? its name does not "
+                           "end in .gguf") and "chmod" not in shadow, shadow
     # an ACL or an LSM refused: the mode bits cannot say which component
     assert access.permission_denied("model", "/m/x.gguf", me, None, READ) == (
         "model /m/x.gguf: permission denied for user bob")
