@@ -4,7 +4,6 @@ disk and a read-only file system (a size-limited tmpfs, mounted for the test).""
 
 from __future__ import annotations
 
-import errno
 import os
 import sqlite3
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import REPO
+from support.smallfs import fill, remount, small_tmpfs
 
 from lokid.core.errors import StateError
 from lokid.engine import state as state_module
@@ -405,36 +405,8 @@ def test_helpers_finding_the_same_damage_at_once_set_it_aside_once(tmp_path: Pat
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs: filled, its disk is really full; remounted read-only, really
-    read-only (chmod does not stop root, which these tests run as)."""
-    where = tmp_path / "fs"
-    where.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(fs: Path) -> Path:
-    """Fill ``fs`` to its last block; the file that does it."""
-    path = fs / "fill"
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-    return path
-
-
-def remount(fs: Path, mode: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{mode}", str(fs)], check=True)
+    with small_tmpfs(tmp_path / "fs") as fs:
+        yield fs
 
 
 def test_a_full_disk_reads_the_database_and_cuts_automatic_speculation(small_fs: Path) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from support.enginekit import NotifyListener, free_port, write_config, write_preset
+from support.smallfs import remount, small_tmpfs
 
 from lokid.core.errors import StalePlanError
 from lokid.engine.runtimedir import read_runtime_plan
@@ -469,24 +470,9 @@ def test_a_restart_reuses_the_last_ready_plan_only_while_nothing_changed(
 
 @pytest.fixture
 def state_fs(dirs: Dirs) -> Iterator[Path]:
-    """A 1 MiB tmpfs as the state directory: filled, its disk is really full; remounted
-    read-only, really read-only (chmod does not stop root, which these tests run as)."""
-    where = Path(dirs.state)
-    where.mkdir(parents=True)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def remount(fs: Path, mode: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{mode}", str(fs)], check=True)
+    """A 1 MiB tmpfs as the state directory (support/smallfs.py)."""
+    with small_tmpfs(Path(dirs.state)) as fs:
+        yield fs
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["alone", "held-open"])
