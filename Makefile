@@ -86,6 +86,7 @@ bench: setup
 	$(PY) benchmarks/deb_install.py
 	$(PY) benchmarks/probe_bound.py
 	$(PY) benchmarks/daemon_ready.py
+	$(PY) benchmarks/hostile_presets.py
 
 clean:
 	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache
