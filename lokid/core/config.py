@@ -583,11 +583,14 @@ def preset_names(config_dir: str) -> list[str]:
         entries = os.listdir(directory)
     except FileNotFoundError:
         return []
+    except OSError as e:  # not a directory, not readable
+        raise ConfigError(f"cannot list the presets: {e.strerror}", directory) from None
     return sorted(e[:-5] for e in entries if e.endswith(".toml") and not e.startswith("."))
 
 
 def load_presets(config_dir: str) -> tuple[dict[str, Preset], dict[str, ConfigError]]:
-    """Every preset: the valid ones, and an error per broken one (never raised).
+    """Every preset: the valid ones, and an error per broken one (never raised; a
+    presets directory that cannot be listed raises ConfigError).
 
     Any exception while loading one preset becomes that preset's error: the
     checks should leave nothing but ConfigError, but should a bug let

@@ -109,6 +109,8 @@ class Daemon:
     def status(self) -> str:
         broken = len(self.registry.broken)
         active = len(self.active_presets())
+        if self.registry.problem:
+            return f"serving no presets: {self.registry.problem}"
         return (f"serving {len(self.registry.presets)} presets"
                 + (f", {active} running" if active else "")
                 + (f", {broken} broken" if broken else ""))

@@ -80,10 +80,16 @@ class Registry:
     probe_budget: float | None = None
     # The probe a load gave up waiting for (its future), until it ends.
     pending_probe: Future[Any] | None = None
+    problem: str = ""   # why no preset could be read at all ("" when they could)
 
     def load(self) -> None:
         """Read every preset again and replace the snapshot (blocking: run in a thread)."""
-        good, bad = cfg.load_presets(self.config_dir)
+        try:
+            good, bad = cfg.load_presets(self.config_dir)
+            self.problem = ""
+        except ConfigError as e:  # the directory itself: no preset, and the daemon says why
+            log.warning("%s", e)
+            good, bad, self.problem = {}, {}, str(e)
         views = {}
         self.pending_probe = None
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget

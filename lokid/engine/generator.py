@@ -110,7 +110,11 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
     except ConfigError as e:
         _warn(str(e))
         glob = cfg.GlobalConfig()
-    presets, broken = cfg.load_presets(config_dir)
+    try:
+        presets, broken = cfg.load_presets(config_dir)
+    except ConfigError as e:  # the directory itself: nothing to generate, say why
+        _warn(str(e))
+        return []
     for name, error in sorted(broken.items()):
         _warn(f"skipping preset {name}: {error}")
     written = []

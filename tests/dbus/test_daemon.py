@@ -246,3 +246,19 @@ async def test_an_engine_slow_on_help_does_not_hold_the_daemon(tmp_path: Path, e
                 break
             await asyncio.sleep(0.1)
         assert argv and argv[0] == str(slow), argv
+
+
+async def test_a_presets_directory_that_cannot_be_listed_leaves_the_daemon_up(
+        tmp_path: Path, engine: str, bus_address: str) -> None:
+    """presets/ made a file by mistake: the daemon still takes its name, serves no
+    preset, and its status says why."""
+    from support.daemonkit import daemon_on
+
+    config = write_config(tmp_path, engine, [tmp_path])
+    (config / "presets").rmdir()
+    (config / "presets").write_text("not a directory\n")
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        assert await manager.get_presets() == []
+        assert running.daemon.status().startswith("serving no presets: ")
+        assert "cannot list the presets: Not a directory" in running.daemon.status()

@@ -128,3 +128,14 @@ def test_file_names_that_are_not_text_neither_stop_it_nor_forge_lines(tmp_path: 
     assert all(line.startswith("lokid-generator: ") for line in lines), lines
     assert any("\\udcff" in line for line in lines) and \
         any("a\\u000alokid: forged" in line for line in lines), lines
+
+
+def test_a_presets_directory_that_cannot_be_listed_is_one_warning(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "/usr/bin/llama-server", [tmp_path])
+    (config / "presets").rmdir()
+    (config / "presets").write_text("not a directory\n")
+    r = subprocess.run([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                        "generate", str(tmp_path / "gen")], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("lokid-generator: ") and "cannot list the presets" in r.stderr
