@@ -1,7 +1,8 @@
 """``lokictl``: the operator's client of ``org.lokid.Lokid1`` (a thin D-Bus client).
 
 Read commands: ``status``, ``presets``, ``show <preset>``, ``plan <preset>``, each
-with ``--json``. ``bench <preset> [--full]`` runs the benchmark through the daemon
+with ``--json``; ``top`` and ``stats <preset> [--since TIME]`` (:mod:`lokid.ctlstats`).
+``bench <preset> [--full]`` runs the benchmark through the daemon
 with a progress bar (``BenchProgress``) and prints the report. Verbs:
 ``start|stop|restart <preset> [--wait]`` (``--wait`` follows
 ``EngineStateChanged`` until the engine is ready or stopped, with a spinner
@@ -44,7 +45,7 @@ from .engine.buscall import call
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
-                     "AutoSpecBlocked", "Argv", "Notes", "LastBench")
+                     "AutoSpecBlocked", "Argv", "Notes", "LastBench", "Stats")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
 SPINNER = "|/-\\"
 
@@ -144,15 +145,109 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
                             for name, error in sorted(broken.items())])
         return EXIT_OK
-    width = max([len(r["Name"]) for r in rows] + [len(n) for n in broken] + [6])
-    print(f"{'PRESET':<{width}}  {'STATE':<8}  {'SPEC':<10}  MODEL")
+    from . import ctlstats
+
+    lines = []
     for r in rows:
+        top = ctlstats.row(r)
+        memory = " ".join(f"{d} {ctlstats._mib(m)}"
+                          for d, m in sorted(top["gpu_memory_mib"].items()))
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
-        print(f"{r['Name']:<{width}}  {r['State']:<8}  {r['SpecMode']:<10}  {r['Model']}"
-              f"{blocked}")
-    for name, error in sorted(broken.items()):
-        print(f"{name:<{width}}  {'broken':<8}  {'-':<10}  {error}")
+        live = r["State"] in ("loading", "ready", "stopping")
+        lines.append([r["Name"], r["State"], r["SpecMode"],
+                      (top["url"] or "-") if live else "-",
+                      ctlstats._duration(top["uptime_seconds"]), memory or "-",
+                      f"{r['Model']}{blocked}"])
+    lines += [[name, "broken", "-", "-", "-", "-", error] for name, error in sorted(broken.items())]
+    head = ["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "MODEL"]
+    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
+    for x in [head, *lines]:
+        print("  ".join(c.ljust(w) for c, w in zip(x[:-1], widths, strict=True)) + "  " + x[-1])
     return EXIT_OK
+
+
+async def cmd_stats(c: Client, name: str, since: str | None, as_json: bool) -> int:
+    """One preset's figures: the daemon's (its current start), or, with ``since``, the
+    engine's journal over that window (every start in it)."""
+    from . import ctlstats
+
+    props = await c.properties(await c.preset_path(name), PRESET_INTERFACE)
+    if since is None:
+        stats = dict(props.get("Stats") or {})
+    else:
+        manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+        if manager.get("Runner") != "systemd":
+            raise CtlError("--since reads the engine's journal, and engines run as the "
+                           "daemon's children here (no journal): `lokictl stats "
+                           f"{name}` shows the current start", EXIT_USAGE)
+        current = dict(props.get("Stats") or {})
+        kind = (current.get("draft") or {}).get("kind", "")
+        try:
+            stats = await asyncio.to_thread(ctlstats.journal_window, str(props["Unit"]), since,
+                                            kind)
+        except RuntimeError as e:
+            raise CtlError(f"{name}: {e}", EXIT_FAILED) from None
+    if as_json:
+        _print_json(stats)
+    else:
+        print(ctlstats.stats_text(name, stats))
+    return EXIT_OK
+
+
+async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
+    """Every preset's line, refreshed each second until q or Ctrl-C (once: printed once)."""
+    import time
+
+    from . import ctlstats
+
+    async def rows() -> list[dict[str, Any]]:
+        return [ctlstats.row(r) for r in await _preset_rows(c)]
+
+    if as_json:
+        _print_json(await rows())
+        return EXIT_OK
+    if once or not sys.stdout.isatty():
+        print(ctlstats.table(await rows()))
+        return EXIT_OK
+    quit_ = asyncio.Event()
+    restore = _keys(quit_)
+    try:
+        while not quit_.is_set():
+            width = shutil.get_terminal_size().columns
+            text = ctlstats.table(await rows(), width)
+            ctlstats.write("\x1b[H\x1b[2J" + f"lokid top  {time.strftime('%H:%M:%S')}  "
+                           "(q quits)\n\n" + text + "\n")
+            try:
+                await asyncio.wait_for(quit_.wait(), 1.0)
+            except TimeoutError:
+                pass
+    finally:
+        restore()
+    return EXIT_OK
+
+
+def _keys(quit_: asyncio.Event) -> Any:
+    """Read single keys from a terminal (q quits); the function that restores it."""
+    import termios
+    import tty
+
+    if not sys.stdin.isatty():
+        return lambda: None
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    loop = asyncio.get_running_loop()
+
+    def key() -> None:
+        if sys.stdin.read(1) in ("q", "Q"):
+            quit_.set()
+
+    loop.add_reader(fd, key)
+
+    def restore() -> None:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+    return restore
 
 
 async def cmd_show(c: Client, name: str, as_json: bool) -> int:
@@ -387,6 +482,16 @@ def _parser() -> argparse.ArgumentParser:
                        help="wait until the engine is ready (stopped, for stop)")
         s.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="with --wait: give up waiting after this long (exit 1)")
+    s = sub.add_parser("top", help="every preset's engine live: requests, speeds, memory "
+                       "(q quits)")
+    s.add_argument("--once", action="store_true", help="print the table once")
+    s.add_argument("--json", action="store_true", help="print the rows once, as JSON")
+    s = sub.add_parser("stats", help="a preset's request figures (its current start, or the "
+                       "journal's window with --since)")
+    s.add_argument("preset")
+    s.add_argument("--since", metavar="TIME", help="recompute from the engine's journal since "
+                   "TIME (as journalctl --since: \"1h ago\", \"today\", \"2026-12-01 10:00\")")
+    s.add_argument("--json", action="store_true")
     sub.add_parser("reload", help="read the presets again (after editing them)")
     s = sub.add_parser("clear-failures", help="forget the recorded failures of automatic "
                        "speculative decoding for a preset")
@@ -479,6 +584,10 @@ async def _main(args: argparse.Namespace) -> int:
             return await cmd_bench(client, str(args.preset), bool(args.full),
                                    int(args.predict), int(args.prompt), bool(args.json))
         as_json = bool(args.json)
+        if command == "top":
+            return await cmd_top(client, bool(args.once), as_json)
+        if command == "stats":
+            return await cmd_stats(client, str(args.preset), args.since, as_json)
         if command == "status":
             return await cmd_status(client, as_json)
         if command == "presets":

@@ -39,6 +39,7 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
 from ..engine.background import Background
+from ..engine.meter import BLIND_AFTER, Meters
 from ..engine.notify import Notifier
 from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
@@ -54,6 +55,7 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
+STATS_EVERY = 1.0   # seconds between two PropertiesChanged(Stats) of one preset, at most
 
 
 class Daemon:
@@ -88,6 +90,8 @@ class Daemon:
         self.dirwatch: Any = None
         self.reloading: asyncio.Task[Any] | None = None
         self.background = Background(log)
+        self.meters = Meters(runtime_dir)
+        self.meter_failed = False
         self.reload_again = False
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
@@ -387,7 +391,7 @@ class Daemon:
             log.warning("%s", message)
 
         judge = LoadJudge(self.registry.state_dir, self.runtime_dir,
-                          on_verdict=self._on_verdict, log=judge_log)
+                          on_verdict=self._on_verdict, log=judge_log, on_line=self._on_line)
         return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
                            self.runtime_dir, judge=judge, on_job=self._on_job)
 
@@ -396,11 +400,49 @@ class Daemon:
             from ..engine.journalwatch import JournalWatcher
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
-                                                 on_verdict=self._on_verdict)
+                                                 on_verdict=self._on_verdict,
+                                                 on_line=self._on_line)
             self.watcher.attach(loop)
         except (OSError, ImportError) as e:
             log.warning("not following the engines' journal (%s): no layers-in-RAM verdicts", e)
             self.watcher = None
+
+    def stats(self, name: str) -> dict[str, Any]:
+        """The preset's telemetry for its current start (``{}`` before any), with the URL
+        its engine answers at (the plan's address; a wildcard as loopback)."""
+        from ..core.address import engine_url
+
+        out = self.meters.snapshot(name)
+        view = self.registry.presets.get(name)
+        if view is not None and view.listen is not None:
+            out["url"] = engine_url(*view.listen)
+        return out
+
+    def _on_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:
+        """An engine line, counted; a failure of the counting never stops the verdicts."""
+        try:
+            self.meters.feed(preset, invocation, line, at)
+        except Exception as e:
+            if not self.meter_failed:  # once: a parser defect would repeat on every line
+                self.meter_failed = True
+                log.warning("telemetry: a line of preset %s was not counted (%s: %s); "
+                            "later failures are not logged", preset, type(e).__name__, e)
+
+    async def _publish_stats(self) -> None:
+        """PropertiesChanged(Stats) at most once a second per preset whose figures moved."""
+        from .interfaces import json_variant
+
+        while not self.stopping.is_set():
+            await asyncio.sleep(STATS_EVERY)
+            while self.meters.blind:
+                blind = self.meters.blind.pop(0)
+                log.warning("preset %s: its engine took %d requests and lokid read the figures "
+                            "of none: the engine's log format may have changed, its Stats are "
+                            "blind", blind, BLIND_AFTER)
+            for name in self.meters.take_dirty():
+                iface = self.exported.get(name)
+                if iface is not None:
+                    iface.emit_properties_changed({"Stats": json_variant(self.stats(name))})
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval
@@ -456,11 +498,13 @@ class Daemon:
         log.info("%s on the %s bus, %s runner, following the presets by %s: %s", BUS_NAME,
                  self.bus_type.name.lower(), self.runner.kind, how, self.status())
         watchdog = loop.create_task(self._watchdog())
+        publisher = loop.create_task(self._publish_stats())
         try:
             await self.stopping.wait()
         finally:
             self.notifier.send("STOPPING=1")
             watchdog.cancel()
+            publisher.cancel()
             self.dirwatch.detach()
             await self.background.close()  # before the bus they may still use is closed
             if self.watcher is not None:

@@ -70,10 +70,13 @@ class LoadJudge:
 
     def __init__(self, state_dir: str, runtime_dir: str,
                  on_verdict: Callable[[AutoCut], None] | None = None,
-                 log: Callable[..., None] | None = None):
+                 log: Callable[..., None] | None = None,
+                 on_line: Callable[[str, str, str, float | None], None] | None = None):
         self.state_dir = state_dir
         self.runtime_dir = runtime_dir
         self.on_verdict = on_verdict
+        # every engine line, for telemetry: (preset, invocation, line, its time or None)
+        self.on_line = on_line
         self.log = log or journal.send
         self.invocations: dict[str, Invocation] = {}
         self.verdicts: list[AutoCut] = []
@@ -99,9 +102,12 @@ class LoadJudge:
                 self._judge(inv)
             return
         late_offload = False
+        at = _entry_time(entry)
         for line in message.splitlines():
             event = inv.tracker.feed(line)
             late_offload |= event is not None and event.kind == "offloaded"
+            if self.on_line is not None:
+                self.on_line(preset, invocation, line, at)
         if late_offload and inv.judged and not inv.cut:
             # The engine's lines and lokid's "ready at" entry reach the journal by
             # different streams: an offload line may land after it.
@@ -142,6 +148,17 @@ class LoadJudge:
                  LOKI_REASON=why, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
         if self.on_verdict is not None:
             self.on_verdict(verdict)
+
+
+def _entry_time(entry: dict[str, Any]) -> float | None:
+    """When the journal received an entry (seconds since the epoch), None when unknown."""
+    stamp = entry.get("__REALTIME_TIMESTAMP")
+    if stamp is None:
+        return None
+    try:
+        return float(stamp.timestamp())
+    except (AttributeError, OverflowError, OSError, ValueError):
+        return None
 
 
 class JournalWatcher(LoadJudge):

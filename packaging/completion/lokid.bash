@@ -50,15 +50,15 @@ _lokictl() {
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench) cmd="${words[i]}"; break ;;
+            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench|top|stats) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
-        --timeout|--address|--predict|--prompt) return ;;
+        --timeout|--address|--predict|--prompt|--since) return ;;
     esac
-    local verbs="status presets show plan start stop restart reload clear-failures bench"
+    local verbs="status presets top stats show plan start stop restart reload clear-failures bench"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
         status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
@@ -66,6 +66,8 @@ _lokictl() {
         start|stop|restart) COMPREPLY=($(compgen -W "$(_lokid_presets) --wait --timeout" -- "$cur")) ;;
         clear-failures) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
         bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
+        top) COMPREPLY=($(compgen -W "--once --json" -- "$cur")) ;;
+        stats) COMPREPLY=($(compgen -W "$(_lokid_presets) --since --json" -- "$cur")) ;;
     esac
 }
 

@@ -255,3 +255,52 @@ def test_bench_through_the_daemon_with_progress_and_the_saved_result(daemon: str
         assert out["result"]["prompt_n"] > 0
     finally:
         lokictl(daemon, "stop", "tiny", "--wait")
+
+
+def test_top_and_stats_count_what_the_engine_serves(daemon: str) -> None:
+    """Requests to the real engine (local runner: its lines come through the daemon's pipe)
+    appear in the preset's Stats, in `lokictl stats` and in `lokictl top`."""
+    import httpx
+
+    assert lokictl(daemon, "start", "tiny", "--wait").returncode == 0
+    stats = json.loads(lokictl(daemon, "stats", "tiny", "--json").stdout)
+    url = stats["url"]
+    completions = 0
+    for i in range(3):
+        r = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": f"Hello number {i}"}],
+            "max_tokens": 8 + i, "seed": 1, "temperature": 0})
+        assert r.status_code == 200, r.text
+        completions += r.json()["usage"]["completion_tokens"]
+    deadline = time.monotonic() + 10
+    while True:
+        stats = json.loads(lokictl(daemon, "stats", "tiny", "--json").stdout)
+        if stats.get("requests") == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert stats["requests"] == 3, stats
+    assert stats["generated_tokens"] == completions, stats
+    assert stats["prompt_tokens"] > 0 and stats["in_flight"] == 0, stats
+    assert stats["decode_tps"]["all"] > 0 and stats["prefill_tps"]["all"] > 0, stats
+    assert stats["uptime_seconds"] >= 0 and stats["invocation"], stats
+    assert stats["requests_per_min"] == 3, stats
+
+    text = lokictl(daemon, "stats", "tiny").stdout
+    assert text.startswith(f"tiny: 3 requests, {stats['prompt_tokens']} prompt tokens, "
+                           f"{completions} generated"), text
+    top = lokictl(daemon, "top", "--once")
+    assert top.returncode == 0, top.stderr
+    header, *lines = top.stdout.splitlines()
+    assert header.split()[:4] == ["PRESET", "STATE", "URL", "MODEL"], header
+    tiny = next(line for line in lines if line.startswith("tiny "))
+    assert " ready " in tiny and url in tiny and " 3.0 " in tiny, tiny
+    rows = {r["preset"]: r for r in json.loads(lokictl(daemon, "top", "--json").stdout)}
+    assert rows["tiny"]["requests"] == 3 and rows["tiny"]["url"] == url, rows["tiny"]
+    assert rows["busy"]["requests"] is None and rows["busy"]["state"] == "inactive"
+    presets = lokictl(daemon, "presets").stdout
+    assert "URL" in presets.splitlines()[0] and url in presets, presets
+
+    # no journal under the local runner: --since says so
+    r = lokictl(daemon, "stats", "tiny", "--since", "1h ago")
+    assert r.returncode == 2 and "no journal" in r.stderr, r.stderr
+    assert lokictl(daemon, "stop", "tiny", "--wait").returncode == 0

@@ -505,3 +505,36 @@ def test_non_ascii_text_crosses_the_bus_with_debian_12s_dbus_fast(lk: LokidSyste
     assert ct.systemctl("is-active", "lokid.service", check=False).stdout.strip() == "active"
     assert "/org/lokid/Lokid1/preset/auto" in prop(ct, PATH, MANAGER, "Presets")
     assert "Traceback" not in ct.journal("lokid.service")
+
+
+def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None:
+    """Under systemd the engine's lines reach the daemon through the journal: its requests
+    show in the preset's Stats; `lokictl stats --since` recomputes them from the journal
+    itself, and `lokictl top --once` shows the row."""
+    import time
+
+    ct = lk.ct
+    ct.systemctl("restart", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=30)
+    ct.systemctl("start", unit("demo"), timeout=120)
+    port = lk.demo_port  # type: ignore[attr-defined]
+    generated = sum(lk.chat(port, f"Hello {i}", max_tokens=8 + i)["usage"]["completion_tokens"]
+                    for i in range(3))
+    deadline = time.monotonic() + 20
+    while True:
+        stats = prop(ct, PRESET_PATH, PRESET, "Stats")
+        if stats.get("requests", {}).get("data") == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert stats["requests"]["data"] == 3, stats
+    assert stats["generated_tokens"]["data"] == generated, stats
+    assert stats["url"]["data"] == f"http://127.0.0.1:{port}", stats
+    r = lokictl(ct, "stats", "demo", "--since", "10 min ago", "--json")
+    assert r.returncode == 0, r.stderr
+    window = json.loads(r.stdout)
+    assert window["requests"] >= 3 and window["generated_tokens"] >= generated, window
+    top = lokictl(ct, "top", "--once")
+    assert top.returncode == 0 and any(line.startswith("demo ") and " ready " in line
+                                       for line in top.stdout.splitlines()), top.stdout
+    assert "Traceback" not in ct.journal("lokid.service")
+    ct.systemctl("stop", unit("demo"), timeout=60)

@@ -1,0 +1,193 @@
+"""``lokictl top`` and ``lokictl stats``: what every engine does, from the daemon's Stats.
+
+``top`` is a live table, one row per preset (state, URL, model, uptime, GPU memory
+per device, offload, requests/min, prefill and decode tok/s, draft acceptance, the
+last verdict), refreshed each second until ``q`` or Ctrl-C; ``--once`` prints it
+once, ``--json`` prints the rows once as JSON. ``stats PRESET`` prints one preset's
+figures; with ``--since TIME`` (any time ``journalctl --since`` takes, such as
+``"1h ago"``) it recomputes them from the engine's journal over that window, with
+the same parser the daemon uses: the journal is the history, nothing else is kept.
+
+The formatting is here, apart from the D-Bus client (:mod:`lokid.ctl`), which only
+hands it the preset properties.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+HOST_DEVICES = ("CPU", "CPU_Mapped", "CPU_REPACK")
+
+
+def gpu_memory(memory_mib: dict[str, float] | None) -> dict[str, float]:
+    """MiB per GPU device (every kind summed); host buffers (CPU, *_Host) left out."""
+    out: dict[str, float] = {}
+    for key, mib in (memory_mib or {}).items():
+        device = key.split(" ", 1)[0]
+        if device in HOST_DEVICES or device.endswith("_Host"):
+            continue
+        out[device] = out.get(device, 0.0) + float(mib)
+    return out
+
+
+def _mib(mib: float) -> str:
+    return f"{mib / 1024:.1f}G" if mib >= 1024 else f"{mib:.0f}M"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def _num(value: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def row(props: dict[str, Any]) -> dict[str, Any]:
+    """One preset's line of ``top`` (and of ``presets``), from its D-Bus properties."""
+    stats = dict(props.get("Stats") or {})
+    live = props.get("State") in ("loading", "ready", "stopping")
+    draft = stats.get("draft") or {}
+    prefill = stats.get("prefill_tps") or {}
+    decode = stats.get("decode_tps") or {}
+    return {
+        "preset": props.get("Name"), "state": props.get("State"),
+        "url": stats.get("url"), "model": props.get("Model"),
+        "uptime_seconds": stats.get("uptime_seconds") if live else None,
+        "gpu_memory_mib": gpu_memory(stats.get("memory_mib")) if live else {},
+        "memory_source": stats.get("memory_source"),
+        "offload": list(stats.get("offload") or []),
+        "requests": stats.get("requests"),
+        "requests_per_min": stats.get("requests_per_min"),
+        "prefill_tps": prefill.get("1m") if prefill.get("1m") is not None else prefill.get("all"),
+        "decode_tps": decode.get("1m") if decode.get("1m") is not None else decode.get("all"),
+        "draft_kind": draft.get("kind"), "draft_acceptance": draft.get("acceptance"),
+        "verdict": props.get("AutoSpecBlocked") or "",
+    }
+
+
+COLUMNS = ("PRESET", "STATE", "URL", "MODEL", "UP", "GPU MEM", "OFFLOAD", "REQ/MIN",
+           "PREFILL", "DECODE", "DRAFT", "VERDICT")
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    memory = " ".join(f"{d} {_mib(m)}" for d, m in sorted(r["gpu_memory_mib"].items()))
+    draft = "-"
+    if r["draft_acceptance"] is not None:
+        draft = f"{r['draft_acceptance'] * 100:.0f}% {r['draft_kind'] or ''}".strip()
+    return [str(r["preset"]), str(r["state"]), r["url"] or "-", str(r["model"]),
+            _duration(r["uptime_seconds"]), memory or "-", ",".join(r["offload"]) or "-",
+            _num(r["requests_per_min"], "{:.1f}"), _num(r["prefill_tps"]),
+            _num(r["decode_tps"]), draft, r["verdict"] or "-"]
+
+
+def table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
+    """The rows as aligned columns (the verdict, last, is cut to ``width``)."""
+    lines = [list(COLUMNS)] + [cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS) - 1)]
+    out = []
+    for line in lines:
+        text = "  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True))
+        text += "  " + line[-1]
+        out.append(text[:width] if width else text)
+    return "\n".join(out)
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def stats_text(name: str, stats: dict[str, Any]) -> str:
+    """One preset's figures, for ``lokictl stats``."""
+    if not stats.get("requests") and not stats.get("invocation"):
+        return f"{name}: no start seen yet"
+    prefill = stats.get("prefill_tps") or {}
+    decode = stats.get("decode_tps") or {}
+    lines = [f"{name}: {stats.get('requests', 0)} requests, "
+             f"{stats.get('prompt_tokens', 0)} prompt tokens, "
+             f"{stats.get('generated_tokens', 0)} generated"
+             + (f" ({_num(stats.get('requests_per_min'), '{:.1f}')} in the last minute)"
+                if stats.get("requests_per_min") is not None else "")]
+    for label, d in (("prefill", prefill), ("decode", decode)):
+        lines.append(f"  {label} tok/s: 1m {_num(d.get('1m'))}, 5m {_num(d.get('5m'))}, "
+                     f"all {_num(d.get('all'))}; per request p50 {_num(d.get('p50'))}, "
+                     f"p95 {_num(d.get('p95'))}")
+    draft = stats.get("draft")
+    if draft:
+        lines.append(f"  draft ({draft.get('kind') or 'unknown kind'}): "
+                     f"{draft.get('accepted')} of {draft.get('generated')} accepted "
+                     f"({_num((draft.get('acceptance') or 0) * 100)}%), mean length "
+                     f"{_num(draft.get('mean_len'), '{:.2f}')}")
+    if stats.get("load_seconds") is not None or stats.get("offload"):
+        lines.append(f"  load: {_num(stats.get('load_seconds'), '{:.1f}')} s, offloaded "
+                     f"{', '.join(stats.get('offload') or []) or 'n/a'}")
+    memory = stats.get("memory_mib") or {}
+    if memory:
+        lines.append("  memory (" + str(stats.get("memory_source") or "engine log") + "): "
+                     + ", ".join(f"{k} {_mib(v)}" for k, v in sorted(memory.items())))
+    if stats.get("uptime_seconds") is not None:
+        lines.append(f"  up {_duration(stats.get('uptime_seconds'))}"
+                     + (f", {stats.get('in_flight')} in flight" if stats.get("in_flight")
+                        else ""))
+    return "\n".join(lines)
+
+
+def journal_window(unit: str, since: str, kind: str = "") -> dict[str, Any]:
+    """The figures of ``unit``'s requests since ``since`` (a journalctl time), computed
+    from the journal: each start's lines through its own parser, then summarised."""
+    import subprocess
+    import time
+
+    from .core.requestlog import EngineLog
+    from .core.telemetry import summarize
+
+    try:
+        proc = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit,
+                               "--since", since, "--output-fields",
+                               "MESSAGE,_SYSTEMD_INVOCATION_ID,SYSLOG_IDENTIFIER"],
+                              capture_output=True, text=True, check=False, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"cannot read the journal: {e}") from None
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
+                           else f"journalctl exited {proc.returncode}")
+    logs: dict[str, EngineLog] = {}
+    requests = []
+    first = None
+    for text in proc.stdout.splitlines():
+        try:
+            entry = json.loads(text)
+        except ValueError:
+            continue
+        message = entry.get("MESSAGE")
+        if not isinstance(message, str):
+            continue  # binary or absent
+        at = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6
+        first = at if first is None else first
+        log = logs.setdefault(str(entry.get("_SYSTEMD_INVOCATION_ID", "")), EngineLog())
+        for line in message.splitlines():
+            r = log.feed(line, at)
+            if r is not None:
+                requests.append(r)
+    now = time.time()
+    for log in logs.values():
+        requests.extend(log.flush(now))
+    out = summarize(requests, first if first is not None else now, now, kind)
+    out["starts"] = len(logs)
+    return out
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,0 +1,38 @@
+"""lokid.ctlstats: the rows and columns of `lokictl top`, from a preset's properties."""
+
+from __future__ import annotations
+
+from lokid import ctlstats
+
+
+def test_gpu_memory_sums_kinds_per_device_and_leaves_host_buffers_out() -> None:
+    # the real partial offload on an H200 (recipes: b11434-cuda-h200-mid_fitt_auto.log)
+    memory = {"CUDA0 model": 920.22, "CUDA0 KV": 256.0, "CUDA0 compute": 112.01,
+              "CPU_Mapped model": 3104.0, "CUDA_Host compute": 40.02, "CPU output": 0.5}
+    assert ctlstats.gpu_memory(memory) == {"CUDA0": 920.22 + 256.0 + 112.01}
+    assert ctlstats.gpu_memory(None) == {}
+
+
+def test_a_row_shows_live_figures_only_while_the_engine_runs() -> None:
+    stats = {"url": "http://127.0.0.1:8080", "uptime_seconds": 3725.0, "requests": 12,
+             "requests_per_min": 2.5, "prefill_tps": {"1m": 900.4, "all": 850.0},
+             "decode_tps": {"all": 41.6}, "memory_mib": {"CUDA0 model": 2048.0},
+             "offload": ["10/10", "2/2"], "draft": {"kind": "mtp", "acceptance": 0.8125}}
+    props = {"Name": "qwen", "State": "ready", "Model": "q.gguf", "Stats": stats,
+             "AutoSpecBlocked": ""}
+    r = ctlstats.row(props)
+    assert (r["prefill_tps"], r["decode_tps"]) == (900.4, 41.6)  # 1m, else all
+    assert ctlstats.cells(r) == ["qwen", "ready", "http://127.0.0.1:8080", "q.gguf", "1h02m",
+                                 "CUDA0 2.0G", "10/10,2/2", "2.5", "900", "42", "81% mtp", "-"]
+    stopped = ctlstats.row({**props, "State": "inactive"})
+    assert stopped["uptime_seconds"] is None and stopped["gpu_memory_mib"] == {}
+
+
+def test_the_table_aligns_columns_and_cuts_to_the_terminal() -> None:
+    rows = [ctlstats.row({"Name": n, "State": "inactive", "Model": "m.gguf", "Stats": {},
+                          "AutoSpecBlocked": "a long recorded verdict " * 3})
+            for n in ("a", "longer-name")]
+    text = ctlstats.table(rows, width=60)
+    lines = text.splitlines()
+    assert lines[0].startswith("PRESET       STATE") and all(len(x) <= 60 for x in lines)
+    assert lines[1].index("inactive") == lines[2].index("inactive")
