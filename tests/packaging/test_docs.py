@@ -61,7 +61,11 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert complete("lokid plan ", tmp_path) == ["--json", "qwen", "tiny-llama.v1_a"]
     assert complete("lokid run t", tmp_path) == ["tiny-llama.v1_a"]
     assert complete("lokid daemon --bus s", tmp_path) == ["session", "system"]
-    assert complete("lokictl s", tmp_path) == ["show", "start", "status", "stop"]
+    assert complete("lokictl s", tmp_path) == ["show", "start", "stats", "status", "stop"]
+    assert complete("lokictl t", tmp_path) == ["top"]
+    assert complete("lokictl top --", tmp_path) == ["--json", "--once"]
+    assert complete("lokictl stats ", tmp_path) == ["--json", "--since", "qwen",
+                                                    "tiny-llama.v1_a"]
     assert complete("lokictl show q", tmp_path) == ["qwen"]
     assert complete("lokictl restart ", tmp_path) == ["--timeout", "--wait", "qwen",
                                                       "tiny-llama.v1_a"]
