@@ -87,6 +87,8 @@ bench: setup
 	$(PY) benchmarks/probe_bound.py
 	$(PY) benchmarks/daemon_ready.py
 	$(PY) benchmarks/hostile_presets.py
+	$(PY) benchmarks/parse_rate.py
+	$(PY) benchmarks/daemon_load.py
 
 clean:
 	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache

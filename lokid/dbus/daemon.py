@@ -520,6 +520,13 @@ def main(config_dir: str, state_dir: str, runtime_dir: str, bus: str,
          bus_address: str | None = None, runner: str = "auto") -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
+    # What the format never shows is not gathered: under the local runner every engine
+    # line is a record, hundreds a second while it serves (the logging HOWTO's
+    # "Optimization": no caller lookup, no thread or process fields).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     bus_type = BusType.SESSION if bus == "session" else BusType.SYSTEM
     daemon = Daemon(config_dir, state_dir, runtime_dir, bus_type, bus_address, runner)
     return asyncio.run(daemon.run())
