@@ -2,7 +2,7 @@
 
 The layout (``$LOKI_CONFIG_DIR``, default ``/etc/loki``)::
 
-    lokid.toml            engine, model_dirs, host, port
+    lokid.toml            engine, model_dirs, host, port, metrics_textfile
     presets/<name>.toml   one preset per file
 
 Files are read with tomllib, within bounds: a regular file of at most
@@ -49,7 +49,10 @@ DEFAULT_CTX = 32768
 # wrong place) from filling memory.
 MAX_FILE_BYTES = 64 * 1024
 
-GLOBAL_KEYS = ("engine", "model_dirs", "host", "port")
+GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile")
+# Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter/*.prom (its
+# textfile collector): the daemon writes its metrics there when that directory exists.
+DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat",
@@ -71,6 +74,7 @@ class GlobalConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     path: str = ""  # the file it came from, "" when absent (defaults)
+    metrics_textfile: str = DEFAULT_METRICS_TEXTFILE   # "" = no Prometheus textfile
 
 
 @dataclass(frozen=True)
@@ -370,9 +374,16 @@ def load_global(config_dir: str) -> GlobalConfig:
     if not host.strip():
         raise c.error("host", "must not be empty (an address such as 127.0.0.1 or 0.0.0.0)")
     port = c.integer("port", 1, 65535, "1 to 65535")
+    metrics = c.string("metrics_textfile", DEFAULT_METRICS_TEXTFILE) or ""
+    if metrics and not (os.path.isabs(metrics) and metrics.endswith(".prom")
+                        and len(os.path.basename(metrics)) > len(".prom")):
+        # node_exporter's textfile collector reads *.prom only: another name is never seen
+        raise c.error("metrics_textfile",
+                      f"{metrics!r}: an absolute path ending in .prom (node_exporter reads "
+                      "only *.prom files), or \"\" to write no metrics file")
     return GlobalConfig(
         engine=engine, model_dirs=dirs, host=host,
-        port=DEFAULT_PORT if port is None else port, path=path,
+        port=DEFAULT_PORT if port is None else port, path=path, metrics_textfile=metrics,
     )
 
 

@@ -41,6 +41,7 @@ from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
 from ..engine.background import Background
 from ..engine.meter import BLIND_AFTER, Meters
 from ..engine.notify import Notifier
+from ..engine.promfile import Textfile
 from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
@@ -93,6 +94,10 @@ class Daemon:
         self.meters = Meters(runtime_dir)
         self.meter_failed = False
         self.reload_again = False
+        # the Prometheus textfile (lokid.toml metrics_textfile): None when off; its path as
+        # last read (None: not read yet)
+        self.textfile: Textfile | None = None
+        self.metrics_path: str | None = None
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
@@ -219,6 +224,7 @@ class Daemon:
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""
         await self.load_presets()
+        await self._read_metrics_setting()
         if self.runner is not None:
             await self.runner.reload()
             await self.runner.track(sorted(self.registry.presets))
@@ -439,10 +445,67 @@ class Daemon:
                 log.warning("preset %s: its engine took %d requests and lokid read the figures "
                             "of none: the engine's log format may have changed, its Stats are "
                             "blind", blind, BLIND_AFTER)
-            for name in self.meters.take_dirty():
+            figures = {name: self.stats(name) for name in self.meters.take_dirty()
+                       if name in self.exported or self.textfile is not None}
+            for name, stats in figures.items():
                 iface = self.exported.get(name)
                 if iface is not None:
-                    iface.emit_properties_changed({"Stats": json_variant(self.stats(name))})
+                    iface.emit_properties_changed({"Stats": json_variant(stats)})
+            await self._write_metrics(figures)
+
+    async def _read_metrics_setting(self) -> None:
+        """lokid.toml's ``metrics_textfile`` (a broken lokid.toml: the default; its error is
+        the presets' to report). A new path takes over from the old one, whose file goes."""
+        from ..core import config as cfg
+        from ..engine.promfile import where
+
+        def read() -> tuple[str, str]:
+            try:
+                path = cfg.load_global(self.config_dir).metrics_textfile
+            except LokiError:
+                path = cfg.DEFAULT_METRICS_TEXTFILE
+            return path, where(path)
+
+        path, said = await asyncio.to_thread(read)
+        if path == self.metrics_path:
+            return
+        self.metrics_path = path
+        if self.textfile is not None:
+            await asyncio.to_thread(self.textfile.close)
+        self.textfile = Textfile(path) if path else None
+        log.info("%s", said)
+
+    async def _write_metrics(self, figures: dict[str, dict[str, Any]]) -> None:
+        """The Prometheus textfile (:mod:`lokid.engine.promfile`), when figures (``figures``:
+        the presets' that moved) or states changed, else every REFRESH seconds. Nothing here
+        may stop the Stats publisher: a failure is logged once."""
+        import time
+
+        from ..engine.promfile import Record, render
+
+        tf = self.textfile
+        if tf is None:
+            return
+        try:
+            names = sorted(set(self.registry.presets) | set(self.active_presets()))
+            views = {n: self.registry.presets.get(n) for n in names}
+            states = {n: self.engine_state(n).state for n in names}
+            key = [(n, states[n], v.model if v else "", v.auto_blocked if v else "")
+                   for n, v in views.items()]
+            if not tf.due(bool(figures), key, time.monotonic()):
+                return
+            records = []
+            for n, v in views.items():
+                stats = figures[n] if n in figures else self.meters.snapshot(n)
+                records.append(Record(n, v.model if v else "", states[n], stats,
+                                      v.auto_blocked if v else "",
+                                      tf.starts(n, stats.get("invocation"))))
+            await asyncio.to_thread(tf.write, render(records, time.time()))
+        except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
+            if not tf.render_failed:  # the Stats and the engines go on
+                tf.render_failed = True
+                log.warning("Prometheus metrics: not written (%s: %s); later failures are not "
+                            "logged", type(e).__name__, e)
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval
@@ -459,6 +522,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: self.background.spawn(
             self._reload_logged(), "reloading on SIGHUP"))
         await asyncio.to_thread(self.registry.load)
+        await self._read_metrics_setting()
         try:
             self.bus = await SafeMessageBus(bus_address=self.bus_address,
                                         bus_type=self.bus_type).connect()
@@ -507,6 +571,8 @@ class Daemon:
             publisher.cancel()
             self.dirwatch.detach()
             await self.background.close()  # before the bus they may still use is closed
+            if self.textfile is not None:  # no stale figures for node_exporter to serve
+                await asyncio.to_thread(self.textfile.close)
             if self.watcher is not None:
                 self.watcher.detach(loop)
             await self.runner.close()

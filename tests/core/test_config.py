@@ -86,6 +86,18 @@ def test_global_file_parses(tmp_path: Path) -> None:
     assert (g.host, g.port) == ("0.0.0.0", 9000)
 
 
+def test_the_metrics_textfile_is_node_exporters_by_default_or_off_or_moved(
+        tmp_path: Path) -> None:
+    assert cfg.load_global(str(tmp_path)).metrics_textfile == \
+        "/var/lib/prometheus/node-exporter/lokid.prom"
+    write(tmp_path, "lokid.toml", 'port = 9000\n')
+    assert cfg.load_global(str(tmp_path)).metrics_textfile == cfg.DEFAULT_METRICS_TEXTFILE
+    write(tmp_path, "lokid.toml", 'metrics_textfile = ""\n')
+    assert cfg.load_global(str(tmp_path)).metrics_textfile == ""
+    write(tmp_path, "lokid.toml", 'metrics_textfile = "/srv/textfiles/gpu-host.prom"\n')
+    assert cfg.load_global(str(tmp_path)).metrics_textfile == "/srv/textfiles/gpu-host.prom"
+
+
 BAD_PRESETS = [
     ("missing_model", 'ctx = 4096\n', "missing required key 'model'", None),
     ("syntax", 'model = "m"\nctx = = 3\n', "TOML syntax error", 2),
@@ -202,6 +214,12 @@ BAD_GLOBALS = [
     ('model_dirs = "/models"\n', "must be a list of strings"),
     ('port = 0\n', "1 to 65535"),
     ('engnie = "/x"\n', "did you mean 'engine'"),
+    ('metrics_textfile = "lokid.prom"\n', "an absolute path ending in .prom"),
+    ('metrics_textfile = "/var/lib/prometheus/node-exporter/lokid.txt"\n',
+     "node_exporter reads only *.prom files"),
+    ('metrics_textfile = "/var/lib/prometheus/node-exporter/.prom"\n', "ending in .prom"),
+    ('metrics_textfile = "/var/lib/prometheus/node-exporter/"\n', "ending in .prom"),
+    ('metrics_textfile = false\n', "metrics_textfile: must be a string, not a boolean"),
 ]
 
 

@@ -111,7 +111,10 @@ def write_config(root: Path, engine: str, model_dirs: Sequence[str | Path]) -> P
     config = root / "config"
     (config / "presets").mkdir(parents=True, exist_ok=True)
     dirs = ", ".join(json.dumps(str(d)) for d in model_dirs)
-    (config / "lokid.toml").write_text(f"engine = {json.dumps(engine)}\nmodel_dirs = [{dirs}]\n")
+    # metrics_textfile = "": a daemon under test never writes the host's node_exporter
+    # directory (the container tests use the default)
+    (config / "lokid.toml").write_text(f"engine = {json.dumps(engine)}\nmodel_dirs = [{dirs}]\n"
+                                       'metrics_textfile = ""\n')
     return config
 
 
