@@ -22,6 +22,9 @@ otherwise. A verdict is recorded in the state DB, the preset is planned again
 and ``VerdictRecorded`` is emitted.
 
 Verbs are authorised per call (:mod:`lokid.dbus.authz`) before they run.
+
+The same engine lines are counted for each preset's ``Stats`` and the
+Prometheus textfile (:mod:`lokid.dbus.telemetry`).
 """
 
 from __future__ import annotations
@@ -39,15 +42,14 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
 from ..engine.background import Background
-from ..engine.meter import BLIND_AFTER, Meters
 from ..engine.notify import Notifier
-from ..engine.promfile import Textfile
 from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
 from .authz import MANAGE_GROUP, Authority
 from .interfaces import ManagerInterface, PresetInterface
 from .registry import Registry
+from .telemetry import Telemetry
 from .wire import SafeMessageBus
 
 log = logging.getLogger("lokid.daemon")  # as the journal has always said it
@@ -56,7 +58,6 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
-STATS_EVERY = 1.0   # seconds between two PropertiesChanged(Stats) of one preset, at most
 
 
 class Daemon:
@@ -91,13 +92,8 @@ class Daemon:
         self.dirwatch: Any = None
         self.reloading: asyncio.Task[Any] | None = None
         self.background = Background(log)
-        self.meters = Meters(runtime_dir)
-        self.meter_failed = False
+        self.telemetry = Telemetry(self)
         self.reload_again = False
-        # the Prometheus textfile (lokid.toml metrics_textfile): None when off; its path as
-        # last read (None: not read yet)
-        self.textfile: Textfile | None = None
-        self.metrics_path: str | None = None
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
@@ -224,7 +220,7 @@ class Daemon:
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""
         await self.load_presets()
-        await self._read_metrics_setting()
+        await self.telemetry.read_metrics_setting()
         if self.runner is not None:
             await self.runner.reload()
             await self.runner.track(sorted(self.registry.presets))
@@ -397,7 +393,8 @@ class Daemon:
             log.warning("%s", message)
 
         judge = LoadJudge(self.registry.state_dir, self.runtime_dir,
-                          on_verdict=self._on_verdict, log=judge_log, on_line=self._on_line)
+                          on_verdict=self._on_verdict, log=judge_log,
+                          on_line=self.telemetry.on_line)
         return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
                            self.runtime_dir, judge=judge, on_job=self._on_job)
 
@@ -407,105 +404,14 @@ class Daemon:
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict,
-                                                 on_line=self._on_line)
+                                                 on_line=self.telemetry.on_line)
             self.watcher.attach(loop)
         except (OSError, ImportError) as e:
             log.warning("not following the engines' journal (%s): no layers-in-RAM verdicts", e)
             self.watcher = None
 
     def stats(self, name: str) -> dict[str, Any]:
-        """The preset's telemetry for its current start (``{}`` before any), with the URL
-        its engine answers at (the plan's address; a wildcard as loopback)."""
-        from ..core.address import engine_url
-
-        out = self.meters.snapshot(name)
-        view = self.registry.presets.get(name)
-        if view is not None and view.listen is not None:
-            out["url"] = engine_url(*view.listen)
-        return out
-
-    def _on_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:
-        """An engine line, counted; a failure of the counting never stops the verdicts."""
-        try:
-            self.meters.feed(preset, invocation, line, at)
-        except Exception as e:
-            if not self.meter_failed:  # once: a parser defect would repeat on every line
-                self.meter_failed = True
-                log.warning("telemetry: a line of preset %s was not counted (%s: %s); "
-                            "later failures are not logged", preset, type(e).__name__, e)
-
-    async def _publish_stats(self) -> None:
-        """PropertiesChanged(Stats) at most once a second per preset whose figures moved."""
-        from .interfaces import json_variant
-
-        while not self.stopping.is_set():
-            await asyncio.sleep(STATS_EVERY)
-            while self.meters.blind:
-                blind = self.meters.blind.pop(0)
-                log.warning("preset %s: its engine took %d requests and lokid read the figures "
-                            "of none: the engine's log format may have changed, its Stats are "
-                            "blind", blind, BLIND_AFTER)
-            figures = {name: self.stats(name) for name in self.meters.take_dirty()
-                       if name in self.exported or self.textfile is not None}
-            for name, stats in figures.items():
-                iface = self.exported.get(name)
-                if iface is not None:
-                    iface.emit_properties_changed({"Stats": json_variant(stats)})
-            await self._write_metrics(figures)
-
-    async def _read_metrics_setting(self) -> None:
-        """lokid.toml's ``metrics_textfile`` (a broken lokid.toml: the default; its error is
-        the presets' to report). A new path takes over from the old one, whose file goes."""
-        from ..core import config as cfg
-        from ..engine.promfile import where
-
-        def read() -> tuple[str, str]:
-            try:
-                path = cfg.load_global(self.config_dir).metrics_textfile
-            except LokiError:
-                path = cfg.DEFAULT_METRICS_TEXTFILE
-            return path, where(path)
-
-        path, said = await asyncio.to_thread(read)
-        if path == self.metrics_path:
-            return
-        self.metrics_path = path
-        if self.textfile is not None:
-            await asyncio.to_thread(self.textfile.close)
-        self.textfile = Textfile(path) if path else None
-        log.info("%s", said)
-
-    async def _write_metrics(self, figures: dict[str, dict[str, Any]]) -> None:
-        """The Prometheus textfile (:mod:`lokid.engine.promfile`), when figures (``figures``:
-        the presets' that moved) or states changed, else every REFRESH seconds. Nothing here
-        may stop the Stats publisher: a failure is logged once."""
-        import time
-
-        from ..engine.promfile import Record, render
-
-        tf = self.textfile
-        if tf is None:
-            return
-        try:
-            names = sorted(set(self.registry.presets) | set(self.active_presets()))
-            views = {n: self.registry.presets.get(n) for n in names}
-            states = {n: self.engine_state(n).state for n in names}
-            key = [(n, states[n], v.model if v else "", v.auto_blocked if v else "")
-                   for n, v in views.items()]
-            if not tf.due(bool(figures), key, time.monotonic()):
-                return
-            records = []
-            for n, v in views.items():
-                stats = figures[n] if n in figures else self.meters.snapshot(n)
-                records.append(Record(n, v.model if v else "", states[n], stats,
-                                      v.auto_blocked if v else "",
-                                      tf.starts(n, stats.get("invocation"))))
-            await asyncio.to_thread(tf.write, render(records, time.time()))
-        except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
-            if not tf.render_failed:  # the Stats and the engines go on
-                tf.render_failed = True
-                log.warning("Prometheus metrics: not written (%s: %s); later failures are not "
-                            "logged", type(e).__name__, e)
+        return self.telemetry.stats(name)
 
     async def _watchdog(self) -> None:
         interval = self.notifier.watchdog_interval
@@ -522,7 +428,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: self.background.spawn(
             self._reload_logged(), "reloading on SIGHUP"))
         await asyncio.to_thread(self.registry.load)
-        await self._read_metrics_setting()
+        await self.telemetry.read_metrics_setting()
         try:
             self.bus = await SafeMessageBus(bus_address=self.bus_address,
                                         bus_type=self.bus_type).connect()
@@ -562,7 +468,7 @@ class Daemon:
         log.info("%s on the %s bus, %s runner, following the presets by %s: %s", BUS_NAME,
                  self.bus_type.name.lower(), self.runner.kind, how, self.status())
         watchdog = loop.create_task(self._watchdog())
-        publisher = loop.create_task(self._publish_stats())
+        publisher = loop.create_task(self.telemetry.publish())
         try:
             await self.stopping.wait()
         finally:
@@ -571,8 +477,7 @@ class Daemon:
             publisher.cancel()
             self.dirwatch.detach()
             await self.background.close()  # before the bus they may still use is closed
-            if self.textfile is not None:  # no stale figures for node_exporter to serve
-                await asyncio.to_thread(self.textfile.close)
+            await self.telemetry.close()
             if self.watcher is not None:
                 self.watcher.detach(loop)
             await self.runner.close()

@@ -1,0 +1,137 @@
+"""The daemon's telemetry: engine lines counted, Stats published, the Prometheus textfile.
+
+Every engine line the daemon reads (the journal under systemd, the engine's pipe
+under the local runner) reaches :meth:`Telemetry.on_line` and is counted by
+:class:`~lokid.engine.meter.Meters`; a failure there is one log line and never
+stops the verdicts the same lines feed. Once a second, :meth:`Telemetry.publish`
+emits ``PropertiesChanged(Stats)`` for the presets whose figures moved, warns of
+a start whose requests could not be read, and rewrites the node_exporter
+textfile (:mod:`lokid.engine.promfile`) when something changed, or every 15 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import LokiError
+from ..engine.meter import BLIND_AFTER, Meters
+from ..engine.promfile import Textfile
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger("lokid.daemon")  # the daemon's own lines, as before
+
+STATS_EVERY = 1.0   # seconds between two PropertiesChanged(Stats) of one preset, at most
+
+
+class Telemetry:
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+        self.meters = Meters(daemon.runtime_dir)
+        self.meter_failed = False
+        # the Prometheus textfile (lokid.toml metrics_textfile): None when off; its path as
+        # last read (None: not read yet)
+        self.textfile: Textfile | None = None
+        self.metrics_path: str | None = None
+
+    def stats(self, name: str) -> dict[str, Any]:
+        """The preset's telemetry for its current start (``{}`` before any), with the URL
+        its engine answers at (the plan's address; a wildcard as loopback)."""
+        from ..core.address import engine_url
+
+        out = self.meters.snapshot(name)
+        view = self.daemon.registry.presets.get(name)
+        if view is not None and view.listen is not None:
+            out["url"] = engine_url(*view.listen)
+        return out
+
+    def on_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:
+        """An engine line, counted; a failure of the counting never stops the verdicts."""
+        try:
+            self.meters.feed(preset, invocation, line, at)
+        except Exception as e:
+            if not self.meter_failed:  # once: a parser defect would repeat on every line
+                self.meter_failed = True
+                log.warning("telemetry: a line of preset %s was not counted (%s: %s); "
+                            "later failures are not logged", preset, type(e).__name__, e)
+
+    async def publish(self) -> None:
+        """PropertiesChanged(Stats) at most once a second per preset whose figures moved."""
+        from .interfaces import json_variant
+
+        while not self.daemon.stopping.is_set():
+            await asyncio.sleep(STATS_EVERY)
+            while self.meters.blind:
+                blind = self.meters.blind.pop(0)
+                log.warning("preset %s: its engine took %d requests and lokid read the figures "
+                            "of none: the engine's log format may have changed, its Stats are "
+                            "blind", blind, BLIND_AFTER)
+            figures = {name: self.stats(name) for name in self.meters.take_dirty()
+                       if name in self.daemon.exported or self.textfile is not None}
+            for name, stats in figures.items():
+                iface = self.daemon.exported.get(name)
+                if iface is not None:
+                    iface.emit_properties_changed({"Stats": json_variant(stats)})
+            await self.write_metrics(figures)
+
+    async def read_metrics_setting(self) -> None:
+        """lokid.toml's ``metrics_textfile`` (a broken lokid.toml: the default; its error is
+        the presets' to report). A new path takes over from the old one, whose file goes."""
+        from ..core import config as cfg
+        from ..engine.promfile import where
+
+        def read() -> tuple[str, str]:
+            try:
+                path = cfg.load_global(self.daemon.config_dir).metrics_textfile
+            except LokiError:
+                path = cfg.DEFAULT_METRICS_TEXTFILE
+            return path, where(path)
+
+        path, said = await asyncio.to_thread(read)
+        if path == self.metrics_path:
+            return
+        self.metrics_path = path
+        if self.textfile is not None:
+            await asyncio.to_thread(self.textfile.close)
+        self.textfile = Textfile(path) if path else None
+        log.info("%s", said)
+
+    async def write_metrics(self, figures: dict[str, dict[str, Any]]) -> None:
+        """The Prometheus textfile (:mod:`lokid.engine.promfile`), when figures (``figures``:
+        the presets' that moved) or states changed, else every REFRESH seconds. Nothing here
+        may stop the Stats publisher: a failure is logged once."""
+        import time
+
+        from ..engine.promfile import Record, render
+
+        tf = self.textfile
+        if tf is None:
+            return
+        try:
+            names = sorted(set(self.daemon.registry.presets) | set(self.daemon.active_presets()))
+            views = {n: self.daemon.registry.presets.get(n) for n in names}
+            states = {n: self.daemon.engine_state(n).state for n in names}
+            key = [(n, states[n], v.model if v else "", v.auto_blocked if v else "")
+                   for n, v in views.items()]
+            if not tf.due(bool(figures), key, time.monotonic()):
+                return
+            records = []
+            for n, v in views.items():
+                stats = figures[n] if n in figures else self.meters.snapshot(n)
+                records.append(Record(n, v.model if v else "", states[n], stats,
+                                      v.auto_blocked if v else "",
+                                      tf.starts(n, stats.get("invocation"))))
+            await asyncio.to_thread(tf.write, render(records, time.time()))
+        except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
+            if not tf.render_failed:  # the Stats and the engines go on
+                tf.render_failed = True
+                log.warning("Prometheus metrics: not written (%s: %s); later failures are not "
+                            "logged", type(e).__name__, e)
+
+    async def close(self) -> None:
+        """At the daemon's stop: no stale figures for node_exporter to serve."""
+        if self.textfile is not None:
+            await asyncio.to_thread(self.textfile.close)
