@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -126,45 +124,27 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--idle", type=float, default=20)
     args = ap.parse_args()
-    from support.enginekit import NotifyListener, free_port, tiny_config
+    from support.daemonproc import daemon_process
+    from support.enginekit import free_port, tiny_config
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         port = free_port()
         config = tiny_config(root, "tiny", f"port = {port}\n")
-        bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
-                                f"--address=unix:path={root / 'bus'}"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert bus.stdout is not None
-        address = bus.stdout.readline().strip()
-        notify = NotifyListener(root / "notify")
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "daemon",
-             "--bus", "session", "--bus-address", address, "--runner", "local"],
-            env={**os.environ, "LOKI_STATE_DIR": str(root / "state"),
-                 "LOKI_RUNTIME_DIR": str(root / "run"), "NOTIFY_SOCKET": notify.path,
-                 "PYTHONPATH": str(ROOT)},
-            stderr=subprocess.DEVNULL)
-        try:
-            notify.wait_for("READY=1", timeout=60)
+        with daemon_process(config, root) as d:
+            address, pid = d.address, d.proc.pid
             asyncio.run(start_until_ready(address))
-            engine = engine_pids(daemon.pid)
-            d0, e0, t0 = proc_cpu_s(daemon.pid), cpu(engine), time.monotonic()
+            engine = engine_pids(pid)
+            d0, e0, t0 = proc_cpu_s(pid), cpu(engine), time.monotonic()
             done, latencies, errors = asyncio.run(
                 load(f"http://127.0.0.1:{port}", address, args.rate, args.seconds))
             took = time.monotonic() - t0
-            daemon_cpu = (proc_cpu_s(daemon.pid) - d0) / took * 100
+            daemon_cpu = (proc_cpu_s(pid) - d0) / took * 100
             engine_cpu = (cpu(engine) - e0) / took * 100
-            rss = proc_rss_mb(daemon.pid)
-            i0, ti = proc_cpu_s(daemon.pid), time.monotonic()
+            rss = proc_rss_mb(pid)
+            i0, ti = proc_cpu_s(pid), time.monotonic()
             time.sleep(args.idle)
-            idle = (proc_cpu_s(daemon.pid) - i0) / (time.monotonic() - ti) * 100
-        finally:
-            daemon.terminate()
-            daemon.wait(30)
-            bus.terminate()
-            bus.wait(10)
-            notify.close()
+            idle = (proc_cpu_s(pid) - i0) / (time.monotonic() - ti) * 100
 
     p99 = sorted(latencies)[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1000
     print(f"load: {done} replies ({errors} errors) in {took:.1f} s = {done / took:.1f} req/s "

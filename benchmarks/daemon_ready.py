@@ -20,7 +20,6 @@ Medians of --reps starts. Exits 1 when the hanging-engine goal is missed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from support.enginekit import NotifyListener, engine_binary, tiny_config  # noqa: E402
+from support.daemonproc import daemon_process  # noqa: E402
+from support.enginekit import engine_binary, tiny_config  # noqa: E402
 
 GOAL_HANGING_S = 2.0
 HANGING = """#!/bin/sh
@@ -55,30 +55,10 @@ def set_engine(config: Path, engine: str) -> None:
 
 def daemon_ready_s(config: Path, root: Path, runtime: Path) -> float:
     """One daemon start on a private bus until READY=1; stopped after."""
-    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
-                            f"--address=unix:path={root / 'bus'}"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert bus.stdout is not None
-    address = bus.stdout.readline().strip()
-    notify = NotifyListener(root / "notify")
-    t0 = time.perf_counter()
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "daemon",
-         "--bus", "session", "--bus-address", address, "--runner", "local"],
-        env={**os.environ, "LOKI_STATE_DIR": str(root / "state"),
-             "LOKI_RUNTIME_DIR": str(runtime), "NOTIFY_SOCKET": notify.path,
-             "PYTHONPATH": str(ROOT)},
-        stderr=subprocess.DEVNULL)
     try:
-        notify.wait_for("READY=1", timeout=300)
-        return time.perf_counter() - t0
+        with daemon_process(config, root, runtime) as d:
+            return d.ready - d.started
     finally:
-        daemon.terminate()
-        daemon.wait(30)
-        bus.terminate()
-        bus.wait(10)
-        notify.close()
-        os.unlink(root / "notify")
         subprocess.run(["pkill", "-f", "sleep 600"], check=False)
 
 

@@ -1,0 +1,59 @@
+"""`lokid daemon` as a process on a private real dbus-daemon, for the benchmarks.
+
+Yields once the daemon sent READY=1 (presets planned, engines' state known, bus name
+owned); everything is stopped at the end of the block. ``started`` is the
+perf_counter() time the daemon was spawned, for the benchmarks that time readiness.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import REPO
+from .enginekit import NotifyListener
+
+
+@dataclass
+class DaemonProcess:
+    address: str      # the private bus
+    proc: subprocess.Popen[bytes]
+    started: float    # perf_counter() at the spawn
+    ready: float      # perf_counter() at READY=1
+
+
+@contextmanager
+def daemon_process(config: Path, root: Path, runtime: Path | None = None,
+                   runner: str = "local", ready_timeout: float = 300) -> Iterator[DaemonProcess]:
+    """``lokid daemon --bus session --runner RUNNER`` for ``config``; its state in
+    ``root/state``, its runtime files in ``runtime`` (default ``root/run``)."""
+    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
+                            f"--address=unix:path={root / 'bus'}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert bus.stdout is not None
+    address = bus.stdout.readline().strip()
+    notify = NotifyListener(root / "notify")
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "daemon",
+         "--bus", "session", "--bus-address", address, "--runner", runner],
+        env={**os.environ, "LOKI_STATE_DIR": str(root / "state"),
+             "LOKI_RUNTIME_DIR": str(runtime or root / "run"), "NOTIFY_SOCKET": notify.path,
+             "PYTHONPATH": str(REPO)},
+        stderr=subprocess.DEVNULL)
+    try:
+        notify.wait_for("READY=1", timeout=ready_timeout)
+        yield DaemonProcess(address, proc, started, time.perf_counter())
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        bus.terminate()
+        bus.wait(10)
+        notify.close()
+        os.unlink(root / "notify")
