@@ -46,6 +46,12 @@ class Telemetry:
         view = self.daemon.registry.presets.get(name)
         if view is not None and view.listen is not None:
             out["url"] = engine_url(*view.listen)
+        if view is not None and view.auto_blocked:
+            out["verdict"] = view.auto_blocked
+        runner = self.daemon.runner
+        restarts = runner.restarts(name) if runner is not None else None
+        if restarts is not None:
+            out["restarts"] = restarts
         return out
 
     def on_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:

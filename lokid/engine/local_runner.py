@@ -216,6 +216,12 @@ class LocalRunner(Runner):
         self._request_stop(eng)
         return job
 
+    def restarts(self, preset: str) -> int | None:
+        """The failures since the last start by hand: each was followed by a restart, as
+        long as the crash-loop rule allowed one (systemd's NRestarts, here)."""
+        eng = self.engines.get(preset)
+        return None if eng is None else len(eng.failures)
+
     async def restart(self, preset: str) -> str:
         eng = self.engines.setdefault(preset, _Engine(preset))
         if eng.task is None or eng.task.done():

@@ -130,6 +130,11 @@ class Runner(ABC):
         """A sampler of the running engine's disk reads and memory (the benchmark's thrash
         hint), each from where this runner can read them; None when it cannot."""
 
+    def restarts(self, preset: str) -> int | None:
+        """Automatic restarts of the engine since the last start by hand (systemd's
+        NRestarts), None when this runner cannot tell."""
+        return None
+
     async def reload(self) -> None:  # noqa: B027 - optional hook
         """The presets were read again (the systemd runner reruns the generator)."""
 

@@ -68,8 +68,17 @@ def systemd_reachable(bus_is_system: bool) -> bool:
     return bus_is_system and os.path.isdir("/run/systemd/system")
 
 
+# The unit properties followed: the state, and NRestarts (systemd's automatic restarts
+# since the last start by hand).
+WANTED = ("ActiveState", "SubState", "Result", "StatusText", "NRestarts")
+
+
 class SystemdRunner(Runner):
     kind = "systemd"
+
+    def restarts(self, preset: str) -> int | None:
+        value = self.props.get(preset, {}).get("NRestarts")
+        return int(value) if isinstance(value, int) else None
 
     def __init__(self, bus: MessageBus, listener: Listener, on_job: JobListener | None = None,
                  on_reloaded: Callable[[], None] | None = None):
@@ -139,7 +148,7 @@ class SystemdRunner(Runner):
                 log.warning("cannot read %s of %s: %s", interface, engine_unit(preset), e.text)
                 continue
             props.update({k: v.value for k, v in values.items()
-                          if k in ("ActiveState", "SubState", "Result", "StatusText")})
+                          if k in WANTED})
         self.props[preset] = props
         self._publish(preset)
 
@@ -164,12 +173,11 @@ class SystemdRunner(Runner):
         if msg.member == "PropertiesChanged" and msg.path in self.by_path:
             preset = self.by_path[msg.path]
             _interface, changed, invalidated = msg.body
-            wanted = ("ActiveState", "SubState", "Result", "StatusText")
-            values = {k: v.value for k, v in changed.items() if k in wanted}
+            values = {k: v.value for k, v in changed.items() if k in WANTED}
             if values:
                 self.props.setdefault(preset, {}).update(values)
                 self._publish(preset)
-            if any(k in wanted for k in invalidated):
+            if any(k in WANTED for k in invalidated):
                 self.background.spawn(self._fetch(msg.path, preset),
                                       f"reading the state of {engine_unit(preset)}")
         elif msg.member == "Reloading" and msg.body == [False]:

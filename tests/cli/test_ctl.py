@@ -284,6 +284,7 @@ def test_top_and_stats_count_what_the_engine_serves(daemon: str) -> None:
     assert stats["decode_tps"]["all"] > 0 and stats["prefill_tps"]["all"] > 0, stats
     assert stats["uptime_seconds"] >= 0 and stats["invocation"], stats
     assert stats["requests_per_min"] == 3, stats
+    assert stats["restarts"] == 0, stats   # the local runner's count, as NRestarts
 
     text = lokictl(daemon, "stats", "tiny").stdout
     assert text.startswith(f"tiny: 3 requests, {stats['prompt_tokens']} prompt tokens, "

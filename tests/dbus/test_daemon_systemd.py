@@ -529,6 +529,7 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     assert stats["requests"]["data"] == 3, stats
     assert stats["generated_tokens"]["data"] == generated, stats
     assert stats["url"]["data"] == f"http://127.0.0.1:{port}", stats
+    assert stats["restarts"]["data"] == 0, stats   # systemd's NRestarts of the unit
     r = lokictl(ct, "stats", "demo", "--since", "10 min ago", "--json")
     assert r.returncode == 0, r.stderr
     window = json.loads(r.stdout)
