@@ -56,25 +56,32 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
 
 def row(props: dict[str, Any]) -> dict[str, Any]:
     """One preset's line of ``top`` (and of ``presets``), from its D-Bus properties."""
-    stats = dict(props.get("Stats") or {})
     live = props.get("State") in ("loading", "ready", "stopping")
+    # a stopped engine's figures are its last start's: the totals stay (JSON), the live
+    # columns (where it answers, its speeds, its memory) do not
+    stats = dict(props.get("Stats") or {})
     draft = stats.get("draft") or {}
     prefill = stats.get("prefill_tps") or {}
     decode = stats.get("decode_tps") or {}
     return {
         "preset": props.get("Name"), "state": props.get("State"),
-        "url": stats.get("url"), "model": props.get("Model"),
+        "url": stats.get("url") if live else None, "model": props.get("Model"),
         "uptime_seconds": stats.get("uptime_seconds") if live else None,
         "gpu_memory_mib": gpu_memory(stats.get("memory_mib")) if live else {},
         "memory_source": stats.get("memory_source"),
         "offload": list(stats.get("offload") or []),
         "requests": stats.get("requests"),
-        "requests_per_min": stats.get("requests_per_min"),
-        "prefill_tps": prefill.get("1m") if prefill.get("1m") is not None else prefill.get("all"),
-        "decode_tps": decode.get("1m") if decode.get("1m") is not None else decode.get("all"),
+        "requests_per_min": stats.get("requests_per_min") if live else None,
+        "prefill_tps": _recent(prefill) if live else None,
+        "decode_tps": _recent(decode) if live else None,
         "draft_kind": draft.get("kind"), "draft_acceptance": draft.get("acceptance"),
         "verdict": props.get("AutoSpecBlocked") or "",
     }
+
+
+def _recent(speeds: dict[str, Any]) -> Any:
+    """The last minute's speed, else the whole start's."""
+    return speeds.get("1m") if speeds.get("1m") is not None else speeds.get("all")
 
 
 COLUMNS = ("PRESET", "STATE", "URL", "MODEL", "UP", "GPU MEM", "OFFLOAD", "REQ/MIN",

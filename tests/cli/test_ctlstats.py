@@ -26,6 +26,9 @@ def test_a_row_shows_live_figures_only_while_the_engine_runs() -> None:
                                  "CUDA0 2.0G", "10/10,2/2", "2.5", "900", "42", "81% mtp", "-"]
     stopped = ctlstats.row({**props, "State": "inactive"})
     assert stopped["uptime_seconds"] is None and stopped["gpu_memory_mib"] == {}
+    assert (stopped["url"], stopped["requests_per_min"], stopped["decode_tps"]) == \
+        (None, None, None)
+    assert stopped["requests"] == 12   # its last start's total stays
 
 
 def test_the_table_aligns_columns_and_cuts_to_the_terminal() -> None:
