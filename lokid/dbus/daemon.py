@@ -404,7 +404,10 @@ class Daemon:
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict,
-                                                 on_line=self.telemetry.on_line)
+                                                 on_line=self.telemetry.on_line_live)
+            # the running engines' lines before the watcher's start are read again from
+            # the journal; theirs from now on wait for that (registered before attach)
+            self.telemetry.hold(self.active_presets(), self.watcher.since or 0.0)
             self.watcher.attach(loop)
         except (OSError, ImportError) as e:
             log.warning("not following the engines' journal (%s): no layers-in-RAM verdicts", e)
@@ -456,6 +459,9 @@ class Daemon:
                               "lokid daemon runs, or the bus policy denies it")
         if self.runner.kind == "systemd":
             self._start_watcher(loop)
+            if self.watcher is not None:
+                self.background.spawn(self.telemetry.replay(),
+                                      "reading the running engines' figures again")
         import os
 
         from ..core.config import PRESETS_DIR

@@ -36,6 +36,9 @@ class Telemetry:
         # last read (None: not read yet)
         self.textfile: Textfile | None = None
         self.metrics_path: str | None = None
+        # starts being read again from the journal: preset → (invocation, until, the
+        # lines that arrived meanwhile)
+        self.replaying: dict[str, tuple[str, float, list[tuple[str, float | None]]]] = {}
 
     def stats(self, name: str) -> dict[str, Any]:
         """The preset's telemetry for its current start (``{}`` before any), with the URL
@@ -136,6 +139,75 @@ class Telemetry:
                 tf.render_failed = True
                 log.warning("Prometheus metrics: not written (%s: %s); later failures are not "
                             "logged", type(e).__name__, e)
+
+    def on_line_live(self, preset: str, invocation: str, line: str, at: float | None) -> None:
+        """:meth:`on_line`, held back while a replay of that start runs (see :meth:`replay`):
+        a line the replay reads too (not after ``until``) is dropped, a later one waits."""
+        held = self.replaying.get(preset)
+        if held is not None and held[0] == invocation:
+            if at is not None and at <= held[1]:
+                return
+            held[2].append((line, at))
+            return
+        self.on_line(preset, invocation, line, at)
+
+    def hold(self, presets: list[str], until: float) -> None:
+        """Before the journal watcher starts: the running starts of ``presets`` will be read
+        again from the journal up to ``until`` (:meth:`replay`); their lines from the
+        watcher wait until then."""
+        from ..core.errors import StalePlanError
+        from ..engine.runtimedir import read_runtime_plan
+
+        for name in presets:
+            try:
+                invocation = read_runtime_plan(self.daemon.runtime_dir, name).invocation
+            except StalePlanError:
+                continue
+            if invocation:
+                self.replaying[name] = (invocation, until, [])
+
+    async def replay(self) -> None:
+        """After a restart of the daemon, the figures of the starts still running (those
+        :meth:`hold` registered), read again from the journal: their load, and the last
+        minutes (what the windows need); totals then count from the gap, said as
+        ``counted_from``. The lines that arrived meanwhile follow."""
+        from systemd import journal
+
+        from ..engine.journalwatch import invocation_lines
+
+        todo = {name: (invocation, until) for name, (invocation, until, _) in
+                self.replaying.items()}
+
+        def read() -> tuple[Meters, dict[str, float | None]]:
+            meters, gaps = Meters(self.daemon.runtime_dir), {}
+            for name, (invocation, until) in todo.items():
+                reader = journal.Reader(flags=journal.SYSTEM_ONLY)
+                try:
+                    lines, gaps[name] = invocation_lines(reader, invocation, until)
+                finally:
+                    reader.close()
+                for line, at in lines:
+                    meters.feed(name, invocation, line, at)
+            return meters, gaps
+
+        try:
+            replayed, gaps = await asyncio.to_thread(read)
+            for name in todo:
+                if self.meters.adopt(name, replayed, gaps.get(name)):
+                    log.info("preset %s: its running start's figures read again from the "
+                             "journal%s", name, " (totals from the last minutes)"
+                             if gaps.get(name) is not None else "")
+        except Exception as e:  # the journal unreadable: the figures count from now
+            log.warning("the running engines' figures were not read again from the journal "
+                        "(%s: %s): they count from now", type(e).__name__, e)
+        finally:
+            for name, (invocation, _) in todo.items():
+                _, _, waiting = self.replaying.pop(name)
+                current = self.meters.starts.get(name)
+                if current is not None and current.invocation != invocation:
+                    continue  # a newer start began meanwhile: these lines are the old one's
+                for line, at in waiting:
+                    self.on_line(name, invocation, line, at)
 
     async def close(self) -> None:
         """At the daemon's stop: no stale figures for node_exporter to serve."""

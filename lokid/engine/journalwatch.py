@@ -167,15 +167,22 @@ class JournalWatcher(LoadJudge):
     def __init__(self, reader: Any, state_dir: str, runtime_dir: str, **kw: Any):
         super().__init__(state_dir, runtime_dir, **kw)
         self.reader = reader
+        self.since: float | None = None
         reader.add_match(_SYSTEMD_SLICE=ENGINE_SLICE)
 
     @classmethod
     def system(cls, state_dir: str, runtime_dir: str, **kw: Any) -> JournalWatcher:
-        """A watcher on the system journal, from its end (only what happens from now)."""
+        """A watcher on the system journal, from its end (only what happens from now);
+        ``since`` is the time of the last entry before that end (what came before is
+        :func:`invocation_lines`' to read)."""
+        import time
+
         reader = journal.Reader(flags=journal.SYSTEM_ONLY)
         reader.seek_tail()
-        reader.get_previous()
-        return cls(reader, state_dir, runtime_dir, **kw)
+        last = reader.get_previous()
+        watcher = cls(reader, state_dir, runtime_dir, **kw)
+        watcher.since = _entry_time(last) or time.time()
+        return watcher
 
     def drain(self) -> int:
         """Handle every entry available now; return how many."""
@@ -198,3 +205,42 @@ class JournalWatcher(LoadJudge):
 
     def detach(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_reader(self.reader.fileno())
+
+
+# What a replay reads of one start: its first entries (the load: buffer sizes, offload),
+# then the last minutes (what the windows need). Between the two, nothing.
+REPLAY_HEAD = 5000
+REPLAY_WINDOW = 300.0
+
+
+def invocation_lines(reader: Any, invocation: str, until: float, head: int = REPLAY_HEAD,
+                     window: float = REPLAY_WINDOW) -> tuple[list[tuple[str, float]], float | None]:
+    """The engine lines of start ``invocation`` up to ``until`` (inclusive), each with its
+    time, from ``reader`` (the system journal, or journal files in tests): its first
+    ``head`` entries, then those of the last ``window`` seconds before ``until``. The
+    second value is where counting resumed after a gap (None: nothing was left out)."""
+    import datetime
+
+    reader.add_match(_SYSTEMD_INVOCATION_ID=invocation)
+    reader.seek_head()
+    out: list[tuple[str, float]] = []
+    resumed = None
+    count = 0
+    while True:
+        entry = reader.get_next()
+        if not entry:
+            break
+        at = _entry_time(entry)
+        if at is None or at > until:
+            break
+        if entry.get("SYSLOG_IDENTIFIER") != SYSLOG_IDENTIFIER:  # lokid's own lines: not
+            message = entry.get("MESSAGE", "")                   # the engine's
+            if isinstance(message, bytes):
+                message = message.decode("utf-8", "replace")
+            if isinstance(message, str):
+                out.extend((line, at) for line in message.splitlines())
+        count += 1
+        if count == head and at < until - window:
+            resumed = until - window
+            reader.seek_realtime(datetime.datetime.fromtimestamp(resumed))
+    return out, resumed

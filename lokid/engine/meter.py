@@ -54,6 +54,7 @@ class _Start:
     launched: int = 0       # "processing task" lines: requests the engine took
     records: int = 0        # requests the parser read whole
     blind: bool = False     # flagged: requests served, none read
+    counted_from: float | None = None   # a replay left a gap: totals count from here
 
 
 class Meters:
@@ -91,6 +92,18 @@ class Meters:
             return ""
         return draft_kind(rp.spec_types)
 
+    def adopt(self, preset: str, other: Meters, counted_from: float | None) -> bool:
+        """Take ``other``'s figures of ``preset`` (a replay of the journal, made apart) as
+        this start's, unless a newer start of it was seen here meanwhile; whether taken."""
+        theirs = other.starts.get(preset)
+        mine = self.starts.get(preset)
+        if theirs is None or (mine is not None and mine.invocation != theirs.invocation):
+            return False
+        theirs.counted_from = counted_from
+        self.starts[preset] = theirs
+        self.dirty.add(preset)
+        return True
+
     def take_dirty(self) -> set[str]:
         """The presets whose figures changed since the last call."""
         dirty, self.dirty = self.dirty, set()
@@ -107,6 +120,8 @@ class Meters:
             return {}
         now = time.time() if now is None else now
         out = start.stats.snapshot(now, start.log.load, len(start.log.in_flight))
+        if start.counted_from is not None:
+            out["counted_from"] = start.counted_from
         out.update(invocation=start.invocation, started=start.started,
                    uptime_seconds=max(0.0, now - start.started),
                    memory_source="engine log (-lv 4)" if start.log.load.buffers else None)

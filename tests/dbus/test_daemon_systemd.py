@@ -537,5 +537,22 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     top = lokictl(ct, "top", "--once")
     assert top.returncode == 0 and any(line.startswith("demo ") and " ready " in line
                                        for line in top.stdout.splitlines()), top.stdout
+    # a restart of the daemon reads the running start's figures again from the journal
+    invocation = stats["invocation"]["data"]
+    ct.systemctl("restart", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=30)
+    deadline = time.monotonic() + 20
+    while True:
+        again = prop(ct, PRESET_PATH, PRESET, "Stats")
+        if again.get("requests", {}).get("data") == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert again["requests"]["data"] == 3 and again["invocation"]["data"] == invocation, again
+    assert again["generated_tokens"]["data"] == generated and "counted_from" not in again
+    lk.chat(port, "One more", max_tokens=4)   # and what follows counts on
+    deadline = time.monotonic() + 20
+    while prop(ct, PRESET_PATH, PRESET, "Stats")["requests"]["data"] != 4:
+        assert time.monotonic() < deadline, prop(ct, PRESET_PATH, PRESET, "Stats")
+        time.sleep(0.2)
     assert "Traceback" not in ct.journal("lokid.service")
     ct.systemctl("stop", unit("demo"), timeout=60)

@@ -190,3 +190,34 @@ def test_attach_follows_the_journal_fd_from_asyncio(setup: Setup) -> None:
 
     asyncio.run(main())
     assert len(w.verdicts) == 1
+
+
+def test_a_replay_reads_the_load_then_the_last_minutes_of_one_start(tmp_path: Path) -> None:
+    """After a restart of the daemon: one start's lines read again from the journal, its
+    first entries (the load) and those of the window before `until`; not another start's,
+    not lokid's own, not what comes after `until` (the watcher's)."""
+    from lokid.engine.journalwatch import invocation_lines
+
+    def at(seconds: float) -> dict[str, str]:
+        return {"__REALTIME_TIMESTAMP": str(int(seconds * 1e6))}
+
+    entries = [{**e, **at(1000 + i)} for i, e in
+               enumerate(engine_entries("p", "inv-a", [f"load line {i}" for i in range(8)]))]
+    entries += [{**e, **at(2000 + i)} for i, e in
+                enumerate(engine_entries("p", "inv-a", [f"middle {i}" for i in range(4)]))]
+    entries += [{**e, **at(4900 + i)} for i, e in
+                enumerate(engine_entries("p", "inv-a", [f"recent {i}" for i in range(3)]))]
+    entries += [{**ready_entry("p", "inv-a"), **at(4950)}]
+    entries += [{**e, **at(4960)} for e in engine_entries("q", "inv-b", ["another start"])]
+    entries += [{**e, **at(5200)} for e in engine_entries("p", "inv-a", ["after until"])]
+    journal_file = write_journal(tmp_path / "j.journal", entries)
+
+    reader = journal.Reader(files=[str(journal_file)])
+    lines, resumed = invocation_lines(reader, "inv-a", until=5100, head=5, window=300)
+    assert [line for line, _ in lines] == [f"load line {i}" for i in range(5)] + \
+        [f"recent {i}" for i in range(3)]
+    assert lines[0][1] == 1000 and lines[-1][1] == 4902 and resumed == 4800
+
+    whole, none = invocation_lines(journal.Reader(files=[str(journal_file)]), "inv-a",
+                                   until=5100, head=100, window=300)
+    assert len(whole) == 15 and none is None   # nothing left out: no gap said
