@@ -507,11 +507,23 @@ def test_non_ascii_text_crosses_the_bus_with_debian_12s_dbus_fast(lk: LokidSyste
     assert "Traceback" not in ct.journal("lokid.service")
 
 
+def wait_requests(ct: Container, count: int, timeout: float = 20) -> Any:
+    """The demo preset's Stats once they count ``count`` requests (busctl's JSON)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = prop(ct, PRESET_PATH, PRESET, "Stats")
+        if stats.get("requests", {}).get("data") == count:
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.2)
+
+
 def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None:
     """Under systemd the engine's lines reach the daemon through the journal: its requests
     show in the preset's Stats; `lokictl stats --since` recomputes them from the journal
     itself, and `lokictl top --once` shows the row."""
-    import time
 
     ct = lk.ct
     ct.systemctl("restart", "lokid.service")
@@ -520,13 +532,7 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     port = lk.demo_port  # type: ignore[attr-defined]
     generated = sum(lk.chat(port, f"Hello {i}", max_tokens=8 + i)["usage"]["completion_tokens"]
                     for i in range(3))
-    deadline = time.monotonic() + 20
-    while True:
-        stats = prop(ct, PRESET_PATH, PRESET, "Stats")
-        if stats.get("requests", {}).get("data") == 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert stats["requests"]["data"] == 3, stats
+    stats = wait_requests(ct, 3)
     assert stats["generated_tokens"]["data"] == generated, stats
     assert stats["url"]["data"] == f"http://127.0.0.1:{port}", stats
     assert stats["restarts"]["data"] == 0, stats   # systemd's NRestarts of the unit
@@ -541,18 +547,10 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     invocation = stats["invocation"]["data"]
     ct.systemctl("restart", "lokid.service")
     ct.wait_for("lokid.service", "active", timeout=30)
-    deadline = time.monotonic() + 20
-    while True:
-        again = prop(ct, PRESET_PATH, PRESET, "Stats")
-        if again.get("requests", {}).get("data") == 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert again["requests"]["data"] == 3 and again["invocation"]["data"] == invocation, again
+    again = wait_requests(ct, 3)
+    assert again["invocation"]["data"] == invocation, again
     assert again["generated_tokens"]["data"] == generated and "counted_from" not in again
     lk.chat(port, "One more", max_tokens=4)   # and what follows counts on
-    deadline = time.monotonic() + 20
-    while prop(ct, PRESET_PATH, PRESET, "Stats")["requests"]["data"] != 4:
-        assert time.monotonic() < deadline, prop(ct, PRESET_PATH, PRESET, "Stats")
-        time.sleep(0.2)
+    wait_requests(ct, 4)
     assert "Traceback" not in ct.journal("lokid.service")
     ct.systemctl("stop", unit("demo"), timeout=60)
