@@ -147,22 +147,15 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         return EXIT_OK
     from . import ctlstats
 
-    lines = []
+    lines = [["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "MODEL"]]
     for r in rows:
-        top = ctlstats.row(r)
-        memory = " ".join(f"{d} {ctlstats._mib(m)}"
-                          for d, m in sorted(top["gpu_memory_mib"].items()))
+        top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
-        live = r["State"] in ("loading", "ready", "stopping")
-        lines.append([r["Name"], r["State"], r["SpecMode"],
-                      (top["url"] or "-") if live else "-",
-                      ctlstats._duration(top["uptime_seconds"]), memory or "-",
+        lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
+                      ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
                       f"{r['Model']}{blocked}"])
     lines += [[name, "broken", "-", "-", "-", "-", error] for name, error in sorted(broken.items())]
-    head = ["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "MODEL"]
-    widths = [max(len(x[i]) for x in [head, *lines]) for i in range(len(head) - 1)]
-    for x in [head, *lines]:
-        print("  ".join(c.ljust(w) for c, w in zip(x[:-1], widths, strict=True)) + "  " + x[-1])
+    print(ctlstats.columns(lines))
     return EXIT_OK
 
 

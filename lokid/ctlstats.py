@@ -37,7 +37,7 @@ def _mib(mib: float) -> str:
     return f"{mib / 1024:.1f}G" if mib >= 1024 else f"{mib:.0f}M"
 
 
-def _duration(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     s = int(seconds)
@@ -88,27 +88,36 @@ COLUMNS = ("PRESET", "STATE", "URL", "MODEL", "UP", "GPU MEM", "OFFLOAD", "REQ/M
            "PREFILL", "DECODE", "DRAFT", "VERDICT")
 
 
+def gpu_text(r: dict[str, Any]) -> str:
+    """A row's GPU memory as shown: "CUDA0 3.5G CUDA1 2.0G", or "-"."""
+    return " ".join(f"{d} {_mib(m)}" for d, m in sorted(r["gpu_memory_mib"].items())) or "-"
+
+
 def cells(r: dict[str, Any]) -> list[str]:
-    memory = " ".join(f"{d} {_mib(m)}" for d, m in sorted(r["gpu_memory_mib"].items()))
     draft = "-"
     if r["draft_acceptance"] is not None:
         draft = f"{r['draft_acceptance'] * 100:.0f}% {r['draft_kind'] or ''}".strip()
     return [str(r["preset"]), str(r["state"]), r["url"] or "-", str(r["model"]),
-            _duration(r["uptime_seconds"]), memory or "-", ",".join(r["offload"]) or "-",
+            duration(r["uptime_seconds"]), gpu_text(r), ",".join(r["offload"]) or "-",
             _num(r["requests_per_min"], "{:.1f}"), _num(r["prefill_tps"]),
             _num(r["decode_tps"]), draft, r["verdict"] or "-"]
 
 
-def table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
-    """The rows as aligned columns (the verdict, last, is cut to ``width``)."""
-    lines = [list(COLUMNS)] + [cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS) - 1)]
+def columns(lines: list[list[str]], width: int | None = None) -> str:
+    """Lines of cells as aligned columns, the last one left free (and cut, with the
+    line, to ``width``)."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
     out = []
     for line in lines:
         text = "  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True))
         text += "  " + line[-1]
         out.append(text[:width] if width else text)
     return "\n".join(out)
+
+
+def table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
+    """The rows as ``top`` shows them (the verdict, last, is cut to ``width``)."""
+    return columns([list(COLUMNS)] + [cells(r) for r in rows], width)
 
 
 def print_json(data: Any) -> None:
@@ -144,7 +153,7 @@ def stats_text(name: str, stats: dict[str, Any]) -> str:
         lines.append("  memory (" + str(stats.get("memory_source") or "engine log") + "): "
                      + ", ".join(f"{k} {_mib(v)}" for k, v in sorted(memory.items())))
     if stats.get("uptime_seconds") is not None:
-        lines.append(f"  up {_duration(stats.get('uptime_seconds'))}"
+        lines.append(f"  up {duration(stats.get('uptime_seconds'))}"
                      + (f", {stats.get('in_flight')} in flight" if stats.get("in_flight")
                         else ""))
     return "\n".join(lines)

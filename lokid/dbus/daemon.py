@@ -68,15 +68,17 @@ class Daemon:
         self.registry = Registry(config_dir, state_dir, runtime_dir)
         self.registry.loading = lambda name: self.engine_state(name).state in (LOADING, STOPPING)
         self.registry.probe_budget = PROBE_BUDGET
-        from ..engine.systemd_runner import systemd_reachable
+        if runner == "auto":
+            from ..engine.systemd_runner import systemd_reachable
 
-        self.registry.for_units = runner == "systemd" or (
-            runner == "auto" and systemd_reachable(bus_type == BusType.SYSTEM))
+            runner = "systemd" if systemd_reachable(bus_type == BusType.SYSTEM) else "local"
+        # under systemd, presets are planned as the unit will run them (its user)
+        self.registry.for_units = runner == "systemd"
         self.followed_probe: Any = None
         self.runtime_dir = runtime_dir
         self.bus_type = bus_type
         self.bus_address = bus_address
-        self.runner_kind = runner
+        self.runner_kind = runner   # "systemd" or "local" ("auto" decided above)
         self.manage_group = manage_group
         self.bus: MessageBus | None = None
         self.authority: Authority | None = None
@@ -378,12 +380,9 @@ class Daemon:
 
     def _make_runner(self) -> Runner:
         assert self.bus is not None
-        from ..engine.systemd_runner import SystemdRunner, systemd_reachable
+        if self.runner_kind == "systemd":
+            from ..engine.systemd_runner import SystemdRunner
 
-        kind = self.runner_kind
-        if kind == "auto":
-            kind = "systemd" if systemd_reachable(self.bus_type == BusType.SYSTEM) else "local"
-        if kind == "systemd":
             return SystemdRunner(self.bus, self._on_engine, self._on_job,
                                  on_reloaded=self._systemd_reloaded)
         from ..engine.journalwatch import LoadJudge
