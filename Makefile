@@ -89,6 +89,7 @@ bench: setup
 	$(PY) benchmarks/hostile_presets.py
 	$(PY) benchmarks/parse_rate.py
 	$(PY) benchmarks/daemon_load.py
+	$(PY) benchmarks/daemon_load_systemd.py
 
 clean:
 	rm -rf $(VENV) .cache demo build .pytest_cache .mypy_cache .ruff_cache
