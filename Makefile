@@ -80,6 +80,7 @@ lint: venv
 bench: setup
 	$(PY) benchmarks/probe_vs_ggufreader.py
 	$(PY) benchmarks/readiness.py
+	$(PY) benchmarks/start_preset.py
 	$(PY) benchmarks/journal_volume.py
 	$(PY) benchmarks/dbus_api.py
 	$(PY) benchmarks/bench_vs_llama_bench.py

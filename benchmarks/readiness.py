@@ -15,12 +15,18 @@ For the same generated tiny model and the real llama-server b11434:
   last ready start's plan removed first) and a restart that reuses that plan
   (lokid.engine.plancache: nothing it was made from changed).
 
+lokid runs as installed: its modules byte-compiled (the Debian package's
+postinst runs py3compile; tests/support/bytecode.py says why a benchmark must
+do it here). ``--source`` times the other case, every module compiled from
+source at each start, what this machine's PYTHONDONTWRITEBYTECODE=1 gives a
+checkout.
+
 Runs alternate (raw, lokid planning, raw, lokid reusing, …) so machine noise
 hits all alike; prints the medians and the median extra times. Goal: at most
 100 ms extra. Exits 1 when the median overhead of either case is above
 --max-extra-ms.
 
-    .venv/bin/python benchmarks/readiness.py [--runs 15] [--max-extra-ms 100]
+    .venv/bin/python benchmarks/readiness.py [--runs 15] [--max-extra-ms 100] [--source]
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from support.bytecode import describe, installed_env, source_env  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
 
 from lokid.engine.endpoint import health_status  # noqa: E402
@@ -96,6 +103,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--max-extra-ms", type=float, default=100.0)
+    ap.add_argument("--source", action="store_true",
+                    help="no bytecode: every module compiled at each start")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,6 +116,7 @@ def main() -> int:
         env = {**os.environ, "LOKI_CONFIG_DIR": str(config), "LOKI_STATE_DIR": state,
                "LOKI_RUNTIME_DIR": runtime, "PYTHONPATH": str(ROOT)}
         env.pop("NOTIFY_SOCKET", None)
+        env = source_env(env) if args.source else installed_env(env, str(root / "pycache"))
 
         time.sleep(1.1)  # a plan is kept for reuse once its files are a second old
         raw, planning, reusing = [], [], []
@@ -135,7 +145,7 @@ def main() -> int:
     raw_p, raw_r = raw[0::2], raw[1::2]
     extra_p = statistics.median(b - a for a, b in zip(raw_p, planning, strict=True)) * 1000
     extra_r = statistics.median(b - a for a, b in zip(raw_r, reusing, strict=True)) * 1000
-    print(f"runs: {args.runs} of each, alternating, same model and argv")
+    print(f"runs: {args.runs} of each, alternating, same model and argv; {describe(env)}")
     print(f"raw llama-server, spawn -> first /health 200 : median {ms(raw):7.1f} ms "
           f"(min {min(raw) * 1000:.1f})")
     print(f"lokid engine, planning, spawn -> READY=1     : median {ms(planning):7.1f} ms "

@@ -42,7 +42,7 @@ def _preset_name(name: str) -> str:
     """``name``, when it is a preset name; ConfigError (exit 2) otherwise, before any
     file named after it (a preset, a runtime plan, a failure record) is opened:
     ``../x`` would name one outside its directory."""
-    from .core.config import check_preset_name
+    from .core.presetname import check_preset_name
 
     check_preset_name(name)
     return name

@@ -30,10 +30,10 @@ import httpx
 
 from ..core import benchrules
 from ..core.address import engine_url
-from ..core.config import check_preset_name
 from ..core.errors import EngineError, StalePlanError
 from ..core.iosample import IOSampler
 from ..core.plan import Plan, PlanInputs
+from ..core.presetname import check_preset_name
 from ..core.runtimeplan import RuntimePlan
 from ..engine.gather import decide, gather
 from ..engine.runtimedir import read_runtime_plan

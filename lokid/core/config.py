@@ -35,10 +35,10 @@ from typing import Any
 
 from . import tomlscan
 from .errors import ConfigError, NotFoundError
+from .presetname import check_preset_name
 
 GLOBAL_FILE = "lokid.toml"
 PRESETS_DIR = "presets"
-PRESET_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 DEFAULT_ENGINE = "llama-server"
@@ -130,18 +130,6 @@ class Preset:
     op_offload_min_batch: int | None = None
     spec: SpecConfig = field(default_factory=SpecConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
-
-
-def valid_preset_name(name: str) -> bool:
-    return PRESET_NAME_RE.fullmatch(name) is not None
-
-
-def check_preset_name(name: str) -> None:
-    if not valid_preset_name(name):
-        raise ConfigError(
-            f"invalid preset name {name!r}: use 1 to 64 characters from A-Z a-z 0-9 _ . -, "
-            "starting with a letter or a digit"
-        )
 
 
 # --- reading TOML with locations -------------------------------------------------

@@ -12,9 +12,12 @@ in step.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from .names import ERROR_PREFIX
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on a start's path
+if TYPE_CHECKING:
+    from typing import Any
 
 # The D-Bus error names, as callers (lokictl, busctl, a web console) match them.
 FAILED = ERROR_PREFIX + "Failed"
@@ -97,8 +100,9 @@ class InvalidArgsError(LokiError):
 
 class ProbePending(EngineError):
     """The engine's probe (``--help``) has not ended within the caller's wait; it goes
-    on in the background, and ``future`` (a :class:`concurrent.futures.Future` of its
-    :class:`~lokid.core.caps.EngineCaps`) ends with it (:mod:`lokid.engine.probe`)."""
+    on in the background, and ``future`` (its :class:`lokid.engine.probe.Outcome`,
+    like a :class:`concurrent.futures.Future` of its :class:`~lokid.core.caps.EngineCaps`)
+    ends with it."""
 
     def __init__(self, message: str, future: Any) -> None:
         super().__init__(message)

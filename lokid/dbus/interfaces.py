@@ -34,7 +34,6 @@ from dbus_fast import DBusError, PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from .. import __version__
-from ..core.config import valid_preset_name
 from ..core.errors import FAILED, LokiError, NotFoundError, dbus_name
 from ..core.names import (
     ACTION_BENCH,
@@ -44,6 +43,7 @@ from ..core.names import (
     preset_object_path,
 )
 from ..core.plan import Plan
+from ..core.presetname import valid_preset_name
 from ..engine.runner import EngineState
 from .registry import PresetView, Registry
 

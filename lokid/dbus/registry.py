@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +23,7 @@ from ..core.errors import ConfigError, LokiError, NotFoundError, ProbePending, S
 from ..core.names import engine_unit
 from ..core.plan import Plan
 from ..engine.gather import decide, gather
+from ..engine.probe import Outcome
 from ..engine.state import StateDB, StateReader, read_cleared
 
 log = logging.getLogger("lokid.daemon")
@@ -79,7 +79,7 @@ class Registry:
     # hold its readiness; the presets then say so, and are planned again at its end.
     probe_budget: float | None = None
     # The probe a load gave up waiting for (its future), until it ends.
-    pending_probe: Future[Any] | None = None
+    pending_probe: Outcome | None = None
     problem: str = ""   # why no preset could be read at all ("" when they could)
 
     def load(self) -> None:

@@ -19,14 +19,18 @@ preset and not its memory:
   of its own, under one deadline (:data:`PROBE_TIMEOUT`) and an output cap
   (:data:`OUTPUT_CAP`); past either, the whole group is killed (a wrapper
   script's children too).
-- One probe per binary key at a time: the in-memory cache holds a
-  :class:`concurrent.futures.Future`, which concurrent callers share. A failure
+- One probe per binary key at a time: the in-memory cache holds its
+  :class:`Outcome`, which concurrent callers share. A failure
   is kept there too, for :data:`RETRY_FAILED_AFTER` seconds (the disk keeps
   successes only), so fifty presets with a hanging engine cost one probe.
 - ``probe_engine(..., wait=s)`` is for the daemon: when the probe has not ended
   within ``s`` seconds it raises :class:`ProbePending` and the probe goes on in
   a background thread; ``ProbePending.future`` (or :func:`probe_future`) says
   when it ends.
+
+:class:`Outcome` is the few methods of :class:`concurrent.futures.Future` this
+module and the daemon use: importing concurrent.futures (and the logging it
+pulls in) cost ``lokid engine`` ~5 ms before the engine could spawn.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ import selectors
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.caps import EngineCaps, gpu_backends, parse_caps
@@ -63,11 +68,72 @@ _REAP_WAIT = 2.0  # after SIGKILL; more only when the kernel holds it
 _Key = tuple[str, int, int, tuple[str, ...] | None]
 
 
+class Outcome:
+    """The end of one probe, waited on by any number of threads: its caps or its error.
+
+    Like :class:`concurrent.futures.Future`: ``result(timeout)`` raises TimeoutError
+    while it has not ended; ``add_done_callback(fn)`` calls ``fn(self)`` once it has
+    (in the thread that ends it, or at once when it has ended already).
+    """
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._caps: EngineCaps | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Outcome], object]] = []
+
+    def done(self) -> bool:
+        return self._ended.is_set()
+
+    def exception(self) -> BaseException | None:
+        """The error it ended with; None while it runs or when it succeeded."""
+        return self._error if self._ended.is_set() else None
+
+    def result(self, timeout: float | None = None) -> EngineCaps:
+        if not self._ended.wait(timeout):
+            raise TimeoutError
+        if self._error is not None:
+            raise self._error
+        assert self._caps is not None
+        return self._caps
+
+    def set_result(self, caps: EngineCaps) -> None:
+        self._end(caps, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._end(None, error)
+
+    def add_done_callback(self, fn: Callable[[Outcome], object]) -> None:
+        with self._lock:
+            if not self._ended.is_set():
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
+
+    def _end(self, caps: EngineCaps | None, error: BaseException | None) -> None:
+        with self._lock:
+            if self._ended.is_set():
+                raise RuntimeError("this probe has ended already")
+            self._caps, self._error = caps, error
+            self._ended.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            self._call(fn)
+
+    def _call(self, fn: Callable[[Outcome], object]) -> None:
+        try:
+            fn(self)
+        except Exception as e:  # one caller's bug must not end the probe's thread
+            print(f"lokid: a callback on the engine's probe failed: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+
+
 @dataclass
 class _Probe:
     """One probe of one binary key, shared by every caller that asks meanwhile."""
 
-    future: Future[EngineCaps] = field(default_factory=Future)
+    future: Outcome = field(default_factory=Outcome)
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
 
@@ -332,7 +398,7 @@ def probe_engine(engine: str, config_file: str = "", wait: float | None = None) 
         raise EngineError(str(e)) from None  # theirs to add tracebacks to
 
 
-def probe_future(engine: str, config_file: str = "") -> Future[EngineCaps] | None:
+def probe_future(engine: str, config_file: str = "") -> Outcome | None:
     """The probe of the engine's binary as it is now, done or in flight; None when none
     was started (or the binary changed since, or it is not there)."""
     try:

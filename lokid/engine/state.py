@@ -62,7 +62,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
 from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from ..core.errors import StateError
@@ -84,7 +83,11 @@ _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 13, 14, 26
 _DAMAGE = {_SQLITE_CORRUPT, _SQLITE_NOTADB}
 _FILE_SYSTEM = {_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN}
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on a start's path
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 # Migration n brings the schema from version n to n + 1.
 _MIGRATIONS = [

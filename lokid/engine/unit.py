@@ -223,7 +223,7 @@ def _loading(runtime_dir: str, name: str) -> bool:
 def _check_name(name: str) -> None:
     """ConfigError for a name that is no preset name (``../x`` would name files outside
     the runtime directory)."""
-    from ..core.config import check_preset_name
+    from ..core.presetname import check_preset_name
 
     check_preset_name(name)
 

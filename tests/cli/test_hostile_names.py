@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lokid.core.config import check_preset_name
 from lokid.core.errors import ConfigError
+from lokid.core.presetname import check_preset_name
 
 # Audit events that read or change a path (os.stat has none: nothing is read by it).
 CHILD = r"""

@@ -15,6 +15,7 @@ import pytest
 
 from lokid.core import config as cfg
 from lokid.core.errors import ConfigError, NotFoundError
+from lokid.core.presetname import valid_preset_name
 
 
 def write(root: Path, rel: str, text: str) -> Path:
@@ -234,13 +235,13 @@ def test_bad_global_file(tmp_path: Path, text: str, fragment: str) -> None:
 
 @pytest.mark.parametrize("name", ["a", "Qwen3-8B", "q.v_2-x", "9", "x" * 64])
 def test_valid_preset_names(name: str) -> None:
-    assert cfg.valid_preset_name(name)
+    assert valid_preset_name(name)
 
 
 @pytest.mark.parametrize("name", ["", "-a", ".hidden", "_x", "a/b", "a b", "x" * 65, "é", "a\n",
                                   "../etc"])
 def test_invalid_preset_names_are_refused(tmp_path: Path, name: str) -> None:
-    assert not cfg.valid_preset_name(name)
+    assert not valid_preset_name(name)
     with pytest.raises(ConfigError, match="invalid preset name"):
         cfg.load_preset(str(tmp_path), name)
 

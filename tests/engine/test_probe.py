@@ -330,3 +330,27 @@ def test_a_pending_probe_that_fails_ends_its_future_with_the_error(
         probe.probe_engine(str(engine), wait=0)
     assert not isinstance(again.value, probe.ProbePending)
     assert runs(engine).count("--help") == 1
+
+
+def test_an_ended_probe_calls_a_late_callback_at_once_and_survives_a_failing_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    outcome = probe.Outcome()
+    with pytest.raises(TimeoutError):
+        outcome.result(timeout=0.01)
+    seen: list[object] = []
+
+    def broken(_: object) -> None:
+        raise ValueError("a bug in one caller")
+
+    outcome.add_done_callback(broken)
+    outcome.add_done_callback(seen.append)
+    outcome.set_exception(EngineError("no engine"))
+    assert seen == [outcome]  # called after the broken one
+    assert "a callback on the engine's probe failed: ValueError" in capsys.readouterr().err
+    outcome.add_done_callback(seen.append)  # ended already: at once, in this thread
+    assert seen == [outcome, outcome]
+    assert isinstance(outcome.exception(), EngineError)
+    with pytest.raises(EngineError, match="no engine"):
+        outcome.result()
+    with pytest.raises(RuntimeError, match="ended already"):
+        outcome.set_exception(EngineError("twice"))

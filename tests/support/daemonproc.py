@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +30,11 @@ class DaemonProcess:
 
 @contextmanager
 def daemon_process(config: Path, root: Path, runtime: Path | None = None,
-                   runner: str = "local", ready_timeout: float = 300) -> Iterator[DaemonProcess]:
+                   runner: str = "local", ready_timeout: float = 300,
+                   env: Mapping[str, str] | None = None) -> Iterator[DaemonProcess]:
     """``lokid daemon --bus session --runner RUNNER`` for ``config``; its state in
-    ``root/state``, its runtime files in ``runtime`` (default ``root/run``)."""
+    ``root/state``, its runtime files in ``runtime`` (default ``root/run``); its
+    environment ``env`` (default this process's) with those added."""
     bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
                             f"--address=unix:path={root / 'bus'}"],
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -43,7 +45,7 @@ def daemon_process(config: Path, root: Path, runtime: Path | None = None,
     proc = subprocess.Popen(
         [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "daemon",
          "--bus", "session", "--bus-address", address, "--runner", runner],
-        env={**os.environ, "LOKI_STATE_DIR": str(root / "state"),
+        env={**(os.environ if env is None else env), "LOKI_STATE_DIR": str(root / "state"),
              "LOKI_RUNTIME_DIR": str(runtime or root / "run"), "NOTIFY_SOCKET": notify.path,
              "PYTHONPATH": str(REPO)},
         stderr=subprocess.DEVNULL)
