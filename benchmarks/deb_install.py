@@ -9,7 +9,16 @@ and measures, side by side in that one container:
   active exactly when /health answers 200), on the real llama-server b11434 and
   a generated model, median of --reps starts;
 - the reference: the same llama-server command line (``lokid plan demo --json``)
-  spawned by hand until /health answers 200, median of --reps starts.
+  spawned by hand as user loki until /health answers 200, median of --reps starts;
+- the floor under lokid: ``systemctl start`` of a unit with loki-engine@'s own
+  [Service] settings (Type=notify, user, sandbox) whose ExecStart is a Python
+  one-liner sending READY=1 at once: what systemd and a Python interpreter cost
+  any notify unit, before lokid does anything.
+
+All three are timed inside the container, one after the other in each round
+(so machine noise hits all alike), by one Python process calling ``systemctl``
+or spawning the engine; the first start of each round plans (its kept plan
+removed), as a first start after a change does, unless ``--reuse``.
 
 and prints the ratio. Needs root and what the container tests need.
 
@@ -38,29 +47,70 @@ from support.systemd_harness import Container  # noqa: E402
 
 ENGINE_DIR = "/opt/engine"
 
-# Spawns argv, polls /health until 200, prints the seconds, stops the engine.
-RAW_START = """
-import json, subprocess, sys, time, urllib.request
-argv, url = json.loads(sys.argv[1]), sys.argv[2]
-t0 = time.monotonic()
-p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-while True:
-    try:
-        if urllib.request.urlopen(url, timeout=1).status == 200:
-            break
-    except OSError:
-        pass
-    time.sleep(0.01)
-print(time.monotonic() - t0)
-p.terminate()
-p.wait()
+# Runs in the container as root: --reps rounds of (lokid's unit, the floor unit, the
+# raw engine as loki), each timed; prints one JSON object of the three lists.
+ROUNDS = """
+import json, os, subprocess, sys, time, urllib.request
+argv, env, url, reps, reuse = json.loads(sys.argv[1])
+def timed(cmd):
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True)
+    return time.monotonic() - t0
+def raw():
+    t0 = time.monotonic()
+    p = subprocess.Popen(["runuser", "-u", "loki", "--", "env", *env, *argv],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            if urllib.request.urlopen(url, timeout=1).status == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.002)
+    took = time.monotonic() - t0
+    p.terminate()
+    p.wait()
+    return took
+out = {"lokid": [], "floor": [], "raw": []}
+for _ in range(reps):
+    if not reuse:
+        try:
+            os.unlink("/run/loki/demo.reuse")
+        except FileNotFoundError:
+            pass
+    out["lokid"].append(timed(["systemctl", "start", "loki-engine@demo.service"]))
+    subprocess.run(["systemctl", "stop", "loki-engine@demo.service"], check=True)
+    out["floor"].append(timed(["systemctl", "start", "loki-floor.service"]))
+    subprocess.run(["systemctl", "stop", "loki-floor.service"], check=True)
+    out["raw"].append(raw())
+    time.sleep(1.1)  # a plan is kept for reuse once its files are a second old
+print(json.dumps(out))
 """
+
+# READY=1 at once, then wait to be stopped: the floor unit's ExecStart.
+FLOOR = ("import os, socket, time; s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
+         "a = os.environ['NOTIFY_SOCKET']; s.connect(chr(0) + a[1:] if a[0] == '@' else a); "
+         "s.send(b'READY=1'); time.sleep(3600)")
+
+
+def floor_unit(engine_unit: str) -> str:
+    """loki-engine@.service's settings with the floor's ExecStart, no ExecStopPost."""
+    lines = []
+    for line in engine_unit.splitlines():
+        if line.startswith("ExecStart="):
+            line = f'ExecStart=/usr/bin/python3 -c "{FLOOR}"'
+        elif line.startswith(("ExecStopPost=", "WantedBy=")):
+            continue
+        lines.append(line.replace("%i", "floor").replace("%I", "floor"))
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--suite", default="trixie")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reuse", action="store_true",
+                    help="keep the plan between starts (a restart), not plan each start")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -86,25 +136,26 @@ def main() -> int:
             port = free_port()
             ct.write_file("/etc/loki/presets/demo.toml",
                           f'model = "llama.gguf"\nctx = 2048\nport = {port}\n')
+            unit = ct.run(["cat", "/usr/lib/systemd/system/loki-engine@.service"]).stdout
+            ct.write_file("/etc/systemd/system/loki-floor.service", floor_unit(unit))
             ct.systemctl("daemon-reload")
             plan = json.loads(ct.run(["lokid", "plan", "demo", "--json"]).stdout)
-            lokid, raw = [], []
-            for _ in range(args.reps):
-                t0 = time.monotonic()
-                ct.systemctl("start", "loki-engine@demo.service", timeout=300)
-                lokid.append(time.monotonic() - t0)
-                ct.systemctl("stop", "loki-engine@demo.service", timeout=120)
-                r = ct.run(["runuser", "-u", "loki", "--", "env",
-                            *(f"{k}={v}" for k, v in plan["env"].items()), "python3", "-c",
-                            RAW_START, json.dumps(plan["argv"]),
-                            f"http://127.0.0.1:{port}/health"], timeout=300)
-                raw.append(float(r.stdout))
-    lk, rw = statistics.median(lokid), statistics.median(raw)
-    print(f"{args.suite}: lokid {built.version}, tiny generated model, {args.reps} starts each")
+            env_args = [f"{k}={v}" for k, v in plan["env"].items()]
+            r = ct.run(["python3", "-c", ROUNDS, json.dumps(
+                [plan["argv"], env_args, f"http://127.0.0.1:{port}/health", args.reps,
+                 args.reuse])], timeout=120 + 60 * args.reps)
+            times = json.loads(r.stdout)
+    lk, fl, rw = (statistics.median(times[k]) for k in ("lokid", "floor", "raw"))
+    print(f"{args.suite}: lokid {built.version}, tiny generated model, {args.reps} rounds, "
+          f"{'plan reused' if args.reuse else 'each start planning (its kept plan removed)'}")
     print(f"apt-get install ./{built.deb.name}: {install_s:.1f} s (downloads included)")
-    print(f"start to ready: lokid (systemctl start loki-engine@demo) {lk * 1000:.0f} ms, "
-          f"raw llama-server spawn to /health 200 {rw * 1000:.0f} ms, ratio {lk / rw:.1f}x "
-          f"(+{(lk - rw) * 1000:.0f} ms)")
+    print(f"raw llama-server spawned as loki to /health 200        : {rw * 1000:6.0f} ms")
+    print(f"systemctl start loki-engine@demo (lokid) to ready      : {lk * 1000:6.0f} ms "
+          f"(+{(lk - rw) * 1000:.0f} ms, ratio {lk / rw:.1f}x)")
+    own = (lk - rw - fl) * 1000
+    print(f"systemctl start of the floor unit (sandbox, python3, READY=1): {fl * 1000:4.0f} ms: "
+          f"of lokid's +{(lk - rw) * 1000:.0f} ms, systemd and the interpreter are "
+          f"{fl * 1000:.0f} ms, lokid's own planning and supervising {own:.0f} ms")
     print(f"install to ready: {install_s + lk:.1f} s")
     return 0
 

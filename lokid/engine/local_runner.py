@@ -75,6 +75,7 @@ engine_log = logging.getLogger("lokid.engine")
 RESTART_SEC = 5.0
 STOP_TIMEOUT = 90.0
 LINE_LIMIT = 1 << 20
+READ_CHUNK = 1 << 16
 LOKID_PREFIX = SYSLOG_IDENTIFIER + ": "
 
 
@@ -292,7 +293,7 @@ class LocalRunner(Runner):
         return await asyncio.create_subprocess_exec(
             *self.lokid, command, eng.preset, env=self._env(eng),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, limit=LINE_LIMIT,
+            stderr=asyncio.subprocess.STDOUT,
             preexec_fn=self.orphan_guard)
 
     async def _run(self, eng: _Engine) -> None:
@@ -349,7 +350,7 @@ class LocalRunner(Runner):
             proc.send_signal(signal.SIGTERM)
             asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._kill_if_alive, eng, proc)
         try:
-            lines = await self._drain(eng, proc, keep=True)
+            last = await self._drain(eng, proc)
             rc = await proc.wait()
         finally:
             self.by_pid.pop(proc.pid, None)
@@ -359,7 +360,7 @@ class LocalRunner(Runner):
                 await asyncio.to_thread(self._forgive_stop, eng)
             return None
         if rc in crashloop.NO_RESTART:
-            why = lines[-1] if lines else f"status {rc}"
+            why = last or f"status {rc}"
             why = why[len(LOKID_PREFIX):] if why.startswith(LOKID_PREFIX) else why
             self._set(eng.preset, EngineState(FAILED, why, f"cannot start: {why}"))
             return None
@@ -373,33 +374,48 @@ class LocalRunner(Runner):
         stopped(self.state_dir, self.runtime_dir, eng.preset,
                 {"SERVICE_RESULT": "success", "INVOCATION_ID": eng.invocation})
 
-    async def _drain(self, eng: _Engine, proc: asyncio.subprocess.Process,
-                     keep: bool = False) -> list[str]:
-        """Read the child's output to its end: the daemon's log, and the line parser."""
+    async def _drain(self, eng: _Engine, proc: asyncio.subprocess.Process) -> str:
+        """Read the child's output to its end: each line to the daemon's log and the line
+        parser; the last line that is not blank (why a start failed), or "".
+
+        Read in chunks, not line by line: the lines of one request (timings, release)
+        come together, and one wake-up of the loop takes them all. A line longer than
+        :data:`LINE_LIMIT` is dropped, whole; the output is never held beyond that.
+        """
         assert proc.stdout is not None
-        kept: list[str] = []
+        last = ""
         unit = engine_unit(eng.preset)
+        rest = b""
+        skipping = False  # inside an overlong line
         while True:
+            chunk = await proc.stdout.read(READ_CHUNK)
+            if not chunk:
+                if rest and not skipping:
+                    last = self._line(eng, unit, rest, last)
+                return last
+            *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
+            for raw in lines:
+                if skipping:
+                    skipping = False
+                    continue
+                last = self._line(eng, unit, raw, last)
+            if len(rest) > LINE_LIMIT:
+                rest, skipping = b"", True
+
+    def _line(self, eng: _Engine, unit: str, raw: bytes, last: str) -> str:
+        """One line of the child's: logged, given to the line parser; the new ``last``."""
+        line = raw.decode("utf-8", "replace")
+        engine_log.info("%s: %s", eng.preset, line)
+        if self.judge is not None:
+            entry: dict[str, Any] = {"_SYSTEMD_UNIT": unit,
+                                     "_SYSTEMD_INVOCATION_ID": eng.invocation}
+            if line.startswith(LOKID_PREFIX):
+                entry.update(MESSAGE=line[len(LOKID_PREFIX):], LOKI_PRESET=eng.preset,
+                             SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
+            else:
+                entry["MESSAGE"] = line
             try:
-                raw = await proc.stdout.readline()
-            except (ValueError, asyncio.LimitOverrunError):
-                await proc.stdout.read(LINE_LIMIT)  # an overlong line: dropped, not fatal
-                continue
-            if not raw:
-                return kept
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            engine_log.info("%s: %s", eng.preset, line)
-            if keep and line.strip():
-                kept.append(line)
-            if self.judge is not None:
-                entry: dict[str, Any] = {"_SYSTEMD_UNIT": unit,
-                                         "_SYSTEMD_INVOCATION_ID": eng.invocation}
-                if line.startswith(LOKID_PREFIX):
-                    entry.update(MESSAGE=line[len(LOKID_PREFIX):], LOKI_PRESET=eng.preset,
-                                 SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
-                else:
-                    entry["MESSAGE"] = line
-                try:
-                    self.judge.handle(entry)
-                except Exception:
-                    log.exception("preset %s: the line parser failed", eng.preset)
+                self.judge.handle(entry)
+            except Exception:
+                log.exception("preset %s: the line parser failed", eng.preset)
+        return line if line.strip() else last

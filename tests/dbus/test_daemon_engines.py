@@ -461,3 +461,46 @@ async def test_a_preset_fixed_since_the_load_starts_without_a_reload(
         assert str(extra / "late.gguf") in await preset.get_argv()
         await manager.call_stop_preset("late")
         await running.wait_event("late", "inactive")
+
+
+async def test_an_overlong_engine_line_is_dropped_whole_and_the_lines_after_it_are_read(
+        tmp_path: Path, engine: str, models: Any, bus_address: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The local runner reads its child's pipe in chunks: a line longer than its limit
+    (a wrapper prints one before the real engine starts) is dropped, whole, and what
+    follows is logged and counted: the engine becomes ready and its requests show in
+    Stats."""
+    import httpx
+
+    wrapper = tmp_path / "long-line-engine"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" --help "*|*" --version "*) exec {engine} "$@";; esac\n'
+        f"head -c {local_runner.LINE_LIMIT + 200_000} /dev/zero | tr '\\0' x\n"
+        "echo; echo 'the line after the long one'\n"
+        f'exec {engine} "$@"\n')
+    wrapper.chmod(0o755)
+    config = write_config(tmp_path, str(wrapper), [models.dir])
+    port = free_port()
+    write_preset(config, "plain", f'model = "{Path(models.llama).name}"\nctx = 2048\n'
+                 f'port = {port}\n')
+    caplog.set_level("INFO", logger="lokid.engine")
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        preset = await running.iface(preset_object_path("plain"), PRESET_INTERFACE)
+        await manager.call_start_preset("plain")
+        await running.wait_event("plain", "ready")
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 10
+        while (stats := await preset.get_stats())["requests"].value != 1:
+            assert time.monotonic() < deadline, stats
+            await asyncio.sleep(0.1)
+        await manager.call_stop_preset("plain")
+        await running.wait_event("plain", "inactive")
+    lines = [r.getMessage() for r in caplog.records if r.name == "lokid.engine"]
+    assert "plain: the line after the long one" in lines
+    assert max(map(len, lines)) < 10_000  # the long line itself never reached the log
+    assert any("listening on" in line for line in lines)
