@@ -32,6 +32,7 @@ Any figure that cannot be computed (no request in the window, no load given) is 
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -49,13 +50,14 @@ KEYS = ("requests", "requests_per_min", "prompt_tokens", "generated_tokens", "pr
 
 
 class _Rec(NamedTuple):
-    """What the windows need of one request (a Request without its identity)."""
+    """What the windows need of one request (a Request without its identity; its
+    milliseconds as integer microseconds)."""
 
     at: float
     prompt_tokens: int
-    prompt_ms: float
+    prompt_us: int
     gen_tokens: int
-    gen_ms: float
+    gen_us: int
     accepted: int | None
     generated: int | None
 
@@ -88,6 +90,71 @@ class _Totals:
             self.mean_len_n += 1
 
 
+class _Window:
+    """The requests of the last ``span`` seconds, in time order, with their sums kept as
+    requests come and go: a snapshot costs what expired since the last one, not a pass
+    over every request held. Milliseconds are summed as integer microseconds (the engine
+    prints two decimals), so the sums stay exact however long they run, and a running
+    start and :func:`summarize` over the same requests agree to the last bit.
+    ``speeds``: also the sorted per-request prefill and decode speeds (for p50, p95)."""
+
+    __slots__ = ("span", "recs", "prompt_tokens", "prompt_us", "gen_tokens", "gen_us",
+                 "accepted", "generated", "prefill", "decode", "speeds")
+
+    def __init__(self, span: float, speeds: bool) -> None:
+        self.span = span
+        self.speeds = speeds
+        self.recs: deque[_Rec] = deque()
+        self.prompt_tokens = self.prompt_us = self.gen_tokens = self.gen_us = 0
+        self.accepted = self.generated = 0
+        self.prefill: list[float] = []
+        self.decode: list[float] = []
+
+    def add(self, r: _Rec) -> None:
+        recs = self.recs
+        if recs and r.at < recs[-1].at:  # a late one: in its place (from the right)
+            i = len(recs)
+            while i and recs[i - 1].at > r.at:
+                i -= 1
+            recs.insert(i, r)
+        else:
+            recs.append(r)
+        self._count(r, 1)
+        if len(recs) > MAX_RECENT:
+            self._count(recs.popleft(), -1)
+
+    def drop_before(self, horizon: float) -> None:
+        recs = self.recs
+        while recs and recs[0].at < horizon:
+            self._count(recs.popleft(), -1)
+        if not recs:  # exact zeros (the sums are exact anyway; the speed lists too)
+            self.prompt_tokens = self.prompt_us = self.gen_tokens = self.gen_us = 0
+            self.accepted = self.generated = 0
+
+    def _count(self, r: _Rec, sign: int) -> None:
+        self.prompt_tokens += sign * r.prompt_tokens
+        self.prompt_us += sign * r.prompt_us
+        self.gen_tokens += sign * r.gen_tokens
+        self.gen_us += sign * r.gen_us
+        if r.accepted is not None and r.generated is not None:
+            self.accepted += sign * r.accepted
+            self.generated += sign * r.generated
+        if self.speeds:
+            for speeds, tokens, us in ((self.prefill, r.prompt_tokens, r.prompt_us),
+                                       (self.decode, r.gen_tokens, r.gen_us)):
+                if tokens > 0 and us > 0:
+                    speed = tokens / us * 1e6
+                    if sign > 0:
+                        insort(speeds, speed)
+                    else:
+                        del speeds[bisect_left(speeds, speed)]
+
+
+def _rec(r: Request) -> _Rec:
+    return _Rec(r.at, r.prompt_tokens, round(r.prompt_ms * 1000), r.gen_tokens,
+                round(r.gen_ms * 1000), r.draft_accepted, r.draft_generated)
+
+
 class StartStats:
     """The figures of one start of one preset, fed its requests as they complete.
 
@@ -98,30 +165,39 @@ class StartStats:
         self.started = started
         self.draft_kind = draft_kind
         self._totals = _Totals()
-        self._recent: deque[_Rec] = deque(maxlen=MAX_RECENT)
-        self._latest = float("-inf")
+        self._last1 = _Window(MINUTE, speeds=False)
+        self._last5 = _Window(WINDOW, speeds=True)
+        self._latest = float("-inf")   # the newest request's time, or the latest snapshot's
 
     def add(self, r: Request) -> None:
         self._totals.add(r)
-        self._recent.append(_Rec(r.at, r.prompt_tokens, r.prompt_ms, r.gen_tokens, r.gen_ms,
-                                 r.draft_accepted, r.draft_generated))
+        rec = _rec(r)
+        self._last1.add(rec)
+        self._last5.add(rec)
         # Forget what no window can need any more, measured from the newest request (the
         # requests arrive in about their order; a late one is dropped at the next add).
         self._latest = max(self._latest, r.at)
-        horizon = self._latest - WINDOW
-        recent = self._recent
-        while recent and recent[0].at < horizon:
-            recent.popleft()
+        self._last1.drop_before(self._latest - MINUTE)
+        self._last5.drop_before(self._latest - WINDOW)
 
     @property
     def held(self) -> int:
         """How many requests the windows hold now (the memory bound)."""
-        return len(self._recent)
+        return len(self._last5.recs)
 
     def snapshot(self, now: float, load: Load | None = None,
                  in_flight: int = 0) -> dict[str, Any]:
         """The figures at ``now`` (a JSON-able dict with exactly :data:`KEYS`)."""
-        return _figures(self._totals, self._recent, now, self.draft_kind, load, in_flight)
+        if now < self._latest:
+            # Asked of a moment before the newest request or the last snapshot (the wall
+            # clock stepped back): a recount of what the windows still hold.
+            return summarize_records(self._totals, self._last5.recs, now, self.draft_kind,
+                                     load, in_flight)
+        self._latest = now
+        self._last1.drop_before(now - MINUTE)
+        self._last5.drop_before(now - WINDOW)
+        return _figures(self._totals, self._last1, self._last5, self.draft_kind, load,
+                        in_flight)
 
 
 def summarize(requests: Iterable[Request], start: float, end: float, draft_kind: str = "",
@@ -131,33 +207,46 @@ def summarize(requests: Iterable[Request], start: float, end: float, draft_kind:
     ``5m`` over its last 1 and 5 minutes. ``in_flight`` is None (not known of a past
     window); the load figures come from ``load`` if given."""
     totals = _Totals()
-    recent: deque[_Rec] = deque()
+    recent: list[_Rec] = []
     horizon = end - WINDOW
     for r in requests:
         if not start <= r.at <= end:
             continue
         totals.add(r)
         if r.at >= horizon:
-            recent.append(_Rec(r.at, r.prompt_tokens, r.prompt_ms, r.gen_tokens, r.gen_ms,
-                               r.draft_accepted, r.draft_generated))
-    return _figures(totals, recent, end, draft_kind, load, None)
+            recent.append(_rec(r))
+    return summarize_records(totals, recent, end, draft_kind, load, None)
 
 
-def _figures(totals: _Totals, recent: Iterable[_Rec], now: float, draft_kind: str,
+def summarize_records(totals: _Totals, recent: Iterable[_Rec], now: float, draft_kind: str,
+                      load: Load | None, in_flight: int | None) -> dict[str, Any]:
+    """The figures at ``now`` of windows made afresh from ``recent``."""
+    last1, last5 = _Window(MINUTE, speeds=False), _Window(WINDOW, speeds=True)
+    for rec in sorted(recent, key=lambda x: x.at):
+        if rec.at >= now - WINDOW:
+            last5.add(rec)
+            if rec.at >= now - MINUTE:
+                last1.add(rec)
+    return _figures(totals, last1, last5, draft_kind, load, in_flight)
+
+
+def _figures(totals: _Totals, last1: _Window, last5: _Window, draft_kind: str,
              load: Load | None, in_flight: int | None) -> dict[str, Any]:
-    last5 = [r for r in recent if r.at >= now - WINDOW]
-    last1 = [r for r in last5 if r.at >= now - MINUTE]
     return {
         "requests": totals.requests,
-        "requests_per_min": float(len(last1)),
+        "requests_per_min": float(len(last1.recs)),
         "prompt_tokens": totals.prompt_tokens,
         "generated_tokens": totals.gen_tokens,
-        "prefill_tps": _speeds([(r.prompt_tokens, r.prompt_ms) for r in last1],
-                               [(r.prompt_tokens, r.prompt_ms) for r in last5],
-                               totals.prompt_tokens, totals.prompt_ms),
-        "decode_tps": _speeds([(r.gen_tokens, r.gen_ms) for r in last1],
-                              [(r.gen_tokens, r.gen_ms) for r in last5],
-                              totals.gen_tokens, totals.gen_ms),
+        "prefill_tps": {"1m": _rate_us(last1.prompt_tokens, last1.prompt_us),
+                        "5m": _rate_us(last5.prompt_tokens, last5.prompt_us),
+                        "all": _rate(totals.prompt_tokens, totals.prompt_ms),
+                        "p50": _percentile(last5.prefill, 0.50),
+                        "p95": _percentile(last5.prefill, 0.95)},
+        "decode_tps": {"1m": _rate_us(last1.gen_tokens, last1.gen_us),
+                       "5m": _rate_us(last5.gen_tokens, last5.gen_us),
+                       "all": _rate(totals.gen_tokens, totals.gen_ms),
+                       "p50": _percentile(last5.decode, 0.50),
+                       "p95": _percentile(last5.decode, 0.95)},
         "draft": _draft(totals, last5, draft_kind),
         "in_flight": in_flight,
         "load_seconds": load.seconds if load is not None else None,
@@ -168,20 +257,12 @@ def _figures(totals: _Totals, recent: Iterable[_Rec], now: float, draft_kind: st
     }
 
 
+def _rate_us(tokens: int, us: int) -> float | None:
+    return tokens / us * 1e6 if us > 0 else None
+
+
 def _rate(tokens: int, ms: float) -> float | None:
     return tokens / ms * 1000.0 if ms > 0 else None
-
-
-def _speeds(last1: list[tuple[int, float]], last5: list[tuple[int, float]],
-            all_tokens: int, all_ms: float) -> dict[str, float | None]:
-    per_request = sorted(t / ms * 1000.0 for t, ms in last5 if t > 0 and ms > 0)
-    return {
-        "1m": _rate(sum(t for t, _ in last1), sum(ms for _, ms in last1)),
-        "5m": _rate(sum(t for t, _ in last5), sum(ms for _, ms in last5)),
-        "all": _rate(all_tokens, all_ms),
-        "p50": _percentile(per_request, 0.50),
-        "p95": _percentile(per_request, 0.95),
-    }
 
 
 def _percentile(ordered: list[float], q: float) -> float | None:
@@ -195,19 +276,14 @@ def _percentile(ordered: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def _draft(totals: _Totals, last5: list[_Rec], kind: str) -> dict[str, Any] | None:
+def _draft(totals: _Totals, last5: _Window, kind: str) -> dict[str, Any] | None:
     if totals.draft_requests == 0:
         return None
-    accepted5 = generated5 = 0
-    for r in last5:
-        if r.accepted is not None and r.generated is not None:
-            accepted5 += r.accepted
-            generated5 += r.generated
     return {
         "kind": kind,
         "accepted": totals.accepted,
         "generated": totals.generated,
         "acceptance": totals.accepted / totals.generated if totals.generated else None,
-        "acceptance_5m": accepted5 / generated5 if generated5 else None,
+        "acceptance_5m": last5.accepted / last5.generated if last5.generated else None,
         "mean_len": totals.mean_len_sum / totals.mean_len_n if totals.mean_len_n else None,
     }

@@ -89,6 +89,33 @@ class LoadJudge:
             message = message.decode("utf-8", "replace")
         if preset is None or not invocation or not isinstance(message, str):
             return
+        if entry.get("SYSLOG_IDENTIFIER") == SYSLOG_IDENTIFIER and entry.get("LOKI_PRESET"):
+            inv = self._invocation(preset, invocation)
+            if message.startswith(READY_PREFIX) and not inv.judged:
+                inv.judged = True
+                self._judge(inv)
+            return
+        self.engine_lines(preset, invocation, message.splitlines(), _entry_time(entry))
+
+    def engine_lines(self, preset: str, invocation: str, lines: list[str],
+                     at: float | None = None) -> None:
+        """Lines the engine of ``preset``'s start ``invocation`` printed (``at``: their
+        time, None for now): what :meth:`handle` does with an engine entry's MESSAGE, for
+        a caller that has the lines without journal fields (the local runner's pipe)."""
+        inv = self._invocation(preset, invocation)
+        late_offload = False
+        feed, on_line = inv.tracker.feed, self.on_line
+        for line in lines:
+            event = feed(line)
+            late_offload |= event is not None and event.kind == "offloaded"
+            if on_line is not None:
+                on_line(preset, invocation, line, at)
+        if late_offload and inv.judged and not inv.cut:
+            # The engine's lines and lokid's "ready at" entry reach the journal by
+            # different streams: an offload line may land after it.
+            self._judge(inv, late=True)
+
+    def _invocation(self, preset: str, invocation: str) -> Invocation:
         inv = self.invocations.get(invocation)
         if inv is None:
             inv = self.invocations[invocation] = Invocation(preset, invocation)
@@ -96,22 +123,7 @@ class LoadJudge:
             for key in [k for k, v in self.invocations.items()
                         if v.preset == preset and k != invocation]:
                 del self.invocations[key]
-        if entry.get("SYSLOG_IDENTIFIER") == SYSLOG_IDENTIFIER and entry.get("LOKI_PRESET"):
-            if message.startswith(READY_PREFIX) and not inv.judged:
-                inv.judged = True
-                self._judge(inv)
-            return
-        late_offload = False
-        at = _entry_time(entry)
-        for line in message.splitlines():
-            event = inv.tracker.feed(line)
-            late_offload |= event is not None and event.kind == "offloaded"
-            if self.on_line is not None:
-                self.on_line(preset, invocation, line, at)
-        if late_offload and inv.judged and not inv.cut:
-            # The engine's lines and lokid's "ready at" entry reach the journal by
-            # different streams: an offload line may land after it.
-            self._judge(inv, late=True)
+        return inv
 
     def _judge(self, inv: Invocation, late: bool = False) -> None:
         load = inv.tracker.current or inv.tracker.before

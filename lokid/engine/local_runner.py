@@ -9,8 +9,9 @@ what ``loki-engine@.service`` would run, with the unit's semantics:
   datagram socket, ``NOTIFY_SOCKET`` for the children): READY=1, STATUS=,
   STOPPING=1, accepted only from the engine's main process (NotifyAccess=main,
   told by SO_PASSCRED credentials);
-- the engine's stdout and stderr through one pipe that the event loop drains
-  continuously into the daemon's log and into the same line parser as the
+- the engine's stdout and stderr through one pipe that the event loop reads in
+  batches (:mod:`lokid.engine.pipelines`) into the daemon's log and into the same
+  line parser as the
   journal watcher (:class:`lokid.engine.journalwatch.LoadJudge`), so layers pushed to
   RAM cut automatic speculation here too;
 - restart on failure after :data:`RESTART_SEC`, until the crash-loop rule of
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import crashloop
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
+from .pipelines import PipeLines
 from .proc import die_with_parent
 from .runner import (
     CANCELED,
@@ -75,7 +77,6 @@ engine_log = logging.getLogger("lokid.engine")
 RESTART_SEC = 5.0
 STOP_TIMEOUT = 90.0
 LINE_LIMIT = 1 << 20
-READ_CHUNK = 1 << 16
 LOKID_PREFIX = SYSLOG_IDENTIFIER + ": "
 
 
@@ -92,6 +93,7 @@ class _Engine:
         self.wake = asyncio.Event()              # interrupts the pause before a restart
         self.failures: list[crashloop.Failure] = []
         self.ready = False                       # this start's engine answered
+        self.last_line = ""                      # this start's last non-blank output line
         self.jobs: list[tuple[str, str]] = []    # (job id, verb) not ended yet
 
 
@@ -289,12 +291,21 @@ class LocalRunner(Runner):
                 "INVOCATION_ID": eng.invocation, "NOTIFY_SOCKET": self.notify_address,
                 DIE_WITH_PARENT: "1", "PYTHONUNBUFFERED": "1"}
 
-    async def _spawn(self, eng: _Engine, command: str) -> asyncio.subprocess.Process:
-        return await asyncio.create_subprocess_exec(
-            *self.lokid, command, eng.preset, env=self._env(eng),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=self.orphan_guard)
+    async def _spawn(self, eng: _Engine, command: str
+                     ) -> tuple[asyncio.subprocess.Process, PipeLines]:
+        """The child, and the reader of its output (stdout and stderr: one pipe)."""
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.lokid, command, eng.preset, env=self._env(eng),
+                stdin=asyncio.subprocess.DEVNULL, stdout=write_end, stderr=write_end,
+                preexec_fn=self.orphan_guard)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # the child's only: EOF once it and its engine are gone
+        return proc, PipeLines(read_end, lambda lines: self._lines(eng, lines), LINE_LIMIT)
 
     async def _run(self, eng: _Engine) -> None:
         try:
@@ -342,17 +353,19 @@ class LocalRunner(Runner):
         """One start; the failure to restart after, or None when done (stopped, or final)."""
         eng.invocation = uuid.uuid4().hex
         eng.ready = False
+        eng.last_line = ""
         self._set(eng.preset, EngineState(LOADING, "", "starting"))
-        proc = await self._spawn(eng, "engine")
+        proc, output = await self._spawn(eng, "engine")
         eng.proc = proc
         self.by_pid[proc.pid] = eng
         if eng.stop_requested:  # asked while it was being spawned
             proc.send_signal(signal.SIGTERM)
             asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._kill_if_alive, eng, proc)
         try:
-            last = await self._drain(eng, proc)
+            await output.done  # every writer gone: the child, and the engine it started
             rc = await proc.wait()
         finally:
+            output.close()
             self.by_pid.pop(proc.pid, None)
             eng.proc = None
         if eng.stop_requested:
@@ -360,7 +373,7 @@ class LocalRunner(Runner):
                 await asyncio.to_thread(self._forgive_stop, eng)
             return None
         if rc in crashloop.NO_RESTART:
-            why = last or f"status {rc}"
+            why = eng.last_line or f"status {rc}"
             why = why[len(LOKID_PREFIX):] if why.startswith(LOKID_PREFIX) else why
             self._set(eng.preset, EngineState(FAILED, why, f"cannot start: {why}"))
             return None
@@ -374,48 +387,33 @@ class LocalRunner(Runner):
         stopped(self.state_dir, self.runtime_dir, eng.preset,
                 {"SERVICE_RESULT": "success", "INVOCATION_ID": eng.invocation})
 
-    async def _drain(self, eng: _Engine, proc: asyncio.subprocess.Process) -> str:
-        """Read the child's output to its end: each line to the daemon's log and the line
-        parser; the last line that is not blank (why a start failed), or "".
-
-        Read in chunks, not line by line: the lines of one request (timings, release)
-        come together, and one wake-up of the loop takes them all. A line longer than
-        :data:`LINE_LIMIT` is dropped, whole; the output is never held beyond that.
-        """
-        assert proc.stdout is not None
-        last = ""
-        unit = engine_unit(eng.preset)
-        rest = b""
-        skipping = False  # inside an overlong line
-        while True:
-            chunk = await proc.stdout.read(READ_CHUNK)
-            if not chunk:
-                if rest and not skipping:
-                    last = self._line(eng, unit, rest, last)
-                return last
-            *lines, rest = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
-            for raw in lines:
-                if skipping:
-                    skipping = False
+    def _lines(self, eng: _Engine, raw: list[bytes]) -> None:
+        """A batch of the child's output lines (:mod:`lokid.engine.pipelines`): logged as
+        one record, given to the line parser in order (the engine's together, lokid's own
+        one by one, as their journal entries would be), the last non-blank one kept."""
+        lines = [r.decode("utf-8", "replace") for r in raw]
+        engine_log.info("%s", "\n".join(f"{eng.preset}: {line}" for line in lines))
+        for line in reversed(lines):
+            if line.strip():
+                eng.last_line = line
+                break
+        judge = self.judge
+        if judge is None:
+            return
+        try:
+            batch: list[str] = []
+            for line in lines:
+                if not line.startswith(LOKID_PREFIX):
+                    batch.append(line)
                     continue
-                last = self._line(eng, unit, raw, last)
-            if len(rest) > LINE_LIMIT:
-                rest, skipping = b"", True
-
-    def _line(self, eng: _Engine, unit: str, raw: bytes, last: str) -> str:
-        """One line of the child's: logged, given to the line parser; the new ``last``."""
-        line = raw.decode("utf-8", "replace")
-        engine_log.info("%s: %s", eng.preset, line)
-        if self.judge is not None:
-            entry: dict[str, Any] = {"_SYSTEMD_UNIT": unit,
-                                     "_SYSTEMD_INVOCATION_ID": eng.invocation}
-            if line.startswith(LOKID_PREFIX):
-                entry.update(MESSAGE=line[len(LOKID_PREFIX):], LOKI_PRESET=eng.preset,
-                             SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
-            else:
-                entry["MESSAGE"] = line
-            try:
-                self.judge.handle(entry)
-            except Exception:
-                log.exception("preset %s: the line parser failed", eng.preset)
-        return line if line.strip() else last
+                if batch:
+                    judge.engine_lines(eng.preset, eng.invocation, batch)
+                    batch = []
+                judge.handle({"_SYSTEMD_UNIT": engine_unit(eng.preset),
+                              "_SYSTEMD_INVOCATION_ID": eng.invocation,
+                              "MESSAGE": line[len(LOKID_PREFIX):], "LOKI_PRESET": eng.preset,
+                              "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER})
+            if batch:
+                judge.engine_lines(eng.preset, eng.invocation, batch)
+        except Exception:
+            log.exception("preset %s: the line parser failed", eng.preset)

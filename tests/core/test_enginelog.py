@@ -139,3 +139,47 @@ def test_recorded_draft_kept_on_cpu_is_the_worse_offload() -> None:
     text = log("vulkan-lavapipe-draft-lv4.log")
     assert "offloaded 3/3 layers to GPU" in text
     assert offload_of(text) == (0, 2)
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """The top-level alternatives of a regular expression's source."""
+    out, depth, start = [], 0, 0
+    for i, c in enumerate(pattern):
+        if c == "(" and pattern[i - 1:i] != "\\":
+            depth += 1
+        elif c == ")" and pattern[i - 1:i] != "\\":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+    return [*out, pattern[start:]]
+
+
+def test_every_error_pattern_contains_a_word_of_the_prefilter() -> None:
+    """parse_line tests a serving engine's line for a few words before the error
+    patterns: each alternative of each pattern must contain one of them literally."""
+    from lokid.core import enginelog
+
+    for kind, pattern in enginelog._ERRORS:
+        for alternative in _alternatives(pattern.pattern):
+            assert any(w in alternative for w in enginelog._ERROR_WORDS), (kind, alternative)
+
+
+def test_the_prefilter_changes_no_event_of_any_recorded_log() -> None:
+    from lokid.core import enginelog
+
+    def unfiltered(line: str) -> enginelog.Event | None:
+        text = enginelog._text(line)
+        return next((enginelog.Event(kind, text) for kind, pattern in enginelog._ERRORS
+                     if pattern.search(text)), None)
+
+    lines = [line for path in sorted(LOGS.glob("*.log"))
+             for line in path.read_text(errors="replace").splitlines()]
+    assert len(lines) > 3_000
+    errors = 0
+    for line in lines:
+        event = parse_line(line)
+        if event is None or event.kind not in ("offloaded", "loading", "loaded", "listening"):
+            assert event == unfiltered(line), line
+            errors += event is not None
+    assert errors > 5  # the recorded failures are among them

@@ -216,3 +216,38 @@ def test_the_recorded_h200_start() -> None:
                              "mean_len": pytest.approx((3.94 + 3.88 + 3.99) / 3)}
     assert snap["memory_mib"]["CUDA0 model"] == 3200.41
     assert snap["offload"] == ["10/10"] and snap["in_flight"] == 0
+
+
+def test_a_running_start_agrees_with_a_recount_at_every_moment_late_requests_included() -> None:
+    """The windows are kept incrementally (sums in, sums out, speeds in sorted lists):
+    after every request they equal a recount of the same requests by :func:`summarize`,
+    bit for bit, with requests arriving out of order (a slot finishing after a later
+    one), idle gaps longer than the windows, and requests without drafts or tokens."""
+    import random
+
+    rnd = random.Random(14)
+    s = StartStats(NOW - 10, "ngram")
+    seen: list[Request] = []
+    at = NOW
+    for i in range(600):
+        at += rnd.choice([0.01, 0.5, 2.0, 30.0, 400.0]) if i % 50 else 0.0
+        late = at - rnd.choice([0.0, 0.0, 0.3, 1.5])           # completed a bit earlier
+        r = req(late, prompt=rnd.choice([0, 7, 120]), prompt_ms=rnd.choice([0.0, 1.25, 33.5]),
+                gen=rnd.randint(0, 64), gen_ms=rnd.choice([0.0, 9.99, 101.5]),
+                accepted=rnd.choice([None, 3]), generated=rnd.choice([None, 5]),
+                slot=i % 4, task=i)
+        if (r.draft_accepted is None) != (r.draft_generated is None):
+            r = req(late, accepted=None, generated=None, slot=i % 4, task=i)
+        s.add(r)
+        seen.append(r)
+        live = s.snapshot(at)
+        assert {**live, "in_flight": None} == summarize(seen, NOW - 10, at, "ngram"), i
+    assert s.held <= len(seen)
+
+
+def test_a_snapshot_of_an_earlier_moment_recounts_what_is_held() -> None:
+    """The wall clock stepping back between two snapshots: the earlier moment's figures
+    are recounted from the windows, not read from sums already moved past it."""
+    s = stats_of([req(NOW - 50), req(NOW - 10)])
+    assert s.snapshot(NOW + 30)["requests_per_min"] == 1.0   # NOW - 50 left the minute
+    assert s.snapshot(NOW)["requests_per_min"] == 2.0        # both in NOW's minute again
