@@ -89,6 +89,7 @@ bench: setup
 	$(PY) benchmarks/daemon_ready.py
 	$(PY) benchmarks/hostile_presets.py
 	$(PY) benchmarks/parse_rate.py
+	$(PY) benchmarks/stats_snapshot.py
 	$(PY) benchmarks/daemon_load.py
 	$(PY) benchmarks/daemon_load_systemd.py
 
