@@ -152,6 +152,8 @@ def stats_text(name: str, stats: dict[str, Any]) -> str:
     if memory:
         lines.append("  memory (" + str(stats.get("memory_source") or "engine log") + "): "
                      + ", ".join(f"{k} {_mib(v)}" for k, v in sorted(memory.items())))
+    elif stats.get("memory_note"):
+        lines.append(f"  memory: unknown: {stats.get('memory_note')}")
     if stats.get("uptime_seconds") is not None:
         lines.append(f"  up {duration(stats.get('uptime_seconds'))}"
                      + (f", {stats.get('in_flight')} in flight" if stats.get("in_flight")

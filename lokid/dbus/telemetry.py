@@ -7,6 +7,13 @@ stops the verdicts the same lines feed. Once a second, :meth:`Telemetry.publish`
 emits ``PropertiesChanged(Stats)`` for the presets whose figures moved, warns of
 a start whose requests could not be read, and rewrites the node_exporter
 textfile (:mod:`lokid.engine.promfile`) when something changed, or every 15 s.
+
+Memory per GPU comes from the engine's load lines where it runs at ``-lv 4``;
+for a running start without them, every :data:`GPU_EVERY` seconds, from the
+NVIDIA driver's per-process figures (:mod:`lokid.engine.nvml`, optional), over the
+processes the runner lists for the start. ``memory_source`` says which;
+``memory_note`` why there are none when the driver cannot be asked. An engine
+without any GPU backend is never asked about.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LokiError
 from ..engine.meter import BLIND_AFTER, Meters
+from ..engine.nvml import GpuMemory
 from ..engine.promfile import Textfile
 
 if TYPE_CHECKING:
@@ -25,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("lokid.daemon")  # the daemon's own lines, as before
 
 STATS_EVERY = 1.0   # seconds between two PropertiesChanged(Stats) of one preset, at most
+GPU_EVERY = 5.0     # seconds between two questions to the NVIDIA driver
+NVML_SOURCE = "NVIDIA driver (NVML), per process"
 
 
 class Telemetry:
@@ -39,6 +49,10 @@ class Telemetry:
         # starts being read again from the journal: preset → (invocation, until, the
         # lines that arrived meanwhile)
         self.replaying: dict[str, tuple[str, float, list[tuple[str, float | None]]]] = {}
+        # the driver's figures: preset → (invocation, MiB per device or None, why not)
+        self.gpu = GpuMemory()
+        self.gpu_mib: dict[str, tuple[str, dict[str, float] | None, str]] = {}
+        self.gpu_engines: dict[str, bool] = {}  # engine path → has a GPU backend (or unknown)
 
     def stats(self, name: str) -> dict[str, Any]:
         """The preset's telemetry for its current start (``{}`` before any), with the URL
@@ -55,7 +69,46 @@ class Telemetry:
         restarts = runner.restarts(name) if runner is not None else None
         if restarts is not None:
             out["restarts"] = restarts
+        got = self.gpu_mib.get(name)
+        if got is not None and not out.get("memory_mib") and got[0] == out.get("invocation"):
+            if got[1]:
+                out["memory_mib"], out["memory_source"] = got[1], NVML_SOURCE
+            elif got[1] is None and got[2]:
+                out["memory_note"] = got[2]
         return out
+
+    async def sample_gpu(self) -> None:
+        """Ask the NVIDIA driver about the running starts whose engine log says nothing
+        of their memory; a change marks the preset's Stats for publishing."""
+        runner = self.daemon.runner
+        if runner is None:
+            return
+        for name in sorted(self.daemon.active_presets()):
+            start = self.meters.starts.get(name)
+            view = self.daemon.registry.presets.get(name)
+            if start is None or start.log.load.buffers or view is None or view.plan is None \
+                    or not await self._has_gpu(view.plan.argv[0]):
+                self.gpu_mib.pop(name, None)
+                continue
+            pids = await runner.engine_pids(name)
+            if not pids:
+                continue
+            reading = await asyncio.to_thread(self.gpu.used, pids)
+            entry = (start.invocation, reading, self.gpu.why_unknown())
+            if self.gpu_mib.get(name) != entry:
+                self.gpu_mib[name] = entry
+                self.meters.dirty.add(name)
+
+    async def _has_gpu(self, engine: str) -> bool:
+        """Whether the engine at this path has a GPU backend, or may have (a static build:
+        unknown); read once per path."""
+        known = self.gpu_engines.get(engine)
+        if known is None:
+            from ..engine.probe import engine_gpu_backends
+
+            backends = await asyncio.to_thread(engine_gpu_backends, engine)
+            known = self.gpu_engines[engine] = backends != ()
+        return known
 
     def on_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:
         """An engine line, counted; a failure of the counting never stops the verdicts."""
@@ -71,8 +124,15 @@ class Telemetry:
         """PropertiesChanged(Stats) at most once a second per preset whose figures moved."""
         from .interfaces import json_variant
 
+        ticks = 0
         while not self.daemon.stopping.is_set():
             await asyncio.sleep(STATS_EVERY)
+            ticks += 1
+            if ticks % round(GPU_EVERY / STATS_EVERY) == 1:
+                try:
+                    await self.sample_gpu()
+                except Exception as e:  # never a reason to stop publishing
+                    log.warning("GPU memory from the NVIDIA driver: %s: %s", type(e).__name__, e)
             while self.meters.blind:
                 blind = self.meters.blind.pop(0)
                 log.warning("preset %s: its engine took %d requests and lokid read the figures "

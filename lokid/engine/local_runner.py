@@ -219,6 +219,25 @@ class LocalRunner(Runner):
         self._request_stop(eng)
         return job
 
+    async def engine_pids(self, preset: str) -> list[int]:
+        """The ``lokid engine`` child and every process under it."""
+        from .proc import children
+
+        eng = self.engines.get(preset)
+        proc = eng.proc if eng is not None else None
+        if proc is None or proc.returncode is not None:
+            return []
+
+        def tree(root: int) -> list[int]:
+            out, todo = [], [root]
+            while todo:
+                pid = todo.pop()
+                out.append(pid)
+                todo += children(pid)
+            return out
+
+        return await asyncio.to_thread(tree, proc.pid)
+
     def restarts(self, preset: str) -> int | None:
         """The failures since the last start by hand: each was followed by a restart, as
         long as the crash-loop rule allowed one (systemd's NRestarts, here)."""

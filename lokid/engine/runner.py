@@ -130,6 +130,11 @@ class Runner(ABC):
         """A sampler of the running engine's disk reads and memory (the benchmark's thrash
         hint), each from where this runner can read them; None when it cannot."""
 
+    async def engine_pids(self, preset: str) -> list[int]:
+        """The processes of the preset's running start (the supervisor, the engine and
+        anything they started); [] when it does not run or this runner cannot tell."""
+        return []
+
     def restarts(self, preset: str) -> int | None:
         """Automatic restarts of the engine since the last start by hand (systemd's
         NRestarts), None when this runner cannot tell."""

@@ -230,6 +230,15 @@ class SystemdRunner(Runner):
     async def restart(self, preset: str) -> str:
         return await self._job("RestartUnit", "restart", preset)
 
+    async def engine_pids(self, preset: str) -> list[int]:
+        """The unit's processes, as systemd lists them (GetUnitProcesses: its cgroup)."""
+        try:
+            (procs,) = await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "GetUnitProcesses", "s",
+                                        [engine_unit(preset)])
+        except DBusError:  # not loaded, or not running
+            return []
+        return [int(pid) for _, pid, _ in procs]
+
     async def io_sampler(self, preset: str) -> IOSampler | None:
         """The unit's cgroup counters: bytes read from block devices by its processes, and
         its memory (page cache included). None when systemd does not know the reads."""

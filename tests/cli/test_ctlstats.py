@@ -39,3 +39,13 @@ def test_the_table_aligns_columns_and_cuts_to_the_terminal() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("PRESET       STATE") and all(len(x) <= 60 for x in lines)
     assert lines[1].index("inactive") == lines[2].index("inactive")
+
+
+def test_stats_text_says_where_memory_comes_from_or_why_it_is_unknown() -> None:
+    nvml = ctlstats.stats_text("p", {"requests": 1, "memory_mib": {"GPU0 process": 3072.0},
+                                     "memory_source": "NVIDIA driver (NVML), per process"})
+    assert "  memory (NVIDIA driver (NVML), per process): GPU0 process 3.0G" in nvml
+    unknown = ctlstats.stats_text("p", {"requests": 1, "memory_note": "python3-pynvml is not "
+                                        "installed"})
+    assert "  memory: unknown: python3-pynvml is not installed" in unknown
+    assert "memory" not in ctlstats.stats_text("p", {"requests": 1})

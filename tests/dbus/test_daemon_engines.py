@@ -505,3 +505,41 @@ async def test_an_overlong_engine_line_is_dropped_whole_and_the_lines_after_it_a
     assert "plain: the line after the long one" in lines
     assert max(map(len, lines)) < 10_000  # the long line itself never reached the log
     assert any("listening on" in line for line in lines)
+
+
+async def test_an_engine_with_a_gpu_backend_but_no_load_lines_gets_the_drivers_answer(
+        tmp_path: Path, engine: str, models: Any, bus_address: str) -> None:
+    """The engine (a wrapper beside a libggml-cuda.so, so lokid sees a CUDA build) runs
+    at the default verbosity: no buffer lines. The daemon asks the NVIDIA driver through
+    the real pynvml over the start's processes; there is no driver here, and Stats says
+    why the memory is unknown (lokictl stats prints it). An engine without any GPU
+    backend is never asked about."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is a test dependency: make setup")
+    gpu_dir = tmp_path / "gpu-engine"
+    gpu_dir.mkdir()
+    (gpu_dir / "libggml-cuda.so").write_bytes(b"")
+    wrapper = gpu_dir / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nexec {engine} "$@"\n')
+    wrapper.chmod(0o755)
+    config = write_config(tmp_path, str(wrapper), [models.dir])
+    name = Path(models.llama).name
+    write_preset(config, "gpu", f'model = "{name}"\nctx = 2048\nport = {free_port()}\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        preset = await running.iface(preset_object_path("gpu"), PRESET_INTERFACE)
+        await manager.call_start_preset("gpu")
+        await running.wait_event("gpu", "ready")
+        telemetry = running.daemon.telemetry
+        await telemetry.sample_gpu()
+        assert await running.daemon.runner.engine_pids("gpu")  # the start's processes
+        stats = await preset.get_stats()
+        assert "memory_mib" not in stats, stats
+        assert stats["memory_note"].value == ("the NVIDIA driver did not answer (NVML: NVML "
+                                              "Shared Library Not Found)"), stats
+        # the real engine here has no GPU backend library: such an engine is not asked about
+        assert await telemetry._has_gpu(engine) is False
+        telemetry.gpu_engines[str(wrapper)] = False
+        await telemetry.sample_gpu()
+        assert "memory_note" not in await preset.get_stats()
+        await manager.call_stop_preset("gpu")
+        await running.wait_event("gpu", "inactive")

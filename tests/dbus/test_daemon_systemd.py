@@ -520,6 +520,18 @@ def wait_requests(ct: Container, count: int, timeout: float = 20) -> Any:
         time.sleep(0.2)
 
 
+ENGINE_PIDS = """
+import asyncio, json
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+from lokid.engine.systemd_runner import SystemdRunner
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    print(json.dumps(await SystemdRunner(bus, lambda *a: None).engine_pids("demo")))
+asyncio.run(main())
+"""
+
+
 def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None:
     """Under systemd the engine's lines reach the daemon through the journal: its requests
     show in the preset's Stats; `lokictl stats --since` recomputes them from the journal
@@ -536,6 +548,11 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     assert stats["generated_tokens"]["data"] == generated, stats
     assert stats["url"]["data"] == f"http://127.0.0.1:{port}", stats
     assert stats["restarts"]["data"] == 0, stats   # systemd's NRestarts of the unit
+    # the processes the daemon would ask the NVIDIA driver about: the unit's, from systemd
+    main_pid = int(ct.show(unit("demo"), "MainPID")["MainPID"])
+    engine_pid = int(ct.run(["pgrep", "-P", str(main_pid), "llama-server"]).stdout.split()[0])
+    listed = ct.run(["python3", "-c", ENGINE_PIDS], env={"PYTHONPATH": "/opt/lokid"}).stdout
+    assert {main_pid, engine_pid} <= set(json.loads(listed)), (listed, main_pid, engine_pid)
     r = lokictl(ct, "stats", "demo", "--since", "10 min ago", "--json")
     assert r.returncode == 0, r.stderr
     window = json.loads(r.stdout)
