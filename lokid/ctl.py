@@ -7,6 +7,8 @@ with a progress bar (``BenchProgress``) and prints the report. Verbs:
 ``start|stop|restart <preset> [--wait]`` (``--wait`` follows
 ``EngineStateChanged`` until the engine is ready or stopped, with a spinner
 showing the engine's STATUS text on a terminal), ``reload`` and ``clear-failures <preset>``.
+Editing presets through the daemon: ``new``, ``set``, ``unset``, ``rm``, ``mv``, ``cat``
+and ``edit`` (:mod:`lokid.ctledit`).
 
 ``--host [USER@]HOST[:PORT]`` reaches lokid on another machine the way
 ``busctl -H`` does: ``ssh -xT HOST systemd-stdio-bridge`` carries the system
@@ -47,6 +49,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
                      "AutoSpecBlocked", "Argv", "Notes", "LastBench", "Stats")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
+EDIT_VERBS = ("new", "set", "unset", "rm", "mv", "cat", "edit")
 SPINNER = "|/-\\"
 
 
@@ -62,7 +65,7 @@ def exit_code_of(error: DBusError) -> int:
         return EXIT_NOT_FOUND
     if name in (errors.PERMISSION_DENIED, "org.freedesktop.DBus.Error.AccessDenied"):
         return EXIT_PERMISSION
-    if name == errors.INVALID_PRESET:
+    if name in (errors.INVALID_PRESET, errors.INVALID_ARGS):
         return EXIT_USAGE
     return EXIT_FAILED
 
@@ -94,6 +97,10 @@ class Client:
     async def add_match(self, rule: str) -> None:
         await call(self.bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
                    "org.freedesktop.DBus", "AddMatch", "s", [rule])
+
+    async def manager(self, member: str, signature: str = "",
+                      body: Sequence[Any] = ()) -> list[Any]:
+        return await self._call(OBJECT_PATH, MANAGER_INTERFACE, member, signature, body)
 
     async def preset_path(self, name: str) -> str:
         (path,) = await self._call(OBJECT_PATH, MANAGER_INTERFACE, "GetPreset", "s", [name])
@@ -497,7 +504,59 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt", type=int, default=0, help="prompt tokens of the short line "
                    "(default 2000)")
     s.add_argument("--json", action="store_true")
+    _edit_parsers(sub)
     return p
+
+
+def _edit_parsers(sub: Any) -> None:
+    """The verbs that edit preset files through the daemon (:mod:`lokid.ctledit`)."""
+    s = sub.add_parser("new", help="create a preset (the daemon checks it before writing)")
+    s.add_argument("preset")
+    s.add_argument("--model", required=True, help="a model name found in model_dirs, or an "
+                   "absolute path")
+    s.add_argument("values", nargs="*", metavar="KEY=VALUE",
+                   help="more settings, such as ctx=32768 spec.mode=auto")
+    s = sub.add_parser("set", help="set keys of a preset (KEY=VALUE, dotted: spec.mode=mtp)")
+    s.add_argument("preset")
+    s.add_argument("values", nargs="+", metavar="KEY=VALUE")
+    s = sub.add_parser("unset", help="remove keys from a preset")
+    s.add_argument("preset")
+    s.add_argument("keys", nargs="+", metavar="KEY")
+    s = sub.add_parser("rm", help="delete a preset")
+    s.add_argument("preset")
+    s.add_argument("--force", action="store_true", help="stop its engine first; delete it "
+                   "even when another preset uses its model as draft")
+    s = sub.add_parser("mv", help="rename a preset")
+    s.add_argument("preset")
+    s.add_argument("new_name", metavar="NEW")
+    s.add_argument("--force", action="store_true", help="stop its engine first; rename it "
+                   "even when another preset uses its model as draft")
+    s = sub.add_parser("cat", help="print a preset's file")
+    s.add_argument("preset")
+    s = sub.add_parser("edit", help="edit a preset's file in $VISUAL or $EDITOR, checked "
+                       "before it is saved")
+    s.add_argument("preset")
+
+
+async def _edit_command(c: Client, args: argparse.Namespace) -> int:
+    import os
+
+    from . import ctledit
+
+    command, name = str(args.command), str(args.preset)
+    if command == "new":
+        return await ctledit.cmd_new(c, name, str(args.model), [str(v) for v in args.values])
+    if command == "set":
+        return await ctledit.cmd_set(c, name, [str(v) for v in args.values])
+    if command == "unset":
+        return await ctledit.cmd_unset(c, name, [str(k) for k in args.keys])
+    if command == "rm":
+        return await ctledit.cmd_rm(c, name, bool(args.force))
+    if command == "mv":
+        return await ctledit.cmd_mv(c, name, str(args.new_name), bool(args.force))
+    if command == "cat":
+        return await ctledit.cmd_cat(c, name)
+    return await ctledit.cmd_edit(c, name, os.environ)
 
 
 def ssh_argv(host: str) -> list[str]:
@@ -562,6 +621,8 @@ async def _main(args: argparse.Namespace) -> int:
     client = Client(bus)
     try:
         command: str = args.command
+        if command in EDIT_VERBS:
+            return await _edit_command(client, args)
         if command in VERBS:
             timeout = None if args.timeout is None else float(args.timeout)
             return await cmd_verb(client, command, str(args.preset), bool(args.wait), timeout)
@@ -602,8 +663,20 @@ async def _main(args: argparse.Namespace) -> int:
                 ssh.kill()
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = _parser()
+    args, extra = p.parse_known_args(argv)
+    # `new PRESET --model M KEY=VALUE…`: argparse matched PRESET and an empty KEY=VALUE list
+    # together, before --model; what follows --model is left over, and is that list.
+    if extra and args.command == "new" and not any(e.startswith("-") for e in extra):
+        args.values += extra
+    elif extra:
+        p.error("unrecognized arguments: " + " ".join(extra))
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return asyncio.run(_main(args))
     except CtlError as e:
@@ -614,4 +687,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m lokid.ctl` runs this file as __main__, and lokid.ctledit imports lokid.ctl:
+    # run that one module's main, whose `except CtlError` catches what ctledit raises (the
+    # CtlError of this copy is another class).
+    from lokid.ctl import main as module_main
+
+    sys.exit(module_main())

@@ -10,7 +10,8 @@ Files are read with tomllib, within bounds: a regular file of at most
 :mod:`lokid.core.tomlscan` before and after tomllib reads it. Every error
 names the file, the line when it can be found, the key, and what would be
 valid. A broken preset is reported and skipped: it never hides the others
-(:func:`load_presets`), whatever it holds.
+(:func:`load_presets`), whatever it holds. A preset's text not yet written
+(an edit) is validated by :func:`parse_preset_text`, within the same bounds.
 
 Unknown values are errors, like unknown keys: a typo such as ``spec.mode =
 "eagle"`` would otherwise start the engine without what the operator asked
@@ -194,12 +195,33 @@ def _too_large(size: str, path: str) -> ConfigError:
                        "(a preset is a few KB)", path)
 
 
-def _read_toml(path: str) -> tuple[dict[str, Any], str]:
+def _read_text(path: str) -> str:
+    """The text of ``path`` (:func:`_read_file`), which must be UTF-8."""
     raw = _read_file(path)
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"not UTF-8 text (byte {e.start})", path) from None
+
+
+def _read_toml(path: str) -> tuple[dict[str, Any], str]:
+    text = _read_text(path)
+    return _parse_toml(text, path), text
+
+
+def _parse_toml(text: str, path: str) -> dict[str, Any]:
+    """``text`` read as TOML within the bounds of a file; ``path`` is named in errors.
+
+    A text that does not come from a file (a candidate preset sent over the bus)
+    gets the same bounds as one read from disk: its UTF-8 size, then tomlscan.
+    """
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        # a lone surrogate: no file holds one, and it cannot be written to one
+        raise ConfigError(f"not UTF-8 text (character {e.start})", path) from None
+    if size > MAX_FILE_BYTES:
+        raise _too_large(f"{size} bytes", path)
     suspects = tomlscan.check_text(text, path)
     try:
         data = tomllib.loads(text)
@@ -214,7 +236,7 @@ def _read_toml(path: str) -> tuple[dict[str, Any], str]:
         # happen, it is this file's error, not the daemon's.
         raise ConfigError(f"cannot be parsed ({type(e).__name__})", path) from None
     tomlscan.check_values(data, text, path, suspects)
-    return data, text
+    return data
 
 
 def _key_line(text: str, key: str, table: str = "") -> int | None:
@@ -392,7 +414,20 @@ def load_preset(config_dir: str, name: str) -> Preset:
 
 
 def parse_preset(name: str, path: str) -> Preset:
-    data, text = _read_toml(path)
+    """Read the file ``path`` (within the bounds of :func:`_read_file`) and validate it
+    as preset ``name`` (:func:`parse_preset_text`)."""
+    return parse_preset_text(name, path, _read_text(path))
+
+
+def parse_preset_text(name: str, path: str, text: str) -> Preset:
+    """Validate ``text`` as preset ``name``, without a file: the checks and errors of
+    :func:`parse_preset` after it has read the file (``path`` is where errors say the
+    text is, and the Preset's ``path``; it is not opened).
+
+    A candidate text (an edit not yet written) is validated here before it
+    replaces the file, so that what is saved is what would load.
+    """
+    data = _parse_toml(text, path)
     c = _Checker(path, text, data)
     c.reject_unknown(PRESET_KEYS)
 

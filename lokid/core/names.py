@@ -80,3 +80,4 @@ def preset_of_object_path(path: str) -> str | None:
 # polkit actions (data/polkit/org.lokid.lokid1.policy declares them).
 ACTION_MANAGE = "org.lokid.lokid1.manage"
 ACTION_BENCH = "org.lokid.lokid1.bench"
+ACTION_EDIT = "org.lokid.lokid1.edit-presets"

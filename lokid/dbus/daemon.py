@@ -41,12 +41,14 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
+from ..core.runtimeplan import RuntimePlan
 from ..engine.background import Background
 from ..engine.notify import Notifier
 from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
 from .authz import MANAGE_GROUP, Authority
+from .editing import Editor
 from .interfaces import ManagerInterface, PresetInterface
 from .registry import Registry
 from .telemetry import Telemetry
@@ -86,6 +88,8 @@ class Daemon:
         self.manager = ManagerInterface(self)
         self.exported: dict[str, PresetInterface] = {}
         self.spec_in_use: dict[str, list[str]] = {}
+        # preset → (argv, env) of its running start (its runtime plan), for PendingRestart
+        self.running_cmd: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
         self.signalled: dict[str, str] = {}   # preset → the state EngineStateChanged last said
         self.benching: set[str] = set()
         self.notifier = Notifier()
@@ -95,6 +99,7 @@ class Daemon:
         self.reloading: asyncio.Task[Any] | None = None
         self.background = Background(log)
         self.telemetry = Telemetry(self)
+        self.editor = Editor(self)
         self.reload_again = False
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
@@ -104,6 +109,15 @@ class Daemon:
 
     def spec_active(self, name: str) -> list[str]:
         return list(self.spec_in_use.get(name, []))
+
+    def pending_restart(self, name: str) -> bool:
+        """Whether the running start's command line (argv and environment) differs from
+        the one the preset's next start would run: an edit waits for a restart."""
+        running = self.running_cmd.get(name)
+        view = self.registry.presets.get(name)
+        if running is None or view is None or view.plan is None:
+            return False
+        return (tuple(view.plan.argv), dict(view.plan.env)) != running
 
     def active_presets(self) -> list[str]:
         if self.runner is None:
@@ -251,7 +265,8 @@ class Daemon:
             view = self.registry.presets[iface.preset]
             iface.emit_properties_changed({"Model": view.model, "SpecMode": view.spec_mode,
                                            "Notes": view.notes, "Argv": view.argv,
-                                           "AutoSpecBlocked": view.auto_blocked})
+                                           "AutoSpecBlocked": view.auto_blocked,
+                                           "PendingRestart": self.pending_restart(iface.preset)})
         self.notifier.send(f"STATUS={self.status()}")
         log.info("presets loaded: %s", self.status())
 
@@ -319,9 +334,17 @@ class Daemon:
         changed: dict[str, Any] = {"State": state.state, "Status": state.status}
         if moved:  # the runtime plan is read once per state, not per STATUS= line
             before = self.spec_in_use.get(name, [])
-            self.spec_in_use[name] = self._spec_types(name) if state.state in LIVE else []
+            pending = self.pending_restart(name)
+            rp = self._running_plan(name) if state.state in LIVE else None
+            self.spec_in_use[name] = list(rp.spec_types) if rp is not None else []
+            if rp is not None:
+                self.running_cmd[name] = (tuple(rp.argv), dict(rp.env))
+            else:
+                self.running_cmd.pop(name, None)
             if self.spec_in_use[name] != before:
                 changed["SpecActive"] = self.spec_in_use[name]
+            if self.pending_restart(name) != pending:
+                changed["PendingRestart"] = not pending
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed(changed)
@@ -350,13 +373,12 @@ class Daemon:
                      f" ({detail})" if detail else "")
         self.manager.JobFinished(name, job, verb, result, state.state, detail)
 
-    def _spec_types(self, name: str) -> list[str]:
-        """The speculation types of the running start (its runtime plan)."""
+    def _running_plan(self, name: str) -> RuntimePlan | None:
+        """The running start's runtime plan (None when there is none to read)."""
         try:
-            rp = read_runtime_plan(self.runtime_dir, name)
+            return read_runtime_plan(self.runtime_dir, name)
         except StalePlanError:
-            return []
-        return list(rp.spec_types)
+            return None
 
     def _on_verdict(self, verdict: Any) -> None:
         log.warning("preset %s: automatic speculative decoding cut: %s",
@@ -376,7 +398,8 @@ class Daemon:
         if iface is not None:
             iface.emit_properties_changed({"AutoSpecBlocked": view.auto_blocked,
                                            "Notes": view.notes, "Argv": view.argv,
-                                           "LastBench": iface.LastBench})
+                                           "LastBench": iface.LastBench,
+                                           "PendingRestart": self.pending_restart(name)})
 
     def _make_runner(self) -> Runner:
         assert self.bus is not None

@@ -34,9 +34,10 @@ from dbus_fast import DBusError, PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from .. import __version__
-from ..core.errors import FAILED, LokiError, NotFoundError, dbus_name
+from ..core.errors import FAILED, InvalidArgsError, LokiError, NotFoundError, dbus_name
 from ..core.names import (
     ACTION_BENCH,
+    ACTION_EDIT,
     ACTION_MANAGE,
     MANAGER_INTERFACE,
     PRESET_INTERFACE,
@@ -52,6 +53,7 @@ log = logging.getLogger("lokid.dbus")
 READ = "read"            # anyone may call it
 MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
 BENCH = ACTION_BENCH     # running a benchmark against an engine
+EDIT = ACTION_EDIT       # reading a preset's source, creating, changing, removing presets
 ACCESS_ATTR = "_lokid_access"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,12 +63,14 @@ class Backend(Protocol):
     """What the interfaces need from the daemon."""
 
     registry: Registry
+    editor: Any   # lokid.dbus.editing.Editor
 
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...
     def active_presets(self) -> list[str]: ...
     def runner_in_use(self) -> str: ...
     def stats(self, name: str) -> dict[str, Any]: ...
+    def pending_restart(self, name: str) -> bool: ...
     async def authorize(self, member: str, action: str) -> None: ...
     async def start(self, name: str) -> str: ...
     async def stop(self, name: str) -> str: ...
@@ -251,6 +255,10 @@ class PresetInterface(ServiceInterface):
         return plan_variant(view.plan)
 
     @dbus_property(access=PropertyAccess.READ)
+    def PendingRestart(self) -> "b":
+        return self.backend.pending_restart(self.preset)
+
+    @dbus_property(access=PropertyAccess.READ)
     def Stats(self) -> "a{sv}":
         return json_variant(self.backend.stats(self.preset))
 
@@ -337,6 +345,62 @@ class ManagerInterface(ServiceInterface):
     async def Bench(self, name: "s", mode: "s", predict: "u", prompt: "u") -> "a{sv}":
         return json_variant(await self.backend.bench(checked_name(name), mode, predict,
                                                      prompt))
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def GetPresetSource(self, name: "s") -> "ss":
+        source = await self.backend.editor.source(checked_name(name))
+        return [source.text, source.etag]
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def CreatePreset(self, name: "s", text: "s") -> "os":
+        version = await self.backend.editor.create(checked_name(name), text)
+        return [preset_object_path(name), version]
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def UpdatePreset(self, name: "s", text: "s", etag: "s") -> "s":
+        return await self.backend.editor.update(checked_name(name), text, etag)
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def SetPresetKeys(self, name: "s", values: "a{sv}", etag: "s") -> "s":
+        return await self.backend.editor.set_keys(checked_name(name), values, etag)
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def UnsetPresetKeys(self, name: "s", keys: "as", etag: "s") -> "s":
+        return await self.backend.editor.unset_keys(checked_name(name), list(keys), etag)
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def DeletePreset(self, name: "s", force: "b") -> None:
+        await self.backend.editor.delete(checked_name(name), bool(force))
+
+    @method()
+    @access(EDIT)
+    @guarded
+    async def RenamePreset(self, name: "s", new_name: "s", force: "b") -> "o":
+        if not valid_preset_name(new_name):
+            raise InvalidArgsError(f"invalid preset name {new_name[:64]!r}: use 1 to 64 "
+                                   "characters from A-Z a-z 0-9 _ . -, starting with a "
+                                   "letter or a digit")
+        await self.backend.editor.rename(checked_name(name), new_name, bool(force))
+        return preset_object_path(new_name)
+
+    @method()
+    @access(READ)
+    @guarded
+    async def DraftCandidates(self, name: "s") -> "aa{sv}":
+        found = await self.backend.editor.draft_candidates(checked_name(name))
+        return [json_variant(c) for c in found]
 
     @signal()
     def BenchProgress(self, preset: "s", phase: "s", step: "u", steps: "u") -> "ssuu":

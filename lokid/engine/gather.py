@@ -215,7 +215,7 @@ def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...],
 
 def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
            auto_blocked: str = "", for_unit: bool = False,
-           probe_wait: float | None = None) -> PlanInputs:
+           probe_wait: float | None = None, preset: cfg.Preset | None = None) -> PlanInputs:
     """Everything the plan of preset ``name`` depends on.
 
     ``for_unit``: the plan is for ``loki-engine@.service``, whose engine runs as
@@ -224,6 +224,8 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     the engine runs as this process's user (``lokid run``, the local runner).
     ``probe_wait``: how long to wait for the engine's probe (None: until it ends
     or times out); the daemon waits a little, then plans again when it ends.
+    ``preset``: the preset to plan, already parsed (an edit not yet written,
+    :func:`lokid.core.config.parse_preset_text`), instead of its file.
 
     Raises ConfigError (preset or lokid.toml invalid, model missing),
     NotFoundError (no such preset), ModelError (the model is not a readable
@@ -233,7 +235,8 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     """
     env = dict(os.environ if environ is None else environ)
     glob = cfg.load_global(config_dir)
-    preset = cfg.load_preset(config_dir, name)
+    if preset is None:
+        preset = cfg.load_preset(config_dir, name)
     dirs = glob.model_dirs
     user = unit_user(env) if for_unit else None
 

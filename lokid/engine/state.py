@@ -737,6 +737,33 @@ class StateDB(_Store):
         return self._write(
             lambda db: db.execute("DELETE FROM failed WHERE preset = ?", (preset,)).rowcount)
 
+    # --- a preset deleted or renamed ---------------------------------------------------
+
+    _PER_PRESET = ("attempt", "failed", "bench")  # every table keyed by preset name
+
+    def forget_preset(self, preset: str) -> int:
+        """A deleted preset: its attempt token, recorded failures and bench result go (a
+        new preset of that name starts clean); how many rows. StateError when that cannot
+        be written."""
+        def do(db: sqlite3.Connection) -> int:
+            return sum(db.execute(f"DELETE FROM {table} WHERE preset = ?", (preset,)).rowcount
+                       for table in self._PER_PRESET)
+
+        return self._write(do)
+
+    def move_preset(self, old: str, new: str) -> int:
+        """A renamed preset keeps its records under its new name (whatever an older preset
+        of that name left goes first); how many rows moved."""
+        def do(db: sqlite3.Connection) -> int:
+            moved = 0
+            for table in self._PER_PRESET:
+                db.execute(f"DELETE FROM {table} WHERE preset = ?", (new,))
+                moved += db.execute(f"UPDATE {table} SET preset = ? WHERE preset = ?",
+                                    (new, old)).rowcount
+            return moved
+
+        return self._write(do)
+
     # --- benchmark results -----------------------------------------------------------
 
     def save_bench(self, saved: SavedBench) -> None:

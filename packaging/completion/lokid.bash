@@ -44,21 +44,50 @@ _lokid() {
     esac
 }
 
+# The keys `lokictl set` and `unset` know (lokid/ctledit.py's KNOWN_KEYS); env. takes a
+# variable's name after the dot.
+_lokictl_keys="model ctx gpus gpu_layers ubatch port mmproj extra_args env. op_offload_min_batch
+spec.mode spec.draft spec.n_max spec.sampling chat.reasoning_effort chat.temperature chat.top_p
+chat.top_k chat.min_p"
+
+# Completes a preset's keys for set (KEY=, no space after) or unset (KEY). Nothing while a
+# value is typed: bash splits "ctx=40" at the "=" (COMP_WORDBREAKS), so "=" is then the word
+# or the one before it.
+_lokictl_key() {
+    [[ "$cur" == *=* || "$cur" == "=" || "$prev" == "=" ]] && return
+    local k list=""
+    for k in $_lokictl_keys; do
+        if [ "$1" = set ] && [ "$k" != env. ]; then list+="$k= "; else list+="$k "; fi
+    done
+    COMPREPLY=($(compgen -W "$list" -- "$cur"))
+    if [ "$1" = set ] || [[ ${#COMPREPLY[@]} -eq 1 && "${COMPREPLY[0]}" == *. ]]; then
+        compopt -o nospace 2>/dev/null
+    fi
+}
+
 _lokictl() {
     local cur prev words cword
     _lokid_init
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench|top|stats) cmd="${words[i]}"; break ;;
+            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench|top|stats|\
+            new|set|unset|rm|mv|cat|edit) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
+        --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --timeout|--address|--predict|--prompt|--since) return ;;
     esac
-    local verbs="status presets top stats show plan start stop restart reload clear-failures bench"
+    # n: the words after the verb that are not options (0: the cursor is on the preset)
+    local j n=0
+    for ((j = i + 1; j < cword; j++)); do
+        case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
+    done
+    local verbs="status presets top stats show plan start stop restart reload clear-failures bench
+new set unset rm mv cat edit"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
         status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
@@ -68,6 +97,23 @@ _lokictl() {
         bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
         top) COMPREPLY=($(compgen -W "--once --json" -- "$cur")) ;;
         stats) COMPREPLY=($(compgen -W "$(_lokid_presets) --since --json" -- "$cur")) ;;
+        cat|edit) [ $n -eq 0 ] && COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
+        rm) [ $n -eq 0 ] && COMPREPLY=($(compgen -W "$(_lokid_presets) --force" -- "$cur")) \
+                || COMPREPLY=($(compgen -W "--force" -- "$cur")) ;;
+        mv) [ $n -eq 0 ] && COMPREPLY=($(compgen -W "$(_lokid_presets) --force" -- "$cur")) \
+                || COMPREPLY=($(compgen -W "--force" -- "$cur")) ;;
+        set|unset)
+            if [ $n -eq 0 ]; then
+                COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur"))
+            else
+                _lokictl_key "$cmd"
+            fi ;;
+        new)
+            if [[ "$cur" == -* ]]; then
+                COMPREPLY=($(compgen -W "--model" -- "$cur"))
+            elif [ $n -gt 0 ]; then
+                _lokictl_key set
+            fi ;;
     esac
 }
 

@@ -36,3 +36,19 @@ def test_every_key_of_the_bench_reply_is_documented() -> None:
     text = next(a.get("value", "") for a in bench if a.get("name") == DOCSTRING)
     for key in Outcome(Result("quick"), False, "0" * 16, "http://127.0.0.1:1").reply():
         assert f" {key} (" in text, key
+
+
+def test_the_bus_policy_lets_every_documented_method_reach_the_daemon() -> None:
+    """data/dbus/org.lokid.Lokid1.conf: a method it does not list is refused by the bus
+    itself ("Access denied") before the daemon can authorise it and say why."""
+    import xml.etree.ElementTree as ET
+
+    from support import REPO
+
+    policy = ET.parse(REPO / "data" / "dbus" / "org.lokid.Lokid1.conf").getroot()
+    allowed = {(a.get("send_interface"), a.get("send_member"))
+               for p in policy if p.get("context") == "default" for a in p
+               if a.tag == "allow" and a.get("send_destination") == "org.lokid.Lokid1"}
+    for name, iface in documented().items():
+        for method in (m for m in iface if m.tag == "method"):
+            assert (name, method.get("name")) in allowed, (name, method.get("name"))

@@ -57,8 +57,8 @@ def test_every_exported_method_declares_who_may_call_it() -> None:
                    and any(k.startswith("__DBUS_METHOD") for k in m.__dict__)]
         assert methods, cls
         for m in methods:
-            assert getattr(m, interfaces.ACCESS_ATTR, None) in (interfaces.READ, interfaces.MANAGE,
-                                                             interfaces.BENCH), m
+            assert getattr(m, interfaces.ACCESS_ATTR, None) in (
+                interfaces.READ, interfaces.MANAGE, interfaces.BENCH, interfaces.EDIT), m
 
 
 async def test_manager_properties_and_get_preset(running: Running) -> None:

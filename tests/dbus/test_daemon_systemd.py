@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.apidoc import documented, members
+from support.enginekit import free_port
 from support.lokid_install import LokidSystem, install, unit
 from support.systemd_harness import Container
 
@@ -571,3 +572,48 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     wait_requests(ct, 4)
     assert "Traceback" not in ct.journal("lokid.service")
     ct.systemctl("stop", unit("demo"), timeout=60)
+
+
+def test_presets_are_edited_over_the_bus_inside_the_sandbox(lk: LokidSystem) -> None:
+    """lokid.service (ProtectSystem=strict) writes /etc/loki/presets and only there, for
+    callers polkit allows (group loki, by the shipped rules): a key's line changes, the
+    file keeps its owner and mode, a new preset gets its unit at once (the generator
+    reruns), a removed one goes; nobody is refused and changes nothing."""
+    ct = lk.ct
+    ct.systemctl("restart", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=30)
+    path = "/etc/loki/presets/demo.toml"
+    ct.run(["chmod", "0640", path])
+    ct.run(["chgrp", "loki", path])
+    before = ct.run(["cat", path]).stdout
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "SetPresetKeys", "sa{sv}s", "demo", "1", "ctx",
+               "x", "4096", "", user="nobody")
+    assert r.returncode != 0, r
+    assert "not authorized by polkit for org.lokid.lokid1.edit-presets" in r.stderr, r.stderr
+    assert ct.run(["cat", path]).stdout == before
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "SetPresetKeys", "sa{sv}s", "demo", "1", "ctx",
+               "x", "4096", "", user=gpuops(ct))
+    assert r.returncode == 0, r.stderr
+    after = ct.run(["cat", path]).stdout
+    assert after == before.replace("ctx = 2048", "ctx = 4096"), (before, after)
+    assert ct.run(["stat", "-c", "%U:%G %a", path]).stdout.strip() == "root:loki 640"
+    assert "-c 4096" in " ".join(prop(ct, PRESET_PATH, PRESET, "Argv"))
+    # a new preset: its unit exists on return (the generator ran), and it starts
+    port = free_port()
+    text = f'model = "llama.gguf"\nctx = 2048\nport = {port}\n'
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "CreatePreset", "ss", "made", text,
+               user="gpuops")
+    assert r.returncode == 0, r.stderr
+    lk.track_unit(unit("made"))
+    assert lk.show("made", "Description")["Description"] == "lokid engine made: llama.gguf"
+    ct.systemctl("start", unit("made"), timeout=120)
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "DeletePreset", "sb", "made", "false",
+               user="gpuops")
+    assert r.returncode != 0 and "is running" in r.stderr, r.stderr
+    r = busctl(ct, "call", BUS, PATH, MANAGER, "DeletePreset", "sb", "made", "true",
+               user="gpuops", timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert ct.run(["test", "-e", "/etc/loki/presets/made.toml"], check=False).returncode == 1
+    assert lk.show("made", "ActiveState")["ActiveState"] == "inactive"
+    assert "Traceback" not in ct.journal("lokid.service")
+    ct.write_file(path, before)

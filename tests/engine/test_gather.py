@@ -14,7 +14,9 @@ import pytest
 from support.enginekit import write_config, write_preset
 from support.users import run_as
 
+from lokid.core import config as cfg
 from lokid.core.errors import LokiError
+from lokid.core.plan import build_plan
 from lokid.engine.gather import gather
 
 
@@ -82,3 +84,19 @@ def test_a_model_this_user_may_not_reach_is_permission_denied(
     assert out.startswith(
         f"ModelError: model {private}/llama.gguf: permission denied for user {name}: the file "
         f"(owner root:root, mode 0600) is not readable by it: chmod o+r {private}/llama.gguf"), out
+
+
+def test_a_preset_given_is_planned_instead_of_its_file(engine: str, models: Any,
+                                                        tree: Path) -> None:
+    """An edit not yet written is planned as it would start: the text's ctx, not the file's."""
+    config = write_config(tree, engine, [Path(models.llama).parent])
+    path = write_preset(config, "edited", 'model = "llama.gguf"\nctx = 4096\n')
+    candidate = cfg.parse_preset_text("edited", str(path), 'model = "llama.gguf"\nctx = 2048\n')
+
+    def ctx(argv: tuple[str, ...]) -> str:
+        return argv[argv.index("-c") + 1]
+
+    assert ctx(build_plan(gather(str(config), "edited")).argv) == "4096"
+    inputs = gather(str(config), "edited", preset=candidate)
+    assert inputs.preset is candidate
+    assert ctx(build_plan(inputs).argv) == "2048"

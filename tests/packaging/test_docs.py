@@ -61,7 +61,7 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert complete("lokid plan ", tmp_path) == ["--json", "qwen", "tiny-llama.v1_a"]
     assert complete("lokid run t", tmp_path) == ["tiny-llama.v1_a"]
     assert complete("lokid daemon --bus s", tmp_path) == ["session", "system"]
-    assert complete("lokictl s", tmp_path) == ["show", "start", "stats", "status", "stop"]
+    assert complete("lokictl s", tmp_path) == ["set", "show", "start", "stats", "status", "stop"]
     assert complete("lokictl t", tmp_path) == ["top"]
     assert complete("lokictl top --", tmp_path) == ["--json", "--once"]
     assert complete("lokictl stats ", tmp_path) == ["--json", "--since", "qwen",
@@ -69,7 +69,7 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert complete("lokictl show q", tmp_path) == ["qwen"]
     assert complete("lokictl restart ", tmp_path) == ["--timeout", "--wait", "qwen",
                                                       "tiny-llama.v1_a"]
-    assert complete("lokictl c", tmp_path) == ["clear-failures"]
+    assert complete("lokictl c", tmp_path) == ["cat", "clear-failures"]
     assert complete("lokictl bench --f", tmp_path) == ["--full"]
     assert complete("lokid b", tmp_path) == ["bench"]
     assert complete("lokid daemon --runner l", tmp_path) == ["local"]

@@ -62,6 +62,7 @@ PACKAGES = (
     "systemd", "systemd-sysv", "dbus",
     "python3", "python3-systemd", "python3-httpx",
     "python3-dbus-fast",     # 1.84.2 in bookworm
+    "python3-tomlkit",       # 0.11.7 in bookworm: preset edits that keep comments
     # lokid's verbs are authorised by polkit where it runs: the container tests check
     # the shipped action and rules files against the real polkitd (and the fallback
     # with polkitd taken away).

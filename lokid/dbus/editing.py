@@ -1,0 +1,252 @@
+"""Editing presets through the daemon: what the Manager's editing methods do, and the rules
+that keep an edit from breaking what runs.
+
+- Nothing is written that a start could not plan: the new text is parsed and planned
+  as the preset's next start would plan it (as the unit's user under systemd; the
+  port of another preset counts), and a refusal is the planner's own one-line
+  error (``InvalidPreset``: file, line, key, valid values). The file then stays
+  byte for byte as it was.
+- The files are written by :class:`lokid.engine.presetstore.PresetStore`: atomic,
+  one writer at a time, over the version the caller read (``Busy`` otherwise).
+  Comments and layout survive a key-level change (:mod:`lokid.core.presetedit`).
+- After a write the daemon reads the presets again (and under systemd reruns the
+  generator) before answering: the object the caller gets back exists and shows
+  the new plan.
+- An edit of a running preset applies at its next start: its object shows
+  ``PendingRestart`` until then.
+- Removing or renaming a preset whose engine runs is ``Busy`` unless forced (then its
+  engine is stopped first); so is removing or renaming a preset whose model file is
+  another preset's draft (:func:`lokid.core.drafts.users_of`), which the error names.
+  A removed preset's bench result, attempt token and recorded failures go with it; a
+  renamed one keeps them under its new name.
+- Draft candidates (:func:`lokid.core.drafts.candidates`) are every GGUF in
+  ``model_dirs`` and in the model's own directory, headers read, the model itself
+  never among them.
+
+Everything that touches files runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..core import config as cfg
+from ..core import drafts, presetedit
+from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, ModelError
+from ..core.plan import build_plan
+from ..engine.gather import check_port_conflicts, gather
+from ..engine.presetstore import PresetStore, Source
+from ..engine.runner import LIVE
+from ..engine.state import StateDB
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+log = logging.getLogger("lokid.daemon")
+
+FORCED_STOP_WAIT = 120.0   # seconds a forced removal waits for the engine to stop
+
+
+def plain(value: Any) -> Any:
+    """A D-Bus value (dbus-fast Variants unwrapped) as what a TOML value may be."""
+    value = getattr(value, "value", value)
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list) and all(isinstance(getattr(v, "value", v), str | int)
+                                       and not isinstance(getattr(v, "value", v), bool)
+                                       for v in value):
+        return [getattr(v, "value", v) for v in value]
+    raise InvalidArgsError(f"a value of type {type(value).__name__} cannot be a preset "
+                           "setting: use a string, a number, a boolean, or a list of "
+                           "strings or integers")
+
+
+class Editor:
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+        self.store = PresetStore(daemon.config_dir)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def source(self, name: str) -> Source:
+        return await asyncio.to_thread(self.store.read, name)
+
+    async def draft_candidates(self, name: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._candidates, name)
+
+    def _candidates(self, name: str) -> list[dict[str, Any]]:
+        from ..core.modelinfo import probe_model
+
+        config_dir = self.daemon.config_dir
+        glob = cfg.load_global(config_dir)
+        preset = cfg.load_preset(config_dir, name)
+        model_path = cfg.resolve_file(preset.model, glob.model_dirs)
+        if model_path is None:
+            raise ModelError(f"{preset.path}: model {preset.model!r} not found: no draft can "
+                             "be chosen for it")
+        model = probe_model(model_path)
+        model_dir = os.path.dirname(os.path.realpath(model_path))
+        found: list[drafts.ModelFile] = []
+        seen: set[str] = set()
+        for directory in (*glob.model_dirs, model_dir):
+            try:
+                entries = sorted(os.listdir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                path = os.path.join(directory, entry)
+                real = os.path.realpath(path)
+                if not entry.endswith(".gguf") or real in seen or not os.path.isfile(real):
+                    continue
+                seen.add(real)
+                try:
+                    info = probe_model(path)
+                except LokiError:
+                    continue  # not a model lokid can read: not offered
+                in_dirs = cfg.resolve_file(entry, glob.model_dirs)
+                setting = entry if in_dirs is not None and os.path.realpath(in_dirs) == real \
+                    else real
+                found.append(drafts.ModelFile(setting, real, os.path.dirname(real), info,
+                                              _same(real, model_path)))
+        return drafts.candidates(model, model_dir, found)
+
+    # -- writing -----------------------------------------------------------------------
+
+    async def create(self, name: str, text: str) -> str:
+        version = await asyncio.to_thread(
+            self.store.write, name, lambda _: text, "", self._check(name), True)
+        await self._reread(f"preset {name} created")
+        return version
+
+    async def update(self, name: str, text: str, version: str) -> str:
+        new = await asyncio.to_thread(
+            self.store.write, name, lambda _: text, version, self._check(name))
+        await self._reread(f"preset {name} changed")
+        return new
+
+    async def set_keys(self, name: str, values: Mapping[str, Any], version: str) -> str:
+        if not values:
+            raise InvalidArgsError("no key to set")
+        changes = {key: plain(value) for key, value in values.items()}
+
+        def change(text: str | None) -> str:
+            assert text is not None
+            return presetedit.set_keys(text, changes)
+
+        new = await asyncio.to_thread(self.store.write, name, change, version,
+                                      self._check(name))
+        await self._reread(f"preset {name}: set {', '.join(sorted(changes))}")
+        return new
+
+    async def unset_keys(self, name: str, keys: list[str], version: str) -> str:
+        if not keys:
+            raise InvalidArgsError("no key to unset")
+
+        def change(text: str | None) -> str:
+            assert text is not None
+            return presetedit.unset_keys(text, keys)
+
+        new = await asyncio.to_thread(self.store.write, name, change, version,
+                                      self._check(name))
+        await self._reread(f"preset {name}: unset {', '.join(sorted(keys))}")
+        return new
+
+    async def delete(self, name: str, force: bool) -> None:
+        await self._guard(name, force, "remove")
+        await asyncio.to_thread(self.store.delete, name)
+        forgotten = await asyncio.to_thread(self._state, lambda db: db.forget_preset(name))
+        await self._reread(f"preset {name} removed" + (
+            f" (its {forgotten} records in the state database with it)" if forgotten else ""))
+
+    async def rename(self, name: str, new_name: str, force: bool) -> None:
+        if new_name == name:
+            raise InvalidArgsError(f"preset {name!r} is already called so")
+        await self._guard(name, force, "rename")
+        await asyncio.to_thread(self.store.rename, name, new_name)
+        await asyncio.to_thread(self._state, lambda db: db.move_preset(name, new_name))
+        await self._reread(f"preset {name} renamed {new_name}")
+
+    # -- the rules -----------------------------------------------------------------------
+
+    def _check(self, name: str) -> Any:
+        """The validation of a new text: planned as the preset's next start would be."""
+        config_dir, for_unit = self.daemon.config_dir, self.daemon.registry.for_units
+
+        def check(path: str, text: str) -> None:
+            preset = cfg.parse_preset_text(name, path, text)
+            inputs = gather(config_dir, name, for_unit=for_unit, preset=preset)
+            plan = build_plan(inputs)
+            check_port_conflicts(config_dir, plan, inputs.config)
+        return check
+
+    async def _guard(self, name: str, force: bool, verb: str) -> None:
+        """Busy unless ``force`` when the preset's engine runs or its model is another
+        preset's draft; with ``force``, its engine is stopped first."""
+        await asyncio.to_thread(self.store.read, name)  # NotFound before anything else
+        users = await asyncio.to_thread(self._users, name)
+        running = self.daemon.engine_state(name).state in LIVE
+        if not force:
+            if running:
+                raise BusyError(f"preset {name!r} is running: stop it first, or {verb} it "
+                                "with force (which stops it)")
+            if users:
+                raise BusyError(f"the model of preset {name!r} is the draft of "
+                                f"{', '.join(users)}: {verb} it with force to do it anyway")
+            return
+        if users:
+            log.warning("preset %s: %s with force; its model is the draft of %s", name, verb,
+                        ", ".join(users))
+        if running:
+            log.info("preset %s: stopping its engine to %s it", name, verb)
+            await self.daemon.stop(name)
+            deadline = time.monotonic() + FORCED_STOP_WAIT
+            while self.daemon.engine_state(name).state in LIVE:
+                if time.monotonic() > deadline:
+                    raise BusyError(f"preset {name!r}: its engine did not stop within "
+                                    f"{FORCED_STOP_WAIT:.0f} s; nothing was changed")
+                await asyncio.sleep(0.1)
+
+    def _users(self, name: str) -> list[str]:
+        """The presets whose draft is this preset's model file."""
+        config_dir = self.daemon.config_dir
+        try:
+            glob = cfg.load_global(config_dir)
+            presets, _ = cfg.load_presets(config_dir)
+        except ConfigError:
+            return []
+        own = presets.get(name)
+        model = cfg.resolve_file(own.model, glob.model_dirs) if own is not None else None
+        if model is None:
+            return []
+        found: dict[str, str | None] = {}
+        for other, preset in presets.items():
+            draft = preset.spec.draft
+            path = cfg.resolve_file(draft, glob.model_dirs) if draft else None
+            found[other] = os.path.realpath(path) if path is not None else None
+        return drafts.users_of(os.path.realpath(model), found, name)
+
+    def _state(self, fn: Any) -> int:
+        """``fn`` on the state DB; a DB that cannot be written is one log line (the preset
+        file has changed already: what the DB held is the lesser loss)."""
+        try:
+            with StateDB(self.daemon.registry.state_dir) as db:
+                return int(fn(db))
+        except LokiError as e:
+            log.warning("the state database was not updated: %s", e)
+            return 0
+
+    async def _reread(self, what: str) -> None:
+        log.info("%s", what)
+        await self.daemon.reload()
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
