@@ -31,10 +31,8 @@ hits all alike; prints the medians and the median extra times. Goal: at most
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,8 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from support.bytecode import describe, installed_env, source_env  # noqa: E402
+from support.bytecode import installed_env, source_env  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
+from support.startcost import arguments, report  # noqa: E402
 
 from lokid.engine.endpoint import health_status  # noqa: E402
 from lokid.engine.unit import prestart  # noqa: E402
@@ -100,12 +99,7 @@ def lokid_run(env: dict[str, str], sock_path: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--max-extra-ms", type=float, default=100.0)
-    ap.add_argument("--source", action="store_true",
-                    help="no bytecode: every module compiled at each start")
-    args = ap.parse_args()
+    args = arguments(15)
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -139,24 +133,8 @@ def main() -> int:
             reusing.append(lokid_run(env, str(root / f"notify-r{i}")))
             wait_port_free(port)
 
-    def ms(xs: list[float]) -> float:
-        return statistics.median(xs) * 1000
-
-    raw_p, raw_r = raw[0::2], raw[1::2]
-    extra_p = statistics.median(b - a for a, b in zip(raw_p, planning, strict=True)) * 1000
-    extra_r = statistics.median(b - a for a, b in zip(raw_r, reusing, strict=True)) * 1000
-    print(f"runs: {args.runs} of each, alternating, same model and argv; {describe(env)}")
-    print(f"raw llama-server, spawn -> first /health 200 : median {ms(raw):7.1f} ms "
-          f"(min {min(raw) * 1000:.1f})")
-    print(f"lokid engine, planning, spawn -> READY=1     : median {ms(planning):7.1f} ms "
-          f"(min {min(planning) * 1000:.1f}); overhead {extra_p:+.1f} ms, "
-          f"ratio {ms(planning) / ms(raw_p):.2f}x")
-    print(f"lokid engine, plan reused, spawn -> READY=1  : median {ms(reusing):7.1f} ms "
-          f"(min {min(reusing) * 1000:.1f}); overhead {extra_r:+.1f} ms, "
-          f"ratio {ms(reusing) / ms(raw_r):.2f}x")
-    print(f"goal: overhead <= {args.max_extra_ms:.0f} ms (median of paired differences)")
-    extra = max(extra_p, extra_r)
-    return 0 if extra <= args.max_extra_ms else 1
+    return report(args, env, "raw llama-server, spawn -> first /health 200",
+                  "lokid engine spawn -> READY=1", raw, planning, reusing)
 
 
 if __name__ == "__main__":

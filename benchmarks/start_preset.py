@@ -22,10 +22,8 @@ when a median is above --max-extra-ms.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,9 +36,10 @@ sys.path.insert(0, str(ROOT))
 
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
-from support.bytecode import describe, installed_env, source_env  # noqa: E402
+from support.bytecode import installed_env, source_env  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
+from support.startcost import arguments, report  # noqa: E402
 
 from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
 from lokid.engine.endpoint import health_status  # noqa: E402
@@ -139,12 +138,7 @@ async def measure(address: str, argv: list[str], port: int, reuse: Path,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=11)
-    ap.add_argument("--max-extra-ms", type=float, default=100.0)
-    ap.add_argument("--source", action="store_true",
-                    help="no bytecode: every module compiled at each start")
-    args = ap.parse_args()
+    args = arguments(11)
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -159,20 +153,8 @@ def main() -> int:
             raw, planning, reusing = asyncio.run(
                 measure(daemon.address, argv, port, root / "run" / f"{PRESET}.reuse", args.runs))
 
-    def ms(xs: list[float]) -> float:
-        return statistics.median(xs) * 1000
-
-    raw_p, raw_r = raw[0::2], raw[1::2]
-    extra_p = statistics.median(b - a for a, b in zip(raw_p, planning, strict=True)) * 1000
-    extra_r = statistics.median(b - a for a, b in zip(raw_r, reusing, strict=True)) * 1000
-    print(f"runs: {args.runs} of each, alternating, same model and argv; {describe(env)}")
-    print(f"raw llama-server, spawn -> first /health 200        : median {ms(raw):7.1f} ms")
-    print(f"StartPreset, planning -> EngineStateChanged(ready)  : median {ms(planning):7.1f} ms; "
-          f"overhead {extra_p:+.1f} ms, ratio {ms(planning) / ms(raw_p):.2f}x")
-    print(f"StartPreset, plan reused -> EngineStateChanged(ready): median {ms(reusing):7.1f} ms; "
-          f"overhead {extra_r:+.1f} ms, ratio {ms(reusing) / ms(raw_r):.2f}x")
-    print(f"goal: overhead <= {args.max_extra_ms:.0f} ms (median of paired differences)")
-    return 0 if max(extra_p, extra_r) <= args.max_extra_ms else 1
+    return report(args, env, "raw llama-server, spawn -> first /health 200",
+                  "StartPreset -> EngineStateChanged(ready)", raw, planning, reusing)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.enginekit import NotifyListener, free_port, write_config, write_preset
+from support.daemonproc import daemon_on_bus
+from support.enginekit import free_port, write_config, write_preset
 
 pytestmark = pytest.mark.engine
 
@@ -36,19 +37,8 @@ def daemon(tmp_path: Path, engine: str, models: Any, bus_address: str,
     busy.listen()
     write_preset(config, "busy", f'model = "llama.gguf"\nctx = 2048\n'
                  f'port = {busy.getsockname()[1]}\n')
-    notify = NotifyListener(tmp_path / "notify")
-    env = {**os.environ, "LOKI_STATE_DIR": str(tmp_path / "state"),
-           "LOKI_RUNTIME_DIR": str(tmp_path / "run"), "NOTIFY_SOCKET": notify.path}
-    proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
-                             "daemon", "--bus", "session", "--bus-address", bus_address],
-                            env=env, stderr=subprocess.DEVNULL)
-    try:
-        notify.wait_for("READY=1", timeout=60)
-        yield bus_address
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        notify.close()
+    with daemon_on_bus(config, tmp_path, bus_address) as address:
+        yield address
 
 
 def lokictl(address: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -59,3 +59,22 @@ def daemon_process(config: Path, root: Path, runtime: Path | None = None,
         bus.wait(10)
         notify.close()
         os.unlink(root / "notify")
+
+
+@contextmanager
+def daemon_on_bus(config: Path, root: Path, bus_address: str) -> Iterator[str]:
+    """``lokid daemon --bus session`` for ``config`` as a process on the caller's bus (its
+    state and runtime files under ``root``), until the block ends; yields the address."""
+    notify = NotifyListener(root / "notify")
+    env = {**os.environ, "LOKI_STATE_DIR": str(root / "state"),
+           "LOKI_RUNTIME_DIR": str(root / "run"), "NOTIFY_SOCKET": notify.path}
+    proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                             "daemon", "--bus", "session", "--bus-address", bus_address],
+                            env=env, stderr=subprocess.DEVNULL)
+    try:
+        notify.wait_for("READY=1", timeout=60)
+        yield bus_address
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        notify.close()
