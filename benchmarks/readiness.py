@@ -45,39 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 from support.bytecode import installed_env, source_env  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
-from support.startcost import arguments, report  # noqa: E402
+from support.startcost import arguments, raw_start, report, stop, wait_port_free  # noqa: E402
 
-from lokid.engine.endpoint import health_status  # noqa: E402
 from lokid.engine.unit import prestart  # noqa: E402
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL: llama-server b11434 sometimes misses a SIGTERM that
-    arrives right after it first answers /health (seen here: it kept running)."""
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def wait_port_free(port: int) -> None:
-    while health_status("127.0.0.1", port, timeout=0.2) is not None:
-        time.sleep(0.01)
-
-
-def raw_run(argv: list[str], port: int) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while health_status("127.0.0.1", port, timeout=1.0) != 200:
-            if proc.poll() is not None:
-                raise RuntimeError("llama-server exited")
-            time.sleep(0.001)
-        return time.perf_counter() - t0
-    finally:
-        stop(proc)
 
 
 def lokid_run(env: dict[str, str], sock_path: str) -> float:
@@ -114,21 +84,21 @@ def main() -> int:
 
         time.sleep(1.1)  # a plan is kept for reuse once its files are a second old
         raw, planning, reusing = [], [], []
-        raw_run(list(plan.argv), port)  # warm the page cache and the binary
+        raw_start(list(plan.argv), port)  # warm the page cache and the binary
         wait_port_free(port)
         lokid_run(env, str(root / "notify-warm"))  # ready once: its plan is kept
         wait_port_free(port)
         reuse = Path(runtime, "bench.reuse")
         assert reuse.exists(), "the ready start kept no plan to reuse"
         for i in range(args.runs):
-            raw.append(raw_run(list(plan.argv), port))
+            raw.append(raw_start(list(plan.argv), port))
             wait_port_free(port)
             kept = reuse.read_bytes()
             reuse.unlink()
             planning.append(lokid_run(env, str(root / f"notify-p{i}")))
             wait_port_free(port)
             reuse.write_bytes(kept)
-            raw.append(raw_run(list(plan.argv), port))
+            raw.append(raw_start(list(plan.argv), port))
             wait_port_free(port)
             reusing.append(lokid_run(env, str(root / f"notify-r{i}")))
             wait_port_free(port)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,10 +38,9 @@ from dbus_fast.aio import MessageBus  # noqa: E402
 from support.bytecode import installed_env, source_env  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
-from support.startcost import arguments, report  # noqa: E402
+from support.startcost import arguments, raw_start, report  # noqa: E402
 
 from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
-from lokid.engine.endpoint import health_status  # noqa: E402
 
 PRESET = "tiny"
 
@@ -92,31 +90,11 @@ class Client:
         await self.until("inactive")
 
 
-def raw_ready(argv: list[str], port: int) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while health_status("127.0.0.1", port, timeout=1.0) != 200:
-            if proc.poll() is not None:
-                raise RuntimeError("llama-server exited")
-            time.sleep(0.001)
-        return time.perf_counter() - t0
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:  # b11434 may miss a SIGTERM right after /health
-            proc.kill()
-            proc.wait()
-        while health_status("127.0.0.1", port, timeout=0.2) is not None:
-            time.sleep(0.01)
-
-
 async def measure(address: str, argv: list[str], port: int, reuse: Path,
                   runs: int) -> tuple[list[float], list[float], list[float]]:
     client = await Client.connect(address)
     raw, planning, reusing = [], [], []
-    raw_ready(argv, port)  # warm the page cache and the binary
+    raw_start(argv, port)  # warm the page cache and the binary
     await client.start_ready()  # and lokid's bytecode cache; its plan is kept
     await client.stop()
     await asyncio.sleep(1.1)  # a plan is kept for reuse once its files are a second old
@@ -124,13 +102,13 @@ async def measure(address: str, argv: list[str], port: int, reuse: Path,
     await client.stop()
     assert reuse.exists(), "the ready start kept no plan to reuse"
     for _ in range(runs):
-        raw.append(raw_ready(argv, port))
+        raw.append(raw_start(argv, port))
         kept = reuse.read_bytes()
         reuse.unlink()
         planning.append(await client.start_ready())
         await client.stop()
         reuse.write_bytes(kept)
-        raw.append(raw_ready(argv, port))
+        raw.append(raw_start(argv, port))
         reusing.append(await client.start_ready())
         await client.stop()
     client.bus.disconnect()

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import time
 from collections.abc import Mapping, Sequence
+
+from lokid.engine.endpoint import health_status
 
 from .bytecode import describe
 
@@ -41,3 +45,35 @@ def report(args: argparse.Namespace, env: Mapping[str, str], raw_label: str,
               f"ratio {ms(xs) / ms(base):.2f}x")
     print(f"goal: overhead <= {args.max_extra_ms:.0f} ms (median of paired differences)")
     return 0 if max(extra_p, extra_r) <= args.max_extra_ms else 1
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL: llama-server b11434 sometimes misses a SIGTERM that
+    arrives right after it first answers /health (seen here: it kept running)."""
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def wait_port_free(port: int) -> None:
+    while health_status("127.0.0.1", port, timeout=0.2) is not None:
+        time.sleep(0.01)
+
+
+def raw_start(argv: list[str], port: int) -> float:
+    """The reference: ``argv`` spawned, /health polled every millisecond until 200; the
+    seconds that took. The engine is stopped, and its port free, on return."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while health_status("127.0.0.1", port, timeout=1.0) != 200:
+            if proc.poll() is not None:
+                raise RuntimeError("llama-server exited")
+            time.sleep(0.001)
+        return time.perf_counter() - t0
+    finally:
+        stop(proc)
+        wait_port_free(port)
