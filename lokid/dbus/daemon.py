@@ -243,6 +243,13 @@ class Daemon:
 
     # -- presets and engines --------------------------------------------------------
 
+    def _read_files(self) -> None:
+        """The registry reads the presets (in a worker thread); the file watcher learns
+        what they are as read, so that a change read already is not read again."""
+        if self.dirwatch is not None:
+            self.dirwatch.reading()
+        self.registry.load()
+
     def _sync_objects(self) -> None:
         """Export one object per preset now known, unexport the ones gone."""
         assert self.bus is not None
@@ -254,7 +261,7 @@ class Daemon:
             self.exported[name] = iface
 
     async def load_presets(self) -> None:
-        await asyncio.to_thread(self.registry.load)
+        await asyncio.to_thread(self._read_files)
         self._follow_probe()
         for name, error in sorted(self.registry.broken.items()):
             log.warning("preset %s skipped: %s", name, error)

@@ -6,6 +6,10 @@ saves in several steps: :data:`SETTLE` seconds without a new event first).
 inotify (Linux's, through libc; no extra package) wakes the event loop only
 when something changed; where it is not available the directories' and
 files' modification times are compared every :data:`POLL` seconds instead.
+
+The daemon says when it reads the files (:meth:`DirWatch.reading`): a change it
+has read already (its own write of a preset, which it reads again at once) is
+not announced a second time.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class DirWatch:
         self.pending: asyncio.TimerHandle | None = None
         self.poller: asyncio.Task[None] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.read: dict[str, tuple[int, int, int]] | None = None  # as the daemon last read
         self._libc: object = None
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> str:
@@ -100,8 +105,14 @@ class DirWatch:
             self.pending.cancel()
         self.pending = self.loop.call_later(SETTLE, self._fire)
 
+    def reading(self) -> None:
+        """The daemon reads the files now: what they are is known to it (any thread)."""
+        self.read = self._snapshot()
+
     def _fire(self) -> None:
         self.pending = None
+        if self.read is not None and self._snapshot() == self.read:
+            return  # nothing the daemon has not read since
         self.on_change()
 
     def _snapshot(self) -> dict[str, tuple[int, int, int]]:

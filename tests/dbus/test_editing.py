@@ -291,3 +291,23 @@ async def test_an_unprivileged_caller_may_list_drafts_and_nothing_else(
         assert r.returncode == 0, r.stderr
     assert file.read_bytes() == before
     assert not (config / "presets" / "new.toml").exists()
+
+
+async def test_the_daemons_own_write_is_read_once_and_a_later_hand_edit_is_followed(
+        running: Running, config: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The file watcher sees the daemon's own rename; the edit has read the presets
+    already, so no second reading follows. An operator's edit right after still is."""
+    caplog.set_level("INFO", logger="lokid.daemon")
+    m = await manager(running)
+    await m.call_set_preset_keys("example", {"ctx": Variant("x", 4096)}, "")
+    await asyncio.sleep(1.0)  # the watcher settles in 0.2 s
+    again = [r for r in caplog.records if "configuration files changed" in r.getMessage()]
+    assert again == [], [r.getMessage() for r in again]
+    file = config / "presets" / "example.toml"
+    file.write_text(file.read_text().replace("ctx = 4096", "ctx = 2048"))
+    preset = await running.iface(preset_object_path("example"), PRESET_INTERFACE)
+    deadline = time.monotonic() + 5
+    while "4096" in await preset.get_argv():
+        assert time.monotonic() < deadline, "the hand edit was not followed"
+        await asyncio.sleep(0.1)
+    assert any("configuration files changed" in r.getMessage() for r in caplog.records)
