@@ -32,7 +32,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core import config as cfg
@@ -118,42 +118,31 @@ class Editor:
     # -- writing -----------------------------------------------------------------------
 
     async def create(self, name: str, text: str) -> str:
-        version = await asyncio.to_thread(
-            self.store.write, name, lambda _: text, "", self._check(name), True)
-        await self._reread(f"preset {name} created")
-        return version
+        return await self._write(name, lambda _: text, "", f"preset {name} created", True)
 
     async def update(self, name: str, text: str, version: str) -> str:
-        new = await asyncio.to_thread(
-            self.store.write, name, lambda _: text, version, self._check(name))
-        await self._reread(f"preset {name} changed")
-        return new
+        return await self._write(name, lambda _: text, version, f"preset {name} changed")
 
     async def set_keys(self, name: str, values: Mapping[str, Any], version: str) -> str:
         if not values:
             raise InvalidArgsError("no key to set")
         changes = {key: plain(value) for key, value in values.items()}
-
-        def change(text: str | None) -> str:
-            assert text is not None
-            return presetedit.set_keys(text, changes)
-
-        new = await asyncio.to_thread(self.store.write, name, change, version,
-                                      self._check(name))
-        await self._reread(f"preset {name}: set {', '.join(sorted(changes))}")
-        return new
+        return await self._write(name, lambda text: presetedit.set_keys(text or "", changes),
+                                 version, f"preset {name}: set {', '.join(sorted(changes))}")
 
     async def unset_keys(self, name: str, keys: list[str], version: str) -> str:
         if not keys:
             raise InvalidArgsError("no key to unset")
+        return await self._write(name, lambda text: presetedit.unset_keys(text or "", keys),
+                                 version, f"preset {name}: unset {', '.join(sorted(keys))}")
 
-        def change(text: str | None) -> str:
-            assert text is not None
-            return presetedit.unset_keys(text, keys)
-
+    async def _write(self, name: str, change: Callable[[str | None], str], version: str,
+                     what: str, create: bool = False) -> str:
+        """``change`` applied by the store (validated, versioned, atomic), then the
+        presets read again; the new version."""
         new = await asyncio.to_thread(self.store.write, name, change, version,
-                                      self._check(name))
-        await self._reread(f"preset {name}: unset {', '.join(sorted(keys))}")
+                                      self._check(name), create)
+        await self._reread(what)
         return new
 
     async def delete(self, name: str, force: bool) -> None:
