@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO
+from support.completion import complete
 from support.daemonproc import daemon_on_bus
 from support.enginekit import free_port, write_config, write_preset
 
@@ -160,19 +160,6 @@ def test_the_plan_difference_is_one_argument_per_line() -> None:
 
 
 # --- bash completion -------------------------------------------------------------------
-
-
-def complete(line: str, config: Path) -> list[str]:
-    """What bash completes for ``line`` (the cursor at its end), as tests/packaging does."""
-    words = line.split(" ")
-    script = (f"source {REPO / 'packaging' / 'completion' / 'lokid.bash'}\n"
-              f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
-              "_lokictl 2>/dev/null\n"
-              'printf "%s\\n" "${COMPREPLY[@]}"')
-    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
-                       env={"LOKI_CONFIG_DIR": str(config), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    return sorted(w for w in r.stdout.split("\n") if w)
 
 
 def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from support import REPO
+from support.completion import COMPLETION, complete
 
 ROOT = REPO
 PAGES = sorted((ROOT / "packaging" / "man").glob("*.rst"))
-COMPLETION = ROOT / "packaging" / "completion" / "lokid.bash"
 
 
 @pytest.mark.parametrize("source", PAGES, ids=[p.stem for p in PAGES])
@@ -37,19 +37,6 @@ def test_every_lokid_command_has_its_man_entry() -> None:
     sub = next(a for a in _parser()._actions if a.dest == "command")
     for command in sub.choices:  # type: ignore[union-attr]
         assert f"**{command}**" in text, command
-
-
-def complete(line: str, presets: Path) -> list[str]:
-    """What bash completes for ``line`` (the cursor at its end) with our completion."""
-    words = line.split(" ")
-    script = (f"source {COMPLETION}\n"
-              f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
-              f"{'_lokictl' if words[0] == 'lokictl' else '_lokid'}\n"
-              'printf "%s\\n" "${COMPREPLY[@]}"')
-    r = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
-                       env={"LOKI_CONFIG_DIR": str(presets), "PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    return sorted(w for w in r.stdout.split("\n") if w)
 
 
 def test_bash_completion(tmp_path: Path) -> None:
