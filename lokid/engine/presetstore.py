@@ -79,11 +79,7 @@ class PresetStore:
         raw = self._raw(path)
         if raw is None:
             raise NotFoundError(f"no preset {name!r} (expected {path})")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"not UTF-8 text (byte {e.start}): edit it by hand", path) from None
-        return Source(name, path, text, etag(raw))
+        return Source(name, path, _text(raw, path), etag(raw))
 
     def write(self, name: str, change: Callable[[str | None], str], version: str = "",
               check: Callable[[str, str], None] | None = None, create: bool = False) -> str:
@@ -102,7 +98,7 @@ class PresetStore:
             if not create and raw is None:
                 raise NotFoundError(f"no preset {name!r} (expected {path})")
             self._check_version(name, raw, version)
-            current = None if raw is None else raw.decode("utf-8", "strict")
+            current = None if raw is None else _text(raw, path)
             text = change(current)
             if check is not None:
                 check(path, text)
@@ -170,6 +166,13 @@ class PresetStore:
                 pass
             raise
         _sync_dir(directory)
+
+
+def _text(raw: bytes, path: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}): edit it by hand", path) from None
 
 
 def _sync_dir(directory: str) -> None:

@@ -311,3 +311,18 @@ async def test_the_daemons_own_write_is_read_once_and_a_later_hand_edit_is_follo
         assert time.monotonic() < deadline, "the hand edit was not followed"
         await asyncio.sleep(0.1)
     assert any("configuration files changed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_file_that_is_not_utf8_is_refused_for_every_edit_and_left_alone(
+        running: Running, config: Path) -> None:
+    file = config / "presets" / "latin.toml"
+    file.write_bytes(b'model = "llama.gguf"\n# caf\xe9\n')
+    m = await manager(running)
+    for call in (lambda: m.call_get_preset_source("latin"),
+                 lambda: m.call_set_preset_keys("latin", {"ctx": Variant("x", 1024)}, ""),
+                 lambda: m.call_update_preset("latin", 'model = "llama.gguf"\n', "")):
+        with pytest.raises(DBusError) as e:
+            await call()
+        assert e.value.type == "org.lokid.Lokid1.Error.InvalidPreset", e.value.text
+        assert "not UTF-8 text (byte 26): edit it by hand" in e.value.text
+    assert file.read_bytes() == b'model = "llama.gguf"\n# caf\xe9\n'
