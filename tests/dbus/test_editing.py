@@ -326,3 +326,19 @@ async def test_a_file_that_is_not_utf8_is_refused_for_every_edit_and_left_alone(
         assert e.value.type == "org.lokid.Lokid1.Error.InvalidPreset", e.value.text
         assert "not UTF-8 text (byte 26): edit it by hand" in e.value.text
     assert file.read_bytes() == b'model = "llama.gguf"\n# caf\xe9\n'
+
+
+async def test_a_broken_preset_beside_a_good_one_is_mended_over_the_bus(
+        running: Running, config: Path) -> None:
+    (config / "presets" / "broken.toml").write_text(
+        f'model = "llama.gguf"\nctx = "big"   # a typo\nport = {free_port()}\n')
+    m = await manager(running)
+    await m.call_reload()
+    assert "broken" in await m.get_broken_presets()
+    text, version = await m.call_get_preset_source("broken")
+    assert 'ctx = "big"' in text
+    await m.call_set_preset_keys("broken", {"ctx": Variant("x", 2048)}, version)
+    assert "broken" not in await m.get_broken_presets()
+    assert preset_object_path("broken") in await m.get_presets()
+    assert "ctx = 2048   # a typo" in (config / "presets" / "broken.toml").read_text()
+    assert preset_object_path("example") in await m.get_presets()   # the good one, untouched
