@@ -19,9 +19,12 @@ from dataclasses import dataclass
 
 # "version: 0.6.0-dev (build 11434, commit 1a2b3c4)": llama.cpp since the
 # version/build split.
-_VERSION_NEW = re.compile(r"version:\s*\S+\s*\(build\s+(\d+)(?:,\s*commit\s+([0-9A-Za-z]+))?")
+# Bounded digits (int() refuses 4,300 and a real build has 4-5): a longer number matches
+# nothing, and the build is unknown rather than an error or a shortened number.
+_VERSION_NEW = re.compile(r"version:\s*\S+\s*\(build\s+(\d{1,12})(?:,\s*commit\s+"
+                          r"([0-9A-Za-z]{1,64}))?(?![0-9A-Za-z])")
 # "version: 6543 (abcdef12)": older builds, where the version is the build.
-_VERSION_OLD = re.compile(r"version:\s*(\d+)\s*\(([0-9A-Za-z]+)\)")
+_VERSION_OLD = re.compile(r"version:\s*(\d{1,12})\s*\(([0-9A-Za-z]{1,64})\)")
 # A flag as help lists it: "-m,    --model FNAME", "--spec-type [none|draft-mtp,...]".
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_-]*)")
 # A ggml library: "libggml.so.0", "libggml-base.so", "libggml-cpu-haswell.so",

@@ -12,17 +12,41 @@ printed for a draft too); within it, each ``offloaded N/M layers to GPU``
 line counts (the model's, then a separately loaded draft's), and the first
 one with N < M decides: the worst of the two. None at all: nothing can be
 concluded (a CPU-only engine never prints the line).
+
+Everything kept is bounded, whatever the engine (or a garbage line) prints: a
+number has at most :data:`MAX_DIGITS` digits (``int()`` refuses 4,300, and a
+5,000-digit offload line once cost every other line of its batch), a field (a
+path, an address) at most :data:`MAX_FIELD` characters, only the first
+:data:`MAX_LINE` characters of a line are searched, and an event's text is cut
+to :data:`MAX_TEXT`. A load counts its error lines and keeps only the first
+:data:`FIRST_ERRORS` and the last :data:`LAST_ERRORS` of them (100,000 "CUDA
+error" lines of 4 KB once grew the daemon by 400 MiB, for good), and at most
+:data:`MAX_OFFLOADS` offload lines, its verdict computed as they come.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
+# The bounds (see the module docstring). A real layer count has 1-4 digits, a real line
+# is under 300 characters; an error line's text is for the operator, who needs its start.
+MAX_DIGITS = 9
+MAX_FIELD = 1024
+MAX_LINE = 4096
+MAX_TEXT = 512
+FIRST_ERRORS = 5
+LAST_ERRORS = 5
+MAX_OFFLOADS = 16
+
 _PREFIX = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+\s+[A-Z]\s+)?")
-_LOADING = re.compile(r"loading model '(?P<path>[^']*)'")
-_OFFLOADED = re.compile(r"offloaded (?P<n>\d+)/(?P<m>\d+) layers to GPU")
-_LISTENING = re.compile(r"listening on (?P<url>\S+)")
+_LOADING = re.compile(rf"loading model '(?P<path>[^']{{0,{MAX_FIELD}}})'")
+# Bounded digits, each followed by what the format prints after it: a longer number
+# ("offloaded 9999999999/33") matches nothing rather than a shortened one.
+_OFFLOADED = re.compile(rf"offloaded (?P<n>\d{{1,{MAX_DIGITS}}})/(?P<m>\d{{1,{MAX_DIGITS}}}) "
+                        r"layers to GPU")
+_LISTENING = re.compile(rf"listening on (?P<url>\S{{1,{MAX_FIELD}}})(?!\S)")
 _ERRORS: list[tuple[str, re.Pattern[str]]] = [
     ("mtp_missing", re.compile(r"MTP block missing nextn|context type MTP requested but model "
                                r"doesn't contain MTP layers")),
@@ -58,11 +82,13 @@ def _could_be_error(line: str) -> bool:
 
 
 def _text(line: str) -> str:
-    return _PREFIX.sub("", line.rstrip("\n"))
+    text = _PREFIX.sub("", line.rstrip("\n"), count=1)
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 1] + "…"
 
 
 def parse_line(line: str) -> Event | None:
-    """The event a log line carries, or None."""
+    """The event a log line carries, or None. Never raises on any text."""
+    line = line[:MAX_LINE]
     if "layers to GPU" in line:
         m = _OFFLOADED.search(line)
         if m:
@@ -88,15 +114,32 @@ def parse_line(line: str) -> Event | None:
 
 @dataclass
 class Load:
-    """What one load of the engine showed, from its ``loading model`` line on."""
+    """What one load of the engine showed, from its ``loading model`` line on.
+
+    ``offloads`` holds the first :data:`MAX_OFFLOADS` offload lines; the verdict
+    (:meth:`offload`) is computed as each line comes, so a line past that bound still
+    counts. ``errors_seen`` counts the error lines; :attr:`errors` holds the first
+    :data:`FIRST_ERRORS` and the last :data:`LAST_ERRORS` of them, ``error_kinds``
+    every kind seen."""
 
     path: str = ""
     offloads: list[tuple[int, int]] = field(default_factory=list)
-    errors: list[Event] = field(default_factory=list)
+    first_errors: list[Event] = field(default_factory=list)
+    last_errors: deque[Event] = field(default_factory=lambda: deque(maxlen=LAST_ERRORS))
+    errors_seen: int = 0
+    error_kinds: set[str] = field(default_factory=set)
     loaded: bool = False
     listening: str = ""
     lines: int = 0
     known: int = 0   # lines that matched any event: none means the format changed
+    _decided: tuple[int, int] = (0, 0)
+    _final: bool = False   # a line with N < M decided: later lines change nothing
+
+    @property
+    def errors(self) -> list[Event]:
+        """The error lines kept, in order: the first ones, then the last ones (those of
+        the middle are only counted, in ``errors_seen``)."""
+        return [*self.first_errors, *self.last_errors]
 
     def feed(self, event: Event | None) -> None:
         self.lines += 1
@@ -104,23 +147,33 @@ class Load:
             return
         self.known += 1
         if event.kind == "offloaded":
-            self.offloads.append((event.n, event.m))
+            if len(self.offloads) < MAX_OFFLOADS:
+                self.offloads.append((event.n, event.m))
+            self._offloaded(event.n, event.m)
         elif event.kind == "loaded":
             self.loaded = True
         elif event.kind == "listening":
             self.listening = event.path
         elif event.kind != "loading":
-            self.errors.append(event)
+            self.errors_seen += 1
+            self.error_kinds.add(event.kind)
+            if len(self.first_errors) < FIRST_ERRORS:
+                self.first_errors.append(event)
+            else:
+                self.last_errors.append(event)
+
+    def _offloaded(self, a: int, b: int) -> None:
+        # The reference's rule, one line at a time: the first line with N < M decides;
+        # until one does, the first with M > 0 stands.
+        if self._final:
+            return
+        if self._decided[1] == 0 or a < b:
+            self._decided = (a, b)
+        self._final = a < b
 
     def offload(self) -> tuple[int, int]:
         """(N, M) of the worst offload line of this load; (0, 0) = none seen."""
-        n = m = 0
-        for a, b in self.offloads:
-            if m == 0 or a < b:
-                n, m = a, b
-            if a < b:
-                break
-        return n, m
+        return self._decided
 
     def layers_in_ram(self) -> str:
         """Why this load counts as a failed automatic launch ("" if it does not)."""

@@ -81,6 +81,8 @@ _GRAPHS = re.compile(rf"graphs reused = +{_N}")
 _DRAFT = re.compile(rf"draft acceptance = \S+ \( *{_N} accepted / +{_N} generated\)"
                     r"(?:, mean len = +(\d{1,9}\.\d\d)\b)?")
 _ACC_POS = re.compile(r"acc per pos = \(([0-9., ]{0,400})\)")
+# One value of that list: the engine prints each as %.3f, a rate in [0, 1].
+_RATE = re.compile(r" *(\d(?:\.\d{1,6})?) *")
 _RELEASE = re.compile(rf"release: id +(\d{{1,9}}) \| task +(\d{{1,12}}) \| stop processing: "
                       rf"n_tokens = {_N}, truncated = ([01])\b")
 _LAUNCH = re.compile(r"launch_slot_: id +(\d{1,9}) \| task +(\d{1,12}) \| processing task")
@@ -283,10 +285,12 @@ class EngineLog:
         elif rest.startswith("acc per pos"):
             m = _ACC_POS.match(rest)
             if m:
-                try:
-                    values = tuple(float(v) for v in m[1].split(","))
-                except ValueError:
-                    return   # "(1.0.0, )": not the engine's list of %.3f
+                parts = [_RATE.fullmatch(v) for v in m[1].split(",")]
+                if not all(parts):
+                    return   # "(1.0.0, )", "(9999…)": not the engine's list of %.3f
+                values = tuple(float(v[1]) for v in parts if v)
+                if max(values) > 1.0:
+                    return
                 self._assembly(key, at).acc_per_pos = values
         else:
             m = _TOTAL.match(rest) or _GRAPHS.match(rest)

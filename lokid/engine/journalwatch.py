@@ -80,6 +80,7 @@ class LoadJudge:
         self.log = log or journal.send
         self.invocations: dict[str, Invocation] = {}
         self.verdicts: list[AutoCut] = []
+        self.unreadable = 0   # engine lines the parser failed on (skipped, each alone)
 
     def handle(self, entry: dict[str, Any]) -> None:
         preset = preset_of_unit(str(entry.get("_SYSTEMD_UNIT", "")))
@@ -106,7 +107,13 @@ class LoadJudge:
         late_offload = False
         feed, on_line = inv.tracker.feed, self.on_line
         for line in lines:
-            event = feed(line)
+            # One line at a time: a line the parser cannot read (a defect of ours) is
+            # counted and skipped, never the rest of its batch (telemetry's lines too).
+            try:
+                event = feed(line)
+            except Exception as e:
+                self._unreadable(preset, e)
+                event = None
             late_offload |= event is not None and event.kind == "offloaded"
             if on_line is not None:
                 on_line(preset, invocation, line, at)
@@ -114,6 +121,13 @@ class LoadJudge:
             # The engine's lines and lokid's "ready at" entry reach the journal by
             # different streams: an offload line may land after it.
             self._judge(inv, late=True)
+
+    def _unreadable(self, preset: str, error: Exception) -> None:
+        self.unreadable += 1
+        if self.unreadable == 1:  # once: a parser defect would repeat on every such line
+            self.log(f"preset {preset}: an engine line could not be read ({type(error).__name__}: "
+                     f"{str(error)[:200]}); it is skipped, later ones are only counted",
+                     PRIORITY=4, LOKI_PRESET=preset, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
 
     def _invocation(self, preset: str, invocation: str) -> Invocation:
         inv = self.invocations.get(invocation)

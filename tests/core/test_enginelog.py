@@ -183,3 +183,123 @@ def test_the_prefilter_changes_no_event_of_any_recorded_log() -> None:
             assert event == unfiltered(line), line
             errors += event is not None
     assert errors > 5  # the recorded failures are among them
+
+
+# Lines a broken or hostile engine (or a garbage line in the journal) may print: each is
+# read without raising, and none yields a number or field past the module's bounds.
+HOSTILE = [
+    "load_tensors: offloaded " + "9" * 5000 + "/33 layers to GPU",
+    "load_tensors: offloaded 1/" + "9" * 5000 + " layers to GPU",
+    "load_tensors: offloaded 9999999999/33 layers to GPU",
+    "load_tensors: offloaded -1/33 layers to GPU",
+    "load_tensors: offloaded 1.5/33 layers to GPU",
+    "load_tensors: offloaded 1e9/33 layers to GPU",
+    "load_tensors: offloaded /33 layers to GPU",
+    "srv    load_model: loading model '" + "x" * 100_000 + "'",
+    "srv  llama_server: listening on http://" + "h" * 100_000,
+    "0" * 100_000 + ".1.1.1 I CUDA error: " + "e" * 100_000,
+    "9" * 5000 + "." + "9" * 5000 + ".0.0 I srv  llama_server: model loaded",
+    "\x00\xff" * 10_000 + "out of memory",
+    "",
+]
+
+
+@pytest.mark.parametrize("line", HOSTILE, ids=range(len(HOSTILE)))
+def test_a_hostile_line_is_read_within_bounds(line: str) -> None:
+    from lokid.core import enginelog
+
+    event = parse_line(line)
+    if event is not None:
+        assert len(event.text) <= enginelog.MAX_TEXT and len(event.path) <= enginelog.MAX_FIELD
+        bound = 10 ** enginelog.MAX_DIGITS
+        assert 0 <= event.n < bound and 0 <= event.m < bound
+        assert event.kind != "offloaded"   # none of these is a layer count the engine printed
+
+
+def test_hostile_lines_among_a_real_load_change_nothing() -> None:
+    """The recorded --fit load with every hostile line after each of its lines: the same
+    path, offload verdict, readiness and address as the load alone."""
+    real = log("vulkan-lavapipe-fit-target-lv4.log").splitlines()
+    tracker = LoadTracker()
+    for i, line in enumerate(real):
+        tracker.feed(line)
+        if i > 0 and "loading model '" not in real[i - 1]:
+            for bad in HOSTILE:
+                if "loading model '" not in bad:   # a new load would, rightly, start
+                    tracker.feed(bad)
+    load = tracker.current
+    assert load is not None and load.path == "/models/tiny.gguf"
+    assert load.offload() == (0, 3) and load.loaded
+    assert load.listening.startswith("http://127.0.0.1:")
+
+
+def test_a_loading_line_with_a_huge_path_starts_no_load() -> None:
+    from lokid.core import enginelog
+
+    tracker = LoadTracker()
+    tracker.feed(SERVER_LOAD)
+    tracker.feed("srv    load_model: loading model '" + "x" * (enginelog.MAX_FIELD + 1) + "'")
+    assert tracker.current is not None and tracker.current.path == "/models/big.gguf"
+
+
+def test_error_lines_of_a_load_are_counted_and_only_a_few_kept() -> None:
+    """100,000 "CUDA error" lines of 4 KB once stayed in the daemon whole (34 → 441 MiB):
+    the load counts them and keeps the first and last few, each cut to MAX_TEXT."""
+    from lokid.core import enginelog
+
+    n = 20_000
+    tracker = LoadTracker()
+    tracker.feed(SERVER_LOAD)
+    tracker.feed("load_tensors: offloaded 30/65 layers to GPU")
+    tracker.feed("E common_speculative_init_result: failed to load draft model, '/m/d.gguf'")
+    for i in range(n):
+        tracker.feed(f"E ggml_cuda_error: CUDA error {i:06d} " + "x" * 4096)
+    tracker.feed("0.00.017.669 E srv  llama_server: exiting due to model loading error")
+    load = tracker.current
+    assert load is not None
+    assert load.errors_seen == n + 2
+    assert load.error_kinds == {"draft_failed", "gpu_error", "load_failed"}
+    kept = load.errors
+    assert len(kept) == enginelog.FIRST_ERRORS + enginelog.LAST_ERRORS
+    assert all(len(e.text) <= enginelog.MAX_TEXT for e in kept)
+    assert sum(len(e.text) for e in kept) <= 10 * enginelog.MAX_TEXT
+    # the first lines (the cause) and the last (the end) are the right ones, in order
+    assert kept[0].kind == "draft_failed"
+    assert [e.text.split()[4] for e in kept[1:enginelog.FIRST_ERRORS]] == [
+        f"{i:06d}" for i in range(enginelog.FIRST_ERRORS - 1)]
+    assert kept[-1].kind == "load_failed" and kept[-1].text.endswith("model loading error")
+    assert [e.text.split()[4] for e in kept[enginelog.FIRST_ERRORS:-1]] == [
+        f"{i:06d}" for i in range(n - enginelog.LAST_ERRORS + 1, n)]
+    assert kept[1].text.endswith("…")
+    # and the verdict still comes from the offload line
+    assert load.offload() == (30, 65) and "30/65" in load.layers_in_ram()
+
+
+def test_offload_lines_are_bounded_and_the_verdict_still_exact() -> None:
+    from lokid.core import enginelog
+
+    tracker = LoadTracker()
+    tracker.feed(SERVER_LOAD)
+    for _ in range(10 * enginelog.MAX_OFFLOADS):
+        tracker.feed("load_tensors: offloaded 65/65 layers to GPU")
+    tracker.feed("load_tensors: offloaded 2/5 layers to GPU")   # past the bound, it decides
+    tracker.feed("load_tensors: offloaded 0/5 layers to GPU")   # the first N < M decides
+    load = tracker.current
+    assert load is not None and len(load.offloads) == enginelog.MAX_OFFLOADS
+    assert load.offload() == (2, 5)
+    # M = 0 lines decide nothing until a real one comes, as before
+    zero = LoadTracker()
+    for line in (SERVER_LOAD, "offloaded 0/0 layers to GPU", "offloaded 3/3 layers to GPU",
+                 "offloaded 4/4 layers to GPU"):
+        zero.feed(line)
+    assert zero.current is not None and zero.current.offload() == (3, 3)
+
+
+def test_the_module_documents_its_bounds() -> None:
+    from lokid.core import enginelog
+
+    doc = enginelog.__doc__ or ""
+    for name in ("MAX_DIGITS", "MAX_FIELD", "MAX_LINE", "MAX_TEXT", "FIRST_ERRORS",
+                 "LAST_ERRORS", "MAX_OFFLOADS"):
+        assert name in doc, name
+    assert enginelog.MAX_LINE < 4300 and enginelog.MAX_DIGITS < 4300

@@ -125,6 +125,26 @@ def test_acceptance_by_draft_position(name: str) -> None:
     assert [r.acc_per_pos for r in got] == ACC_PER_POS[name]
 
 
+@pytest.mark.parametrize("values", [
+    "9" * 390 + ", 1.000",   # float() makes 1e390 inf of it, not an error
+    "1e300, 1.000",
+    "1.5, 0.938",            # a rate above 1
+    "-0.5, 1.000",
+    "1.000, , 0.938",
+    "",
+])
+def test_acceptance_by_position_takes_rates_only(values: str) -> None:
+    """The engine prints each draft position's acceptance as %.3f in [0, 1]: a list with
+    anything else keeps the request's figures and drops only that list."""
+    name = "b11434-cuda-h200-full_auto.log"
+    lines = [line for line, _ in request_lines(name)]
+    i = next(i for i, line in enumerate(lines) if "acc per pos" in line)
+    lines[i] = lines[i][:lines[i].index("(") + 1] + values + ")"
+    _, got = run(lines)
+    assert [figures(r) for r in got] == REQUESTS[name]
+    assert [r.acc_per_pos for r in got] == [(), *ACC_PER_POS[name][1:]]
+
+
 # Memory per (device, kind) in MiB, read off the -lv 4 logs by hand. Model, KV and output
 # buffers are summed over the model's and the draft's (or MTP context's) lines; compute
 # over contexts, each context's latest reservation only (the MTP context reserves twice).

@@ -27,6 +27,10 @@ pytestmark = pytest.mark.engine
     ("version: 0 (unknown)", 0, "unknown"),
     ("", 0, ""),
     ("llama-server from a fork, no version line", 0, ""),
+    # numbers past any real build are unknown, not an error (int() refuses 4,300 digits)
+    ("version: 0.6.0-dev (build " + "9" * 5000 + ", commit abc1234)", 0, ""),
+    ("version: " + "9" * 5000 + " (abcdef12)", 0, ""),
+    ("version: 0.6.0-dev (build 11434, commit " + "a" * 5000 + ")", 11434, ""),
 ])
 def test_build_number_from_both_version_formats(text: str, build: int, commit: str) -> None:
     assert parse_version(text) == (build, commit)
