@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,6 +79,57 @@ def test_lintian_has_no_error_and_no_warning(build: Build) -> None:
     assert build.lintian_rc == 0 and not tags, build.lintian
 
 
+def package_files(deb: Path) -> list[str]:
+    """The paths a .deb installs (``dpkg-deb --contents``), as absolute paths."""
+    out = subprocess.run(["dpkg-deb", "--contents", str(deb)], check=True,
+                         capture_output=True, text=True).stdout
+    # "drwxr-xr-x root/root 0 2024-01-01 00:00 ./usr/lib/" (a link adds " -> target")
+    return [line.split(None, 5)[5].split(" -> ")[0].removeprefix(".").rstrip("/") or "/"
+            for line in out.splitlines()]
+
+
+def test_the_units_are_under_usr_on_every_release(build: Build) -> None:
+    """Debian 12's debhelper puts units in /lib/systemd/system; a package built there
+    then makes `apt purge` on Debian 13 (/lib a link into /usr) warn that the directory
+    is not empty. Every path is under /usr or /etc, on both releases' builds."""
+    for deb in (build.deb, build.next_deb):
+        assert deb is not None
+        files = package_files(deb)
+        assert [f for f in files if f == "/lib" or f.startswith("/lib/")] == [], deb.name
+        for unit in ("/usr/lib/systemd/system/lokid.service",
+                     "/usr/lib/systemd/system/loki-engine@.service",
+                     "/usr/lib/systemd/system-generators/lokid-engine-generator"):
+            assert unit in files, (deb.name, unit)
+
+
+def not_empty_warnings(apt_output: str) -> list[str]:
+    """dpkg's "directory '…' not empty so not removed" lines about systemd's directories."""
+    return [line for line in apt_output.splitlines()
+            if "not empty so not removed" in line and "/systemd" in line]
+
+
+def test_the_debian_12_build_purges_cleanly_on_debian_13(build: Build) -> None:
+    """The package built on 12 (the older debhelper) installed and purged on 13, as an
+    operator upgrading the host but not the package would: no warning about systemd's
+    directories, no unit left behind."""
+    if build.suite != "bookworm":
+        pytest.skip("the cross-release case is the Debian 12 build's")
+    with Container(suite="trixie", packages=runtime_packages("trixie"),
+                   binds={"/debs": str(build.deb.parent)}) as ct:
+        apt(ct, "update")
+        apt(ct, "install", f"/debs/{build.deb.name}")
+        assert status(ct) == "ii"
+        assert exists(ct, "/usr/lib/systemd/system/lokid.service")
+        assert ct.systemctl("is-active", "lokid.service").stdout.strip() == "active"
+        out = apt(ct, "purge", "lokid")
+        assert status(ct) == ""
+        assert not_empty_warnings(out) == [], out[-3000:]
+        assert "not empty so not removed" not in out, out[-3000:]
+        for path in ("/usr/lib/systemd/system/lokid.service",
+                     "/usr/lib/systemd/system/loki-engine@.service"):
+            assert not exists(ct, path), path
+
+
 # --- installed ---------------------------------------------------------------------------
 
 
@@ -93,7 +145,7 @@ def apt(ct: Container, *args: str) -> str:
     r = ct.run(["apt-get", "-q", "-y", *args], check=False, timeout=900,
                env={"DEBIAN_FRONTEND": "noninteractive"})
     assert r.returncode == 0, f"apt-get {' '.join(args)}:\n{r.stdout[-4000:]}\n{r.stderr}"
-    return r.stdout
+    return r.stdout + r.stderr   # dpkg's warnings are on stderr
 
 
 def status(ct: Container) -> str:
@@ -260,8 +312,9 @@ def test_remove_stops_everything_and_keeps_config_and_state(system: System) -> N
 def test_purge_removes_config_and_state_and_leaves_the_operators_files(system: System
                                                                        ) -> None:
     ct = system.ct
-    apt(ct, "purge", "lokid")
+    out = apt(ct, "purge", "lokid")
     assert status(ct) == ""
+    assert not_empty_warnings(out) == [], out[-3000:]
     for path in ("/etc/loki/lokid.toml", "/etc/loki/presets/example.toml",
                  "/var/lib/loki/state.db", "/run/loki"):
         assert not exists(ct, path), path
