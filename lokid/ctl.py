@@ -1,7 +1,8 @@
 """``lokictl``: the operator's client of ``org.lokid.Lokid1`` (a thin D-Bus client).
 
 Read commands: ``status``, ``presets``, ``show <preset>``, ``plan <preset>``, each
-with ``--json``; ``top`` and ``stats <preset> [--since TIME]`` (:mod:`lokid.ctlstats`).
+with ``--json``; ``top`` and ``stats <preset> [--since TIME]`` (:mod:`lokid.ctlstats`);
+``logs <preset> [-n N] [-f]`` (:mod:`lokid.ctllogs`: the daemon reads the journal).
 ``bench <preset> [--full]`` runs the benchmark through the daemon
 with a progress bar (``BenchProgress``) and prints the report. Verbs:
 ``start|stop|restart <preset> [--wait]`` (``--wait`` follows
@@ -47,7 +48,8 @@ from .engine.buscall import call
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
-                     "AutoSpecBlocked", "Argv", "Notes", "LastBench", "Stats")
+                     "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
+                     "LastBench", "Stats")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
 EDIT_VERBS = ("new", "set", "unset", "rm", "mv", "cat", "edit")
 SPINNER = "|/-\\"
@@ -169,10 +171,13 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
 async def cmd_stats(c: Client, name: str, since: str | None, as_json: bool) -> int:
     """One preset's figures: the daemon's (its current start), or, with ``since``, the
     engine's journal over that window (every start in it)."""
-    from . import ctlstats
+    from . import ctllogs, ctlstats
 
+    # a time journalctl would not take is a usage error before any call
+    at = None if since is None else ctllogs.since_or_usage(
+        since, lambda text: CtlError(text, EXIT_USAGE))
     props = await c.properties(await c.preset_path(name), PRESET_INTERFACE)
-    if since is None:
+    if at is None:
         stats = dict(props.get("Stats") or {})
     else:
         manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
@@ -180,13 +185,8 @@ async def cmd_stats(c: Client, name: str, since: str | None, as_json: bool) -> i
             raise CtlError("--since reads the engine's journal, and engines run as the "
                            "daemon's children here (no journal): `lokictl stats "
                            f"{name}` shows the current start", EXIT_USAGE)
-        current = dict(props.get("Stats") or {})
-        kind = (current.get("draft") or {}).get("kind", "")
-        try:
-            stats = await asyncio.to_thread(ctlstats.journal_window, str(props["Unit"]), since,
-                                            kind)
-        except RuntimeError as e:
-            raise CtlError(f"{name}: {e}", EXIT_FAILED) from None
+        # the daemon reads the journal: group loki may not (journalctl says so)
+        stats = await ctllogs.stats_since(c, name, at)
     if as_json:
         _print_json(stats)
     else:
@@ -267,7 +267,13 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
         print(f"LastBench: {r.get('mode')} prefill {r.get('prompt_per_second', 0):.1f} tok/s, "
               f"decode {r.get('predicted_per_second', 0):.1f} tok/s (engine "
               f"{bench.get('engine') or 'n/a'})")
-    print("Argv: " + shlex.join(row["Argv"]))
+    # the command line that runs and the one the next start runs: they differ after an
+    # edit until a restart (PendingRestart)
+    running = row.get("RunningArgv") or []
+    print("Running: " + (shlex.join(running) if running else "-"))
+    print("Next start: " + (shlex.join(row["Argv"]) if row["Argv"] else "-"))
+    print("PendingRestart: " + ("yes (a restart applies the edit)" if row.get("PendingRestart")
+                                else "no"))
     for note in row["Notes"]:
         print(f"  - {note}")
     return EXIT_OK
@@ -309,13 +315,12 @@ class Spinner:
             sys.stderr.flush()
 
 
-def _next_step(name: str, verb: str, result: str, runner_unit: bool) -> str:
+def _next_step(name: str, verb: str, result: str) -> str:
     """What to run after a job ended badly."""
     if result == "canceled":
         return "another start, stop or restart replaced it"
-    look = (f"journalctl -u loki-engine@{name} -n 30" if runner_unit
-            else f"lokictl show {name}")
-    return f"see `{look}`; `lokictl start {name}` tries again once the cause is fixed"
+    return (f"see `lokictl logs {name} -n 30`; `lokictl start {name}` tries again once the "
+            "cause is fixed")
 
 
 async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float | None) -> int:
@@ -380,11 +385,9 @@ async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float |
     if result == "done" and (verb == "stop" or state == "ready"):
         print(f"{name}: {state}" + (f" ({detail})" if detail else ""))
         return EXIT_OK
-    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
-    under_systemd = props.get("Runner", "systemd") == "systemd"
     what = f"{verb} {result}" if result != "done" else f"{verb} done, but the engine is {state}"
     print(f"lokictl: {name}: {what}" + (f": {detail}" if detail else "")
-          + f"\n  {_next_step(name, verb, result, under_systemd)}", file=sys.stderr)
+          + f"\n  {_next_step(name, verb, result)}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -490,8 +493,15 @@ def _parser() -> argparse.ArgumentParser:
                        "journal's window with --since)")
     s.add_argument("preset")
     s.add_argument("--since", metavar="TIME", help="recompute from the engine's journal since "
-                   "TIME (as journalctl --since: \"1h ago\", \"today\", \"2026-12-01 10:00\")")
+                   "TIME (as journalctl --since: \"10min ago\", \"10min\", \"today\", "
+                   "\"2026-12-01 10:00\")")
     s.add_argument("--json", action="store_true")
+    s = sub.add_parser("logs", help="a preset's engine log (its unit's journal, read by the "
+                       "daemon)")
+    s.add_argument("preset")
+    s.add_argument("-n", "--lines", type=int, default=50, metavar="N",
+                   help="the last N entries (1 to 10000; default 50)")
+    s.add_argument("-f", "--follow", action="store_true", help="then follow, until Ctrl-C")
     sub.add_parser("reload", help="read the presets again (after editing them)")
     s = sub.add_parser("clear-failures", help="forget the recorded failures of automatic "
                        "speculative decoding for a preset")
@@ -637,6 +647,13 @@ async def _main(args: argparse.Namespace) -> int:
                 raise CtlError(f"--predict and --prompt: 0 to {MAX_TOKENS}", EXIT_USAGE)
             return await cmd_bench(client, str(args.preset), bool(args.full),
                                    int(args.predict), int(args.prompt), bool(args.json))
+        if command == "logs":
+            from . import ctllogs
+
+            if not 0 < args.lines <= ctllogs.MAX_LINES:
+                raise CtlError(f"-n: 1 to {ctllogs.MAX_LINES}", EXIT_USAGE)
+            return await ctllogs.cmd_logs(client, str(args.preset), int(args.lines),
+                                          bool(args.follow))
         as_json = bool(args.json)
         if command == "top":
             return await cmd_top(client, bool(args.once), as_json)

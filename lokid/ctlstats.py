@@ -5,8 +5,9 @@ per device, offload, requests/min, prefill and decode tok/s, draft acceptance, t
 last verdict), refreshed each second until ``q`` or Ctrl-C; ``--once`` prints it
 once, ``--json`` prints the rows once as JSON. ``stats PRESET`` prints one preset's
 figures; with ``--since TIME`` (any time ``journalctl --since`` takes, such as
-``"1h ago"``) it recomputes them from the engine's journal over that window, with
-the same parser the daemon uses: the journal is the history, nothing else is kept.
+``"1h ago"``) the daemon recomputes them from the engine's journal over that window
+(:mod:`lokid.ctllogs`), with the parser of its Stats: the journal is the history,
+nothing else is kept.
 
 The formatting is here, apart from the D-Bus client (:mod:`lokid.ctl`), which only
 hands it the preset properties.
@@ -159,51 +160,6 @@ def stats_text(name: str, stats: dict[str, Any]) -> str:
                      + (f", {stats.get('in_flight')} in flight" if stats.get("in_flight")
                         else ""))
     return "\n".join(lines)
-
-
-def journal_window(unit: str, since: str, kind: str = "") -> dict[str, Any]:
-    """The figures of ``unit``'s requests since ``since`` (a journalctl time), computed
-    from the journal: each start's lines through its own parser, then summarised."""
-    import subprocess
-    import time
-
-    from .core.requestlog import EngineLog
-    from .core.telemetry import summarize
-
-    try:
-        proc = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "json", "-u", unit,
-                               "--since", since, "--output-fields",
-                               "MESSAGE,_SYSTEMD_INVOCATION_ID,SYSLOG_IDENTIFIER"],
-                              capture_output=True, text=True, check=False, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RuntimeError(f"cannot read the journal: {e}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
-                           else f"journalctl exited {proc.returncode}")
-    logs: dict[str, EngineLog] = {}
-    requests = []
-    first = None
-    for text in proc.stdout.splitlines():
-        try:
-            entry = json.loads(text)
-        except ValueError:
-            continue
-        message = entry.get("MESSAGE")
-        if not isinstance(message, str):
-            continue  # binary or absent
-        at = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6
-        first = at if first is None else first
-        log = logs.setdefault(str(entry.get("_SYSTEMD_INVOCATION_ID", "")), EngineLog())
-        for line in message.splitlines():
-            r = log.feed(line, at)
-            if r is not None:
-                requests.append(r)
-    now = time.time()
-    for log in logs.values():
-        requests.extend(log.flush(now))
-    out = summarize(requests, first if first is not None else now, now, kind)
-    out["starts"] = len(logs)
-    return out
 
 
 def write(text: str) -> None:

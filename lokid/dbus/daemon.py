@@ -40,16 +40,18 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core.errors import DaemonError, LokiError, StalePlanError
+from ..core.lasterror import LastErrors
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
 from ..core.runtimeplan import RuntimePlan
 from ..engine.background import Background
 from ..engine.notify import Notifier
-from ..engine.runner import LIVE, LOADING, STOPPING, EngineState, Runner
+from ..engine.runner import JOB_FAILED, LIVE, LOADING, READY, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
 from .authz import MANAGE_GROUP, Authority
 from .editing import Editor
 from .interfaces import ManagerInterface, PresetInterface
+from .logs import Logs
 from .registry import Registry
 from .telemetry import Telemetry
 from .wire import SafeMessageBus
@@ -60,6 +62,10 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
+# A failed start's last engine line may reach the journal after systemd ended the job:
+# it is looked for this many times, this far apart, before JobFinished goes without it.
+JOURNAL_LAG_TRIES = 5
+JOURNAL_LAG_STEP = 0.1
 
 
 class Daemon:
@@ -91,6 +97,7 @@ class Daemon:
         # preset → (argv, env) of its running start (its runtime plan), for PendingRestart
         self.running_cmd: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
         self.signalled: dict[str, str] = {}   # preset → the state EngineStateChanged last said
+        self.last_errors = LastErrors()       # the engine's last error line, per preset
         self.benching: set[str] = set()
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
@@ -100,6 +107,7 @@ class Daemon:
         self.background = Background(log)
         self.telemetry = Telemetry(self)
         self.editor = Editor(self)
+        self.logs = Logs(lambda: self.runner)
         self.reload_again = False
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
@@ -118,6 +126,11 @@ class Daemon:
         if running is None or view is None or view.plan is None:
             return False
         return (tuple(view.plan.argv), dict(view.plan.env)) != running
+
+    def running_argv(self, name: str) -> list[str]:
+        """The command line of the running start (its runtime plan), [] when none runs."""
+        running = self.running_cmd.get(name)
+        return list(running[0]) if running is not None else []
 
     def active_presets(self) -> list[str]:
         if self.runner is None:
@@ -339,15 +352,21 @@ class Daemon:
         """A runner saw an engine change: properties, the signal, the summary."""
         moved = self.signalled.get(name) != state.state  # Status alone may have changed
         changed: dict[str, Any] = {"State": state.state, "Status": state.status}
+        if moved and (state.state == READY or (state.state == LOADING and
+                                                self.signalled.get(name) not in LIVE)):
+            self.last_errors.forget(name)  # a start by hand, or one that answers
         if moved:  # the runtime plan is read once per state, not per STATUS= line
             before = self.spec_in_use.get(name, [])
             pending = self.pending_restart(name)
             rp = self._running_plan(name) if state.state in LIVE else None
             self.spec_in_use[name] = list(rp.spec_types) if rp is not None else []
+            running_before = self.running_cmd.get(name)
             if rp is not None:
                 self.running_cmd[name] = (tuple(rp.argv), dict(rp.env))
             else:
                 self.running_cmd.pop(name, None)
+            if self.running_cmd.get(name) != running_before:
+                changed["RunningArgv"] = self.running_argv(name)
             if self.spec_in_use[name] != before:
                 changed["SpecActive"] = self.spec_in_use[name]
             if self.pending_restart(name) != pending:
@@ -368,13 +387,54 @@ class Daemon:
             self.manager.emit_properties_changed({"ActivePresets": self.active_presets()})
             self.notifier.send(f"STATUS={self.status()}")
 
+    def _engine_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:
+        """Every engine line (the local runner's pipe): its last error kept, then counted."""
+        self.last_errors.feed(preset, invocation, line)
+        self.telemetry.on_line(preset, invocation, line, at)
+
+    def _engine_line_live(self, preset: str, invocation: str, line: str,
+                          at: float | None) -> None:
+        """Every engine line (the journal, under systemd): its last error kept, counted."""
+        self.last_errors.feed(preset, invocation, line)
+        self.telemetry.on_line_live(preset, invocation, line, at)
+
     def _on_job(self, name: str, job: str, verb: str, result: str) -> None:
-        """A runner's job ended: JobFinished, with the state and why."""
+        """A runner's job ended: JobFinished, with the state and why.
+
+        A failed start quotes the engine's own last error line rather than the last
+        status line (often the load's progress, stale by then). Under systemd that line
+        reaches the daemon through the journal, by another path than the job's end:
+        the journal is read for it, a moment at most, before JobFinished goes out.
+        """
         state = self.engine_state(name)
+        if result == JOB_FAILED and not self.last_errors.of(name) and self.watcher is not None:
+            self.background.spawn(self._job_failed(name, job, verb, result, state),
+                                  f"reporting the failed {verb} of preset {name}")
+            return
+        self._job_finished(name, job, verb, result, state)
+
+    async def _job_failed(self, name: str, job: str, verb: str, result: str,
+                          state: EngineState) -> None:
+        for _ in range(JOURNAL_LAG_TRIES):
+            if self.watcher is None or self.last_errors.of(name):
+                break
+            try:
+                self.watcher.drain()
+            except OSError as e:
+                log.warning("reading the journal: %s", e)
+                break
+            if not self.last_errors.of(name):
+                await asyncio.sleep(JOURNAL_LAG_STEP)
+        self._job_finished(name, job, verb, result, state)
+
+    def _job_finished(self, name: str, job: str, verb: str, result: str,
+                      state: EngineState) -> None:
         detail = state.detail
-        if state.status and state.status not in detail and (result != "done" or
-                                                              state.state != "ready"):
-            detail = f"{detail}: {state.status}" if detail else state.status
+        said = self.last_errors.of(name) if result == JOB_FAILED else ""
+        # the engine's own words replace a status line that was only the load's progress
+        status = f"the engine said: {said}" if said else state.status
+        if status and status not in detail and (result != "done" or state.state != "ready"):
+            detail = f"{detail}: {status}" if detail else status
         if result != "done":
             log.info("preset %s: the %s job ended: %s%s", name, verb, result,
                      f" ({detail})" if detail else "")
@@ -423,7 +483,7 @@ class Daemon:
 
         judge = LoadJudge(self.registry.state_dir, self.runtime_dir,
                           on_verdict=self._on_verdict, log=judge_log,
-                          on_line=self.telemetry.on_line)
+                          on_line=self._engine_line)
         return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
                            self.runtime_dir, judge=judge, on_job=self._on_job)
 
@@ -433,7 +493,7 @@ class Daemon:
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict,
-                                                 on_line=self.telemetry.on_line_live)
+                                                 on_line=self._engine_line_live)
             # the running engines' lines before the watcher's start are read again from
             # the journal; theirs from now on wait for that (registered before attach)
             self.telemetry.hold(self.active_presets(), self.watcher.since or 0.0)
@@ -508,7 +568,6 @@ class Daemon:
             await self.stopping.wait()
         finally:
             self.notifier.send("STOPPING=1")
-            self.editor.close()   # an edit still in its worker thread ends before it writes
             watchdog.cancel()
             publisher.cancel()
             self.dirwatch.detach()

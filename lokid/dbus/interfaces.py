@@ -39,6 +39,7 @@ from ..core.names import (
     ACTION_BENCH,
     ACTION_EDIT,
     ACTION_MANAGE,
+    ACTION_READ_LOGS,
     MANAGER_INTERFACE,
     PRESET_INTERFACE,
     preset_object_path,
@@ -54,6 +55,7 @@ READ = "read"            # anyone may call it
 MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
 BENCH = ACTION_BENCH     # running a benchmark against an engine
 EDIT = ACTION_EDIT       # reading a preset's source, creating, changing, removing presets
+READ_LOGS = ACTION_READ_LOGS  # reading an engine's journal (lines, past request figures)
 ACCESS_ATTR = "_lokid_access"
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +66,7 @@ class Backend(Protocol):
 
     registry: Registry
     editor: Any   # lokid.dbus.editing.Editor
+    logs: Any     # lokid.dbus.logs.Logs
 
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...
@@ -71,6 +74,7 @@ class Backend(Protocol):
     def runner_in_use(self) -> str: ...
     def stats(self, name: str) -> dict[str, Any]: ...
     def pending_restart(self, name: str) -> bool: ...
+    def running_argv(self, name: str) -> list[str]: ...
     async def authorize(self, member: str, action: str) -> None: ...
     async def start(self, name: str) -> str: ...
     async def stop(self, name: str) -> str: ...
@@ -242,6 +246,10 @@ class PresetInterface(ServiceInterface):
         return self.view.argv
 
     @dbus_property(access=PropertyAccess.READ)
+    def RunningArgv(self) -> "as":
+        return self.backend.running_argv(self.preset)
+
+    @dbus_property(access=PropertyAccess.READ)
     def AutoSpecBlocked(self) -> "s":
         return self.view.auto_blocked
 
@@ -401,6 +409,22 @@ class ManagerInterface(ServiceInterface):
     async def DraftCandidates(self, name: "s") -> "aa{sv}":
         found = await self.backend.editor.draft_candidates(checked_name(name))
         return [json_variant(c) for c in found]
+
+    @method()
+    @access(READ_LOGS)
+    @guarded
+    async def ReadLogs(self, name: "s", cursor: "s", lines: "u") -> "a(tss)s":
+        # a broken or removed preset's unit keeps its journal: the name is enough
+        found, last = await self.backend.logs.read(checked_name(name), cursor, lines)
+        return [[list(line) for line in found], last]
+
+    @method()
+    @access(READ_LOGS)
+    @guarded
+    async def StatsSince(self, name: "s", since: "d") -> "a{sv}":
+        kind = str((self.backend.stats(checked_name(name)).get("draft") or {}).get("kind")
+                   or "")
+        return json_variant(await self.backend.logs.window(name, since, kind))
 
     @signal()
     def BenchProgress(self, preset: "s", phase: "s", step: "u", steps: "u") -> "ssuu":

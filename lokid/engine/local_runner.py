@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core import crashloop
+from ..core.logring import LogRing
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
 from .pipelines import PipeLines
 from .proc import die_with_parent
@@ -114,6 +115,8 @@ class LocalRunner(Runner):
         self.sock: socket.socket | None = None
         self.notify_address = ""
         self.job_count = 0
+        # each preset's last lines: `lokictl logs` where there is no journal
+        self.logs: dict[str, LogRing] = {}
         # SIGTERM: a daemon that dies lets each `lokid engine` stop its engine cleanly.
         self.orphan_guard = die_with_parent(signal.SIGTERM)
 
@@ -412,6 +415,12 @@ class LocalRunner(Runner):
         one by one, as their journal entries would be), the last non-blank one kept."""
         lines = [r.decode("utf-8", "replace") for r in raw]
         engine_log.info("%s", "\n".join(f"{eng.preset}: {line}" for line in lines))
+        ring, now = self.logs.setdefault(eng.preset, LogRing()), time.time()
+        for line in lines:
+            if line.startswith(LOKID_PREFIX):
+                ring.add(now, SYSLOG_IDENTIFIER, line[len(LOKID_PREFIX):])
+            else:
+                ring.add(now, "llama-server", line)
         for line in reversed(lines):
             if line.strip():
                 eng.last_line = line

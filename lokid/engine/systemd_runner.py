@@ -158,7 +158,11 @@ class SystemdRunner(Runner):
                                    str(p.get("SubState", "")), str(p.get("Result", "")))
         if state in ("failed", "inactive") and self.job_detail.get(preset):
             detail = "; ".join(filter(None, (detail, self.job_detail[preset])))
-        self._set(preset, EngineState(state, str(p.get("StatusText", "")), detail))
+        # systemd keeps a unit's StatusText until its next start: an inactive engine's is
+        # the last thing its ended run said ("stopping"), no status of it now. A failed
+        # one's stays: it is why it failed (a config error's message).
+        status = "" if state == "inactive" else str(p.get("StatusText", ""))
+        self._set(preset, EngineState(state, status, detail))
 
     def _on_message(self, msg: Message) -> bool:
         if msg.message_type != MessageType.SIGNAL:

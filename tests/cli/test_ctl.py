@@ -295,3 +295,64 @@ def test_top_and_stats_count_what_the_engine_serves(daemon: str) -> None:
     r = lokictl(daemon, "stats", "tiny", "--since", "1h ago")
     assert r.returncode == 2 and "no journal" in r.stderr, r.stderr
     assert lokictl(daemon, "stop", "tiny", "--wait").returncode == 0
+
+
+def wait_shown(daemon: str, name: str, check: Any, timeout: float = 5.0) -> dict[str, Any]:
+    """`lokictl show NAME --json` once ``check`` holds of it (the daemon follows the files)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = lokictl(daemon, "show", name, "--json")
+        shown = json.loads(r.stdout) if r.returncode == 0 else {}
+        if shown and check(shown):
+            return shown
+        assert time.monotonic() < deadline, (r.stdout, r.stderr)
+        time.sleep(0.05)
+
+
+def test_show_tells_the_running_command_line_from_the_next_starts(daemon: str,
+                                                                  tmp_path: Path) -> None:
+    """An edit of a running preset waits for a restart: show says what runs, what the next
+    start runs, and that a restart is pending (issue 20, item 8)."""
+    path = tmp_path / "config" / "presets" / "tiny.toml"
+    text = path.read_text()
+    assert lokictl(daemon, "start", "tiny", "--wait").returncode == 0
+    try:
+        shown = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
+        assert shown["RunningArgv"] == shown["Argv"] and shown["PendingRestart"] is False
+        running = shown["RunningArgv"]
+        path.write_text("ubatch = 256\n" + text)
+        shown = wait_shown(daemon, "tiny", lambda s: "256" in s["Argv"])
+        assert shown["RunningArgv"] == running and "256" not in running
+        assert shown["PendingRestart"] is True
+        out = lokictl(daemon, "show", "tiny").stdout.splitlines()
+        assert any(line.startswith("Running: ") and "ngram-mod" in line and "256" not in line
+                   for line in out), out
+        assert any(line.startswith("Next start: ") and "256" in line for line in out), out
+        assert "PendingRestart: yes (a restart applies the edit)" in out, out
+        assert lokictl(daemon, "restart", "tiny", "--wait").returncode == 0
+        shown = json.loads(lokictl(daemon, "show", "tiny", "--json").stdout)
+        assert shown["RunningArgv"] == shown["Argv"] and shown["PendingRestart"] is False
+    finally:
+        lokictl(daemon, "stop", "tiny", "--wait")
+        path.write_text(text)
+    shown = wait_shown(daemon, "tiny", lambda s: "256" not in s["Argv"])
+    assert shown["RunningArgv"] == []
+    assert "Running: -" in lokictl(daemon, "show", "tiny").stdout.splitlines()
+
+
+def test_a_start_the_engine_refuses_quotes_the_engines_own_error(daemon: str, tmp_path: Path,
+                                                                  models: Any) -> None:
+    """--wait quotes what the engine said, not the load's progress it last reported
+    ("loading …: 0 s, 15 MiB resident") (issue 20, item 9)."""
+    write_preset(tmp_path / "config", "badflag", f'model = "{Path(models.llama).name}"\n'
+                 f'port = {free_port()}\nextra_args = ["--no-such-flag"]\n')
+    wait_shown(daemon, "badflag", lambda s: "--no-such-flag" in s["Argv"])
+    try:
+        r = lokictl(daemon, "start", "badflag", "--wait", "--timeout", "50")
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        first = r.stderr.splitlines()[0]
+        assert first.startswith("lokictl: badflag: start failed: "), r.stderr
+        assert "error: invalid argument: --no-such-flag" in first, r.stderr
+        assert "loading badflag" not in first and "resident" not in first, r.stderr
+    finally:
+        lokictl(daemon, "stop", "badflag", "--wait")

@@ -142,7 +142,7 @@ def test_importing_the_whole_core_loads_no_edge() -> None:
 # The layers above the core, lowest first: a module may import its own layer and the
 # ones before it, never one after (core ← engine ← bench ← dbus ← the two commands).
 LAYERS = ["lokid.core", "lokid.engine", "lokid.bench", "lokid.dbus",
-          "lokid.cli|lokid.ctl|lokid.ctlstats|lokid.ctledit"]
+          "lokid.cli|lokid.ctl|lokid.ctlstats|lokid.ctledit|lokid.ctllogs"]
 PACKAGE = CORE.parent
 
 

@@ -85,3 +85,24 @@ async def test_unknown_reads_or_no_unit_give_no_sampler(systemd: Any) -> None:
     assert sampler is not None
     service.read = UNKNOWN  # e.g. accounting switched off since
     assert await sampler() is None
+
+
+def test_a_stopped_unit_keeps_no_status_of_its_ended_run() -> None:
+    """systemd keeps a unit's StatusText until its next start: the "stopping" its engine
+    said last was shown as the Status of an inactive preset (issue 20, item 10). A failed
+    unit's text stays: it says why it failed."""
+    from lokid.engine.runner import EngineState
+
+    seen: list[EngineState] = []
+    runner = SystemdRunner(None, lambda _p, state: seen.append(state))  # type: ignore[arg-type]
+    runner.props["demo"] = {"ActiveState": "deactivating", "SubState": "stop-sigterm",
+                            "StatusText": "stopping"}
+    runner._publish("demo")
+    assert seen[-1] == EngineState("stopping", "stopping", "")
+    runner.props["demo"].update(ActiveState="inactive", SubState="dead", Result="success")
+    runner._publish("demo")
+    assert seen[-1] == EngineState("inactive", "", "")
+    runner.props["demo"].update(ActiveState="failed", SubState="failed", Result="exit-code",
+                                StatusText="cannot start: port 80 is below 1024")
+    runner._publish("demo")
+    assert seen[-1].status == "cannot start: port 80 is below 1024"
