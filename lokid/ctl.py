@@ -43,6 +43,7 @@ from .core.names import (
     PRESET_INTERFACE,
     preset_of_object_path,
 )
+from .core.wording import counted
 from .dbus.wire import SafeMessageBus
 from .engine.buscall import call
 
@@ -127,7 +128,7 @@ async def cmd_status(c: Client, as_json: bool) -> int:
     if as_json:
         _print_json(data)
         return EXIT_OK
-    print(f"lokid {data['version']}: {len(data['presets'])} presets"
+    print(f"lokid {data['version']}: {counted(len(data['presets']), 'preset')}"
           + (f", {len(data['active'])} running ({', '.join(data['active'])})"
              if data["active"] else "")
           + (f", {len(data['broken'])} broken" if data["broken"] else ""))
@@ -443,10 +444,14 @@ async def cmd_reload(c: Client) -> int:
     """Manager.Reload: the presets read again (and, under systemd, its drop-ins)."""
     await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Reload")
     props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
-    count = len(props["Presets"])
-    print(f"presets read again: {count} preset{'s' if count != 1 else ''}")
-    for name, error in sorted(props["BrokenPresets"].items()):
-        print(f"  {name}: broken: {error}")
+    broken = props["BrokenPresets"]
+    # One line per preset that cannot start, its name then its error: the count on the
+    # first line says what they are ("NAME: broken: …" read "broken: broken: …" for
+    # a preset named so).
+    print(f"presets read again: {counted(len(props['Presets']), 'preset')}"
+          + (f", {len(broken)} broken:" if broken else ""))
+    for name, error in sorted(broken.items()):
+        print(f"  {name}: {error}")
     return EXIT_OK
 
 

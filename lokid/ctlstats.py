@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from .core.wording import counted
+
 HOST_DEVICES = ("CPU", "CPU_Mapped", "CPU_REPACK")
 
 
@@ -131,7 +133,7 @@ def stats_text(name: str, stats: dict[str, Any]) -> str:
         return f"{name}: no start seen yet"
     prefill = stats.get("prefill_tps") or {}
     decode = stats.get("decode_tps") or {}
-    lines = [f"{name}: {stats.get('requests', 0)} requests, "
+    lines = [f"{name}: {counted(stats.get('requests') or 0, 'request')}, "
              f"{stats.get('prompt_tokens', 0)} prompt tokens, "
              f"{stats.get('generated_tokens', 0)} generated"
              + (f" ({_num(stats.get('requests_per_min'), '{:.1f}')} in the last minute)"

@@ -43,6 +43,7 @@ from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.lasterror import LastErrors
 from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
 from ..core.runtimeplan import RuntimePlan
+from ..core.wording import counted
 from ..engine.background import Background
 from ..engine.notify import Notifier
 from ..engine.runner import JOB_FAILED, LIVE, LOADING, READY, STOPPING, EngineState, Runner
@@ -145,7 +146,7 @@ class Daemon:
         active = len(self.active_presets())
         if self.registry.problem:
             return f"serving no presets: {self.registry.problem}"
-        return (f"serving {len(self.registry.presets)} presets"
+        return (f"serving {counted(len(self.registry.presets), 'preset')}"
                 + (f", {active} running" if active else "")
                 + (f", {broken} broken" if broken else ""))
 

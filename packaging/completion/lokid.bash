@@ -50,11 +50,34 @@ _lokictl_keys="model ctx gpus gpu_layers ubatch port mmproj extra_args env. op_o
 spec.mode spec.draft spec.n_max spec.sampling chat.reasoning_effort chat.temperature chat.top_p
 chat.top_k chat.min_p"
 
-# Completes a preset's keys for set (KEY=, no space after) or unset (KEY). Nothing while a
-# value is typed: bash splits "ctx=40" at the "=" (COMP_WORDBREAKS), so "=" is then the word
-# or the one before it.
+# The values of the keys that take one of a fixed set, as lokid's configuration checks
+# them (lokid/core/config.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS; a test keeps
+# them equal).
+_lokictl_values() {
+    case "$1" in
+        spec.mode) echo "off auto mtp ngram mtp+ngram" ;;
+        spec.sampling) echo "greedy probabilistic" ;;
+        chat.reasoning_effort) echo "none minimal low medium high xhigh" ;;
+    esac
+}
+
+# Completes a preset's keys for set (KEY=, no space after) or unset (KEY), and after "=" the
+# value of a key with a fixed set of them (nothing for the others). Bash splits "mode=au" at
+# the "=" (COMP_WORDBREAKS): the word is then "=" (nothing typed after it yet) or the one
+# before it is; without "=" in COMP_WORDBREAKS the word is all of "mode=au".
 _lokictl_key() {
-    [[ "$cur" == *=* || "$cur" == "=" || "$prev" == "=" ]] && return
+    local key="" typed=""
+    if [ "$cur" = "=" ]; then key="$prev"
+    elif [ "$prev" = "=" ]; then key="${words[cword-2]}"; typed="$cur"
+    elif [[ "$cur" == *=* ]]; then key="${cur%%=*}"; typed="${cur#*=}"
+    fi
+    if [ -n "$key" ] || [ "$cur" = "=" ] || [ "$prev" = "=" ]; then
+        [ "$1" = set ] || return
+        COMPREPLY=($(compgen -W "$(_lokictl_values "$key")" -- "$typed"))
+        # the word bash replaces is all of "mode=au" when "=" does not split it
+        [[ "$cur" == ?*=* ]] && COMPREPLY=("${COMPREPLY[@]/#/$key=}")
+        return
+    fi
     local k list=""
     for k in $_lokictl_keys; do
         if [ "$1" = set ] && [ "$k" != env. ]; then list+="$k= "; else list+="$k "; fi

@@ -8,6 +8,7 @@ dbus-daemon, as tests/cli/test_ctl.py runs it, with an $EDITOR that is a script.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,44 @@ def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:
     assert complete("lokictl new ", tmp_path) == []   # a new name
     assert complete("lokictl new fresh --m", tmp_path) == ["--model"]
     assert "ctx=" in complete("lokictl new fresh --model m.gguf ", tmp_path)
+
+
+def test_bash_completion_of_the_values_of_keys_with_a_fixed_set(tmp_path: Path) -> None:
+    """After "=", the values lokid's configuration accepts (its own tuples: one source),
+    however bash splits the word; nothing for a free value, nothing for unset."""
+    from lokid.core import config
+
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "qwen.toml").write_text('model = "m"\n')
+    for key, valid in (("spec.mode", config.SPEC_MODES),
+                       ("spec.sampling", config.SPEC_SAMPLINGS),
+                       ("chat.reasoning_effort", config.EFFORT_LEVELS)):
+        assert complete(f"lokictl set qwen {key}=", tmp_path) == sorted(valid), key
+        assert complete(f"lokictl new fresh ctx=4 {key}=", tmp_path) == sorted(valid), key
+        # without "=" in COMP_WORDBREAKS the word bash replaces holds the key too
+        assert complete(f"lokictl set qwen {key}=", tmp_path, split_at_equals=False) == sorted(
+            f"{key}={v}" for v in valid), key
+    assert complete("lokictl set qwen spec.mode=mtp", tmp_path) == ["mtp", "mtp+ngram"]
+    assert complete("lokictl set qwen ctx=4 spec.mode=o", tmp_path) == ["off"]
+    assert complete("lokictl set qwen spec.sampling=g", tmp_path, split_at_equals=False) == [
+        "spec.sampling=greedy"]
+    assert complete("lokictl set qwen chat.reasoning_effort=x", tmp_path) == ["xhigh"]
+    assert complete("lokictl set qwen ctx=", tmp_path) == []
+    assert complete("lokictl set qwen ctx=40", tmp_path) == []
+    assert complete("lokictl set qwen model=", tmp_path) == []
+    # and a key after a finished value is a key again
+    assert complete("lokictl set qwen spec.mode=auto spec.s", tmp_path) == ["spec.sampling="]
+
+
+def test_the_completions_keys_are_those_lokictl_set_knows() -> None:
+    from support.completion import COMPLETION
+
+    from lokid import ctledit
+
+    m = re.search(r'_lokictl_keys="([^"]*)"', COMPLETION.read_text())
+    assert m is not None
+    keys = {k.rstrip(".") for k in m.group(1).split()}
+    assert keys == {k.rstrip(".") for k in ctledit.KNOWN_KEYS}
 
 
 # --- against the real daemon -----------------------------------------------------------

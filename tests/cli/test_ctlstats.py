@@ -49,3 +49,11 @@ def test_stats_text_says_where_memory_comes_from_or_why_it_is_unknown() -> None:
                                         "installed"})
     assert "  memory: unknown: python3-pynvml is not installed" in unknown
     assert "memory" not in ctlstats.stats_text("p", {"requests": 1})
+
+
+def test_the_request_count_agrees_with_its_noun() -> None:
+    one = ctlstats.stats_text("p", {"requests": 1, "invocation": "i"})
+    assert one.startswith("p: 1 request, "), one
+    assert ctlstats.stats_text("p", {"requests": 2}).startswith("p: 2 requests, ")
+    assert ctlstats.stats_text("p", {"requests": 0, "invocation": "i"}).startswith(
+        "p: 0 requests, ")

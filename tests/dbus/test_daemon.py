@@ -262,3 +262,14 @@ async def test_a_presets_directory_that_cannot_be_listed_leaves_the_daemon_up(
         assert await manager.get_presets() == []
         assert running.daemon.status().startswith("serving no presets: ")
         assert "cannot list the presets: Not a directory" in running.daemon.status()
+
+
+async def test_one_preset_is_served_in_the_singular(tmp_path: Path, engine: str, models: Any,
+                                                     bus_address: str) -> None:
+    """The daemon's status (systemd's StatusText) counts as a sentence does."""
+    from support.daemonkit import daemon_on
+
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "only", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n')
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        assert running.daemon.status() == "serving 1 preset"
