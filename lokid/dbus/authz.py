@@ -35,6 +35,7 @@ from dbus_fast import DBusError, Message, MessageFlag, MessageType, Variant
 from dbus_fast.aio import MessageBus
 
 from ..core.errors import PermissionDeniedError
+from ..core.names import MANAGE_GROUP as MANAGE_GROUP  # its home; the daemon takes it here
 from ..core.names import OBJECT_PATH
 from ..engine.buscall import call
 
@@ -45,7 +46,6 @@ DBUS_PATH = "/org/freedesktop/DBus"
 POLKIT = "org.freedesktop.PolicyKit1"
 POLKIT_PATH = "/org/freedesktop/PolicyKit1/Authority"
 POLKIT_AUTHORITY = POLKIT + ".Authority"
-MANAGE_GROUP = "loki"
 
 _current: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
     "lokid_current_call", default=None)

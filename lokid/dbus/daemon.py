@@ -569,6 +569,7 @@ class Daemon:
             await self.stopping.wait()
         finally:
             self.notifier.send("STOPPING=1")
+            self.editor.close()   # an edit still in its worker thread ends before it writes
             watchdog.cancel()
             publisher.cancel()
             self.dirwatch.detach()

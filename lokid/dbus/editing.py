@@ -42,6 +42,7 @@ from ..core.plan import build_plan
 from ..engine.gather import check_port_conflicts, gather
 from ..engine.presetstore import PresetStore, Source
 from ..engine.runner import LIVE
+from ..engine.runtimefiles import remove_preset_files
 from ..engine.state import StateDB
 
 if TYPE_CHECKING:
@@ -126,15 +127,26 @@ class Editor:
     async def set_keys(self, name: str, values: Mapping[str, Any], version: str) -> str:
         if not values:
             raise InvalidArgsError("no key to set")
+        presetedit.check_edit(values)   # the bounds, before any other work
         changes = {key: plain(value) for key, value in values.items()}
-        return await self._write(name, lambda text: presetedit.set_keys(text or "", changes),
-                                 version, f"preset {name}: set {', '.join(sorted(changes))}")
+        presetedit.check_edit(changes, changes.values())
+        cancelled = self.store.cancelled
+        return await self._write(
+            name, lambda text: presetedit.set_keys(text or "", changes, cancelled), version,
+            f"preset {name}: set {', '.join(sorted(changes))}")
 
     async def unset_keys(self, name: str, keys: list[str], version: str) -> str:
         if not keys:
             raise InvalidArgsError("no key to unset")
-        return await self._write(name, lambda text: presetedit.unset_keys(text or "", keys),
-                                 version, f"preset {name}: unset {', '.join(sorted(keys))}")
+        presetedit.check_edit(keys)
+        cancelled = self.store.cancelled
+        return await self._write(
+            name, lambda text: presetedit.unset_keys(text or "", keys, cancelled), version,
+            f"preset {name}: unset {', '.join(sorted(keys))}")
+
+    def close(self) -> None:
+        """The daemon stops: an edit still running ends Busy before it writes."""
+        self.store.close()
 
     async def _write(self, name: str, change: Callable[[str | None], str], version: str,
                      what: str, create: bool = False) -> str:
@@ -148,6 +160,7 @@ class Editor:
     async def delete(self, name: str, force: bool) -> None:
         await self._guard(name, force, "remove")
         await asyncio.to_thread(self.store.delete, name)
+        await asyncio.to_thread(self._forget_runtime, name)
         forgotten = await asyncio.to_thread(self._state, lambda db: db.forget_preset(name))
         await self._reread(f"preset {name} removed" + (
             f" (its {forgotten} records in the state database with it)" if forgotten else ""))
@@ -157,6 +170,7 @@ class Editor:
             raise InvalidArgsError(f"preset {name!r} is already called so")
         await self._guard(name, force, "rename")
         await asyncio.to_thread(self.store.rename, name, new_name)
+        await asyncio.to_thread(self._forget_runtime, name)
         await asyncio.to_thread(self._state, lambda db: db.move_preset(name, new_name))
         await self._reread(f"preset {name} renamed {new_name}")
 
@@ -218,6 +232,17 @@ class Editor:
             path = cfg.resolve_file(draft, glob.model_dirs) if draft else None
             found[other] = os.path.realpath(path) if path is not None else None
         return drafts.users_of(os.path.realpath(model), found, name)
+
+    def _forget_runtime(self, name: str) -> None:
+        """The runtime files of a preset that no longer runs under its name (its plan, its
+        reusable plan, its failures…): a preset of that name made later starts afresh."""
+        try:
+            removed = remove_preset_files(self.daemon.runtime_dir, name)
+        except OSError as e:
+            log.warning("preset %s: its runtime files were not all removed: %s", name, e)
+            return
+        if removed:
+            log.info("preset %s: removed %s", name, ", ".join(removed))
 
     def _state(self, fn: Any) -> int:
         """``fn`` on the state DB; a DB that cannot be written is one log line (the preset

@@ -198,13 +198,25 @@ def test_unsetting_a_key_removes_only_its_line() -> None:
     assert parsed(new).extra_args == ()
 
 
-def test_the_last_key_of_a_table_leaves_its_header_and_comments() -> None:
+def test_the_last_key_of_a_commented_table_leaves_its_header_and_comments() -> None:
     old = example()
     new = pe.unset_keys(old, ["spec.mode"])
     assert changed(old, new) == (['mode = "off"'], [])
     assert "[spec]\n# Speculative decoding" in new
     assert parsed(new).spec.mode == "off"
-    assert pe.unset_keys(SMALL, ["spec.mode"]).endswith("\n[spec]\n")
+    commented = 'model = "m.gguf"\n[chat]  # sampling for every client\ntop_k = 20\n'
+    assert pe.unset_keys(commented, ["chat.top_k"]) == \
+        'model = "m.gguf"\n[chat]  # sampling for every client\n'
+
+
+def test_a_table_the_unset_leaves_empty_goes_with_its_header() -> None:
+    """Today's main left ``[spec]`` alone in the file."""
+    assert pe.unset_keys(SMALL, ["spec.mode"]) == 'model = "m.gguf"  # the model\nctx = 4096\n\n'
+    two = 'model = "m"\n[env]\nA = "1"\nB = "2"\n[chat]\ntop_k = 20\n'
+    assert pe.unset_keys(two, ["env.A"]) == 'model = "m"\n[env]\nB = "2"\n[chat]\ntop_k = 20\n'
+    assert pe.unset_keys(two, ["env.A", "env.B"]) == 'model = "m"\n[chat]\ntop_k = 20\n'
+    assert pe.unset_keys('model = "m"\nenv = {A = "1"}\nctx = 1\n', ["env.A"]) == \
+        'model = "m"\nctx = 1\n'
 
 
 def test_unsetting_a_key_not_set_lists_those_set() -> None:
@@ -306,3 +318,61 @@ def test_parse_preset_text_bounds_a_text_as_a_file() -> None:
         parsed('model = "m"\nctx = \n')
     p = parsed(SMALL)
     assert (p.name, p.path, p.model, p.ctx) == ("p", PATH, "m.gguf", 4096)
+
+
+# --- the size of one edit, and its cost --------------------------------------------
+
+
+def test_an_edit_larger_than_a_preset_file_is_refused_before_any_work() -> None:
+    from lokid.core.errors import InvalidArgsError
+    from lokid.core.tomlscan import MAX_KEY_LENGTH, MAX_KEYS
+
+    pe.check_edit([f"env.V{i}" for i in range(MAX_KEYS)], ["x"] * MAX_KEYS)
+    with pytest.raises(InvalidArgsError) as e:
+        pe.check_edit([f"env.V{i}" for i in range(10_000)])
+    assert str(e.value) == "10000 keys in one edit: at most 256, as many as a preset file " \
+        "may hold"
+    with pytest.raises(InvalidArgsError, match=f"at most {MAX_KEY_LENGTH}"):
+        pe.check_edit(["env." + "K" * 200])
+    with pytest.raises(InvalidArgsError, match=f"at most {MAX_FILE_BYTES}, the size of a "):
+        pe.check_edit(["env.BIG"], ["x" * MAX_FILE_BYTES])
+    with pytest.raises(InvalidArgsError, match="bytes of keys and values"):
+        pe.check_edit(["extra_args"], [["--a"] * 20_000])
+
+
+def test_an_edit_of_many_keys_parses_and_writes_the_text_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear in the keys: today's main parsed and wrote the whole text again per key
+    (240 parses for 240 keys; 10,000 keys took minutes). benchmarks/edit_keys.py shows
+    the growth by size."""
+    import tomlkit
+
+    parses: list[int] = []
+    real = tomlkit.parse
+
+    def counting(text: str) -> object:
+        parses.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(pe.tomlkit, "parse", counting)
+    values = {f"env.V{i}": f"value {i}" for i in range(240)}
+    new = pe.set_keys(SMALL, values)
+    assert len(parses) == 1
+    assert parsed(new).env["V239"] == "value 239"
+    parses.clear()
+    pe.unset_keys(new, list(values)[:200])
+    assert len(parses) == 1
+
+
+def test_a_cancelled_edit_stops_between_keys() -> None:
+    from lokid.core.errors import BusyError
+
+    asked: list[int] = []
+
+    def cancelled() -> bool:
+        asked.append(1)
+        return len(asked) > 3
+
+    with pytest.raises(BusyError, match="lokid is stopping"):
+        pe.set_keys(SMALL, {f"env.V{i}": "x" for i in range(100)}, cancelled)
+    assert len(asked) == 4
