@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import tomlscan
+from . import flags, secrets, tomlscan
 from .errors import ConfigError, NotFoundError
 from .presetname import check_preset_name
 
@@ -56,7 +56,7 @@ GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile")
 DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
-    "extra_args", "env", "op_offload_min_batch", "spec", "chat",
+    "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
 )
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
 SPEC_MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
@@ -131,6 +131,10 @@ class Preset:
     op_offload_min_batch: int | None = None
     spec: SpecConfig = field(default_factory=SpecConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
+    # Secrets, by the file each is read from (lokid.core.secrets): the engine's API keys,
+    # and environment variables by name.
+    api_key_file: str | None = None
+    secrets: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- reading TOML with locations -------------------------------------------------
@@ -452,6 +456,8 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         raise c.error("op_offload_min_batch",
                       "env.GGML_OP_OFFLOAD_MIN_BATCH is set too: keep only one of them")
 
+    extra_args = _extra_args(c)
+    api_key_file, secret_files = _secrets(c, env, extra_args)
     return Preset(
         name=name,
         path=path,
@@ -462,11 +468,13 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         gpu_layers=_gpu_layers(c),
         ubatch=ubatch,
         port=port,
-        extra_args=_extra_args(c),
+        extra_args=extra_args,
         env=env,
         op_offload_min_batch=offload,
         spec=_spec(c),
         chat=_chat(c),
+        api_key_file=api_key_file,
+        secrets=secret_files,
     )
 
 
@@ -539,6 +547,43 @@ def _env(c: _Checker) -> dict[str, str]:
             raise c.error("env", f"{key}: must not contain a NUL character")
         out[key] = text
     return out
+
+
+def _secrets(c: _Checker, env: Mapping[str, str],
+             extra_args: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
+    """``api_key_file`` and the ``[secrets]`` table: files, never values
+    (:mod:`lokid.core.secrets`). One way to set each thing: a key given both as a file
+    and by hand is an error, not a guess about which wins."""
+    api_key_file = c.string("api_key_file")
+    if api_key_file is not None:
+        problem = secrets.source_problem(api_key_file)
+        if problem:
+            raise c.error("api_key_file", problem)
+        for spellings, var in (flags.API_KEY, flags.API_KEY_FILE):
+            if flags.has_flag(extra_args, *spellings) or var in env:
+                by = spellings[0] if flags.has_flag(extra_args, *spellings) else f"env.{var}"
+                raise c.error("api_key_file", f"{by} is set too: keep only one of them")
+    value = c.data.get("secrets")
+    if value is None:
+        return api_key_file, {}
+    if not isinstance(value, dict):
+        raise c.error("secrets", "must be a table of NAME = \"/path/to/file\" (each "
+                      f"variable read from its file at start), not {_tname(value)}")
+    t = _Checker(c.path, c.text, value, "secrets")
+    out = {}
+    for key, item in value.items():
+        if not ENV_NAME_RE.fullmatch(key):
+            raise t.error(key, f"{key!r} is not a valid environment variable name")
+        if not isinstance(item, str):
+            raise t.error(key, f"must be the path of the file holding the value, not "
+                          f"{_tname(item)}")
+        problem = secrets.source_problem(item)
+        if problem:
+            raise t.error(key, problem)
+        if key in env:
+            raise t.error(key, f"env.{key} is set too: keep only one of them")
+        out[key] = item
+    return api_key_file, out
 
 
 def _choice(c: _Checker, key: str, valid: tuple[str, ...]) -> str | None:

@@ -48,6 +48,15 @@ TOP_K: Flag = ("--top-k",), "LLAMA_ARG_TOP_K"
 MIN_P: Flag = ("--min-p",), "LLAMA_ARG_MIN_P"
 REASONING_EFFORT: Flag = ("--reasoning-effort",), "LLAMA_ARG_REASONING_EFFORT"
 
+# Secrets. A value given to one of these is never shown to a caller without the right
+# to edit presets, nor logged (lokid.core.secrets masks it): every local user reads an
+# argv in `ps`. A flag naming a file (--api-key-file, --ssl-key-file) is no secret
+# itself: its path is shown, the file is never read by lokid.
+API_KEY: Flag = ("--api-key",), "LLAMA_API_KEY"
+HF_TOKEN: Flag = ("-hft", "--hf-token"), "HF_TOKEN"
+SECRET_FLAGS: tuple[Flag, ...] = (API_KEY, HF_TOKEN)
+API_KEY_FILE: Flag = ("--api-key-file",), "LLAMA_ARG_API_KEY_FILE"
+
 # Flags and variables by which an operator sets speculation by hand.
 SPEC_FLAGS = (
     "--spec-type", "--spec_type", "-md", "--model-draft", "--spec-draft-model",

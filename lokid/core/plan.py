@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import flags
+from . import flags, secrets
 from .caps import EngineCaps, backend_label
 from .config import GlobalConfig, Preset
 from .flags import flag_value, has_flag
@@ -52,6 +52,11 @@ class PlanInputs:
     environ: Mapping[str, str] = field(default_factory=dict)  # lokid's own environment
     host_memory: int = 0                 # bytes, 0 = unknown
     auto_blocked: str = ""               # attempt verdict, "" = allowed
+    # Where the unit's systemd credentials are (the secrets' copies), None where the
+    # engine reads the secret files themselves (no systemd).
+    credentials_dir: str | None = None
+    # The mode bits of each secret file that any user may read.
+    loose_secrets: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -70,9 +75,11 @@ class Plan:
     spec: SpecSummary
     host: str
     port: int
+    secrets: tuple[secrets.Secret, ...] = ()   # where each is read at start; no value
 
     def command_line(self) -> str:
-        """The environment lokid adds and the argv, as one shell-quoted line (for logs)."""
+        """The environment lokid adds and the argv, as one shell-quoted line (for logs:
+        secret values masked)."""
         from .runtimeplan import command_line
 
         return command_line(self.env, self.argv)
@@ -86,6 +93,7 @@ class Plan:
             "notes": list(self.notes),
             "spec": {"mode": self.spec.mode, "types": list(self.spec.types),
                      "auto": self.spec.auto},
+            "secrets": [s.to_json() for s in self.secrets],
         }
 
 
@@ -150,6 +158,40 @@ def _chat_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) ->
             notes.append(f"chat.{key} = {text} → {spellings[0]} {text}: the engine's default "
                          "for requests that do not set it")
     return out
+
+
+def _secret_args(inp: PlanInputs, notes: list[str]) -> tuple[list[str],
+                                                           tuple[secrets.Secret, ...]]:
+    """The preset's secrets (files, :mod:`lokid.core.secrets`): ``--api-key-file`` for
+    the API keys, the ``[secrets]`` variables for ``lokid engine`` to read at start; and
+    a note for each secret left where others can read it."""
+    p = inp.preset
+    found = []
+    if p.api_key_file is not None:
+        found.append(secrets.secret(secrets.API_KEY_TARGET, p.api_key_file,
+                                    inp.credentials_dir))
+    found += [secrets.secret(name, source, inp.credentials_dir)
+              for name, source in sorted(p.secrets.items())]
+    args: list[str] = []
+    for s in found:
+        if not s.is_env:
+            args += [s.target, s.path]
+        notes.append(f"secret: {s.describe()}")
+        mode = inp.loose_secrets.get(s.source)
+        if mode is not None:
+            notes.append(f"secret file {s.source} is mode {mode:04o}: every local user may "
+                         f"read it; `chmod 600 {s.source}`")
+    for spelling in secrets.secret_flags_in(p.extra_args):
+        notes.append(f"extra_args gives {spelling} a value on the command line, which every "
+                     "local user sees in `ps`: put it in a file (mode 0600) and name the file "
+                     "in the preset (api_key_file = \"/path\" for --api-key, [secrets] for a "
+                     "token the engine reads from its environment)")
+    for name in sorted(p.env):
+        if secrets.secret_name(name):
+            notes.append(f"env.{name} looks like a secret: env values sit in the runtime plan "
+                         f"and the engine's environment; move it to [secrets] ({name} = "
+                         "\"/path/to/file\"), which reads it from a file at each start")
+    return args, tuple(found)
 
 
 def _verbosity_args(inp: PlanInputs, auto: bool, arg_env: Mapping[str, str],
@@ -219,6 +261,8 @@ def build_plan(inp: PlanInputs) -> Plan:
     argv += spec.args
     notes += spec.notes
     argv += _verbosity_args(inp, spec.auto, arg_env, notes)
+    secret_args, secret_list = _secret_args(inp, notes)
+    argv += secret_args
     argv += p.extra_args
 
     # The operator's flags come last and win: host and port are where the
@@ -240,6 +284,7 @@ def build_plan(inp: PlanInputs) -> Plan:
         spec=SpecSummary(mode=spec.mode, types=tuple(spec.types), auto=spec.auto),
         host=host,
         port=port,
+        secrets=secret_list,
     )
 
 
@@ -263,7 +308,10 @@ def format_plan(plan: Plan) -> str:
         lines.append("environment:")
         lines += [f"  {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())]
     lines.append("command:")
-    lines.append("  " + shlex.join(plan.argv))
+    lines.append("  " + shlex.join(secrets.mask_argv(plan.argv)))
+    if plan.secrets:
+        lines.append("secrets (never shown, logged or put in the command line):")
+        lines += [f"  {s.describe()}" for s in plan.secrets]
     types = ",".join(plan.spec.types) or "none"
     lines.append(f"speculative decoding: mode {plan.spec.mode}, active {types}"
                  + (" (automatic)" if plan.spec.auto else ""))

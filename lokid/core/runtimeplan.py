@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .attempt import Mark
+from .secrets import Secret
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -50,6 +51,9 @@ class RuntimePlan:
     notes: tuple[str, ...] = ()
     invocation: str = ""          # systemd's INVOCATION_ID of the start ("" outside systemd)
     pid: int = 0                  # the process that planned and supervises it (0: unknown)
+    # Where each secret is read at start (lokid.core.secrets); never a value. Absent from
+    # a file written before secrets existed: none.
+    secrets: tuple[Secret, ...] = ()
     schema: int = field(default=SCHEMA, compare=False)
 
     @classmethod
@@ -57,7 +61,8 @@ class RuntimePlan:
         return cls(preset=plan.preset, argv=tuple(plan.argv), env=dict(plan.env),
                    host=plan.host, port=plan.port, mark=mark, spec_mode=plan.spec.mode,
                    spec_types=tuple(plan.spec.types), auto=plan.spec.auto,
-                   notes=tuple(plan.notes), invocation=invocation, pid=pid)
+                   notes=tuple(plan.notes), invocation=invocation, pid=pid,
+                   secrets=tuple(plan.secrets))
 
     def command_line(self) -> str:
         return command_line(self.env, self.argv)
@@ -77,6 +82,7 @@ class RuntimePlan:
                      "build": self.mark.build},
             "invocation": self.invocation,
             "pid": self.pid,
+            "secrets": [s.to_json() for s in self.secrets],
         }
 
     @classmethod
@@ -103,16 +109,20 @@ class RuntimePlan:
             notes=_strings(data, "notes"),
             invocation=_get(data, "invocation", str, ""),
             pid=_get(data, "pid", int, 0),  # optional: not written before it existed
+            secrets=tuple(Secret.from_json(s) for s in _get(data, "secrets", list, [])),
             schema=schema,
         )
 
 
 def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """The environment lokid adds and the argv, as one shell-quoted line (for logs)."""
+    """The environment lokid adds and the argv, as one shell-quoted line for logs: the
+    values of secret flags and of variables named as secrets masked."""
     import shlex
 
-    added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    return (added + " " if added else "") + shlex.join(argv)
+    from .secrets import log_env, mask_argv
+
+    added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(log_env(env).items()))
+    return (added + " " if added else "") + shlex.join(mask_argv(argv))
 
 
 _MISSING = object()

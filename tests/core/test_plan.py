@@ -169,7 +169,7 @@ def test_attempt_verdict_blocks_auto() -> None:
 def test_json_form_has_exactly_the_documented_keys() -> None:
     plan = build_plan(inputs(preset(spec=SpecConfig(mode="auto"), gpus="1")))
     data = plan.to_json()
-    assert set(data) == {"preset", "argv", "env", "notes", "spec"}
+    assert set(data) == {"preset", "argv", "env", "notes", "spec", "secrets"}
     assert set(data["spec"]) == {"mode", "types", "auto"}
     assert data["preset"] == "p" and data["argv"][0] == ENGINE
     assert data["env"] == {"CUDA_VISIBLE_DEVICES": "1"}

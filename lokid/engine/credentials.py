@@ -1,0 +1,59 @@
+"""Reading a start's ``[secrets]`` variables from their files, for the engine alone.
+
+The plan says where each secret is read at start (:mod:`lokid.core.secrets`):
+under systemd a credential's copy in ``$CREDENTIALS_DIRECTORY``, else the file
+itself. ``lokid engine`` (and ``lokid run``) read the variables' files here,
+just before the engine spawns, into the engine's environment only; the API
+key file is the engine's to read (``--api-key-file``). A file that cannot be
+read ends the start with a :class:`~lokid.core.errors.ConfigError` naming the
+variable and the file, never with its content. Kept light (os only): this runs
+between ``systemctl start`` and the engine's spawn.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..core.errors import ConfigError
+from ..core.secrets import MAX_SECRET_BYTES, Secret
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+
+def secret_env(secrets: Iterable[Secret]) -> dict[str, str]:
+    """The values of the environment secrets, by variable name.
+
+    One trailing newline is dropped (``echo token > file`` writes one), nothing
+    else: a token is taken as its file holds it.
+    """
+    out = {}
+    for s in secrets:
+        if not s.is_env:
+            continue
+        try:
+            with open(s.path, "rb") as f:
+                data = f.read(MAX_SECRET_BYTES + 1)
+        except OSError as e:
+            raise ConfigError(f"secret {s.target}: cannot read {s.path}: {e.strerror}"
+                              + _hint(s)) from None
+        if len(data) > MAX_SECRET_BYTES:
+            raise ConfigError(f"secret {s.target}: {s.path} is larger than "
+                              f"{MAX_SECRET_BYTES} bytes: not a token")
+        if data.endswith(b"\n"):
+            data = data[:-1]
+            if data.endswith(b"\r"):
+                data = data[:-1]
+        if b"\0" in data:
+            raise ConfigError(f"secret {s.target}: {s.path} holds a NUL byte, which no "
+                              "environment variable can")
+        out[s.target] = os.fsdecode(data)
+    return out
+
+
+def _hint(s: Secret) -> str:
+    if s.path != s.source:
+        return (f" (systemd's copy of {s.source}: `systemctl daemon-reload` after giving a "
+                "preset a secret)")
+    return ""
