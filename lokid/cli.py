@@ -1,6 +1,6 @@
-"""The ``lokid`` command: ``plan``, ``run``, the unit helpers ``engine`` and ``stopped``
-(and ``prestart``, planning alone), ``generate``, ``watch`` (the journal watcher alone)
-and ``daemon`` (the D-Bus service).
+"""The ``lokid`` command: ``plan``, ``run``, the unit helpers ``prestart``, ``engine`` and
+``stopped``, ``generate``, ``watch`` (the journal watcher alone) and ``daemon`` (the
+D-Bus service).
 
 Arguments become typed calls here; no argparse object leaves this module.
 A preset name is checked before anything else (:func:`_preset_name`): no file
@@ -9,7 +9,8 @@ entry when stderr is the journal (a traceback only with ``--debug``). Exit
 status: 0 on success, 2 for a config/preset/model/engine problem, 1 for a
 busy port; ``run`` otherwise exits with the engine's own status; ``engine`` exits
 78 when the preset cannot start as it is and 69 when the crash-loop rule stops
-its restarts (the unit's RestartPreventExitStatus=).
+its restarts (the unit's RestartPreventExitStatus=); ``prestart`` in the unit exits 0
+when the start must not run, and leaves the status and the reason to ``engine``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 EXIT_CONFIG = 2
 EXIT_BUSY = 1
 # The commands whose argument is a preset name. `engine` checks its own (the unit's
-# ExecStart: its STATUS= and exit status 78 say why, and stop the restarts).
+# ExecStart: its STATUS= and exit status 78 say why, and stop the restarts), and so
+# does `prestart` (ExecStartPre: by hand, exit 2 as here; in the unit, exit 0 and
+# `engine` says it).
 PRESET_COMMANDS = ("plan", "run", "prestart", "stopped", "bench")
 
 
@@ -92,10 +95,9 @@ def cmd_run(config_dir: str, preset: str) -> int:
 
 
 def cmd_prestart(config_dir: str, preset: str) -> int:
-    from .engine.unit import prestart
+    from .engine.unit import prestart_step
 
-    prestart(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
-    return 0
+    return prestart_step(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
 
 
 def cmd_engine(config_dir: str, preset: str) -> int:
@@ -195,11 +197,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     run = sub.add_parser("run", help="run a preset's engine in the foreground")
     run.add_argument("preset")
-    pre = sub.add_parser("prestart", help="plan a start as loki-engine@.service does: "
-                         "check the port, settle the attempt token, write the runtime plan")
+    pre = sub.add_parser("prestart", help="ExecStartPre of loki-engine@.service: plan the "
+                         "start, check the port, settle the attempt token, write the runtime "
+                         "plan")
     pre.add_argument("preset")
-    eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: plan the start, "
-                         "then supervise the engine")
+    eng = sub.add_parser("engine", help="ExecStart of loki-engine@.service: run and supervise "
+                         "the engine as prestart planned it")
     eng.add_argument("preset")
     stp = sub.add_parser("stopped", help="ExecStopPost of loki-engine@.service: record how "
                          "the start ended ($SERVICE_RESULT)")
@@ -229,12 +232,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 2 and argv[0] == "engine" and argv[1] not in ("-h", "--help"):
-        # The unit's ExecStart, a fixed command line: skip argparse (and the
-        # regular-expression machinery it imports) on the way to READY. Whatever
-        # the instance name, even "-rf": argparse would exit 2, which the unit
-        # restarts forever; `engine` refuses a bad name with 78, which it does not.
-        return _guard(lambda: cmd_engine(paths.config_dir(), argv[1]), debug=False)
+    if len(argv) == 2 and argv[0] in ("prestart", "engine") and argv[1] not in ("-h", "--help"):
+        # The unit's ExecStartPre and ExecStart, fixed command lines: skip argparse
+        # (and the regular-expression machinery it imports) on the way to READY.
+        # Whatever the instance name, even "-rf": argparse would exit 2, which the unit
+        # restarts forever; `prestart` leaves a bad name to `engine`, which refuses it
+        # with 78, which the unit does not restart.
+        step = cmd_prestart if argv[0] == "prestart" else cmd_engine
+        return _guard(lambda: step(paths.config_dir(), argv[1]), debug=False)
     args = _parser().parse_args(argv)
     config_dir: str = args.config_dir or paths.config_dir()
     command: str = args.command

@@ -1,10 +1,19 @@
-"""sd_notify(3) over ``$NOTIFY_SOCKET``: READY, STATUS, WATCHDOG and friends for systemd.
+"""sd_notify(3) for systemd: READY, STATUS, WATCHDOG, EXTEND_TIMEOUT_USEC and STOPPING.
 
-A datagram per call, as the protocol asks; silent when not run by systemd (no
-``NOTIFY_SOCKET``), so the same code runs under ``lokid run``. The watchdog
-interval is read from ``WATCHDOG_USEC`` when ``WATCHDOG_PID`` is ours (or unset).
-Written here rather than taken from a library: it is a dozen lines, and
-``lokid engine`` sits on the path to READY where every import counts.
+The datagrams go through ``sdnotify`` (Debian ``python3-sdnotify``, one small
+module of socket and os: it costs ``lokid engine`` well under a millisecond
+before the engine spawns). This module adds what ``sdnotify`` leaves to its
+callers:
+
+- silence without systemd: no socket at all when ``NOTIFY_SOCKET`` is unset,
+  so the same code runs under ``lokid run``, and :attr:`Notifier.enabled`
+  says which case this is;
+- the watchdog interval, from ``WATCHDOG_USEC`` when ``WATCHDOG_PID`` is ours
+  (or unset);
+- UTF-8: ``sdnotify`` encodes a message as Latin-1 and drops, silently, one
+  that does not fit, such as a STATUS= naming a preset file ``modèle-日本.toml``.
+  The message is handed over as the Latin-1 reading of its UTF-8 bytes, which
+  ``sdnotify`` turns back into exactly those bytes: what systemd expects.
 """
 
 from __future__ import annotations
@@ -13,23 +22,20 @@ import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
-    import socket
-    from collections.abc import Mapping
+    from sdnotify import SystemdNotifier
 
 
 class Notifier:
-    """sd_notify over $NOTIFY_SOCKET; silent when not run by systemd."""
+    """sd_notify over this process's $NOTIFY_SOCKET; silent when not run by systemd."""
 
-    def __init__(self, env: Mapping[str, str] | None = None):
-        import socket
+    def __init__(self) -> None:
+        env = os.environ  # sdnotify reads NOTIFY_SOCKET there, so the rest is read there too
+        self._sd: SystemdNotifier | None = None
+        if env.get("NOTIFY_SOCKET", ""):
+            from sdnotify import SystemdNotifier
 
-        env = os.environ if env is None else env
-        address = env.get("NOTIFY_SOCKET", "")
-        self._sock: socket.socket | None = None
-        self._addr = ""
-        if address:
-            self._addr = "\0" + address[1:] if address.startswith("@") else address
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            sd = SystemdNotifier()  # its socket is None when it could not connect
+            self._sd = sd if sd.socket is not None else None
         usec = env.get("WATCHDOG_USEC", "")
         pid = env.get("WATCHDOG_PID", "")
         self.watchdog_interval: float | None = None
@@ -38,16 +44,15 @@ class Notifier:
 
     @property
     def enabled(self) -> bool:
-        return self._sock is not None
+        return self._sd is not None
 
     def send(self, *fields: str) -> None:
-        if self._sock is None:
-            return
-        try:
-            self._sock.sendto("\n".join(fields).encode(), self._addr)
-        except OSError:
-            pass  # systemd gone (shutdown): nothing to tell
+        """One datagram of ``fields``, one per line; a systemd that is gone (shutdown)
+        is nobody to tell, and sdnotify says nothing of it."""
+        if self._sd is not None:
+            self._sd.notify("\n".join(fields).encode().decode("latin-1"))
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
+        if self._sd is not None:
+            self._sd.socket.close()
+            self._sd = None

@@ -16,7 +16,10 @@ through a Python pipe a stalled reader could block), then:
   after a grace period), and return the engine's status (0 when our SIGTERM
   killed it: a stop while loading is still a clean stop);
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
-  failure even with status 0, so that ``Restart=on-failure`` applies).
+  failure even with status 0, so that ``Restart=on-failure`` applies); one that
+  exits with a status before it was ready is asked ``refused`` (the caller's:
+  whether it refused its own command line, :mod:`lokid.engine.argcheck`), and a
+  refusal ends the start with the caller's status and line as STATUS=.
 
 The engine runs in a process group of its own, and every signal goes to the
 whole group: an ``engine`` that is a wrapper script running llama-server as
@@ -99,7 +102,8 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
               notifier: Notifier | None = None,
               on_ready: Callable[[str], None] | None = None,
               on_spawned: Callable[[], None] | None = None,
-              unexpected_exit_fails: bool = False) -> int:
+              unexpected_exit_fails: bool = False,
+              refused: Callable[[], tuple[int, str] | None] | None = None) -> int:
     """Run the engine until it exits or we are told to stop; return the exit status.
 
     The engine is spawned before anything else is set up; ``notifier`` None
@@ -135,7 +139,7 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
             if on_spawned is not None:
                 on_spawned()
             return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
-                         unexpected_exit_fails)
+                         unexpected_exit_fails, refused)
         finally:
             _end_group(proc, log)
     finally:
@@ -177,7 +181,8 @@ def _end_group(proc: subprocess.Popen[bytes], log: Callable[[str], None]) -> Non
 
 def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
           log: Callable[[str], None], on_ready: Callable[[str], None] | None,
-          stop: list[int], unexpected_exit_fails: bool) -> int:
+          stop: list[int], unexpected_exit_fails: bool,
+          refused: Callable[[], tuple[int, str] | None] | None = None) -> int:
     started = time.monotonic()
     url = engine_url(launch.host, launch.port)
     ready = False
@@ -277,6 +282,11 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
     if stopping_since is not None:
         return rc
     log(f"the engine exited with status {rc}" + ("" if ready else " before it was ready"))
+    if not ready and 0 < rc < 128 and refused is not None:
+        refusal = refused()
+        if refusal is not None:
+            notifier.send(f"STATUS={refusal[1]}")
+            return refusal[0]
     if unexpected_exit_fails and rc == 0:
         return 1
     return rc

@@ -1,22 +1,36 @@
-"""What ``loki-engine@.service`` runs: ``lokid engine`` (ExecStart) and ``lokid stopped``
-(ExecStopPost).
+"""What ``loki-engine@.service`` runs: ``lokid prestart`` (ExecStartPre), ``lokid engine``
+(ExecStart) and ``lokid stopped`` (ExecStopPost).
 
-``engine`` is the unit's main process from the first instruction, so that its
-STATUS= line and its exit status are what ``systemctl status`` shows:
+``prestart`` (:func:`prestart_step`), the planning step:
 
 1. the crash-loop rule (:mod:`lokid.core.crashloop`): after too many failures
-   it exits :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` and says why; a
-   start by hand (systemd's ``NRestarts`` is 0) forgets the failures first;
-2. :func:`prestart`: plan the launch, refuse a busy port before touching any
-   attempt token (peek, then settle), write the plan of this invocation
-   (:class:`lokid.core.runtimeplan.RuntimePlan`) to
-   ``$LOKI_RUNTIME_DIR/<preset>.json`` and log each note as its own journal
-   entry. A preset that cannot start as it is exits
-   :data:`~lokid.core.crashloop.EXIT_CONFIG` with its one-line error as
-   STATUS=; the unit's ``RestartPreventExitStatus=`` makes that final;
-3. supervise llama-server (:mod:`lokid.engine.supervisor`); on READY, clear
-   its own attempt token (the next start of the same configuration may try
-   again) and mark the start ready.
+   the start must not run; a start by hand (systemd's ``NRestarts`` is 0)
+   forgets the failures first;
+2. plan the launch (:func:`prestart`; or the last ready start's plan, when
+   nothing it was made from changed: :mod:`lokid.engine.plancache`), refuse a
+   busy port before touching any attempt token (peek, then settle), write the
+   plan of this invocation (:class:`lokid.core.runtimeplan.RuntimePlan`) to
+   ``$LOKI_RUNTIME_DIR/<preset>.json``;
+3. leave the outcome to ``engine`` (:mod:`lokid.engine.handoff`). A start that
+   must not run is logged and handed over as refused, and the step exits 0:
+   systemd reads ``RestartPreventExitStatus=`` from the main process only and
+   shows only its STATUS= (``NotifyAccess=main``), so ``engine`` exits
+   :data:`~lokid.core.crashloop.EXIT_CONFIG` or
+   :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
+
+A SIGTERM while it plans (a stop or restart) ends it at once with status 0
+(:class:`_StopGuard`): systemd counts a control process killed by its own
+SIGTERM as ``failed (signal)``. Between setting the attempt token and writing
+the plan that lets ``stopped`` excuse it, the stop waits.
+
+``engine`` is the unit's main process: its STATUS= lines and exit status are
+what ``systemctl status`` shows. It runs the plan its prestart step wrote (or,
+when none ran for this start, as under the daemon's local runner, plans first
+the same way) and supervises llama-server (:mod:`lokid.engine.supervisor`); on
+READY it clears its own attempt token (the next start of the same
+configuration may try again), marks the start ready and keeps the plan for
+reuse. An engine that exits before it was ready because it refuses its own
+command line (:mod:`lokid.engine.argcheck`) ends the start as a config error.
 
 The state DB never stops a start nor a healthy engine (:mod:`lokid.engine.state`):
 a start that cannot set its token runs without automatic speculation and says
@@ -31,8 +45,9 @@ automatic launch was loading clears its attempt token, since a stop is not
 the launch failing. A crash, a hang (watchdog) or a start timeout leaves the
 token, and the next start cuts automatic speculation.
 
-The prestart, planning and state modules are imported inside the functions
-that use them: ``engine`` is on the path from ``systemctl start`` to READY.
+The planning and state modules are imported inside the functions that use
+them: both steps are on the path from ``systemctl start`` to READY, and
+``engine`` with a plan handed over imports neither before the engine spawns.
 """
 
 from __future__ import annotations
@@ -49,7 +64,7 @@ if TYPE_CHECKING:
     from ..core.attempt import Mark, Verdict
     from ..core.plan import Plan, PlanInputs
     from ..core.runtimeplan import RuntimePlan
-    from .notify import Notifier
+    from . import handoff
     from .state import StateDB, Token
 
 
@@ -84,6 +99,9 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     environ = dict(os.environ if environ is None else environ)
     inputs = gather(config_dir, name, environ)
     cleared = read_cleared(runtime_dir, name)
+    # The slow part (probing the engine, reading the model) is done: a stop from here
+    # waits until the token and the plan that lets `lokid stopped` excuse it are written.
+    _stop.hold()
     db: StateDB | StateReader
     unusable: StateError | None = None
     try:
@@ -108,6 +126,7 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
                                        blocked=needs_token(str(unusable)))
     rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
     write_runtime_plan(runtime_dir, rp)
+    _stop.release()
     if log_notes:
         _log_plan(name, plan.notes, plan.command_line())
     return _Planned(plan, mark, inputs, found.why, rp, token)
@@ -173,11 +192,13 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
             if now.why != verdict or now.record:
                 return None
             check_port_free(rp.host, rp.port, runtime_dir)
+            _stop.hold()  # as in _prestart: the token and its plan, both or neither
             token = _settle(db, runtime_dir, name, rp.mark, now, rp.auto, cleared)
     except StateError:
         return None
     rp = replace(rp, invocation=invocation, pid=os.getpid())
     write_runtime_plan(runtime_dir, rp)
+    _stop.release()
     return rp, token
 
 
@@ -228,7 +249,7 @@ def _check_name(name: str) -> None:
     check_preset_name(name)
 
 
-def _crash_loop(runtime_dir: str, name: str, notifier: Notifier) -> str:
+def _crash_loop(runtime_dir: str, name: str, under_systemd: bool) -> str:
     """Why this start must not run (the crash-loop rule), or ""."""
     import time
 
@@ -239,7 +260,7 @@ def _crash_loop(runtime_dir: str, name: str, notifier: Notifier) -> str:
     failures = exits.read_failures(runtime_dir, name)
     if not failures:
         return ""
-    restarts = exits.automatic_restarts(engine_unit(name)) if notifier.enabled else 0
+    restarts = exits.automatic_restarts(engine_unit(name)) if under_systemd else 0
     if restarts == 0:  # a start by hand: what failed before it is forgiven
         try:
             exits.forget_failures(runtime_dir, name)
@@ -257,11 +278,128 @@ def _crash_loop(runtime_dir: str, name: str, notifier: Notifier) -> str:
     return why
 
 
-def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
-    """Plan, then supervise the engine of this invocation; the exit status for systemd."""
+def _crash_loop_message(name: str, why: str) -> str:
+    from ..core.names import engine_unit
+
+    return (f"{why}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
+            "tries again")
+
+
+class _Stopped(BaseException):
+    """SIGTERM reached the prestart step: systemd stops or restarts the unit. A
+    BaseException, as KeyboardInterrupt is: no ``except Exception`` on the way takes it
+    for a failure of what it interrupted."""
+
+
+class _StopGuard:
+    """SIGTERM in the prestart step ends it at once, and cleanly (exit 0): systemd
+    counts a control process killed by its own SIGTERM as ``failed (signal)``, so a
+    restart or a stop that lands while a start plans would leave the unit failed.
+    Between :meth:`hold` and :meth:`release` (the attempt token set, the runtime plan
+    that lets ``lokid stopped`` excuse it written) the stop waits. Inactive (no-ops)
+    until :meth:`install`: ``lokid engine`` planning itself keeps the default."""
+
+    def __init__(self) -> None:
+        self.active = self.held = self.pending = False
+
+    def install(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        self.active = True
+
+    def _on_term(self, _signum: int, _frame: object) -> None:
+        if self.held:
+            self.pending = True
+            return
+        raise _Stopped
+
+    def hold(self) -> None:
+        self.held = self.active
+
+    def release(self) -> None:
+        self.held = False
+        if self.pending:
+            raise _Stopped
+
+
+_stop = _StopGuard()
+
+
+def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
+    """ExecStartPre=: the crash-loop rule, then the plan of this start (the last ready
+    start's when nothing it came from changed, else afresh), its attempt token settled
+    and its runtime plan written; what ``lokid engine`` needs is left in the runtime
+    directory (:mod:`lokid.engine.handoff`). A start that must not run is logged and
+    left there as refused, and the step exits 0 all the same: the engine step, the main
+    process, says it as STATUS= and exits 78 or 69, which the unit does not restart.
+
+    Without ``INVOCATION_ID`` (run by hand) it plans and writes the runtime plan, and a
+    refusal is an error as in any other command."""
     from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
     from ..core.errors import LokiError
-    from ..core.names import engine_unit
+    from . import handoff
+
+    invocation = os.environ.get("INVOCATION_ID", "")
+    if not invocation:
+        _check_name(name)
+        prestart(config_dir, state_dir, runtime_dir, name)
+        return 0
+    try:
+        _check_name(name)
+    except LokiError:
+        return 0  # no file named after it is written: `lokid engine` refuses it (78)
+    _stop.install()
+    try:
+        why = _crash_loop(runtime_dir, name, "NOTIFY_SOCKET" in os.environ)
+        if why:
+            left: handoff.Planned | handoff.Refused = handoff.Refused(
+                EXIT_CRASH_LOOP, _crash_loop_message(name, why))
+        else:
+            left = _plan_start(config_dir, state_dir, runtime_dir, name, invocation)
+        if isinstance(left, handoff.Refused):
+            journal_log(name, left.message, priority=3)
+            handoff.write_refused(runtime_dir, name, invocation, left)
+        else:
+            handoff.write_planned(runtime_dir, name, invocation, left)
+    except _Stopped:
+        journal_log(name, "stopped while planning: a clean stop")
+        return 0
+    except OSError as e:  # the runtime directory: nothing can be handed over
+        journal_log(name, f"cannot write to {runtime_dir}: {e}", priority=3)
+        return EXIT_CONFIG
+    return 0
+
+
+def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+                invocation: str) -> handoff.Planned | handoff.Refused:
+    """This start's plan, settled and written, or why it cannot start as it is."""
+    import time
+
+    from ..core.crashloop import EXIT_CONFIG
+    from ..core.errors import LokiError
+    from . import handoff
+
+    planned_at = time.time_ns()
+    try:
+        if _reuse(state_dir, runtime_dir, name, invocation, os.environ) is not None:
+            return handoff.Planned([], "", 0)
+        planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+    except LokiError as e:
+        return handoff.Refused(EXIT_CONFIG, str(e))
+    from .plancache import inputs_paths
+
+    return handoff.Planned(inputs_paths(config_dir, planned.inputs, os.environ),
+                           planned.verdict, planned_at)
+
+
+def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
+    """Supervise the engine of this invocation, as its prestart step planned it (or plan
+    first, when none ran: the daemon's local runner); the exit status for systemd."""
+    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
+    from ..core.errors import LokiError
+    from . import handoff
     from .notify import Notifier
 
     notifier = Notifier()
@@ -272,36 +410,62 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         notifier.send(f"STATUS={e}")
         journal_log("", str(e), priority=3)
         return EXIT_CONFIG
-    stop = _crash_loop(runtime_dir, name, notifier)
-    if stop:
-        message = (f"{stop}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
-                   "tries again")
-        notifier.send(f"STATUS={message}")
-        journal_log(name, message, priority=3)
-        return EXIT_CRASH_LOOP
+    left = handoff.read(runtime_dir, name, invocation)
+    if isinstance(left, handoff.Refused):  # logged by the prestart step
+        notifier.send(f"STATUS={left.message}")
+        return left.status
     import time
 
     planned_at = time.time_ns()
     planned: _Planned | None = None
+    token: Token | None = None
     try:
-        reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
-        if reused is None:
-            # the notes are logged once the engine is spawned: the journal's client
-            # library loads while the engine does, not before it
-            planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
-            rp, token = planned.runtime, planned.token
+        if isinstance(left, handoff.Planned):
+            rp = read_runtime_plan(runtime_dir, name, invocation)
         else:
-            rp, token = reused
+            stop = _crash_loop(runtime_dir, name, notifier.enabled)
+            if stop:
+                message = _crash_loop_message(name, stop)
+                notifier.send(f"STATUS={message}")
+                journal_log(name, message, priority=3)
+                return EXIT_CRASH_LOOP
+            reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
+            if reused is None:
+                # the notes are logged once the engine is spawned: the journal's client
+                # library loads while the engine does, not before it
+                planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+                rp, token = planned.runtime, planned.token
+            else:
+                rp, token = reused
+        engine_env = rp.env
+        if rp.secrets:  # the [secrets] variables: the engine's environment alone, never rp's
+            from .credentials import secret_env
+
+            engine_env = {**rp.env, **secret_env(rp.secrets)}
     except LokiError as e:
         notifier.send(f"STATUS={e}")
         journal_log(name, str(e), priority=3)
         return EXIT_CONFIG
     from .supervisor import Launch, supervise
 
-    launch = Launch.of(name, rp.argv, rp.env, rp.host, rp.port)
-    how = "" if planned is not None else \
-        " (the last ready start's: nothing it was made from has changed)"
+    launch = Launch.of(name, rp.argv, engine_env, rp.host, rp.port)
+    fresh = planned is not None or (isinstance(left, handoff.Planned) and bool(left.paths))
+    how = "" if fresh else " (the last ready start's: nothing it was made from has changed)"
     command_line = rp.command_line()
+
+    def on_spawned() -> None:
+        if isinstance(left, handoff.Planned):
+            # the plan names the process that supervises its engine (lokid plan's
+            # "loading"): this one, not the prestart step that wrote it
+            from dataclasses import replace
+
+            from .runtimedir import write_runtime_plan
+
+            try:
+                write_runtime_plan(runtime_dir, replace(rp, pid=os.getpid()))
+            except OSError as e:
+                journal_log(name, f"the runtime plan was not updated: {e}", priority=4)
+        _log_plan(name, rp.notes, command_line, how)
 
     def on_ready(url: str) -> None:
         from . import exits, plancache
@@ -314,15 +478,29 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
                 plancache.record(runtime_dir, name,
                                  plancache.inputs_paths(config_dir, planned.inputs, os.environ),
                                  os.environ, rp.to_json(), planned.verdict, planned_at)
+            elif isinstance(left, handoff.Planned) and left.paths:
+                plancache.record(runtime_dir, name, left.paths, os.environ, rp.to_json(),
+                                 left.verdict, left.planned_at)
         except (LokiError, OSError) as e:  # never a reason to stop a healthy engine
             journal_log(name, f"ready, but its state was not saved: {e}", priority=4)
 
     def log(message: str) -> None:
         journal_log(name, message)
 
+    def refused() -> tuple[int, str] | None:
+        """An engine that refuses its command line fails the same way at every try."""
+        from .argcheck import argument_error
+
+        line = argument_error(launch.argv, {**os.environ, **launch.env})
+        if not line:
+            return None
+        message = (f"{os.path.basename(launch.argv[0])}: {line} (it refuses its command "
+                   "line: fix the preset; restarting cannot help)")
+        journal_log(name, message, priority=3)
+        return EXIT_CONFIG, message
+
     return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
-                     on_spawned=lambda: _log_plan(name, rp.notes, command_line, how),
-                     unexpected_exit_fails=True)
+                     on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused)
 
 
 def stopped(state_dir: str, runtime_dir: str, name: str,

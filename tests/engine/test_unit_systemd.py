@@ -12,6 +12,7 @@ shortened by a test-only drop-in, the way an administrator would.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -372,6 +373,9 @@ def test_an_invalid_preset_fails_once_with_its_error_as_status(lk: LokidSystem) 
                      "ExecMainStatus": "78", "StatusText": expected}, props
     status = ct.run(["systemctl", "status", unit(bad), "--no-pager"], check=False).stdout
     assert f'Status: "{expected}"' in status and "status=78/CONFIG" in status, status
+    # the planning step apart: it found the error and left it to the main process
+    assert f"ExecStartPre=/usr/bin/lokid prestart {bad} (code=exited, status=0/SUCCESS)" \
+        in status, status
     log = lk.journal(bad)
     # lokid's own entry (SYSLOG_IDENTIFIER=lokid, priority err), not the engine's output
     lines = [s for s in lokid_errors(ct, unit(bad)) if "broken.toml" in s]
@@ -420,3 +424,69 @@ def test_a_busy_port_fails_without_touching_the_token(lk: LokidSystem) -> None:
     assert "Traceback" not in log
     # The other start's token is untouched: not consumed, not recorded as a failure.
     assert lk.state(name) == before
+
+
+# An engine whose --help takes 3 s: `lokid prestart` probes it, so a stop or a restart
+# lands while the unit is in ExecStartPre (SubState start-pre).
+SLOW_HELP = """\
+for arg in "$@"; do
+    case "$arg" in --help) sleep 3; exec "$ENGINE" "$@" ;; esac
+done
+exec "$ENGINE" "$@"
+"""
+
+
+def _wait_substate(lk: LokidSystem, name: str, sub: str) -> None:
+    deadline = time.monotonic() + 30
+    while lk.show(name, "SubState")["SubState"] != sub:
+        assert time.monotonic() < deadline, lk.journal(name)[-3000:]
+        time.sleep(0.05)
+
+
+def test_a_stop_or_restart_while_planning_is_a_clean_stop(lk: LokidSystem) -> None:
+    """systemd counted the planning step killed by its SIGTERM as a failure: `failed
+    (signal)` after a stop, and a restart that failed."""
+    ct = lk.ct
+    name = "stop-planning"
+    port = lk.preset(name, f'model = "{MTP}"\n{AUTO}')
+    for n in range(2):  # a new wrapper each time: the probe of the last one is not kept
+        lk.set_engine(lk.engine_wrapper(f"slow-help-{n}-llama-server", SLOW_HELP))
+        ct.systemctl("start", "--no-block", unit(name))
+        _wait_substate(lk, name, "start-pre")
+        if n == 0:
+            ct.systemctl("stop", unit(name))
+            props = lk.show(name, "ActiveState", "Result")
+            assert props == {"ActiveState": "inactive", "Result": "success"}, \
+                (props, lk.journal(name)[-3000:])
+            assert lk.state(name)["failed"] == []
+            assert not (lk.state(name)["attempt"])  # stopped before any token was set
+        else:
+            r = ct.systemctl("restart", unit(name), check=False)
+            assert r.returncode == 0, (r.stderr, lk.journal(name)[-3000:])
+            props = lk.show(name, "ActiveState", "Result", "NRestarts")
+            assert props == {"ActiveState": "active", "Result": "success",
+                             "NRestarts": "0"}, props
+            assert lk.health(port) == 200
+    log = lk.journal(name)
+    assert log.count("stopped while planning: a clean stop") == 2, log[-3000:]
+    assert "counted as a failure" not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_an_engine_that_refuses_its_arguments_fails_once(lk: LokidSystem) -> None:
+    """`error: invalid argument: …` cannot change on retry: retried 5 times (25 s) before."""
+    ct = lk.ct
+    name = "bad-flag"
+    lk.preset(name, f'model = "{LLAMA}"\nextra_args = ["--no-such-flag"]\n')
+    lk.dropin(name, {"RestartSec": "1"})
+    r = ct.systemctl("start", unit(name), check=False)
+    assert r.returncode != 0
+    time.sleep(3)  # three RestartSec= later: still the one attempt
+    props = lk.show(name, "ActiveState", "NRestarts", "ExecMainStatus", "StatusText")
+    line = "error: invalid argument: --no-such-flag"
+    assert props["ActiveState"] == "failed" and props["NRestarts"] == "0", props
+    assert props["ExecMainStatus"] == "78", props
+    assert props["StatusText"].startswith(f"{os.path.basename(lk.engine)}: {line}"), props
+    engine_lines = ct.run(["journalctl", "-u", unit(name), "SYSLOG_IDENTIFIER=llama-server",
+                           "-o", "cat", "--no-pager"]).stdout
+    assert engine_lines.count(line) == 1, engine_lines   # the engine ran once
+    assert "counted as a failure" not in lk.journal(name)
