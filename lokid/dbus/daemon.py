@@ -432,6 +432,7 @@ class Daemon:
                       state: EngineState) -> None:
         detail = state.detail
         said = self.last_errors.of(name) if result == JOB_FAILED else ""
+        said = "" if said in detail else said   # lokid's reason quotes it already
         # the engine's own words replace a status line that was only the load's progress
         status = f"the engine said: {said}" if said else state.status
         if status and status not in detail and (result != "done" or state.state != "ready"):
