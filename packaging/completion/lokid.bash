@@ -94,7 +94,7 @@ _lokictl() {
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench|top|stats|\
+            status|presets|show|plan|start|stop|restart|reload|clear-failures|bench|top|stats|logs|\
             new|set|unset|rm|mv|cat|edit) cmd="${words[i]}"; break ;;
         esac
     done
@@ -102,14 +102,14 @@ _lokictl() {
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-        --timeout|--address|--predict|--prompt|--since) return ;;
+        --timeout|--address|--predict|--prompt|--since|-n|--lines) return ;;
     esac
     # n: the words after the verb that are not options (0: the cursor is on the preset)
     local j n=0
     for ((j = i + 1; j < cword; j++)); do
         case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
     done
-    local verbs="status presets top stats show plan start stop restart reload clear-failures bench
+    local verbs="status presets top stats logs show plan start stop restart reload clear-failures bench
 new set unset rm mv cat edit"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
@@ -120,6 +120,7 @@ new set unset rm mv cat edit"
         bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
         top) COMPREPLY=($(compgen -W "--once --json" -- "$cur")) ;;
         stats) COMPREPLY=($(compgen -W "$(_lokid_presets) --since --json" -- "$cur")) ;;
+        logs) COMPREPLY=($(compgen -W "$(_lokid_presets) -n --follow" -- "$cur")) ;;
         cat|edit) [ $n -eq 0 ] && COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
         rm) [ $n -eq 0 ] && COMPREPLY=($(compgen -W "$(_lokid_presets) --force" -- "$cur")) \
                 || COMPREPLY=($(compgen -W "--force" -- "$cur")) ;;

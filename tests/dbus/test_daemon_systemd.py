@@ -197,6 +197,10 @@ def test_lokictl_wait_follows_the_job_truthfully(lk: LokidSystem) -> None:
     assert lk.health(lk.demo_port) == 200  # type: ignore[attr-defined]
     r = lokictl(ct, "stop", "demo", "--wait")
     assert r.returncode == 0 and r.stdout.startswith("demo: inactive"), (r.stdout, r.stderr)
+    # right after: no "stopping" left of the ended run (systemd keeps its StatusText)
+    assert "stopping" not in r.stdout, r.stdout
+    assert prop(ct, PRESET_PATH, PRESET, "Status") != "stopping"
+    assert prop(ct, PRESET_PATH, PRESET, "State") == "inactive"
 
     # the start fails in the unit (its port is taken by something else): exit 1 at once,
     # with systemd's result, lokid's one line and what to look at next
@@ -214,7 +218,7 @@ def test_lokictl_wait_follows_the_job_truthfully(lk: LokidSystem) -> None:
     assert time.monotonic() - t1 < 30
     assert r.stderr.startswith("lokictl: demo: start failed: the unit failed (exit-code)"), \
         r.stderr
-    assert "already in use" in r.stderr and "journalctl -u loki-engine@demo" in r.stderr
+    assert "already in use" in r.stderr and "lokictl logs demo" in r.stderr
     ct.systemctl("stop", holder)
     ct.systemctl("reset-failed", unit("demo"))
     print(f"20 lokictl restart --wait in {took:.1f} s")
@@ -617,3 +621,78 @@ def test_presets_are_edited_over_the_bus_inside_the_sandbox(lk: LokidSystem) -> 
     assert lk.show("made", "ActiveState")["ActiveState"] == "inactive"
     assert "Traceback" not in ct.journal("lokid.service")
     ct.write_file(path, before)
+
+
+def lokictl_as(ct: Container, user: str, *args: str, timeout: float = 120) -> Any:
+    return ct.run(as_user(user, ["env", "PYTHONPATH=/opt/lokid", "python3", "-m", "lokid.ctl",
+                                 *args]), check=False, timeout=timeout)
+
+
+def test_group_loki_reads_the_engines_logs_through_the_daemon(lk: LokidSystem) -> None:
+    """A member of group loki may not read the system journal (journalctl says so); the
+    daemon reads the unit's journal for it: lokictl logs (-n, -f) and stats --since, by
+    the shipped polkit rules. Nobody is refused with the action's name (issue 20, 7)."""
+    import time
+
+    ct = lk.ct
+    ct.systemctl("restart", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=30)
+    member = gpuops(ct)
+    r = ct.run(as_user(member, ["journalctl", "--no-pager", "-u", unit("demo"), "-n", "3"]),
+               check=False)
+    assert "insufficient permissions" in r.stdout + r.stderr or not r.stdout.strip(), r
+    assert lokictl(ct, "start", "demo", "--wait").returncode == 0
+    try:
+        r = lokictl_as(ct, member, "logs", "demo", "-n", "200")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        lines = r.stdout.splitlines()
+        assert 0 < len(lines) <= 200, lines
+        assert any(" llama-server: " in line for line in lines), lines[-20:]
+        assert any(" lokid: " in line and "ready at http://" in line for line in lines), lines
+        r = lokictl_as(ct, member, "logs", "demo", "-n", "2")
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r
+        # -f: what comes after, here a request's lines
+        follow = ct.popen(as_user(member, ["env", "PYTHONPATH=/opt/lokid", "python3", "-m",
+                                           "lokid.ctl", "logs", "demo", "-n", "1", "-f"]))
+        try:
+            time.sleep(2)
+            lk.chat(lk.demo_port, "Hello there", max_tokens=4)  # type: ignore[attr-defined]
+            time.sleep(2)   # the follower polls every 0.5 s
+        finally:
+            out = follow.stop()
+        assert "print_timing" in out, out[-3000:]
+        # stats --since, as journalctl's "10min ago" would read "10min"
+        r = lokictl_as(ct, member, "stats", "demo", "--since", "10min", "--json")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        window = json.loads(r.stdout)
+        assert window["requests"] >= 1 and window["starts"] >= 1, window
+        r = lokictl_as(ct, member, "stats", "demo", "--since", "10 parsecs")
+        assert r.returncode == 2 and "use a time as journalctl takes it" in r.stderr, r
+        # nobody: refused by polkit, with the action, exit 3, no line shown
+        for args in (("logs", "demo"), ("stats", "demo", "--since", "today")):
+            r = lokictl_as(ct, "nobody", *args)
+            assert r.returncode == 3, (args, r.stdout, r.stderr)
+            assert "not authorized by polkit for org.lokid.lokid1.read-logs" in r.stderr, r
+            assert r.stdout == "", r.stdout
+    finally:
+        lokictl(ct, "stop", "demo", "--wait")
+    assert "Traceback" not in ct.journal("lokid.service")
+
+
+def test_a_start_the_engine_refuses_says_what_the_engine_said(lk: LokidSystem) -> None:
+    """lokictl start --wait quotes the engine's own last error line, not the load's
+    progress it reported last (issue 20, item 9)."""
+    ct = lk.ct
+    ct.systemctl("start", "lokid.service")
+    lk.preset("badflag", 'model = "llama.gguf"\nextra_args = ["--no-such-flag"]\n')
+    lk.track_unit(unit("badflag"))
+    try:
+        r = lokictl(ct, "start", "badflag", "--wait", "--timeout", "60")
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        first = r.stderr.splitlines()[0]
+        assert first.startswith("lokictl: badflag: start failed: "), r.stderr
+        assert "error: invalid argument: --no-such-flag" in first, r.stderr
+        assert "resident" not in first, r.stderr
+    finally:
+        lokictl(ct, "stop", "badflag", "--wait")
+        ct.systemctl("reset-failed", unit("badflag"), check=False)

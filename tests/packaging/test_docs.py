@@ -50,6 +50,8 @@ def test_bash_completion(tmp_path: Path) -> None:
     assert complete("lokid daemon --bus s", tmp_path) == ["session", "system"]
     assert complete("lokictl s", tmp_path) == ["set", "show", "start", "stats", "status", "stop"]
     assert complete("lokictl t", tmp_path) == ["top"]
+    assert complete("lokictl l", tmp_path) == ["logs"]
+    assert complete("lokictl logs ", tmp_path) == ["--follow", "-n", "qwen", "tiny-llama.v1_a"]
     assert complete("lokictl top --", tmp_path) == ["--json", "--once"]
     assert complete("lokictl stats ", tmp_path) == ["--json", "--since", "qwen",
                                                     "tiny-llama.v1_a"]
