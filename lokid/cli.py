@@ -76,7 +76,7 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     # the address as the start will bind it, and the port as that user may
     check_address(plan.host, plan.port, unit_user(os.environ),
                   _listening(config_dir, preset)[2])
-    check_port_conflicts(config_dir, plan)
+    check_port_conflicts(config_dir, plan, runtime_dir=paths.runtime_dir())
     if as_json:
         print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
     else:

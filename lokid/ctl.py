@@ -147,10 +147,17 @@ async def _preset_rows(c: Client) -> list[dict[str, Any]]:
 
 
 async def cmd_presets(c: Client, as_json: bool) -> int:
-    """Every preset, the broken ones too (state "broken", and their error)."""
+    """Every preset, the broken ones too: a file that does not parse (no object) and a
+    preset whose next start cannot be planned (BrokenPresets has both): state "broken"
+    unless its engine runs, and the error."""
     rows = await _preset_rows(c)
     props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
     broken = dict(props.get("BrokenPresets", {}))
+    for r in rows:
+        if r["Name"] in broken:
+            r["Error"] = broken.pop(r["Name"])
+            if r["State"] in ("inactive", "failed"):
+                r["State"] = "broken"
     if as_json:
         _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
                             for name, error in sorted(broken.items())])
@@ -161,9 +168,10 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
     for r in rows:
         top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
+        error = "  (broken: " + r["Error"] + ")" if r.get("Error") else ""
         lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
-                      f"{r['Model']}{blocked}"])
+                      f"{r['Model']}{blocked}{error}"])
     lines += [[name, "broken", "-", "-", "-", "-", error] for name, error in sorted(broken.items())]
     print(ctlstats.columns(lines))
     return EXIT_OK

@@ -2,9 +2,17 @@
 
 Two engines cannot listen on one port. Started one after the other, the
 second only fails at its prestart, and only while the first runs; this module
-finds the clash from the config alone, so that ``lokid plan``, the generator
-and the daemon report it for both presets before either starts
-(:func:`port_conflicts`). When a port is busy at start all the same, it says
+finds the clash from the config, so that ``lokid plan``, the generator, an
+edit and the daemon report it before either starts (:func:`port_conflicts`).
+The clash belongs to the newcomer: the preset that holds the address is the
+one that started on it last (a running engine's start is the last one on its
+port: its runtime plan says so), else, when none has since boot, the first by
+name; it stays startable, and every preset that would listen where it does is
+refused with the reason. A preset file dropped beside a running engine with
+its port therefore never takes that engine down at its next restart, and
+which side is refused does not change while both files stay as they are
+(only the holder can start, and its start keeps it the last). When a port is
+busy at start all the same, it says
 who holds it (:func:`holder`): a preset, from the runtime plans in the
 runtime directory, or a process, from ``/proc`` (both read by
 :mod:`lokid.engine.endpoint`).
@@ -160,34 +168,75 @@ def overlap(a: str, b: str) -> bool:
     return x is None or y is None or bool(x & y)
 
 
-def port_conflicts(endpoints: Mapping[str, Endpoint | tuple[str, int, str]]) -> dict[str, str]:
-    """Every preset that would listen where another one does, with why.
+class Started(NamedTuple):
+    """A preset's last start, from its runtime plan: where it listened, and when it was
+    planned (Unix time). It holds its preset's address only if it is the same one."""
+
+    host: str
+    port: int
+    at: float
+
+
+def _since(name: str, mine: Endpoint, started: Mapping[str, Started]) -> float | None:
+    """When ``name`` last started on the address it has now (None: not since boot)."""
+    s = started.get(name)
+    if s is None or s.port != mine.port or not overlap(s.host, mine.host):
+        return None
+    return s.at
+
+
+def _ranked(items: list[tuple[str, Endpoint]],
+            started: Mapping[str, Started]) -> list[tuple[str, Endpoint]]:
+    """Who holds first: the presets that last started on their current address, the
+    latest first; then the others, by name."""
+    def key(item: tuple[str, Endpoint]) -> tuple[bool, float, str]:
+        at = _since(item[0], item[1], started)
+        return (at is None, -(at or 0.0), item[0])
+    return sorted(items, key=key)
+
+
+def port_conflicts(endpoints: Mapping[str, Endpoint | tuple[str, int, str]],
+                   started: Mapping[str, Started] | None = None) -> dict[str, str]:
+    """Every preset that may not start because another one holds where it would listen,
+    with why.
 
     ``endpoints`` maps each preset name to ``(host, port, path)``: its listening
     address (:func:`listen_address`, or its plan's) and its file. Pass the
     presets that could start: a broken preset never starts, and one whose model
     is missing fails before it binds (the packaged example preset, which shares
-    lokid.toml's default port with every preset that sets none).
+    lokid.toml's default port with every preset that sets none). ``started``:
+    each preset's last start (:class:`Started`, from its runtime plan), where
+    there is one.
 
-    Returns ``{name: message}`` for each preset in a conflict, both sides of it
-    (a preset in none is absent). The message is one line naming the port, the
-    other presets and their files, written to be prefixed with the preset's own
-    file: "port 8080 on 127.0.0.1 is also the port of preset b
-    (/etc/loki/presets/b.toml): set another port in one of them".
+    The presets are taken in the order of who holds first (the last to start on
+    its address, the latest first, then by name); each one that would listen
+    where an earlier one kept does is refused, and the others are kept (a
+    wildcard beside two hosts that do not clash with each other is refused when
+    either comes first, and keeps both out when it does). Returns ``{name: message}`` for each
+    refused preset (the holders are absent). The message is one line naming the
+    port, the holder and its file, written to be prefixed with the preset's own
+    file: "port 8080 on 127.0.0.1 belongs to preset b (/etc/loki/presets/b.toml),
+    the last to start on it: set another port in this preset".
     """
-    items = sorted((name, Endpoint(*e)) for name, e in endpoints.items())
+    started = started or {}
+    items = _ranked([(name, Endpoint(*e)) for name, e in endpoints.items()], started)
+    kept: list[tuple[str, Endpoint]] = []
     out: dict[str, str] = {}
     for name, mine in items:
-        others = [(other, e) for other, e in items
-                  if other != name and e.port == mine.port and overlap(e.host, mine.host)]
-        if not others:
+        holders = [(other, e) for other, e in kept
+                   if e.port == mine.port and overlap(e.host, mine.host)]
+        if not holders:
+            kept.append((name, mine))
             continue
         listed = ", ".join(
             f"{other} ({e.path}{'' if e.host == mine.host else ', on ' + e.host})"
-            for other, e in others)
-        which = "preset" if len(others) == 1 else "presets"
-        out[name] = (f"port {mine.port} on {mine.host} is also the port of {which} {listed}: "
-                     "set another port in one of them")
+            for other, e in holders)
+        which = "preset" if len(holders) == 1 else "presets"
+        last = any(_since(other, e, started) is not None for other, e in holders)
+        why = ("the last to start on it" if last else
+               "first by name (no preset has started on it since boot)")
+        out[name] = (f"port {mine.port} on {mine.host} belongs to {which} {listed}, {why}: "
+                     "set another port in this preset")
     return out
 
 

@@ -142,7 +142,7 @@ class Daemon:
         return self.runner.kind if self.runner is not None else ""
 
     def status(self) -> str:
-        broken = len(self.registry.broken)
+        broken = len(self.registry.unstartable())
         active = len(self.active_presets())
         if self.registry.problem:
             return f"serving no presets: {self.registry.problem}"

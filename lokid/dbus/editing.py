@@ -2,10 +2,11 @@
 that keep an edit from breaking what runs.
 
 - Nothing is written that a start could not plan: the new text is parsed and planned
-  as the preset's next start would plan it (as the unit's user under systemd; the
-  port of another preset counts), and a refusal is the planner's own one-line
-  error (``InvalidPreset``: file, line, key, valid values). The file then stays
-  byte for byte as it was.
+  as the preset's next start would plan it (as the unit's user under systemd: the
+  files it reads, the address and port it may listen on; the port of another preset
+  that holds it counts), and a refusal is the planner's own one-line error
+  (``InvalidPreset``: file, line, key, valid values). The file then stays byte for
+  byte as it was.
 - The files are written by :class:`lokid.engine.presetstore.PresetStore`: atomic,
   one writer at a time, over the version the caller read (``Busy`` otherwise).
   Comments and layout survive a key-level change (:mod:`lokid.core.presetedit`).
@@ -39,7 +40,7 @@ from ..core import config as cfg
 from ..core import drafts, presetedit
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, ModelError
 from ..core.plan import build_plan
-from ..engine.gather import check_port_conflicts, gather
+from ..engine.gather import check_start, gather
 from ..engine.presetstore import PresetStore, Source
 from ..engine.runner import LIVE
 from ..engine.runtimefiles import remove_preset_files
@@ -178,13 +179,16 @@ class Editor:
 
     def _check(self, name: str) -> Any:
         """The validation of a new text: planned as the preset's next start would be."""
-        config_dir, for_unit = self.daemon.config_dir, self.daemon.registry.for_units
+        registry = self.daemon.registry
+        config_dir, for_unit = self.daemon.config_dir, registry.for_units
 
         def check(path: str, text: str) -> None:
             preset = cfg.parse_preset_text(name, path, text)
             inputs = gather(config_dir, name, for_unit=for_unit, preset=preset)
-            plan = build_plan(inputs)
-            check_port_conflicts(config_dir, plan, inputs.config)
+            # the address as the engine's user will bind it, and the port of a preset
+            # that holds it: what the start would refuse before its engine runs
+            check_start(config_dir, inputs, build_plan(inputs), for_unit,
+                        registry.runtime_dir)
         return check
 
     async def _guard(self, name: str, force: bool, verb: str) -> None:

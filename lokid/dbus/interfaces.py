@@ -306,7 +306,7 @@ class ManagerInterface(ServiceInterface):
 
     @dbus_property(access=PropertyAccess.READ)
     def BrokenPresets(self) -> "a{ss}":
-        return dict(self.backend.registry.broken)
+        return self.backend.registry.unstartable()
 
     @dbus_property(access=PropertyAccess.READ)
     def ActivePresets(self) -> "as":

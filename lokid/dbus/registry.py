@@ -6,7 +6,10 @@ prestart`` will. It does I/O (config files, GGUF headers, the engine's
 ``--help``), so the daemon runs it in a worker thread; D-Bus property reads
 are then served from the snapshot. A broken preset is kept with its error and
 never hides the others; a preset that cannot be planned (missing model,
-missing engine) is served with the reason instead of a plan.
+missing engine, a port its engine's user may not take, the port of another
+preset that holds it) is served with the reason instead of a plan, and is
+broken all the same for whoever asks which presets cannot start
+(:meth:`Registry.unstartable`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ class PresetView:
     error_type: type[LokiError] = LokiError
     auto_blocked: str = ""          # recorded reason automatic speculation is cut, or ""
     bench: dict[str, Any] | None = None   # the saved benchmark of this very configuration
-    listen: tuple[str, int] | None = None  # host and port of its plan (kept when in conflict)
+    # Where it listens, for the port conflicts: its plan's host and port; without a plan,
+    # where the unit's start counts it as listening (gather.listeners), or None
+    listen: tuple[str, int] | None = None
 
     @property
     def unit(self) -> str:
@@ -108,18 +113,35 @@ class Registry:
         self.presets = self._with_conflicts({**self.presets, name: view})
         return self.presets[name]
 
+    def unstartable(self) -> dict[str, str]:
+        """Every preset that cannot start as it is, with why (the Manager's
+        BrokenPresets): the files that do not parse, and the valid ones whose next start
+        cannot be planned as the unit would plan it (model missing, a port its user may
+        not take, the port another preset holds). A probe of the engine still running is
+        no fault of a preset's: those wait for it, and are not listed."""
+        out = {name: view.error for name, view in self.presets.items()
+               if view.plan is None and not issubclass(view.error_type, ProbePending)}
+        out.update(self.broken)
+        return dict(sorted(out.items()))
+
     def _with_conflicts(self, views: dict[str, PresetView]) -> dict[str, PresetView]:
-        """Presets that would listen on one address and port: each gets the error (none
-        of them can start while the other may), as ``lokid plan`` reports it."""
+        """Presets that would listen where another one that holds the address does (the
+        one that started on it last, else the first by name): each gets the error, as
+        ``lokid plan`` and its start report it; the holder keeps its plan."""
         from dataclasses import replace
 
         from ..core import conflicts
+        from ..engine.gather import last_starts
 
         found = {name: conflicts.Endpoint(*v.listen, v.path)
                  for name, v in views.items() if v.listen is not None}
-        clashes = conflicts.port_conflicts(found)
-        return {name: replace(v, plan=None, error=clashes[name], error_type=ConfigError)
-                if name in clashes else v for name, v in views.items()}
+        clashes = conflicts.port_conflicts(found, last_starts(self.runtime_dir, found))
+        # a preset that has no plan anyway keeps its own reason; the file first, as the
+        # start's own refusal says it
+        return {name: replace(v, plan=None, error=str(ConfigError(clashes[name], v.path)),
+                              error_type=ConfigError)
+                if name in clashes and v.plan is not None else v
+                for name, v in views.items()}
 
     def _state(self) -> StateDB | StateReader:
         """The state DB to plan with: read-only when it cannot be opened to write (a
@@ -145,10 +167,12 @@ class Registry:
         except ProbePending as e:
             self.pending_probe = e.future
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
-                              error=str(e), error_type=type(e))
+                              error=str(e), error_type=type(e),
+                              listen=_listen(self.config_dir, preset))
         except LokiError as e:
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
-                              error=str(e), error_type=type(e))
+                              error=str(e), error_type=type(e),
+                              listen=_listen(self.config_dir, preset))
         except Exception as e:  # a defect, or input no check foresaw: this preset only
             log.warning("preset %s: planning failed: %s: %s", preset.name, type(e).__name__, e)
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,
@@ -176,6 +200,20 @@ class Registry:
                 raise ConfigError(f"preset {name!r} is invalid: {self.broken[name]}")
             raise NotFoundError(f"no preset {name!r} (known: {', '.join(sorted(self.presets))})")
         return view
+
+
+def _listen(config_dir: str, preset: cfg.Preset) -> tuple[str, int] | None:
+    """Where a preset without a plan listens as the port check of a start counts it
+    (:func:`lokid.engine.gather.listeners`: its model file is found), or None; so that
+    the daemon names the holder of a port as the unit's start will."""
+    from ..engine.gather import listeners
+
+    try:
+        found = listeners(cfg.load_global(config_dir), {preset.name: preset})
+    except LokiError:
+        return None
+    endpoint = found.get(preset.name)
+    return None if endpoint is None else (endpoint.host, endpoint.port)
 
 
 def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | None:

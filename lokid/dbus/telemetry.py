@@ -183,8 +183,9 @@ class Telemetry:
             names = sorted(set(self.daemon.registry.presets) | set(self.daemon.active_presets()))
             views = {n: self.daemon.registry.presets.get(n) for n in names}
             states = {n: self.daemon.engine_state(n).state for n in names}
+            broken = sorted(self.daemon.registry.unstartable())
             key = [(n, states[n], v.model if v else "", v.auto_blocked if v else "")
-                   for n, v in views.items()]
+                   for n, v in views.items()], broken
             if not tf.due(bool(figures), key, time.monotonic()):
                 return
             records = []
@@ -193,7 +194,7 @@ class Telemetry:
                 records.append(Record(n, v.model if v else "", states[n], stats,
                                       v.auto_blocked if v else "",
                                       tf.starts(n, stats.get("invocation"))))
-            await asyncio.to_thread(tf.write, render(records, time.time()))
+            await asyncio.to_thread(tf.write, render(records, time.time(), broken))
         except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
             if not tf.render_failed:  # the Stats and the engines go on
                 tf.render_failed = True

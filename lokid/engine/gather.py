@@ -290,18 +290,58 @@ def listeners(config: cfg.GlobalConfig,
     return out
 
 
-def check_port_conflicts(config_dir: str, plan: Plan,
-                         glob: cfg.GlobalConfig | None = None) -> None:
-    """ConfigError when another preset that could start listens where ``plan`` would
-    (``glob``: lokid.toml when the caller has read it already)."""
+def last_starts(runtime_dir: str,
+                endpoints: Mapping[str, conflicts.Endpoint]) -> dict[str, conflicts.Started]:
+    """The last start of each preset that shares its port with another one, from its
+    runtime plan in ``runtime_dir`` and when that file was written: who holds a port
+    (:func:`lokid.core.conflicts.port_conflicts`). Presets alone on their port are not
+    looked at (nothing is read in the usual case); a plan that cannot be read is no
+    start ("" for ``runtime_dir``: none known)."""
+    from ..core.errors import StalePlanError
+    from .runtimedir import read_runtime_plan, runtime_path
+
+    ports = [e.port for e in endpoints.values()]
+    out = {}
+    for name, e in endpoints.items():
+        if not runtime_dir or ports.count(e.port) < 2:
+            continue
+        try:
+            rp = read_runtime_plan(runtime_dir, name)
+            at = os.stat(runtime_path(runtime_dir, name)).st_mtime
+        except (StalePlanError, OSError):
+            continue
+        out[name] = conflicts.Started(rp.host, rp.port, at)
+    return out
+
+
+def check_port_conflicts(config_dir: str, plan: Plan, glob: cfg.GlobalConfig | None = None,
+                         runtime_dir: str = "") -> None:
+    """ConfigError when another preset that could start holds where ``plan`` would
+    listen (``glob``: lokid.toml when the caller has read it already; ``runtime_dir``:
+    where the runtime plans say who started on a port last, "" for none known)."""
     glob = cfg.load_global(config_dir) if glob is None else glob
     presets, _ = cfg.load_presets(config_dir)
     found = listeners(glob, presets)
     path = cfg.preset_path(config_dir, plan.preset)
     found[plan.preset] = conflicts.Endpoint(plan.host, plan.port, path)
-    clash = conflicts.port_conflicts(found).get(plan.preset)
+    clash = conflicts.port_conflicts(found, last_starts(runtime_dir, found)).get(plan.preset)
     if clash is not None:
         raise ConfigError(clash, path)
+
+
+def check_start(config_dir: str, inputs: PlanInputs, plan: Plan, for_unit: bool = False,
+                runtime_dir: str = "") -> None:
+    """ConfigError where the start of ``plan`` would refuse it before its engine runs,
+    whoever holds the port now: an address the engine's user could not listen on (the
+    host is not this machine's, or the port is below the unprivileged ones for the
+    unit's user, with ``for_unit``; else for this process) and the port of another
+    preset that holds it (:func:`check_port_conflicts`). The rest of what a start
+    checks, the files, :func:`gather` has checked already."""
+    from .endpoint import check_address
+
+    check_address(plan.host, plan.port, unit_user(inputs.environ) if for_unit else None,
+                  conflicts.listen_source(inputs.preset, inputs.config))
+    check_port_conflicts(config_dir, plan, inputs.config, runtime_dir)
 
 
 def decide(inputs: PlanInputs, db: StateDB | StateReader, loading: bool = False,

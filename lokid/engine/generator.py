@@ -12,9 +12,10 @@ below /etc/systemd/system, so an administrator's own drop-ins still win.
 
 Generators run early and must never fail a boot: a broken preset is skipped
 with a message, and no model header is read (only the file size, when the
-file is reachable; model disks may not be mounted yet). Two presets on one
-port (:func:`lokid.core.conflicts.port_conflicts`) get a message each, and
-their drop-ins as usual.
+file is reachable; model disks may not be mounted yet). A preset on the port
+of another that holds it (:func:`lokid.core.conflicts.port_conflicts`: the
+one that started on it last, from the runtime plans, else the first by name)
+gets a message, and both their drop-ins as usual.
 
 It also writes one drop-in for ``lokid.service``: the daemon's sandbox lets it
 reach loopback only (``IPAddressDeny=any``), and its benchmark talks HTTP to
@@ -132,12 +133,13 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
             del presets[name]
             continue
         written.append(unit)
-    # Both drop-ins are written all the same: whichever starts first gets the port, and
-    # the other's prestart refuses a busy port, naming the preset that holds it.
-    from .gather import listeners
+    # Both drop-ins are written all the same: the prestart of the one that does not hold
+    # the port refuses it, naming the holder.
+    from ..core.paths import runtime_dir
+    from .gather import last_starts, listeners
 
     found = listeners(glob, presets)
-    for name, clash in sorted(port_conflicts(found).items()):
+    for name, clash in sorted(port_conflicts(found, last_starts(runtime_dir(), found)).items()):
         _warn(f"preset {name}: {presets[name].path}: {clash}")
     allowed = _daemon_dropin(out_dir, {name: ep.host for name, ep in found.items()})
     if allowed:

@@ -8,7 +8,8 @@ text exposition format 0.0.4
 (https://prometheus.io/docs/instrumenting/exposition_formats/), named by
 https://prometheus.io/docs/practices/naming/: prefix ``lokid_``, base units
 (seconds, bytes), counters ending in ``_total``, a HELP and a TYPE line for every
-family, labels ``preset`` and ``model`` on every engine series.
+family, labels ``preset`` and ``model`` on every engine series (``preset`` alone on
+``lokid_preset_broken``: a file that does not parse names no model).
 
 :func:`render` is pure: the records of the presets in, the file's text out.
 :class:`Textfile` is its I/O edge: when to write, and the write itself (a temp
@@ -57,6 +58,9 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("lokid_textfile_timestamp_seconds", "gauge",
      "When lokid last wrote this file (Unix time). It rewrites it at least every 15 s "
      "while it runs and removes it when it stops."),
+    ("lokid_preset_broken", "gauge",
+     "1 when the preset cannot start as it is (its file does not parse, or its start "
+     "cannot be planned: lokictl presets says why), else 0."),
     ("lokid_engine_up", "gauge",
      "1 when the preset's engine is ready (its /health answered), else 0."),
     ("lokid_engine_state", "gauge",
@@ -159,11 +163,18 @@ class _Samples:
                                   if pairs else f"{family} {format_value(value)}")
 
 
-def render(records: Iterable[Record], now: float) -> str:
-    """The textfile for ``records`` (one per preset) written at ``now`` (Unix time)."""
+def render(records: Iterable[Record], now: float, broken: Iterable[str] = ()) -> str:
+    """The textfile for ``records`` (one per preset) written at ``now`` (Unix time);
+    ``broken``: the presets that cannot start (the Manager's BrokenPresets), each with
+    its ``lokid_preset_broken`` 1 whether it has a record or not (a file that does not
+    parse has none)."""
     out = _Samples()
     out.add("lokid_textfile_timestamp_seconds", (), round(now, 3))
-    for r in sorted(records, key=lambda r: r.preset):
+    records = sorted(records, key=lambda r: r.preset)
+    down = set(broken)
+    for name in sorted(down | {r.preset for r in records}):
+        out.add("lokid_preset_broken", (("preset", name),), 1 if name in down else 0)
+    for r in records:
         _preset(out, r)
     text = ["# lokid's engines (lokid.toml metrics_textfile; see lokid(8)). "
             "Rewritten by the daemon: do not edit."]

@@ -110,7 +110,8 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         db, unusable = StateReader(state_dir), e
     with db:
         plan, mark, found = decide(inputs, db, cleared=cleared)
-        check_port_conflicts(config_dir, plan, inputs.config)  # two presets, one port
+        # two presets, one port: the one that started on it last holds it
+        check_port_conflicts(config_dir, plan, inputs.config, runtime_dir)
         # Before any token moves: a second start refused because the first is
         # still loading must not count the first one's token as a failure.
         check_port_free(plan.host, plan.port, runtime_dir,

@@ -118,13 +118,13 @@ def test_plan_refuses_two_presets_on_one_port(config: Path) -> None:
     b = write_preset(config, "b", f'model = "llama.gguf"\nextra_args = ["--port", "{port}"]\n')
     # a preset whose model is missing never takes a port (the packaged example's case)
     write_preset(config, "c", f'model = "absent.gguf"\nport = {port}\n')
-    r = lokid(config, "plan", "a")
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == (f"lokid: {a}: port {port} on 127.0.0.1 is also the port of preset b "
-                        f"({b}): set another port in one of them\n")
+    # none has started: a, first by name, holds the port, and b is refused
+    assert lokid(config, "plan", "a").returncode == 0
     r = lokid(config, "plan", "b")
-    assert r.returncode == 2
-    assert f"is also the port of preset a ({a})" in r.stderr
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"lokid: {b}: port {port} on 127.0.0.1 belongs to preset a ({a}), "
+                        "first by name (no preset has started on it since boot): set another "
+                        "port in this preset\n")
     (config / "lokid.toml").write_text((config / "lokid.toml").read_text()
                                        + 'host = "127.0.0.2"\n')
     write_preset(config, "b", f'model = "llama.gguf"\nport = {port}\n'

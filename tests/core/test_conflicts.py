@@ -10,6 +10,7 @@ from lokid.core.conflicts import (
     Endpoint,
     ListenSource,
     Setting,
+    Started,
     holder,
     listen_address,
     listen_source,
@@ -49,28 +50,66 @@ def test_no_conflict_no_entry() -> None:
     assert port_conflicts({}) == {}
 
 
-def test_a_conflict_is_reported_for_both_naming_the_other() -> None:
-    found = port_conflicts({"a": ("127.0.0.1", 8080, "/p/a.toml"),
-                            "b": Endpoint("127.0.0.1", 8080, "/p/b.toml"),
-                            "c": ("127.0.0.1", 8081, "/p/c.toml")})
-    assert found == {
-        "a": "port 8080 on 127.0.0.1 is also the port of preset b (/p/b.toml): "
-             "set another port in one of them",
-        "b": "port 8080 on 127.0.0.1 is also the port of preset a (/p/a.toml): "
-             "set another port in one of them",
-    }
+A = Endpoint("127.0.0.1", 8080, "/p/a.toml")
+B = Endpoint("127.0.0.1", 8080, "/p/b.toml")
+OTHER = Endpoint("127.0.0.1", 8081, "/p/c.toml")
+FIRST_BY_NAME = "first by name (no preset has started on it since boot)"
+LAST = "the last to start on it"
+
+
+def refused(holder: str, why: str, port: int = 8080, host: str = "127.0.0.1") -> str:
+    return (f"port {port} on {host} belongs to preset {holder} (/p/{holder}.toml), {why}: "
+            "set another port in this preset")
+
+
+@pytest.mark.parametrize("started,expected", [
+    # none has started since boot: the first by name holds, the other is the newcomer
+    ({}, {"b": refused("a", FIRST_BY_NAME)}),
+    # b runs (or ran last) on the port: b holds it, although a comes first by name (the
+    # issue's dup.toml dropped beside a running glm, glm's restart)
+    ({"b": Started("127.0.0.1", 8080, 100.0)}, {"a": refused("b", LAST)}),
+    ({"a": Started("127.0.0.1", 8080, 100.0), "b": Started("127.0.0.1", 8080, 200.0)},
+     {"a": refused("b", LAST)}),
+    ({"a": Started("127.0.0.1", 8080, 300.0), "b": Started("127.0.0.1", 8080, 200.0)},
+     {"b": refused("a", LAST)}),
+    # a last start on another address holds nothing here: b was moved to a's port
+    ({"b": Started("127.0.0.1", 9000, 100.0)}, {"b": refused("a", FIRST_BY_NAME)}),
+    ({"b": Started("127.0.0.2", 8080, 100.0)}, {"b": refused("a", FIRST_BY_NAME)}),
+    # ... but the same address written another way does
+    ({"b": Started("localhost", 8080, 100.0)}, {"a": refused("b", LAST)}),
+    # a preset on a port of its own is never in it, whatever ran
+    ({"c": Started("127.0.0.1", 8080, 900.0)}, {"b": refused("a", FIRST_BY_NAME)}),
+])
+def test_the_clash_belongs_to_the_newcomer(started: dict[str, Started],
+                                           expected: dict[str, str]) -> None:
+    assert port_conflicts({"a": A, "b": B, "c": OTHER}, started) == expected
+
+
+def test_one_holder_and_every_other_preset_on_its_port_refused() -> None:
+    found = port_conflicts({"a": A, "b": B, "z": ("127.0.0.1", 8080, "/p/z.toml")},
+                           {"z": Started("127.0.0.1", 8080, 5.0)})
+    assert found == {"a": refused("z", LAST), "b": refused("z", LAST)}
 
 
 def test_a_wildcard_clashes_with_every_host_and_says_where_the_other_listens() -> None:
-    found = port_conflicts({"a": ("0.0.0.0", 9000, "/p/a.toml"),
-                            "b": ("127.0.0.1", 9000, "/p/b.toml"),
-                            "c": ("10.0.0.1", 9000, "/p/c.toml")})
-    assert found["a"] == ("port 9000 on 0.0.0.0 is also the port of presets b (/p/b.toml, on "
-                          "127.0.0.1), c (/p/c.toml, on 10.0.0.1): set another port in one "
-                          "of them")
-    assert found["b"].startswith("port 9000 on 127.0.0.1 is also the port of preset a "
-                                 "(/p/a.toml, on 0.0.0.0)")
-    assert "preset a" in found["c"] and "b (" not in found["c"]  # b and c do not clash
+    endpoints = {"a": ("0.0.0.0", 9000, "/p/a.toml"), "b": ("127.0.0.1", 9000, "/p/b.toml"),
+                 "c": ("10.0.0.1", 9000, "/p/c.toml")}
+    # a, first by name, takes every address: both others are refused
+    found = port_conflicts(endpoints)
+    assert found == {"b": refused("a", FIRST_BY_NAME, 9000).replace(
+                         "(/p/a.toml)", "(/p/a.toml, on 0.0.0.0)"),
+                     "c": refused("a", FIRST_BY_NAME, 9000, "10.0.0.1").replace(
+                         "(/p/a.toml)", "(/p/a.toml, on 0.0.0.0)")}
+    # b and c do not clash with each other: once b holds, the wildcard is refused on
+    # b's account only, and c keeps its host
+    found = port_conflicts(endpoints, {"b": Started("127.0.0.1", 9000, 1.0)})
+    assert found == {"a": ("port 9000 on 0.0.0.0 belongs to preset b (/p/b.toml, on "
+                           f"127.0.0.1), {LAST}: set another port in this preset")}
+    both = port_conflicts(endpoints, {"b": Started("127.0.0.1", 9000, 1.0),
+                                      "c": Started("10.0.0.1", 9000, 2.0)})
+    assert both == {"a": ("port 9000 on 0.0.0.0 belongs to presets c (/p/c.toml, on "
+                          "10.0.0.1), b (/p/b.toml, on 127.0.0.1), the last to start on it: "
+                          "set another port in this preset")}
 
 
 def preset(port: int | None = None, extra: tuple[str, ...] = ()) -> Preset:

@@ -42,7 +42,8 @@ PRESET = "org.lokid.Lokid1.Preset"
 FAMILIES = ("lokid_engine_up", "lokid_engine_state", "lokid_auto_spec_blocked",
             "lokid_engine_starts_total", "lokid_engine_load_seconds", "lokid_requests_total",
             "lokid_requests_in_flight", "lokid_prompt_tokens_total",
-            "lokid_generated_tokens_total", "lokid_textfile_timestamp_seconds")
+            "lokid_generated_tokens_total", "lokid_textfile_timestamp_seconds",
+            "lokid_preset_broken")
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,8 @@ def lk(metrics_container: Container, models: Any) -> Iterator[LokidSystem]:
     system = install(metrics_container, engine, [models.llama])
     port = system.preset("demo", 'model = "llama.gguf"\n[spec]\nmode = "ngram"\n')
     system.demo_port = port  # type: ignore[attr-defined]
+    # parses, but user loki may not listen on port 80: broken, with a series to alert on
+    system.write_preset_text("low", 'model = "llama.gguf"\nport = 80\n')
     yield system
     metrics_container.systemctl("stop", "lokid.service", check=False)
     system.cleanup()
@@ -126,6 +129,8 @@ def test_node_exporter_serves_the_textfile_promtool_accepts(lk: LokidSystem) -> 
     assert value(text, "lokid_generated_tokens_total", **demo) == generated
     assert value(text, "lokid_engine_starts_total", **demo) == 1
     assert value(text, "lokid_auto_spec_blocked", reason="", **demo) == 0
+    assert value(text, "lokid_preset_broken", preset="low") == 1
+    assert value(text, "lokid_preset_broken", preset="demo") == 0
     # the file says what the bus says
     figures = stats(ct)
     assert value(text, "lokid_prompt_tokens_total", **demo) == figures["prompt_tokens"]

@@ -56,10 +56,16 @@ def test_generator_command_takes_systemds_three_directories(tmp_path: Path) -> N
     assert not dirs[1].exists() and not dirs[2].exists()
 
 
-def test_two_presets_on_one_port_are_reported_and_still_generated(
+def test_the_preset_on_a_held_port_is_reported_and_both_still_generated(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from lokid.core.attempt import Mark
+    from lokid.core.runtimeplan import RuntimePlan
+    from lokid.engine.runtimedir import write_runtime_plan
+
     monkeypatch.delenv("SYSTEMD_SCOPE", raising=False)  # stderr, not the kernel log
+    run = tmp_path / "run"
+    monkeypatch.setenv("LOKI_RUNTIME_DIR", str(run))
     models = tmp_path / "models"
     models.mkdir()
     (models / "m.gguf").write_bytes(b"\0" * 1024)
@@ -69,13 +75,21 @@ def test_two_presets_on_one_port_are_reported_and_still_generated(
     write_preset(config, "c", 'model = "m.gguf"\n')
     write_preset(config, "example", 'model = "absent.gguf"\n')  # cannot start: no clash
     out = tmp_path / "gen"
-    assert generate(str(config), str(out)) == [f"loki-engine@{p}.service"
-                                               for p in ("a", "b", "c", "example")]
+    units = [f"loki-engine@{p}.service" for p in ("a", "b", "c", "example")]
+    assert generate(str(config), str(out)) == units
+    # none has started: a, first by name, holds the port; b is the one reported
     assert capsys.readouterr().err.splitlines() == [
-        f"lokid-generator: preset a: {a}: port 9000 on 127.0.0.1 is also the port of "
-        f"preset b ({b}): set another port in one of them",
-        f"lokid-generator: preset b: {b}: port 9000 on 127.0.0.1 is also the port of "
-        f"preset a ({a}): set another port in one of them",
+        f"lokid-generator: preset b: {b}: port 9000 on 127.0.0.1 belongs to preset a ({a}), "
+        "first by name (no preset has started on it since boot): set another port in this "
+        "preset",
+    ]
+    # b runs on it (its runtime plan): a, written beside it, is the one reported
+    write_runtime_plan(str(run), RuntimePlan("b", ("/e",), {}, "127.0.0.1", 9000,
+                                             Mark("f", "/e", 1)))
+    assert generate(str(config), str(out)) == units
+    assert capsys.readouterr().err.splitlines() == [
+        f"lokid-generator: preset a: {a}: port 9000 on 127.0.0.1 belongs to preset b ({b}), "
+        "the last to start on it: set another port in this preset",
     ]
 
 

@@ -162,10 +162,10 @@ def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -
     # everything the records hold is there
     assert set(fams) == set(declared)
     assert series(fams, "lokid_textfile_timestamp_seconds") == 1764547200.25
-    # every engine series carries preset and model
+    # every engine series carries preset and model (a broken preset's, preset only)
     for fam in fams.values():
         for labels in fam.samples:
-            if fam.name != "lokid_textfile_timestamp_seconds":
+            if fam.name not in ("lokid_textfile_timestamp_seconds", "lokid_preset_broken"):
                 assert {"preset", "model"} <= dict(labels).keys(), (fam.name, labels)
 
 
@@ -221,8 +221,22 @@ def test_the_state_is_one_hot_and_the_verdict_has_its_reason() -> None:
 
 def test_a_preset_that_served_nothing_has_state_but_no_counters() -> None:
     fams = parse(render([Record("never", "other.gguf", "inactive")], now=0.0))
-    assert set(fams) == {"lokid_textfile_timestamp_seconds", "lokid_engine_up",
-                         "lokid_engine_state", "lokid_auto_spec_blocked"}
+    assert set(fams) == {"lokid_textfile_timestamp_seconds", "lokid_preset_broken",
+                         "lokid_engine_up", "lokid_engine_state", "lokid_auto_spec_blocked"}
+
+
+def test_a_broken_preset_has_a_series_to_alert_on() -> None:
+    # "never" parses but cannot start (its object stays: a record); "unparsed" has none
+    fams = parse(render(records(), now=0.0, broken=["never", "unparsed"]))
+    assert fams["lokid_preset_broken"].type == "gauge"
+    assert fams["lokid_preset_broken"].help.startswith("1 when the preset cannot start")
+    assert {dict(k)["preset"]: v for k, v in fams["lokid_preset_broken"].samples.items()} == {
+        "big": 0, "drafted": 0, "small": 0, "never": 1, "unparsed": 1}
+    assert [dict(k) for k in fams["lokid_preset_broken"].samples] == [
+        {"preset": n} for n in ("big", "drafted", "never", "small", "unparsed")]
+    # a file that does not parse has no engine series of its own
+    assert not [k for f in fams.values() for k in f.samples
+                if ("preset", "unparsed") in k and f.name != "lokid_preset_broken"]
 
 
 def test_label_values_are_escaped_and_read_back_unchanged() -> None:
@@ -363,6 +377,7 @@ def test_where_says_where_the_metrics_go(tmp_path: Path) -> None:
                     reason="promtool (Debian: prometheus) not installed here; the container "
                            "test runs it")
 def test_promtool_accepts_the_file_without_a_lint_warning() -> None:
-    r = subprocess.run(["promtool", "check", "metrics"], input=render(records(), now=1.0),
+    r = subprocess.run(["promtool", "check", "metrics"],
+                       input=render(records(), now=1.0, broken=["never", "unparsed"]),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r
