@@ -82,6 +82,9 @@ def test_plan_matches_lokid_plan_json(daemon: str, tmp_path: Path) -> None:
     (("show", "nope"), 4, "no preset 'nope'"),
     (("plan", "broken"), 2, "ctx: must be an integer"),
     (("frobnicate",), 2, "invalid choice"),
+    # --since as journalctl reads it; anything else is a usage error before any call
+    (("stats", "tiny", "--since", "10 parsecs"), 2, "--since '10 parsecs': "),
+    (("logs", "tiny", "-n", "0"), 2, "-n: 1 to 10000"),
 ])
 def test_exit_codes(daemon: str, args: tuple[str, ...], code: int, fragment: str) -> None:
     r = lokictl(daemon, *args)
@@ -358,3 +361,22 @@ def test_a_start_the_engine_refuses_quotes_the_engines_own_error(daemon: str, tm
         assert "loading badflag" not in first and "resident" not in first, r.stderr
     finally:
         lokictl(daemon, "stop", "badflag", "--wait")
+
+
+def test_logs_of_the_local_runners_children(daemon: str) -> None:
+    """No journal under the local runner: lokictl logs shows the lines the daemon kept of
+    its child's output, -n of them, and the cursor protocol gives only what is new."""
+    r = lokictl(daemon, "logs", "tiny")
+    assert r.returncode == 0 and r.stdout == "", (r.stdout, r.stderr)
+    assert lokictl(daemon, "start", "tiny", "--wait").returncode == 0
+    try:
+        r = lokictl(daemon, "logs", "tiny", "-n", "3")
+        assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, (r.stdout, r.stderr)
+        every = lokictl(daemon, "logs", "tiny", "-n", "10000").stdout.splitlines()
+        assert any(" llama-server: " in line for line in every), every
+        assert any(" lokid: ready at http://" in line for line in every), every
+        assert every[-3:] == r.stdout.splitlines()
+        r = lokictl(daemon, "stats", "tiny", "--since", "10min")
+        assert r.returncode == 2 and "no journal" in r.stderr, r.stderr
+    finally:
+        lokictl(daemon, "stop", "tiny", "--wait")
