@@ -58,7 +58,8 @@ def test_every_exported_method_declares_who_may_call_it() -> None:
         assert methods, cls
         for m in methods:
             assert getattr(m, interfaces.ACCESS_ATTR, None) in (
-                interfaces.READ, interfaces.MANAGE, interfaces.BENCH, interfaces.EDIT), m
+                interfaces.READ, interfaces.MANAGE, interfaces.BENCH, interfaces.EDIT,
+                interfaces.READ_LOGS), m
 
 
 async def test_manager_properties_and_get_preset(running: Running) -> None:
@@ -258,3 +259,20 @@ async def test_one_preset_is_served_in_the_singular(tmp_path: Path, engine: str,
     write_preset(config, "only", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n')
     async with daemon_on(config, tmp_path, bus_address) as running:
         assert running.daemon.status() == "serving 1 preset"
+
+
+def test_every_action_is_declared_to_polkit_and_let_in_for_group_loki() -> None:
+    """An action the interfaces check must be in data/polkit/org.lokid.lokid1.policy (polkit
+    refuses an unknown one) and in 50-lokid.rules (or group loki is asked to authenticate)."""
+    import xml.etree.ElementTree as ET
+
+    from support import REPO
+
+    declared = {a.get("id") for a in ET.parse(REPO / "data" / "polkit" /
+                                              "org.lokid.lokid1.policy").getroot()
+                if a.tag == "action"}
+    rules = (REPO / "data" / "polkit" / "50-lokid.rules").read_text()
+    used = {interfaces.MANAGE, interfaces.BENCH, interfaces.EDIT, interfaces.READ_LOGS}
+    assert used <= declared, used - declared
+    for action in used:
+        assert f'"{action}"' in rules, action
