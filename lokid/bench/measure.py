@@ -133,7 +133,11 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: protocol.Opt
                         effort=wanted if learned is None else learned,
                         sampling=dict(inputs.preset.chat.sampling()), learn=learn,
                         retried=learned is not None)
-    async with httpx.AsyncClient() as client:
+    from ..engine.credentials import api_key
+
+    key = api_key(running.secrets if running is not None else plan.secrets, argv)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(headers=headers) as client:
         try:
             health = (await client.get(url + "/health", timeout=5)).status_code
         except httpx.HTTPError:

@@ -15,6 +15,11 @@ action, :meth:`Authority.check` asks, in order:
    groups the bus read from the caller's socket (``UnixGroupIDs``), or from
    the group database when the bus does not give them.
 
+:meth:`Authority.allows` asks the same without raising and without ever
+prompting, remembered a few seconds per caller: whether a reply may carry
+secret values (:mod:`lokid.dbus.reveal`). :meth:`Authority.caller` says who
+calls, for what a method may list (``DraftCandidates``).
+
 dbus-fast does not hand the message to a method, so :meth:`Authority.note`
 (a message handler, called by dbus-fast before it dispatches a call) keeps
 the current call in a context variable, which the method's task inherits.
@@ -29,6 +34,7 @@ import grp
 import logging
 import os
 import pwd
+import time
 from typing import Any
 
 from dbus_fast import DBusError, Message, MessageFlag, MessageType, Variant
@@ -47,8 +53,17 @@ POLKIT = "org.freedesktop.PolicyKit1"
 POLKIT_PATH = "/org/freedesktop/PolicyKit1/Authority"
 POLKIT_AUTHORITY = POLKIT + ".Authority"
 
+# How long a caller's right to read secrets is remembered (allows), and for how many.
+ALLOWS_CACHE_SECONDS = 5.0
+ALLOWS_CACHE_MAX = 1024
+
 _current: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
     "lokid_current_call", default=None)
+
+
+def current_call() -> Message | None:
+    """The method call being answered (noted by :meth:`Authority.note`), or None."""
+    return _current.get()
 
 
 class Authority:
@@ -56,6 +71,7 @@ class Authority:
         self.bus = bus
         self.group = group
         self.use_polkit = use_polkit
+        self._allowed: dict[tuple[str, str], tuple[float, bool]] = {}
 
     def install(self) -> None:
         self.bus.add_message_handler(self.note)
@@ -75,20 +91,65 @@ class Authority:
         msg = _current.get()
         if msg is None or msg.member != member or not msg.sender:
             raise PermissionDeniedError(f"{member}: cannot tell who is calling; refused")
+        refusal = await self._refusal(msg, member, action, interactive=True)
+        if refusal:
+            raise PermissionDeniedError(refusal)
+
+    async def allows(self, msg: Message, action: str) -> bool:
+        """Whether the caller of ``msg`` holds ``action`` now, asking nobody to
+        authenticate: what decides if a reply may carry secrets (a read never prompts).
+        An answer is kept a few seconds per caller (a bus name is never reused while the
+        bus runs), so that ``lokictl show`` reading several properties asks once."""
+        if not msg.sender:
+            return False
+        key = (msg.sender, action)
+        now = time.monotonic()
+        cached = self._allowed.get(key)
+        if cached is not None and now - cached[0] < ALLOWS_CACHE_SECONDS:
+            return cached[1]
+        allowed = not await self._refusal(msg, msg.member or "", action, interactive=False)
+        if len(self._allowed) >= ALLOWS_CACHE_MAX:
+            self._allowed.clear()
+        self._allowed[key] = (now, allowed)
+        return allowed
+
+    async def caller(self, msg: Message | None) -> tuple[int, list[int] | None] | None:
+        """The uid of the caller of ``msg`` and its groups as the bus read them from its
+        socket (None: not given; look them up), or None for root and the daemon's own
+        user, who see everything. PermissionDenied when the bus does not say."""
+        if msg is None or not msg.sender:
+            raise PermissionDeniedError("cannot tell who is calling; refused")
         try:
             (creds,) = await self._call(DBUS, DBUS_PATH, DBUS, "GetConnectionCredentials",
                                         "s", [msg.sender])
         except DBusError as e:
-            raise PermissionDeniedError(f"{member}: the bus does not say who is calling "
-                                        f"({e.text}); refused") from None
+            raise PermissionDeniedError(f"the bus does not say who is calling ({e.text}); "
+                                        "refused") from None
+        if "UnixUserID" not in creds:
+            raise PermissionDeniedError("the bus does not say who is calling; refused")
+        uid = int(creds["UnixUserID"].value)
+        if uid == 0 or uid == os.getuid():
+            return None
+        groups = [int(g) for g in creds["UnixGroupIDs"].value] if "UnixGroupIDs" in creds \
+            else None
+        return uid, groups
+
+    async def _refusal(self, msg: Message, member: str, action: str,
+                       interactive: bool) -> str:
+        """Why the caller of ``msg`` may not do ``action``, or "" when it may."""
+        try:
+            (creds,) = await self._call(DBUS, DBUS_PATH, DBUS, "GetConnectionCredentials",
+                                        "s", [msg.sender])
+        except DBusError as e:
+            return f"{member}: the bus does not say who is calling ({e.text}); refused"
         uid = int(creds["UnixUserID"].value) if "UnixUserID" in creds else -1
         if uid == 0 or uid == os.getuid():
-            return
+            return ""
         if self.use_polkit and await self._polkit_present():
-            if await self._polkit(msg, action):
-                return
-            raise PermissionDeniedError(f"{member}: not authorized by polkit for {action} "
-                                        f"(uid {uid}); ask an administrator, or use sudo")
+            if await self._polkit(msg, action, interactive):
+                return ""
+            return (f"{member}: not authorized by polkit for {action} (uid {uid}); ask an "
+                    "administrator, or use sudo")
         groups = [int(g) for g in creds["UnixGroupIDs"].value] if "UnixGroupIDs" in creds \
             else _groups_of(uid)
         try:
@@ -96,10 +157,9 @@ class Authority:
         except KeyError:
             gid = None
         if gid is not None and gid in groups:
-            return
-        raise PermissionDeniedError(f"{member} needs root or membership of group "
-                                    f"'{self.group}' (uid {uid} has neither); e.g. "
-                                    f"`sudo usermod -aG {self.group} USER`, then log in again")
+            return ""
+        return (f"{member} needs root or membership of group '{self.group}' (uid {uid} has "
+                f"neither); e.g. `sudo usermod -aG {self.group} USER`, then log in again")
 
     async def _polkit_present(self) -> bool:
         try:
@@ -111,8 +171,8 @@ class Authority:
             return False
         return POLKIT in names
 
-    async def _polkit(self, msg: Message, action: str) -> bool:
-        interactive = bool(msg.flags & MessageFlag.ALLOW_INTERACTIVE_AUTHORIZATION)
+    async def _polkit(self, msg: Message, action: str, interactive: bool = True) -> bool:
+        interactive = interactive and bool(msg.flags & MessageFlag.ALLOW_INTERACTIVE_AUTHORIZATION)
         subject = ["system-bus-name", {"name": Variant("s", msg.sender)}]
         try:
             (result,) = await self._call(POLKIT, POLKIT_PATH, POLKIT_AUTHORITY,

@@ -39,21 +39,25 @@ from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
+from ..core import access
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.lasterror import LastErrors
-from ..core.names import BUS_NAME, OBJECT_PATH, preset_object_path
+from ..core.names import ACTION_EDIT, BUS_NAME, OBJECT_PATH, preset_object_path
 from ..core.runtimeplan import RuntimePlan
+from ..core.secrets import mask_argv
 from ..core.wording import counted
 from ..engine.background import Background
+from ..engine.gather import user_of
 from ..engine.notify import Notifier
 from ..engine.runner import JOB_FAILED, LIVE, LOADING, READY, STOPPING, EngineState, Runner
 from ..engine.runtimedir import read_runtime_plan
 from ..engine.state import StateDB
-from .authz import MANAGE_GROUP, Authority
+from .authz import MANAGE_GROUP, Authority, current_call
 from .editing import Editor
 from .interfaces import ManagerInterface, PresetInterface
 from .logs import Logs
 from .registry import Registry
+from .reveal import Revealer
 from .telemetry import Telemetry
 from .wire import SafeMessageBus
 
@@ -155,6 +159,23 @@ class Daemon:
     async def authorize(self, member: str, action: str) -> None:
         assert self.authority is not None
         await self.authority.check(member, action)
+
+    async def reveals(self) -> bool:
+        """Whether the caller of the current method may see secret values (the edit right)."""
+        assert self.authority is not None
+        msg = current_call()
+        return msg is not None and await self.authority.allows(msg, ACTION_EDIT)
+
+    async def caller(self) -> access.User | None:
+        """Who calls the current method, for what it may list (None: root, or this
+        daemon's user, who see everything)."""
+        assert self.authority is not None
+        found = await self.authority.caller(current_call())
+        return None if found is None else user_of(*found)
+
+    def _preset_at(self, path: str) -> PresetInterface | None:
+        return next((iface for name, iface in self.exported.items()
+                     if preset_object_path(name) == path), None)
 
     async def _startable(self, name: str) -> None:
         """Refuse a preset that cannot be planned, with its reason (never hand it to systemd).
@@ -285,7 +306,7 @@ class Daemon:
         for iface in self.exported.values():
             view = self.registry.presets[iface.preset]
             iface.emit_properties_changed({"Model": view.model, "SpecMode": view.spec_mode,
-                                           "Notes": view.notes, "Argv": view.argv,
+                                           "Notes": view.notes, "Argv": mask_argv(view.argv),
                                            "AutoSpecBlocked": view.auto_blocked,
                                            "PendingRestart": self.pending_restart(iface.preset)})
         self.notifier.send(f"STATUS={self.status()}")
@@ -367,7 +388,7 @@ class Daemon:
             else:
                 self.running_cmd.pop(name, None)
             if self.running_cmd.get(name) != running_before:
-                changed["RunningArgv"] = self.running_argv(name)
+                changed["RunningArgv"] = mask_argv(self.running_argv(name))  # to everyone
             if self.spec_in_use[name] != before:
                 changed["SpecActive"] = self.spec_in_use[name]
             if self.pending_restart(name) != pending:
@@ -466,7 +487,7 @@ class Daemon:
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed({"AutoSpecBlocked": view.auto_blocked,
-                                           "Notes": view.notes, "Argv": view.argv,
+                                           "Notes": view.notes, "Argv": mask_argv(view.argv),
                                            "LastBench": iface.LastBench,
                                            "PendingRestart": self.pending_restart(name)})
 
@@ -531,6 +552,9 @@ class Daemon:
                 from None
         self.authority = Authority(self.bus, self.manage_group)
         self.authority.install()
+        authority = self.authority
+        Revealer(self.bus, lambda msg: authority.allows(msg, ACTION_EDIT), self._preset_at,
+                 self.background.spawn).install()
         self.runner = self._make_runner()
         try:
             await self.runner.attach()

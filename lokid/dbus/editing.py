@@ -36,11 +36,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..core import access, drafts, presetedit
 from ..core import config as cfg
-from ..core import drafts, presetedit
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, ModelError
 from ..core.plan import build_plan
-from ..engine.gather import check_start, gather
+from ..engine.gather import check_start, gather, listable_by
 from ..engine.presetstore import PresetStore, Source
 from ..engine.runner import LIVE
 from ..engine.runtimefiles import remove_preset_files
@@ -78,10 +78,15 @@ class Editor:
     async def source(self, name: str) -> Source:
         return await asyncio.to_thread(self.store.read, name)
 
-    async def draft_candidates(self, name: str) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._candidates, name)
+    async def draft_candidates(self, name: str,
+                               caller: access.User | None = None) -> list[dict[str, Any]]:
+        """The draft candidates of preset ``name``, from the directories ``caller`` may
+        list itself (None: every directory, for root and the daemon's own user): the
+        method is open to anyone, and must not tell names, sizes and headers of models
+        in a directory its caller cannot look into."""
+        return await asyncio.to_thread(self._candidates, name, caller)
 
-    def _candidates(self, name: str) -> list[dict[str, Any]]:
+    def _candidates(self, name: str, caller: access.User | None) -> list[dict[str, Any]]:
         from ..core.modelinfo import probe_model
 
         config_dir = self.daemon.config_dir
@@ -96,6 +101,8 @@ class Editor:
         found: list[drafts.ModelFile] = []
         seen: set[str] = set()
         for directory in (*glob.model_dirs, model_dir):
+            if caller is not None and not listable_by(caller, directory):
+                continue
             try:
                 entries = sorted(os.listdir(directory))
             except OSError:
@@ -105,6 +112,9 @@ class Editor:
                 real = os.path.realpath(path)
                 if not entry.endswith(".gguf") or real in seen or not os.path.isfile(real):
                     continue
+                if caller is not None and real != path and \
+                        not listable_by(caller, os.path.dirname(real)):
+                    continue  # a link into a directory the caller cannot list
                 seen.add(real)
                 try:
                     info = probe_model(path)

@@ -19,6 +19,12 @@ test walks the interfaces and fails on a method that does not declare one.
 Preset names are checked at the boundary (the preset file name rule, so
 at most 64 characters) before anything else sees them.
 
+Secrets: a preset's command line and environment may hold them. ``Plan()``
+shows env values and secret flag values only to a caller with the edit right
+(:meth:`Backend.reveals`), ``Argv`` and ``RunningArgv`` likewise through
+:mod:`lokid.dbus.reveal`, which answers their property reads with the caller's
+rights; signals always carry them masked.
+
 No traceback crosses the bus: :func:`guarded` turns lokid's own errors into
 their ``org.lokid.Lokid1.Error.*`` names with the operator's message, and
 anything unexpected into a generic error, logged in full locally.
@@ -46,8 +52,10 @@ from ..core.names import (
 )
 from ..core.plan import Plan
 from ..core.presetname import valid_preset_name
+from ..core.secrets import mask_argv, mask_env
 from ..engine.runner import EngineState
 from .registry import PresetView, Registry
+from .reveal import revealed
 
 log = logging.getLogger("lokid.dbus")
 
@@ -76,6 +84,8 @@ class Backend(Protocol):
     def pending_restart(self, name: str) -> bool: ...
     def running_argv(self, name: str) -> list[str]: ...
     async def authorize(self, member: str, action: str) -> None: ...
+    async def reveals(self) -> bool: ...
+    async def caller(self) -> Any: ...   # lokid.core.access.User, None for root
     async def start(self, name: str) -> str: ...
     async def stop(self, name: str) -> str: ...
     async def restart(self, name: str) -> str: ...
@@ -174,12 +184,20 @@ def json_variant(data: dict[str, Any]) -> dict[str, Variant]:
     return out
 
 
-def plan_variant(plan: Plan) -> dict[str, Variant]:
-    """``lokid plan --json`` as a{sv}: argv (as), env (a{ss}), notes (as), spec (a{sv})."""
+def shown_argv(argv: list[str]) -> list[str]:
+    """A command line as this property read may show it (:mod:`lokid.dbus.reveal`)."""
+    return list(argv) if revealed() else mask_argv(argv)
+
+
+def plan_variant(plan: Plan, reveal: bool = False) -> dict[str, Variant]:
+    """``lokid plan --json`` as a{sv}: argv (as), env (a{ss}), notes (as), spec (a{sv}),
+    secrets (aa{sv}: where each comes from, never a value). Without ``reveal``, the
+    values of secret flags and of every variable are masked."""
     return {
         "preset": Variant("s", plan.preset),
-        "argv": Variant("as", list(plan.argv)),
-        "env": Variant("a{ss}", dict(plan.env)),
+        "argv": Variant("as", list(plan.argv) if reveal else mask_argv(plan.argv)),
+        "env": Variant("a{ss}", dict(plan.env) if reveal else mask_env(plan.env)),
+        "secrets": Variant("aa{sv}", [json_variant(s.to_json()) for s in plan.secrets]),
         "notes": Variant("as", list(plan.notes)),
         "spec": Variant("a{sv}", {"mode": Variant("s", plan.spec.mode),
                                   "types": Variant("as", list(plan.spec.types)),
@@ -243,11 +261,11 @@ class PresetInterface(ServiceInterface):
 
     @dbus_property(access=PropertyAccess.READ)
     def Argv(self) -> "as":
-        return self.view.argv
+        return shown_argv(self.view.argv)
 
     @dbus_property(access=PropertyAccess.READ)
     def RunningArgv(self) -> "as":
-        return self.backend.running_argv(self.preset)
+        return shown_argv(self.backend.running_argv(self.preset))
 
     @dbus_property(access=PropertyAccess.READ)
     def AutoSpecBlocked(self) -> "s":
@@ -256,11 +274,11 @@ class PresetInterface(ServiceInterface):
     @method()
     @access(READ)
     @guarded
-    def Plan(self) -> "a{sv}":
+    async def Plan(self) -> "a{sv}":
         view = self.view
         if view.plan is None:
             raise view.failure()
-        return plan_variant(view.plan)
+        return plan_variant(view.plan, await self.backend.reveals())
 
     @dbus_property(access=PropertyAccess.READ)
     def PendingRestart(self) -> "b":
@@ -407,7 +425,8 @@ class ManagerInterface(ServiceInterface):
     @access(READ)
     @guarded
     async def DraftCandidates(self, name: "s") -> "aa{sv}":
-        found = await self.backend.editor.draft_candidates(checked_name(name))
+        found = await self.backend.editor.draft_candidates(checked_name(name),
+                                                           await self.backend.caller())
         return [json_variant(c) for c in found]
 
     @method()

@@ -19,7 +19,7 @@ from ..core.secrets import MAX_SECRET_BYTES, Secret
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Sequence
 
 
 def secret_env(secrets: Iterable[Secret]) -> dict[str, str]:
@@ -57,3 +57,30 @@ def _hint(s: Secret) -> str:
         return (f" (systemd's copy of {s.source}: `systemctl daemon-reload` after giving a "
                 "preset a secret)")
     return ""
+
+
+def api_key(secrets: Iterable[Secret], argv: Sequence[str]) -> str | None:
+    """A key the engine accepts, for lokid's own requests to it (the benchmark): the
+    first key of its ``--api-key-file`` (read where the preset names it: lokid's
+    processes are not the unit), else of an ``--api-key`` typed into its command line;
+    None when it asks for none. EngineError when the file cannot be read."""
+    from ..core.errors import EngineError
+    from ..core.flags import API_KEY, flag_value
+    from ..core.secrets import API_KEY_TARGET
+
+    for s in secrets:
+        if s.target != API_KEY_TARGET:
+            continue
+        try:
+            with open(s.source, "rb") as f:
+                data = f.read(MAX_SECRET_BYTES)
+        except OSError as e:
+            raise EngineError(f"the engine asks for an API key, and lokid cannot read "
+                              f"{s.source}: {e.strerror} (run it as root, or use lokictl, "
+                              "whose daemon can)") from None
+        for line in os.fsdecode(data).splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                return line.strip()
+        raise EngineError(f"the engine asks for an API key, and {s.source} holds none")
+    typed = flag_value(argv, *API_KEY[0])
+    return typed.split(",")[0].strip() or None if typed else None

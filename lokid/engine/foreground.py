@@ -35,5 +35,8 @@ def run_plan(plan: Plan, out: TextIO = sys.stderr,
     def log(message: str) -> None:
         print(f"lokid: {message}", file=out, flush=True)
 
-    launch = Launch.of(plan.preset, plan.argv, plan.env, plan.host, plan.port)
+    from .credentials import secret_env
+
+    env = {**plan.env, **secret_env(plan.secrets)}   # the engine's alone: never printed
+    launch = Launch.of(plan.preset, plan.argv, env, plan.host, plan.port)
     return supervise(launch, log=log, on_ready=on_ready)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import stat
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..core import access, conflicts
+from ..core import access, conflicts, secrets
 from ..core import config as cfg
 from ..core.attempt import Mark, Verdict
 from ..core.errors import ConfigError, EngineError, ModelError
@@ -95,6 +96,33 @@ def _chain(path: str) -> list[access.Node]:
         except OSError:
             break
     return chain
+
+
+def listable_by(user: access.User, directory: str) -> bool:
+    """Whether ``user`` may list ``directory`` and stat what it holds: search on every
+    directory on the way, read and search on it (mode bits, as :mod:`lokid.core.access`
+    reads them; a component this process cannot stat counts as closed)."""
+    if not os.path.isdir(directory):
+        return False
+    chain = _chain(directory)
+    return access.blocker(user, chain, access.READ) is None and \
+        access.blocker(user, chain, access.EXECUTE) is None
+
+
+def user_of(uid: int, gids: list[int] | None = None) -> access.User:
+    """The user ``uid`` with ``gids`` (a bus caller's groups, as the bus read them from
+    its socket), or its groups from the group database when not given."""
+    name = _user_name(uid)
+    if gids is None:
+        try:
+            pw = pwd.getpwuid(uid)
+            gids = list(os.getgrouplist(pw.pw_name, pw.pw_gid))
+            primary = pw.pw_gid
+        except (KeyError, OverflowError):
+            gids, primary = [], -1
+    else:
+        primary = gids[0] if gids else -1
+    return access.User(name, uid, frozenset(gids), _group_name(primary))
 
 
 def _this_user() -> access.User:
@@ -258,6 +286,7 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
         if refused is not None:
             raise EngineError(refused)
 
+    credentials_dir, loose = _secret_files(preset, env, for_unit)
     return PlanInputs(
         preset=preset,
         config=glob,
@@ -269,7 +298,57 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
         environ=env,
         host_memory=host_memory(),
         auto_blocked=auto_blocked,
+        credentials_dir=credentials_dir,
+        loose_secrets=loose,
     )
+
+
+def _secret_files(preset: cfg.Preset, environ: Mapping[str, str],
+                  for_unit: bool) -> tuple[str | None, dict[str, int]]:
+    """Where the preset's secrets will be read at start, after checking each is there:
+    the unit's credentials directory (in the unit, or planned for it), else None; and
+    the mode of each secret file any user may read.
+
+    In the unit the copies must exist: a secret added to a preset after the generator
+    last ran has no ``LoadCredential=`` yet. Outside it the files themselves: as root
+    for the unit (systemd reads them as root), else as this process will."""
+    from ..core.names import engine_unit
+
+    files = ([("api_key_file", secrets.API_KEY_TARGET, preset.api_key_file)]
+             if preset.api_key_file is not None else [])
+    files += [(f"secrets.{name}", name, source) for name, source in sorted(preset.secrets.items())]
+    # Planned for the unit from outside (lokid plan, the daemon): its directory, whatever
+    # this process's own credentials are. Planned by the unit itself: the one it was given.
+    in_unit = None if for_unit else (environ.get("CREDENTIALS_DIRECTORY")
+                                     or environ.get(secrets.CREDENTIALS_DIR_ENV))
+    directory = secrets.unit_credentials_dir(engine_unit(preset.name)) if for_unit \
+        else in_unit
+    loose: dict[str, int] = {}
+    for key, target, source in files:
+        if in_unit:
+            copy = os.path.join(in_unit, secrets.credential_id(target))
+            if not os.path.isfile(copy):
+                raise ConfigError(
+                    f"the unit has no credential {secrets.credential_id(target)} for it "
+                    f"(systemd loads it from {source} once lokid's generator has seen the "
+                    "preset): run `systemctl daemon-reload`, then start it again",
+                    preset.path, None, key)
+            continue
+        try:
+            st = os.stat(source)
+        except OSError as e:
+            raise ConfigError(f"{source}: {e.strerror}", preset.path, None, key) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{source} is not a regular file", preset.path, None, key)
+        if st.st_size > secrets.MAX_SECRET_BYTES:
+            raise ConfigError(f"{source} holds {st.st_size} bytes: a key or a token is "
+                              f"at most {secrets.MAX_SECRET_BYTES}", preset.path, None, key)
+        if not for_unit and not os.access(source, os.R_OK):
+            raise ConfigError(f"{source}: permission denied (the engine is started by "
+                              f"uid {os.geteuid()}, who reads it)", preset.path, None, key)
+        if st.st_mode & 0o007:
+            loose[source] = stat.S_IMODE(st.st_mode)
+    return directory, loose
 
 
 def make_plan(config_dir: str, name: str, environ: Mapping[str, str] | None = None,

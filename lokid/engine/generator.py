@@ -1,8 +1,9 @@
 """A systemd generator: per-preset drop-ins for ``loki-engine@<preset>.service``.
 
 Some settings must be applied by systemd itself, before lokid runs: the GPU
-selection environment, a start timeout scaled to the model's size, and a
-Description naming the model. A generator (rather than files lokid writes
+selection environment, a start timeout scaled to the model's size, a
+Description naming the model, and the preset's secrets as credentials
+(``LoadCredential=``, :mod:`lokid.core.secrets`). A generator (rather than files lokid writes
 into /run/systemd/system) is systemd's own mechanism for configuration
 derived from other files: it runs at boot and on every ``systemctl
 daemon-reload``, so editing a preset and reloading refreshes the drop-in,
@@ -39,6 +40,7 @@ from ..core import config as cfg
 from ..core.conflicts import port_conflicts
 from ..core.errors import ConfigError, printable
 from ..core.names import engine_unit
+from ..core.secrets import API_KEY_TARGET, credential_id
 
 DROPIN_NAME = "50-lokid-preset.conf"
 DAEMON_UNIT = "lokid.service"
@@ -83,6 +85,13 @@ def dropin(preset: cfg.Preset, model_dirs: tuple[str, ...]) -> str:
     ]
     if preset.gpus is not None:
         lines.append(f"Environment={_quote('CUDA_VISIBLE_DEVICES=' + preset.gpus)}")
+    # Secrets as credentials (lokid.core.secrets): systemd reads each file as root at each
+    # start and hands the unit a private copy; its value never enters a unit setting.
+    # (The config refuses paths that LoadCredential= would not take as written.)
+    if preset.api_key_file is not None:
+        lines.append(f"LoadCredential={credential_id(API_KEY_TARGET)}:{preset.api_key_file}")
+    for var, source in sorted(preset.secrets.items()):
+        lines.append(f"LoadCredential={credential_id(var)}:{source}")
     return "\n".join(lines) + "\n"
 
 

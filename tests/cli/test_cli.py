@@ -50,7 +50,7 @@ def test_plan_json_is_the_documented_shape(config: Path, engine: str, models: An
     r = lokid(config, "plan", "demo", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert set(data) == {"preset", "argv", "env", "notes", "spec"}
+    assert set(data) == {"preset", "argv", "env", "notes", "spec", "secrets"}
     assert data["preset"] == "demo"
     assert data["argv"][0] == os.path.realpath(engine)
     assert data["argv"][1:3] == ["-m", models.llama]
