@@ -5,12 +5,12 @@ For the same generated tiny model and the real llama-server b11434:
 
 - raw: spawn llama-server with the plan's argv, then poll GET /health every
   millisecond until it answers 200 (the best any manager could do);
-- lokid: spawn `lokid engine <preset>`, the unit's one ExecStart (it plans
-  the start: config, GGUF header, the engine's --help/--version probe, the
-  state DB, the runtime plan; then supervises), as systemd would, with
-  NOTIFY_SOCKET on a real datagram socket; the time is when READY=1 arrives.
-  Until the unit had one process, planning was a second one (ExecStartPre=
-  lokid prestart) and this measured the supervisor alone.
+- lokid: the unit's two steps as systemd runs them, one after the other with
+  one INVOCATION_ID: `lokid prestart <preset>` (ExecStartPre: config, GGUF
+  header, the engine's --help/--version probe, the state DB, the runtime plan)
+  to its exit, then `lokid engine <preset>` (ExecStart: runs that plan and
+  supervises), with NOTIFY_SOCKET on a real datagram socket; the time is from
+  the first spawn to READY=1.
   Two cases: a start that plans (the first after a change: its record of the
   last ready start's plan removed first) and a restart that reuses that plan
   (lokid.engine.plancache: nothing it was made from changed).
@@ -54,10 +54,12 @@ def lokid_run(env: dict[str, str], sock_path: str) -> float:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(sock_path)
         sock.settimeout(60)
+        env = {**env, "NOTIFY_SOCKET": sock_path, "INVOCATION_ID": os.urandom(16).hex()}
         t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "lokid.cli", "prestart", "bench"], env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "engine", "bench"],
-                                env={**env, "NOTIFY_SOCKET": sock_path},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             while True:
                 data = sock.recv(4096).decode()
@@ -104,7 +106,7 @@ def main() -> int:
             wait_port_free(port)
 
     return report(args, env, "raw llama-server, spawn -> first /health 200",
-                  "lokid engine spawn -> READY=1", raw, planning, reusing)
+                  "lokid prestart spawn -> lokid engine READY=1", raw, planning, reusing)
 
 
 if __name__ == "__main__":

@@ -353,7 +353,9 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
         return 0  # no file named after it is written: `lokid engine` refuses it (78)
     _stop.install()
     try:
-        why = _crash_loop(runtime_dir, name, "NOTIFY_SOCKET" in os.environ)
+        # systemd's start (INVOCATION_ID): ask it about NRestarts. Not by NOTIFY_SOCKET,
+        # which a control process does not get under NotifyAccess=main.
+        why = _crash_loop(runtime_dir, name, True)
         if why:
             left: handoff.Planned | handoff.Refused = handoff.Refused(
                 EXIT_CRASH_LOOP, _crash_loop_message(name, why))
