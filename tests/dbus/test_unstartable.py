@@ -7,7 +7,10 @@ items 5 and 6).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +161,26 @@ async def test_a_preset_written_by_hand_that_cannot_start_is_listed_broken(
         with pytest.raises(DBusError) as e:
             await preset.call_plan()
         assert e.value.text == broken["low"]
+        # lokictl presets: broken, not "inactive", with the reason
+        rows = {r["Name"]: r for r in json.loads(await lokictl(bus_address, "presets",
+                                                               "--json"))}
+        assert {n: r["State"] for n, r in rows.items()} == {
+            "fine": "inactive", "low": "broken", "nomodel": "broken", "unparsed": "broken"}
+        assert rows["low"]["Error"] == broken["low"] and "Error" not in rows["fine"]
+        text = await lokictl(bus_address, "presets")
+        assert [line.split()[:2] for line in text.splitlines()[1:]] == [
+            ["fine", "inactive"], ["low", "broken"], ["nomodel", "broken"],
+            ["unparsed", "broken"]], text
+
+
+async def lokictl(address: str, *args: str) -> str:
+    """lokictl's output (it exits 0), run beside the daemon in this event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lokid.ctl", "--address", address, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
 
 
 def _int(value: int) -> Any:
