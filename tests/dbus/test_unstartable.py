@@ -64,6 +64,16 @@ async def test_the_newcomer_on_a_port_is_broken_and_the_holder_runs_on(
             await m.call_start_preset("dup")
         assert e.value.type == ERROR_PREFIX + "InvalidPreset"
         assert holds("glm", port, True).format(config=config) in e.value.text
+        # an edit that moves another preset (first by name) onto the port is refused the same
+        aaa = write_preset(config, "aaa", f'model = "llama.gguf"\nport = {free_port()}\n')
+        before = aaa.read_bytes()
+        await m.call_reload()
+        _, version = await m.call_get_preset_source("aaa")
+        with pytest.raises(DBusError) as e:
+            await m.call_set_preset_keys("aaa", {"port": _int(port)}, version)
+        assert e.value.type == ERROR_PREFIX + "InvalidPreset"
+        assert e.value.text == f"{aaa}: " + holds("glm", port, True).format(config=config)
+        assert aaa.read_bytes() == before
         # glm stopped: it still holds the port (it ran on it last), the listing stays
         seen = len(running.events)
         await m.call_stop_preset("glm")
