@@ -15,7 +15,9 @@ it cannot lose another edit. ``edit`` works as ``systemctl edit`` and
 ``$EDITOR`` on it (split as a shell would split it, run without a shell),
 nothing written when nothing changed, the daemon's error and "Edit again?"
 when the text does not plan (no question without a terminal: the answer is
-no), and the difference the edit makes to the engine's command line.
+no), a refused text kept in that file and named (as ``crontab -e`` and
+``visudo`` keep it: the operator's work is not thrown away), and the
+difference the edit makes to the engine's command line.
 
 The pure parts (a ``KEY=VALUE`` argument as a typed Variant, which editor to
 run, the command-line difference) are tested without a bus.
@@ -188,14 +190,28 @@ async def cmd_new(c: Client, name: str, model: str, pairs: Sequence[str]) -> int
     return EXIT_OK
 
 
+async def _before(c: Client, name: str) -> str | None:
+    """The text before a key-level change, for "(was …)"; None when the caller may not
+    read it: the change itself is then asked, and its refusal names its own method."""
+    try:
+        text, _ = await _source(c, name)
+    except DBusError as e:
+        if e.type in (errors.PERMISSION_DENIED, "org.freedesktop.DBus.Error.AccessDenied"):
+            return None
+        raise
+    return text
+
+
 async def cmd_set(c: Client, name: str, pairs: Sequence[str]) -> int:
     values = assignments(pairs)
     typed = {key: variant(key, value) for key, value in values.items()}
-    before, _ = await _source(c, name)
+    before = await _before(c, name)
     await c.manager("SetPresetKeys", "sa{sv}s", [name, typed, ""])
     for key, value in values.items():
-        was_set, was = _value_at(before, key)
-        if not was_set:
+        was_set, was = _value_at(before, key) if before is not None else (True, None)
+        if before is None:
+            what = "(set)"
+        elif not was_set:
             what = "(was not set)"
         elif was == value and type(was) is type(value):
             what = "(unchanged)"
@@ -209,11 +225,13 @@ async def cmd_set(c: Client, name: str, pairs: Sequence[str]) -> int:
 
 
 async def cmd_unset(c: Client, name: str, keys: Sequence[str]) -> int:
-    before, _ = await _source(c, name)
+    before = await _before(c, name)
     await c.manager("UnsetPresetKeys", "sass", [name, list(keys), ""])
     for key in keys:
-        was_set, was = _value_at(before, key)
-        if not was_set:
+        was_set, was = _value_at(before, key) if before is not None else (True, None)
+        if before is None:
+            print(f"{name}: {key} removed")
+        elif not was_set:
             print(f"{name}: {key} was not set")
         elif key.startswith("env."):
             print(f"{name}: {key} removed")  # an old token or password is not printed
@@ -293,21 +311,29 @@ async def cmd_edit(c: Client, name: str, environ: Mapping[str, str]) -> int:
     before, _ = await _plan_lines(c, name)
     # mkstemp: mode 0600, as the text may hold secrets (env); removed whatever happens.
     fd, path = tempfile.mkstemp(prefix=f"lokictl-{name}-", suffix=".toml")
+    kept = False   # a refused text stays for the operator, as crontab -e and visudo keep it
+
+    def refused() -> int:
+        nonlocal kept
+        kept = True
+        print(f"lokictl: {name}: nothing written; your text is kept in {path}",
+              file=sys.stderr)
+        return EXIT_FAILED
+
     try:
         with open(fd, "w", encoding="utf-8", newline="") as f:
             f.write(original)
         while True:
             await _run_editor(argv, path)
-            with open(path, "rb") as f:
-                raw = f.read()
+            with open(path, "rb") as edited:
+                raw = edited.read()
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 print(f"lokictl: {name}: not UTF-8 text (byte {e.start})", file=sys.stderr)
                 if _edit_again():
                     continue
-                print(f"lokictl: {name}: nothing written", file=sys.stderr)
-                return EXIT_FAILED
+                return refused()
             if text == original:
                 print(f"{name}: unchanged, nothing written")
                 return EXIT_OK
@@ -319,18 +345,19 @@ async def cmd_edit(c: Client, name: str, environ: Mapping[str, str]) -> int:
                     print(f"lokictl: {e.text}", file=sys.stderr)
                     if _edit_again():
                         continue
-                    print(f"lokictl: {name}: nothing written", file=sys.stderr)
-                    return EXIT_FAILED
+                    return refused()
                 if e.type == errors.BUSY:
-                    print(f"lokictl: {e.text}\n  nothing written: `lokictl edit {name}` "
-                          "starts again from the file as it is now", file=sys.stderr)
-                    return EXIT_FAILED
+                    print(f"lokictl: {e.text}\n  `lokictl edit {name}` starts again from "
+                          "the file as it is now", file=sys.stderr)
+                    return refused()
+                refused()   # any other refusal (PermissionDenied, …): the text stays too
                 raise
     finally:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        if not kept:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
     print(f"{name}: saved (version {new_etag})")
     after, why = await _plan_lines(c, name)
     if after is None:

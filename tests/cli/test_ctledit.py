@@ -330,8 +330,10 @@ def test_unset(daemon: str, tmp_path: Path) -> None:
     r = lokictl(daemon, "unset", "tiny", "spec.mode")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ['tiny: spec.mode removed (was "ngram")'], r.stdout
-    data = tomllib.loads(preset_file(tmp_path, "tiny").read_text())
-    assert "mode" not in data.get("spec", {}) and data["ctx"] == 2048
+    text = preset_file(tmp_path, "tiny").read_text()
+    data = tomllib.loads(text)
+    assert "spec" not in data and data["ctx"] == 2048
+    assert "[spec]" not in text   # the table it left empty went with it
     r = lokictl(daemon, "unset", "tiny", "model")
     assert r.returncode == 2 and "model" in r.stderr, r.stderr
 
@@ -400,7 +402,16 @@ def test_edit_an_invalid_change_is_not_saved(daemon: str, tmp_path: Path) -> Non
     assert r.returncode == 1, (r.stdout, r.stderr)
     lines = r.stderr.splitlines()
     assert lines[0].startswith("lokictl: ") and "spec.mode" in lines[0] and "eagle" in lines[0]
-    assert lines[-1] == "lokictl: tiny: nothing written" and "Edit again" not in r.stderr
+    assert "Edit again" not in r.stderr
+    # the operator's text is not thrown away (today's main removed it): kept and named
+    kept = re.fullmatch(r"lokictl: tiny: nothing written; your text is kept in (\S+)",
+                        lines[-1])
+    assert kept, lines[-1]
+    try:
+        assert 'mode = "eagle"' in Path(kept.group(1)).read_text()
+        assert oct(Path(kept.group(1)).stat().st_mode & 0o777) == "0o600"   # env: tokens
+    finally:
+        Path(kept.group(1)).unlink()
     assert path.read_bytes() == before
 
 
@@ -464,3 +475,31 @@ def test_edit_again_on_a_terminal_reopens_the_edited_text(daemon: str, tmp_path:
     assert "eagle" in r.stderr and "Edit again? [Y/n]" in r.stderr, r.stderr
     assert count.read_text() == "x\nx\n"
     assert path.read_text() == before.replace("ctx = 2048", "ctx = 4096")
+
+
+@pytest.fixture
+def open_daemon(tmp_path: Path, engine: str, models: Any,
+                open_bus_address: str) -> Iterator[str]:
+    """The daemon on a bus that other users may join (to be refused on it)."""
+    config = write_config(tmp_path, engine, [models.dir])
+    assert Path(models.llama).name == "llama.gguf"
+    write_preset(config, "tiny", TINY.format(port=free_port()))
+    with daemon_on_bus(config, tmp_path, open_bus_address) as address:
+        yield address
+
+
+@pytest.mark.engine
+def test_a_refused_set_or_unset_names_its_own_method(open_daemon: str, tmp_path: Path) -> None:
+    """Today's main read the file first and answered "GetPresetSource needs root…"."""
+    before = preset_file(tmp_path, "tiny").read_bytes()
+    for args, method in ((("set", "tiny", "ctx=1024"), "SetPresetKeys"),
+                         (("unset", "tiny", "spec.mode"), "UnsetPresetKeys")):
+        r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                            sys.executable, "-m", "lokid.ctl", "--address", open_daemon,
+                            *args], capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL, cwd="/")
+        assert r.returncode == 3, (r.stdout, r.stderr)
+        assert r.stderr.startswith(f"lokictl: {method} needs root or membership of group"), \
+            r.stderr
+        assert "GetPresetSource" not in r.stderr
+    assert preset_file(tmp_path, "tiny").read_bytes() == before

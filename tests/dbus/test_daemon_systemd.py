@@ -608,9 +608,13 @@ def test_presets_are_edited_over_the_bus_inside_the_sandbox(lk: LokidSystem) -> 
     r = busctl(ct, "call", BUS, PATH, MANAGER, "CreatePreset", "ss", "made", text,
                user="gpuops")
     assert r.returncode == 0, r.stderr
+    # created root:loki 0640: the engines (user loki) read it, other users do not
+    assert ct.run(["stat", "-c", "%U:%G %a", "/etc/loki/presets/made.toml"]).stdout.strip() \
+        == "root:loki 640"
     lk.track_unit(unit("made"))
     assert lk.show("made", "Description")["Description"] == "lokid engine made: llama.gguf"
     ct.systemctl("start", unit("made"), timeout=120)
+    assert ct.run(["test", "-e", "/run/loki/made.json"], check=False).returncode == 0
     r = busctl(ct, "call", BUS, PATH, MANAGER, "DeletePreset", "sb", "made", "false",
                user="gpuops")
     assert r.returncode != 0 and "is running" in r.stderr, r.stderr
@@ -619,6 +623,9 @@ def test_presets_are_edited_over_the_bus_inside_the_sandbox(lk: LokidSystem) -> 
     assert r.returncode == 0, r.stderr
     assert ct.run(["test", "-e", "/etc/loki/presets/made.toml"], check=False).returncode == 1
     assert lk.show("made", "ActiveState")["ActiveState"] == "inactive"
+    # and its runtime files with it: a later preset of that name starts afresh
+    left = ct.run(["find", "/run/loki", "-maxdepth", "1", "-name", "made.*"]).stdout.split()
+    assert left == [], left
     assert "Traceback" not in ct.journal("lokid.service")
     ct.write_file(path, before)
 

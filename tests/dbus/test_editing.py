@@ -14,7 +14,9 @@ import asyncio
 import difflib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -70,7 +72,7 @@ async def test_create_read_and_a_refused_create(running: Running, config: Path) 
     assert path == preset_object_path("fresh") and version.startswith("sha256:")
     file = config / "presets" / "fresh.toml"
     assert file.read_text() == preset_text(port)
-    assert oct(file.stat().st_mode & 0o777) == "0o644"
+    assert oct(file.stat().st_mode & 0o777) == "0o640"   # env may hold tokens
     # the object exists on return, with the plan of the new file
     preset = await running.iface(path, PRESET_INTERFACE)
     assert "--port" in (argv := await preset.get_argv()) and str(port) in argv
@@ -342,3 +344,83 @@ async def test_a_broken_preset_beside_a_good_one_is_mended_over_the_bus(
     assert preset_object_path("broken") in await m.get_presets()
     assert "ctx = 2048   # a typo" in (config / "presets" / "broken.toml").read_text()
     assert preset_object_path("example") in await m.get_presets()   # the good one, untouched
+
+
+async def test_an_edit_of_10000_keys_is_refused_at_once_naming_the_limit(
+        running: Running, config: Path) -> None:
+    """Today's main worked on it for minutes under the store's one lock."""
+    m = await manager(running)
+    file = config / "presets" / "example.toml"
+    before = file.read_bytes()
+    many = {f"env.V{i}": Variant("s", "x") for i in range(10_000)}
+    with pytest.raises(DBusError) as e:
+        await asyncio.wait_for(m.call_set_preset_keys("example", many, ""), 30)
+    assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs", e.value.text
+    assert e.value.text == "10000 keys in one edit: at most 256, as many as a preset file " \
+        "may hold"
+    with pytest.raises(DBusError, match="at most 256") as e:
+        await m.call_unset_preset_keys("example", [f"env.V{i}" for i in range(10_000)], "")
+    assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
+    with pytest.raises(DBusError, match="bytes of keys and values in one edit") as e:
+        await m.call_set_preset_keys("example", {"env.BIG": Variant("s", "x" * 70_000)}, "")
+    assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
+    assert file.read_bytes() == before
+    # a large edit within the bounds is written, in one go
+    allowed = {f"env.V{i}": Variant("s", f"v{i}") for i in range(200)}
+    await m.call_set_preset_keys("example", allowed, "")
+    assert 'V199 = "v199"' in file.read_text()
+
+
+async def test_removing_or_renaming_a_preset_removes_its_runtime_files(
+        running: Running, config: Path, tmp_path: Path) -> None:
+    """A preset that ran leaves its plan, its reusable plan and its last ready start in
+    the runtime directory; today's main kept them after DeletePreset and RenamePreset."""
+    m = await manager(running)
+    run = tmp_path / "run"
+    for name in ("gone", "moved"):
+        await m.call_create_preset(name, preset_text(free_port()))
+        await m.call_start_preset(name)
+        await running.wait_event(name, "ready")
+        await m.call_stop_preset(name)
+        await running.wait_event(name, "inactive")
+        assert (run / f"{name}.json").exists(), sorted(os.listdir(run))
+    (run / "gone.failures").write_text("[]\n")
+    (run / "keep.json").write_text("{}\n")   # another preset's: left alone
+    await m.call_delete_preset("gone", False)
+    await m.call_rename_preset("moved", "there", False)
+    left = sorted(p for p in os.listdir(run) if p.startswith(("gone.", "moved.")))
+    assert left == [], left
+    assert (run / "keep.json").exists()
+
+
+def test_sigterm_during_a_long_edit_exits_at_once(config: Path, tmp_path: Path,
+                                                  bus_address: str) -> None:
+    """SIGTERM while an edit of 10,000 keys is under way: today's main ran that edit to
+    its end first (minutes) before the daemon could exit."""
+    from support.enginekit import NotifyListener
+
+    notify = NotifyListener(tmp_path / "notify")
+    env = {**os.environ, "LOKI_STATE_DIR": str(tmp_path / "state"),
+           "LOKI_RUNTIME_DIR": str(tmp_path / "run"), "NOTIFY_SOCKET": notify.path}
+    proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                             "daemon", "--bus", "session", "--bus-address", bus_address],
+                            env=env, stderr=subprocess.DEVNULL)
+    try:
+        notify.wait_for("READY=1", timeout=60)
+        pairs = [x for i in range(10_000) for x in (f"env.V{i}", "s", "x")]
+        for count in ("10000", "200"):   # refused at once; allowed, and quick
+            edit = subprocess.Popen(
+                ["busctl", f"--address={bus_address}", "--timeout=300", "call", BUS_NAME,
+                 OBJECT_PATH, MANAGER, "SetPresetKeys", "sa{sv}s", "example", count,
+                 *pairs[:3 * int(count)], ""], stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert time.monotonic() - t0 < 15
+        edit.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        notify.close()
