@@ -8,8 +8,11 @@ that keep an edit from breaking what runs.
   (``InvalidPreset``: file, line, key, valid values). The file then stays byte for
   byte as it was.
 - The files are written by :class:`lokid.engine.presetstore.PresetStore`: atomic,
-  one writer at a time, over the version the caller read (``Busy`` otherwise).
-  Comments and layout survive a key-level change (:mod:`lokid.core.presetedit`).
+  one writer per preset at a time, over the version the caller read, and never over
+  a hand edit saved meanwhile (``Busy`` otherwise). Comments and layout survive a
+  key-level change (:mod:`lokid.core.presetedit`).
+- An edit is bounded before any work (:func:`lokid.core.presetedit.check_edit`: 256
+  keys, 64 KiB: ``InvalidArgs``), and a stopping daemon cancels one still running.
 - After a write the daemon reads the presets again (and under systemd reruns the
   generator) before answering: the object the caller gets back exists and shows
   the new plan.
