@@ -424,3 +424,63 @@ def test_sigterm_during_a_long_edit_exits_at_once(config: Path, tmp_path: Path,
         if proc.poll() is None:
             proc.kill()
         notify.close()
+
+
+async def test_a_hand_edit_saved_during_bus_edits_is_never_overwritten(
+        running: Running, config: Path) -> None:
+    """The issue's re-run: an operator's script saves example.toml again and again (by a
+    rename, as editors do, under ``flock presets/`` as lokid.8 says) while versioned
+    SetPresetKeys calls are planned: each call either lands on the hand edit it read or
+    is Busy; none overwrites a later hand edit. Today's main lost some (12 of 37)."""
+    import fcntl
+    import random
+    import re
+    import threading
+
+    m = await manager(running)
+    presets = config / "presets"
+    file = presets / "example.toml"
+    stop = threading.Event()
+    lost: list[tuple[int, int]] = []
+    written = [0]
+
+    def hand_editor() -> None:
+        last = 0
+        fd = os.open(presets, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            while not stop.is_set():
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    text = file.read_text()
+                    found = re.search(r"# hand (\d+)\n", text)
+                    if (int(found.group(1)) if found else 0) != last:
+                        lost.append((last, int(found.group(1)) if found else 0))
+                    last += 1
+                    tmp = presets / "example.toml~"
+                    tmp.write_text(f"# hand {last}\n" + re.sub(r"# hand \d+\n", "", text))
+                    os.replace(tmp, file)
+                    written[0] = last
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                time.sleep(random.uniform(0.005, 0.03))
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=hand_editor)
+    thread.start()
+    landed = busy = 0
+    try:
+        for n in range(30):
+            _, version = await m.call_get_preset_source("example")
+            try:
+                await m.call_set_preset_keys("example", {"ctx": Variant("x", 1024 + n)},
+                                             version)
+                landed += 1
+            except DBusError as e:
+                assert e.type == "org.lokid.Lokid1.Error.Busy", e.text
+                busy += 1
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 10)
+    assert lost == [], f"{len(lost)} of {written[0]} hand edits overwritten"
+    assert landed + busy == 30 and written[0] > 5, (landed, busy, written)
