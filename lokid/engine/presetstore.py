@@ -14,7 +14,8 @@ meanwhile by another program.
 - Each preset has its own lock: of two editors of one preset, one wins, and the
   other's version (:func:`lokid.core.presetedit.etag` of the bytes it read) no
   longer matches, which is :class:`~lokid.core.errors.BusyError` with the
-  reason. An edit of one preset never waits for an edit of another. An empty
+  reason. An edit of one preset never waits for an edit of another, and waits at
+  most :data:`LOCK_WAIT` for one of the same preset (``Busy`` then). An empty
   version skips that check (a key-level change, applied to the file as it is
   under the lock, cannot lose another one).
 - Compare and replace under one check: planning a new text takes a while, and an
@@ -61,6 +62,7 @@ from ..core.presetname import check_preset_name
 log = logging.getLogger("lokid.daemon")
 
 NEW_MODE = 0o640
+LOCK_WAIT = 30.0           # seconds an edit waits for another edit of the same preset
 FLOCK_WAIT = 2.0           # seconds a write waits for another program's lock on the directory
 STALE_TMP_SECONDS = 600.0  # a write takes milliseconds: a temporary file this old is a leftover
 # ".<preset>.toml.<pid>.<thread>.tmp": the temporary name of a write (_tmp_name)
@@ -236,8 +238,17 @@ class PresetStore:
                 users[0] += 1
         taken: list[threading.Lock] = []
         try:
-            for lock, _ in entries:
-                lock.acquire()
+            deadline = time.monotonic() + LOCK_WAIT
+            for (lock, _), name in zip(entries, names, strict=True):
+                # in slices: a waiting worker thread gives up on a stop, and never waits
+                # for ever (the daemon's worker threads are few, and shared)
+                while not lock.acquire(timeout=0.1):
+                    if self.stopping.is_set():
+                        raise BusyError("lokid is stopping: the edit was cancelled, nothing "
+                                        "written")
+                    if time.monotonic() > deadline:
+                        raise BusyError(f"another edit of preset {name!r} has run for more "
+                                        f"than {LOCK_WAIT:.0f} s: nothing written; try again")
                 taken.append(lock)
             yield
         finally:

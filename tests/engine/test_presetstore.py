@@ -20,6 +20,7 @@ import pytest
 from lokid.core import config as cfg
 from lokid.core import presetedit
 from lokid.core.errors import BusyError, ConfigError
+from lokid.engine import presetstore
 from lokid.engine.presetstore import STALE_TMP_SECONDS, PresetStore
 
 TEXT = '# a hand-written preset\nmodel = "m.gguf"\nctx = 2048\n'
@@ -131,7 +132,7 @@ def test_a_writer_in_a_loop_that_takes_the_directory_lock_never_loses_an_edit(
 
 
 def test_an_edit_of_one_preset_does_not_wait_for_a_slow_edit_of_another(
-        store: PresetStore, tmp_path: Path) -> None:
+        store: PresetStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "presets" / "b.toml").write_text(TEXT)
     planning_b, release_b = threading.Event(), threading.Event()
 
@@ -154,6 +155,10 @@ def test_an_edit_of_one_preset_does_not_wait_for_a_slow_edit_of_another(
         again.start()
         again.join(0.5)
         assert again.is_alive()
+        # but not for ever (the daemon's worker threads are few): Busy after LOCK_WAIT
+        monkeypatch.setattr(presetstore, "LOCK_WAIT", 0.3)
+        with pytest.raises(BusyError, match="another edit of preset 'b' has run for more"):
+            store.write("b", lambda t: (t or "") + "# 3\n")
     finally:
         release_b.set()
         b.join(10)
