@@ -118,3 +118,23 @@ def test_over_the_bus_only_group_loki_reads_secret_values(lk: LokidSystem) -> No
     assert tok["secrets"]["data"][0]["source"]["data"] == f"{KEYS}/tok.key"
     assert KEY not in json.dumps(tok) and TOKEN not in json.dumps(tok)
     assert "Traceback" not in ct.journal("lokid.service")
+
+
+def test_a_secret_given_before_daemon_reload_is_told_to_reload(lk: LokidSystem) -> None:
+    """The preset's unit has no LoadCredential= until the generator runs again: its start
+    says to run daemon-reload (the unit tells lokid where its credentials go, %d), rather
+    than the engine's user failing on a 0600 root file; after the reload it starts."""
+    ct = lk.ct
+    lk.preset("late", f'model = "llama.gguf"\napi_key_file = "{KEYS}/tok.key"\n',
+              reload=False)
+    r = ct.systemctl("start", unit("late"), check=False, timeout=120)
+    assert r.returncode != 0
+    status = lk.show("late", "StatusText", "ExecMainStatus")
+    assert "the unit has no credential api-key" in status["StatusText"], status
+    assert "systemctl daemon-reload" in status["StatusText"], status
+    assert status["ExecMainStatus"] == "78", status
+    ct.systemctl("reset-failed", unit("late"), check=False)
+    lk.reload()
+    ct.systemctl("start", unit("late"), timeout=120)
+    assert lk.show("late", "ActiveState")["ActiveState"] == "active"
+    ct.systemctl("stop", unit("late"), timeout=60)
