@@ -314,9 +314,19 @@ def test_purge_removes_config_and_state_and_leaves_the_operators_files(system: S
     ct = system.ct
     out = apt(ct, "purge", "lokid")
     assert status(ct) == ""
-    assert not_empty_warnings(out) == [], out[-3000:]
+    # Debian 12 only: its systemd 252 ships the system's generators in
+    # /lib/systemd/system-generators, the same directory as lokid's /usr/lib one through
+    # usrmerge's /lib symlink, which dpkg does not know; so dpkg, taking the /usr/lib
+    # path for lokid's alone, says it is not empty. Nothing of lokid's stays (checked
+    # below). Shipping /lib there would make Debian 13 warn instead: the case.
+    known = ["dpkg: warning: while removing lokid, directory "
+             "'/usr/lib/systemd/system-generators' not empty so not removed"] \
+        if system.build.suite == "bookworm" else []
+    assert not_empty_warnings(out) in ([], known), out[-3000:]
     for path in ("/etc/loki/lokid.toml", "/etc/loki/presets/example.toml",
-                 "/var/lib/loki/state.db", "/run/loki"):
+                 "/var/lib/loki/state.db", "/run/loki",
+                 "/usr/lib/systemd/system-generators/lokid-engine-generator",
+                 "/usr/lib/systemd/system/loki-engine@.service"):
         assert not exists(ct, path), path
     # Not the package's: the preset the operator wrote, the model directory.
     assert exists(ct, "/etc/loki/presets/demo.toml")
