@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -20,6 +21,16 @@ from support.enginekit import engine_binary
 # What lokid writes to $LOKI_RUNTIME_DIR without a test asking (the engine probe's
 # cache) goes to a directory of this run, never to the host's /run/loki.
 os.environ.setdefault("LOKI_RUNTIME_DIR", tempfile.mkdtemp(prefix="lokid-test-run-"))
+
+
+@pytest.fixture
+def open_tree() -> Iterator[Path]:
+    """A directory every user may list and walk into: pytest's own temporary directories
+    are 0700 (/tmp/pytest-of-root), closed to the other users the permission tests use."""
+    root = Path(tempfile.mkdtemp(prefix="lokid-open-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

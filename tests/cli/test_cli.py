@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support import enginekit
 from support.enginekit import free_port, write_config, write_preset
 
 pytestmark = pytest.mark.engine
@@ -370,16 +371,9 @@ def refused(path: Path, key: str, port: int, user: str, start: int) -> str:
 
 
 def readable_config(root: Path, engine: str, models: Any) -> Path:
-    """A config, model and engine under ``root`` that another user can read and run."""
-    root.chmod(0o755)
-    shutil.copy(models.llama, root / "llama.gguf")
-    (root / "llama.gguf").chmod(0o644)
-    wrapper = root / "llama-server"
-    wrapper.write_text(f'#!/bin/sh\nexec "{engine}" "$@"\n')
-    wrapper.chmod(0o755)
-    config = write_config(root, str(wrapper), [root])
-    config.chmod(0o755)
-    (config / "presets").chmod(0o755)
+    """A config, model and engine under ``root`` that another user can read and run,
+    with state and runtime directories it may write."""
+    config = enginekit.readable_config(root, engine, models.llama)
     for d in ("state", "run"):
         (root / d).mkdir(mode=0o777)
         (root / d).chmod(0o777)

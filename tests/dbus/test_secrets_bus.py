@@ -12,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +41,13 @@ def busctl_as(address: str, groups: str, *args: str) -> Any:
 
 
 @pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory any user may list (pytest's own are 0700 under /tmp/pytest-of-root)."""
-    path = Path(tempfile.mkdtemp(prefix="lokid-open-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
-
-
-@pytest.fixture
-def config(tmp_path: Path, engine: str, models: Any, open_dir: Path) -> Path:
+def config(tmp_path: Path, engine: str, models: Any, open_tree: Path) -> Path:
     Path(models.llama)  # written
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
     gen.write_draft(closed / "secret-draft.gguf")
-    gen.write_draft(open_dir / "open-draft.gguf")
-    config = write_config(tmp_path, engine, [models.dir, closed, open_dir])
+    gen.write_draft(open_tree / "open-draft.gguf")
+    config = write_config(tmp_path, engine, [models.dir, closed, open_tree])
     write_preset(config, "k", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n'
                  f'extra_args = ["--api-key", "{KEY}", "--jinja"]\n'
                  f'[env]\nHF_TOKEN = "{TOKEN}"\nGGML_SCHED_MAX_COPIES = "2"\n')

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from dbus_fast import DBusError
 from support.daemonkit import daemon_on
-from support.enginekit import free_port, write_config, write_preset
+from support.enginekit import free_port, readable_config, write_config, write_preset
 
 from lokid.core.names import ERROR_PREFIX, MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE
 from lokid.core.names import preset_object_path as path_of
@@ -111,15 +111,7 @@ def as_unit(engine: str, models: Any, engine_user: Any,
         pytest.skip("net.ipv4.ip_unprivileged_port_start lowered here: anyone may take 80")
     root = Path(tempfile.mkdtemp(prefix="lokid-unstartable-"))
     try:
-        root.chmod(0o755)
-        shutil.copy(models.llama, root / "llama.gguf")
-        (root / "llama.gguf").chmod(0o644)
-        wrapper = root / "llama-server"
-        wrapper.write_text(f'#!/bin/sh\nexec "{engine}" "$@"\n')
-        wrapper.chmod(0o755)
-        config = write_config(root, str(wrapper), [root])
-        config.chmod(0o755)
-        (config / "presets").chmod(0o755)
+        config = readable_config(root, engine, models.llama)
         monkeypatch.setenv("LOKI_ENGINE_USER", engine_user.pw_name)
         yield config
     finally:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pwd
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,9 @@ from lokid.engine.gather import gather
 
 
 @pytest.fixture
-def tree() -> Iterator[Path]:
-    """A directory every user can walk into (pytest's own temporary directory is 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="lokid-gather-"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root)
+def tree(open_tree: Path) -> Path:
+    """A directory every user can walk into (conftest's open_tree)."""
+    return open_tree
 
 
 def as_user(user: pwd.struct_passwd, call: Callable[[], str]) -> str:

@@ -5,7 +5,6 @@ systemd.journal.Reader reads, exactly as it reads the system journal."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 from support import DATA
 from support.enginekit import free_port, write_config, write_preset
+from support.journalfiles import write_journal
 from systemd import journal
 
 from lokid.engine.journalwatch import (
@@ -24,30 +24,7 @@ from lokid.engine.journalwatch import (
 from lokid.engine.state import StateDB
 from lokid.engine.unit import prestart
 
-JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 LOGS = DATA / "engine-logs"
-BOOT = "0123456789abcdef0123456789abcdef"
-
-
-def export(entries: list[dict[str, str]]) -> bytes:
-    out = bytearray()
-    for i, fields in enumerate(entries):
-        fields = {"__REALTIME_TIMESTAMP": str(1_700_000_000_000_000 + i),
-                  "__MONOTONIC_TIMESTAMP": str(1000 + i), "_BOOT_ID": BOOT, **fields}
-        for key, value in fields.items():
-            data = value.encode()
-            if b"\n" in data:  # the export format's binary-safe form
-                out += key.encode() + b"\n" + len(data).to_bytes(8, "little") + data + b"\n"
-            else:
-                out += key.encode() + b"=" + data + b"\n"
-        out += b"\n"
-    return bytes(out)
-
-
-def write_journal(path: Path, entries: list[dict[str, str]]) -> Path:
-    subprocess.run([JOURNAL_REMOTE, f"--output={path}", "-"], input=export(entries),
-                   check=True, capture_output=True, timeout=60)
-    return path
 
 
 def engine_entries(preset: str, invocation: str, lines: list[str]) -> list[dict[str, str]]:

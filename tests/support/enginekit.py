@@ -118,6 +118,24 @@ def write_config(root: Path, engine: str, model_dirs: Sequence[str | Path]) -> P
     return config
 
 
+def readable_config(root: Path, engine: str, model: str | Path) -> Path:
+    """A config under ``root`` with ``model`` (copied) and the engine (a wrapper that
+    execs it) that another user can read and run: planned as the unit plans for its
+    user (a throwaway user standing in for loki), every path on the way open to it."""
+    import shutil
+
+    root.chmod(0o755)
+    shutil.copy(model, root / "llama.gguf")
+    (root / "llama.gguf").chmod(0o644)
+    wrapper = root / "llama-server"
+    wrapper.write_text(f'#!/bin/sh\nexec "{engine}" "$@"\n')
+    wrapper.chmod(0o755)
+    config = write_config(root, str(wrapper), [root])
+    config.chmod(0o755)
+    (config / "presets").chmod(0o755)
+    return config
+
+
 def write_preset(config: Path, name: str, text: str) -> Path:
     path = config / "presets" / f"{name}.toml"
     path.write_text(text)
