@@ -199,7 +199,7 @@ async def cmd_stats(c: Client, name: str, since: str | None, as_json: bool) -> i
     if as_json:
         _print_json(stats)
     else:
-        print(ctlstats.stats_text(name, stats))
+        print(ctlstats.stats_text(name, stats, since))
     return EXIT_OK
 
 

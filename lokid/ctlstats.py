@@ -127,8 +127,11 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def stats_text(name: str, stats: dict[str, Any]) -> str:
-    """One preset's figures, for ``lokictl stats``."""
+def stats_text(name: str, stats: dict[str, Any], since: str | None = None) -> str:
+    """One preset's figures, for ``lokictl stats``; ``since``: the window asked for (the
+    figures are the journal's over it, every start in it, not one start's)."""
+    if since is not None and not stats.get("requests"):
+        return f"{name}: no request since {since}"
     if not stats.get("requests") and not stats.get("invocation"):
         return f"{name}: no start seen yet"
     prefill = stats.get("prefill_tps") or {}

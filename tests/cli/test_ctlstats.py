@@ -57,3 +57,10 @@ def test_the_request_count_agrees_with_its_noun() -> None:
     assert ctlstats.stats_text("p", {"requests": 2}).startswith("p: 2 requests, ")
     assert ctlstats.stats_text("p", {"requests": 0, "invocation": "i"}).startswith(
         "p: 0 requests, ")
+
+
+def test_a_window_without_requests_says_so_not_that_no_start_was_seen() -> None:
+    # lokictl stats --since: the journal's figures over the window carry no invocation
+    assert ctlstats.stats_text("p", {"requests": 0}, "10min") == "p: no request since 10min"
+    assert ctlstats.stats_text("p", {"requests": 0}) == "p: no start seen yet"
+    assert ctlstats.stats_text("p", {"requests": 2}, "10min").startswith("p: 2 requests, ")
