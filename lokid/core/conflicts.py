@@ -29,13 +29,14 @@ Pure: addresses, presets and runtime plans in, messages out.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from .config import GlobalConfig, Preset
 from .flags import flag_value
-from .runtimeplan import RuntimePlan
+
+if TYPE_CHECKING:  # the unit's start path checks its port through here: no TOML reader
+    from .config import GlobalConfig, Preset
+    from .runtimeplan import RuntimePlan
 
 # What a host name means for binding; anything else is compared as written.
 _LOCALHOST = frozenset({"127.0.0.1", "::1"})
@@ -153,6 +154,8 @@ def _addresses(host: str) -> frozenset[str] | None:
         return None
     if name == "localhost":
         return _LOCALHOST
+    import ipaddress
+
     try:
         ip = ipaddress.ip_address(name)
     except ValueError:

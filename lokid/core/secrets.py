@@ -33,11 +33,15 @@ Pure: names, paths and strings only; :mod:`lokid.engine.credentials` reads the f
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from . import flags
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    import re
 
 MASK = "***"
 API_KEY_TARGET = flags.API_KEY_FILE[0][0]     # --api-key-file
@@ -55,10 +59,19 @@ MAX_SECRET_BYTES = 64 * 1024
 # Variables whose values the logs never show (the engine reads the first two; the
 # pattern catches the operator's own, e.g. OPENAI_API_KEY or S3_SECRET).
 _SECRET_VARS = frozenset(var for _, var in flags.SECRET_FLAGS)
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL)", re.I)
+_SECRET_NAME = r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL)"
 # A path systemd's LoadCredential= takes as written: no whitespace, quotes, backslashes,
 # control characters or specifiers (% would need escaping, and nobody names keys so).
-_PLAIN_PATH = re.compile(r"/[^\s\"'\\%\x00-\x1f\x7f]*")
+_PLAIN_PATH = r"/[^\s\"'\\%\x00-\x1f\x7f]*"
+
+
+@cache
+def _pattern(text: str, ignore_case: bool = False) -> re.Pattern[str]:
+    """Compiled on first use: the runtime plan, on the unit's start path, imports this
+    module for :class:`Secret` alone."""
+    import re
+
+    return re.compile(text, re.I if ignore_case else 0)
 
 
 @dataclass(frozen=True)
@@ -117,7 +130,7 @@ def source_problem(path: str) -> str | None:
     """Why ``path`` cannot name a secret file, or None."""
     if not path.startswith("/"):
         return f"{path!r} is not an absolute path"
-    if not _PLAIN_PATH.fullmatch(path) or path.endswith("/"):
+    if not _pattern(_PLAIN_PATH).fullmatch(path) or path.endswith("/"):
         return (f"{path!r}: a file's absolute path without spaces, quotes, backslashes, "
                 "'%' or control characters (systemd's LoadCredential= reads it as written)")
     return None
@@ -125,7 +138,7 @@ def source_problem(path: str) -> str | None:
 
 def secret_name(name: str) -> bool:
     """Whether an environment variable's name says it holds a secret."""
-    return name in _SECRET_VARS or bool(_SECRET_NAME.search(name))
+    return name in _SECRET_VARS or bool(_pattern(_SECRET_NAME, True).search(name))
 
 
 def _secret_spellings() -> tuple[str, ...]:
