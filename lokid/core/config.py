@@ -5,9 +5,10 @@ The layout (``$LOKI_CONFIG_DIR``, default ``/etc/loki``)::
     lokid.toml            engine, model_dirs, host, port, metrics_textfile
     presets/<name>.toml   one preset per file
 
-Files are read with tomllib, within bounds: a regular file of at most
-:data:`MAX_FILE_BYTES`, opened without blocking, its text checked by
-:mod:`lokid.core.tomlscan` before and after tomllib reads it. Every error
+Files are read with tomllib, within bounds (:mod:`lokid.core.tomlread`): a
+regular file of at most :data:`MAX_FILE_BYTES`, opened without blocking, its
+text checked by :mod:`lokid.core.tomlscan` before and after tomllib reads it.
+Every error
 names the file, the line when it can be found, the key, and what would be
 valid. A broken preset is reported and skipped: it never hides the others
 (:func:`load_presets`), whatever it holds. A preset's text not yet written
@@ -28,15 +29,14 @@ from __future__ import annotations
 
 import os
 import re
-import stat
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from . import flags, secrets, tomlscan
+from . import flags, secrets
 from .errors import ConfigError, NotFoundError
 from .presetname import check_preset_name
+from .tomlread import MAX_FILE_BYTES as MAX_FILE_BYTES  # its home; presets' bound
+from .tomlread import Checker, close_match, parse_toml, read_text, read_toml, tname
 
 GLOBAL_FILE = "lokid.toml"
 PRESETS_DIR = "presets"
@@ -46,9 +46,6 @@ DEFAULT_ENGINE = "llama-server"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 32768
-# Real presets are 1 to 3 KB; the cap keeps a runaway file (a log written to the
-# wrong place) from filling memory.
-MAX_FILE_BYTES = 64 * 1024
 
 GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile")
 # Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter/*.prom (its
@@ -137,221 +134,7 @@ class Preset:
     secrets: Mapping[str, str] = field(default_factory=dict)
 
 
-# --- reading TOML with locations -------------------------------------------------
-
-_TOML_AT = re.compile(r"\(at line (\d+), column \d+\)")
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
-
-
-def _not_regular(mode: int) -> str:
-    kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
-    return f"cannot read: is {kind}, not a regular file"
-
-
-def _read_file(path: str) -> bytes:
-    """The bytes of ``path``: a regular file (after links) of at most MAX_FILE_BYTES.
-
-    A FIFO would block the reader forever and /dev/zero would fill memory, so
-    the file is checked before it is opened (opening a device can act: a
-    watchdog starts), opened without blocking, and checked again on the
-    descriptor, since it may have been replaced in between.
-    """
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(_not_regular(st.st_mode), path)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ConfigError("no such file", path) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read: {e.strerror}", path) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(_not_regular(st.st_mode), path)
-        if st.st_size > MAX_FILE_BYTES:
-            raise _too_large(f"{st.st_size} bytes", path)
-        chunks: list[bytes] = []
-        size = 0
-        # st_size can lie (a file still growing, one of /proc): read at most one
-        # byte more than the cap, whatever it said.
-        while size <= MAX_FILE_BYTES:
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as e:
-        raise ConfigError(f"cannot read: {e.strerror}", path) from None
-    finally:
-        os.close(fd)
-    if size > MAX_FILE_BYTES:
-        raise _too_large(f"more than {MAX_FILE_BYTES} bytes", path)
-    return b"".join(chunks)
-
-
-def _too_large(size: str, path: str) -> ConfigError:
-    return ConfigError(f"too large: {size}, the limit is {MAX_FILE_BYTES} bytes "
-                       "(a preset is a few KB)", path)
-
-
-def _read_text(path: str) -> str:
-    """The text of ``path`` (:func:`_read_file`), which must be UTF-8."""
-    raw = _read_file(path)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"not UTF-8 text (byte {e.start})", path) from None
-
-
-def _read_toml(path: str) -> tuple[dict[str, Any], str]:
-    text = _read_text(path)
-    return _parse_toml(text, path), text
-
-
-def _parse_toml(text: str, path: str) -> dict[str, Any]:
-    """``text`` read as TOML within the bounds of a file; ``path`` is named in errors.
-
-    A text that does not come from a file (a candidate preset sent over the bus)
-    gets the same bounds as one read from disk: its UTF-8 size, then tomlscan.
-    """
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as e:
-        # a lone surrogate: no file holds one, and it cannot be written to one
-        raise ConfigError(f"not UTF-8 text (character {e.start})", path) from None
-    if size > MAX_FILE_BYTES:
-        raise _too_large(f"{size} bytes", path)
-    suspects = tomlscan.check_text(text, path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        message = str(e)
-        m = _TOML_AT.search(message)
-        line = int(m.group(1)) if m else None
-        message = _TOML_AT.sub("", message).strip()
-        raise ConfigError(f"TOML syntax error: {message}", path, line) from None
-    except (RecursionError, MemoryError) as e:
-        # check_text bounds the nesting and the file is small: should either still
-        # happen, it is this file's error, not the daemon's.
-        raise ConfigError(f"cannot be parsed ({type(e).__name__})", path) from None
-    tomlscan.check_values(data, text, path, suspects)
-    return data
-
-
-def _key_line(text: str, key: str, table: str = "") -> int | None:
-    """The line where ``key`` is assigned (inside ``[table]`` if given), when findable.
-
-    tomllib gives no positions for values, so this scans the text. It
-    understands plain and quoted keys, ``[table]`` headers and dotted keys
-    (``spec.mode = …``); anything fancier just yields no line number.
-
-    No backtracking regex: a line of a multi-line string can be 60 KB of spaces,
-    and a lazy group before the ``=`` took seconds on it.
-    """
-    current = ""
-    dotted = f"{table}.{key}" if table else key
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped.startswith("[") and not stripped.startswith("[["):
-            end = stripped.find("]")
-            rest = stripped[end + 1:].lstrip()
-            inner = stripped[1:end].strip()
-            if end > 0 and inner and "[" not in inner and (not rest or rest[0] == "#"):
-                current = _plain_key(inner)
-                continue
-        name, equals, _ = stripped.partition("=")
-        if not equals or not _KEY_CHARS.fullmatch(name.rstrip()):
-            continue
-        full = f"{current}.{_plain_key(name)}" if current else _plain_key(name)
-        if full == dotted:
-            return number
-    return None
-
-
-_KEY_CHARS = re.compile(r"""[A-Za-z0-9_."' -]+""")
-
-
-def _plain_key(written: str) -> str:
-    return written.replace('"', "").replace("'", "").replace(" ", "")
-
-
-class _Checker:
-    """Typed access to one parsed file, raising errors that say where and what."""
-
-    def __init__(self, path: str, text: str, data: dict[str, Any], table: str = ""):
-        self.path = path
-        self.text = text
-        self.data = data
-        self.table = table
-
-    def error(self, key: str, message: str) -> ConfigError:
-        key_shown = tomlscan.show_key(key)
-        shown = f"{self.table}.{key_shown}" if self.table else key_shown
-        return ConfigError(message, self.path, _key_line(self.text, key, self.table), shown)
-
-    def reject_unknown(self, known: tuple[str, ...]) -> None:
-        for key in self.data:
-            if key not in known:
-                hint = _close_match(key, known)
-                raise self.error(
-                    key, f"unknown key{hint}; valid keys: {', '.join(known)}"
-                )
-
-    def string(self, key: str, default: str | None = None) -> str | None:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise self.error(key, f"must be a string, not {_tname(value)}")
-        if "\0" in value:
-            raise self.error(key, "must not contain a NUL character")
-        return value
-
-    def integer(self, key: str, lo: int, hi: int, what: str) -> int | None:
-        value = self.data.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"must be an integer ({what}), not {_tname(value)}")
-        if not lo <= value <= hi:
-            raise self.error(key, f"{value} is out of range ({what})")
-        return value
-
-    def string_list(self, key: str) -> tuple[str, ...]:
-        value = self.data.get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list):
-            raise self.error(key, f"must be a list of strings, not {_tname(value)}")
-        out = []
-        for i, item in enumerate(value):
-            if not isinstance(item, str):
-                raise self.error(key, f"item {i} must be a string, not {_tname(item)}")
-            if "\0" in item:
-                raise self.error(key, f"item {i} must not contain a NUL character")
-            out.append(item)
-        return tuple(out)
-
-
-def _tname(value: object) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "a list", dict: "a table"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _close_match(key: str, known: tuple[str, ...]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _path_setting(c: _Checker, key: str, value: str) -> str:
+def _path_setting(c: Checker, key: str, value: str) -> str:
     """A model-like setting: a bare file name (looked up in model_dirs) or an absolute path."""
     if not value.strip():
         raise c.error(key, "must not be empty")
@@ -371,8 +154,8 @@ def load_global(config_dir: str) -> GlobalConfig:
     path = os.path.join(config_dir, GLOBAL_FILE)
     if not os.path.exists(path):
         return GlobalConfig()
-    data, text = _read_toml(path)
-    c = _Checker(path, text, data)
+    data, text = read_toml(path)
+    c = Checker(path, text, data)
     c.reject_unknown(GLOBAL_KEYS)
     engine = c.string("engine", DEFAULT_ENGINE) or ""
     if not engine.strip():
@@ -418,9 +201,9 @@ def load_preset(config_dir: str, name: str) -> Preset:
 
 
 def parse_preset(name: str, path: str) -> Preset:
-    """Read the file ``path`` (within the bounds of :func:`_read_file`) and validate it
+    """Read the file ``path`` (within the bounds of :func:`read_file`) and validate it
     as preset ``name`` (:func:`parse_preset_text`)."""
-    return parse_preset_text(name, path, _read_text(path))
+    return parse_preset_text(name, path, read_text(path))
 
 
 def parse_preset_text(name: str, path: str, text: str) -> Preset:
@@ -431,8 +214,8 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
     A candidate text (an edit not yet written) is validated here before it
     replaces the file, so that what is saved is what would load.
     """
-    data = _parse_toml(text, path)
-    c = _Checker(path, text, data)
+    data = parse_toml(text, path)
+    c = Checker(path, text, data)
     c.reject_unknown(PRESET_KEYS)
 
     model = c.string("model")
@@ -478,7 +261,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
     )
 
 
-def _gpus(c: _Checker, env: Mapping[str, str]) -> str | None:
+def _gpus(c: Checker, env: Mapping[str, str]) -> str | None:
     value = c.data.get("gpus")
     if value is None:
         return None
@@ -488,7 +271,7 @@ def _gpus(c: _Checker, env: Mapping[str, str]) -> str | None:
     out = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (int, str)):
-            raise c.error("gpus", f"must be GPU indices or UUIDs, not {_tname(item)}")
+            raise c.error("gpus", f"must be GPU indices or UUIDs, not {tname(item)}")
         text = str(item).strip()
         if isinstance(item, int) and item < 0:
             raise c.error("gpus", f"{item} is not a GPU index (0 or more)")
@@ -505,7 +288,7 @@ def _gpus(c: _Checker, env: Mapping[str, str]) -> str | None:
     return ",".join(out)
 
 
-def _gpu_layers(c: _Checker) -> str | None:
+def _gpu_layers(c: Checker) -> str | None:
     value = c.data.get("gpu_layers")
     if value is None:
         return None
@@ -516,7 +299,7 @@ def _gpu_layers(c: _Checker) -> str | None:
     return str(value)
 
 
-def _extra_args(c: _Checker) -> tuple[str, ...]:
+def _extra_args(c: Checker) -> tuple[str, ...]:
     args = c.string_list("extra_args")
     for arg in args:
         # One string per argument: "-c 4096" would reach llama-server as one
@@ -530,18 +313,18 @@ def _extra_args(c: _Checker) -> tuple[str, ...]:
     return args
 
 
-def _env(c: _Checker) -> dict[str, str]:
+def _env(c: Checker) -> dict[str, str]:
     value = c.data.get("env")
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise c.error("env", f"must be a table of NAME = \"value\", not {_tname(value)}")
+        raise c.error("env", f"must be a table of NAME = \"value\", not {tname(value)}")
     out = {}
     for key, item in value.items():
         if not ENV_NAME_RE.fullmatch(key):
             raise c.error("env", f"{key!r} is not a valid environment variable name")
         if isinstance(item, bool) or not isinstance(item, (str, int)):
-            raise c.error("env", f"{key}: must be a string or an integer, not {_tname(item)}")
+            raise c.error("env", f"{key}: must be a string or an integer, not {tname(item)}")
         text = str(item)
         if "\0" in text:
             raise c.error("env", f"{key}: must not contain a NUL character")
@@ -549,7 +332,7 @@ def _env(c: _Checker) -> dict[str, str]:
     return out
 
 
-def _secrets(c: _Checker, env: Mapping[str, str],
+def _secrets(c: Checker, env: Mapping[str, str],
              extra_args: tuple[str, ...]) -> tuple[str | None, dict[str, str]]:
     """``api_key_file`` and the ``[secrets]`` table: files, never values
     (:mod:`lokid.core.secrets`). One way to set each thing: a key given both as a file
@@ -568,15 +351,15 @@ def _secrets(c: _Checker, env: Mapping[str, str],
         return api_key_file, {}
     if not isinstance(value, dict):
         raise c.error("secrets", "must be a table of NAME = \"/path/to/file\" (each "
-                      f"variable read from its file at start), not {_tname(value)}")
-    t = _Checker(c.path, c.text, value, "secrets")
+                      f"variable read from its file at start), not {tname(value)}")
+    t = Checker(c.path, c.text, value, "secrets")
     out = {}
     for key, item in value.items():
         if not ENV_NAME_RE.fullmatch(key):
             raise t.error(key, f"{key!r} is not a valid environment variable name")
         if not isinstance(item, str):
             raise t.error(key, f"must be the path of the file holding the value, not "
-                          f"{_tname(item)}")
+                          f"{tname(item)}")
         problem = secrets.source_problem(item)
         if problem:
             raise t.error(key, problem)
@@ -586,34 +369,34 @@ def _secrets(c: _Checker, env: Mapping[str, str],
     return api_key_file, out
 
 
-def _choice(c: _Checker, key: str, valid: tuple[str, ...]) -> str | None:
+def _choice(c: Checker, key: str, valid: tuple[str, ...]) -> str | None:
     """A value from a fixed set, read case- and space-insensitively ("MTP + ngram")."""
     value = c.data.get(key)
     if value is None:
         return None
     listed = ", ".join(valid)
     if not isinstance(value, str):
-        raise c.error(key, f"must be a string, one of: {listed} (not {_tname(value)})")
+        raise c.error(key, f"must be a string, one of: {listed} (not {tname(value)})")
     normal = value.strip().lower().replace(" ", "")
     if normal not in valid:
-        hint = _close_match(normal, valid)
+        hint = close_match(normal, valid)
         raise c.error(key, f"{value!r} is not valid{hint}; valid values: {listed}")
     return normal
 
 
-def _table(c: _Checker, name: str, known: tuple[str, ...]) -> _Checker | None:
+def _table(c: Checker, name: str, known: tuple[str, ...]) -> Checker | None:
     """The checker of the preset's ``[name]`` table (its keys checked), None when absent."""
     value = c.data.get(name)
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise c.error(name, f"must be a table ([{name}]), not {_tname(value)}")
-    t = _Checker(c.path, c.text, value, name)
+        raise c.error(name, f"must be a table ([{name}]), not {tname(value)}")
+    t = Checker(c.path, c.text, value, name)
     t.reject_unknown(known)
     return t
 
 
-def _spec(c: _Checker) -> SpecConfig:
+def _spec(c: Checker) -> SpecConfig:
     t = _table(c, "spec", SPEC_KEYS)
     if t is None:
         return SpecConfig()
@@ -629,13 +412,13 @@ def _spec(c: _Checker) -> SpecConfig:
     )
 
 
-def _chat(c: _Checker) -> ChatConfig:
+def _chat(c: Checker) -> ChatConfig:
     t = _table(c, "chat", CHAT_KEYS)
     if t is None:
         return ChatConfig()
     effort = t.string("reasoning_effort")
     if effort is not None and effort not in EFFORT_LEVELS:
-        hint = _close_match(effort, EFFORT_LEVELS)
+        hint = close_match(effort, EFFORT_LEVELS)
         raise t.error("reasoning_effort", f"{effort!r} is not a level{hint}: "
                       f"{', '.join(EFFORT_LEVELS)}")
 
@@ -644,7 +427,7 @@ def _chat(c: _Checker) -> ChatConfig:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise t.error(key, f"must be a number, not {_tname(v)}")
+            raise t.error(key, f"must be a number, not {tname(v)}")
         if not lo <= v <= hi:
             raise t.error(key, f"{v} is out of range ({lo:g} to {hi:g})")
         return float(v)

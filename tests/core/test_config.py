@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from lokid.core import config as cfg
+from lokid.core import tomlread, tomlscan
 from lokid.core.errors import ConfigError, NotFoundError
 from lokid.core.presetname import valid_preset_name
 
@@ -153,7 +154,7 @@ def test_bad_preset_reports_file_line_key_and_what_is_valid(
 
 def test_spec_key_in_dotted_form_gets_its_line(tmp_path: Path) -> None:
     write(tmp_path, "presets/d.toml", 'model = "m"\n[spec]\nmode = "auto"\n')
-    assert cfg._key_line((tmp_path / "presets/d.toml").read_text(), "mode", "spec") == 3
+    assert tomlread.key_line((tmp_path / "presets/d.toml").read_text(), "mode", "spec") == 3
 
 
 MODES = "valid values: off, auto, mtp, ngram, mtp+ngram"
@@ -381,9 +382,9 @@ def test_nesting_is_counted_outside_strings_and_comments_only(tmp_path: Path) ->
           .replace('[ "x" ] ]', '"]]]]"]'))
     assert cfg.load_preset(str(tmp_path), "ok").extra_args == ("[" * 20, "{" * 20, "]]]]")
     # 16 levels parse; the 17th is refused
-    assert cfg.tomlscan.check_text("a = " + "[" * 16 + "]" * 16, "p") == []
+    assert tomlscan.check_text("a = " + "[" * 16 + "]" * 16, "p") == []
     with pytest.raises(ConfigError, match="more than 16 levels"):
-        cfg.tomlscan.check_text("a = " + "[" * 17 + "]" * 17, "p")
+        tomlscan.check_text("a = " + "[" * 17 + "]" * 17, "p")
 
 
 @pytest.mark.parametrize("other", ["op_offload_min_batch = 1", "gpus = [0]"])
@@ -460,7 +461,7 @@ def test_a_long_dotted_key_is_refused_before_tomllib_reads_it(
     def not_reached(text: str) -> object:
         raise AssertionError("tomllib read a file the lexer should have refused")
 
-    monkeypatch.setattr(cfg.tomllib, "loads", not_reached)
+    monkeypatch.setattr(tomlread.tomllib, "loads", not_reached)
     e = raises_config_error(tmp_path, "d")
     assert str(e) == f"{path}:2: a dotted key of more than 8 parts (such as spec.mode, which has 2)"
     assert str(raises_config_error(tmp_path, "h")).startswith(f"{header}:2: a dotted key")
@@ -619,7 +620,7 @@ def test_the_lexer_passes_valid_toml_and_finds_its_string_tokens() -> None:
     data = tomllib.loads(VALID_TOML)
     assert data["ml"].count("[") == 20 and data["ml_end"] == 'ends with quotes""'
     assert data["ml_lit_end"] == "two more''"
-    suspects = cfg.tomlscan.check_text(VALID_TOML, "p")
+    suspects = tomlscan.check_text(VALID_TOML, "p")
     # the string tokens holding a backslash or a newline, each read whole
     tokens = [tomllib.loads("x = " + VALID_TOML[a:b])["x"] for a, b in suspects]
     assert tokens == [data["lit"], data["quoted"], data["ml"], data["ml_lit"]]
