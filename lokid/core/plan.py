@@ -27,6 +27,7 @@ from .modelinfo import ModelInfo
 from .spec import DraftInput, SpecInputs, plan_spec
 
 OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
+SECRET_NOTE = "secret: "
 # At the engine's default verbosity (3) the llama library's load lines,
 # "offloaded N/M layers to GPU" among them, are not printed; 4 prints them.
 VERDICT_VERBOSITY = "4"
@@ -176,7 +177,7 @@ def _secret_args(inp: PlanInputs, notes: list[str]) -> tuple[list[str],
     for s in found:
         if not s.is_env:
             args += [s.target, s.path]
-        notes.append(f"secret: {s.describe()}")
+        notes.append(f"{SECRET_NOTE}{s.describe()}")
         mode = inp.loose_secrets.get(s.source)
         if mode is not None:
             notes.append(f"secret file {s.source} is mode {mode:04o}: every local user may "
@@ -315,7 +316,10 @@ def format_plan(plan: Plan) -> str:
     types = ",".join(plan.spec.types) or "none"
     lines.append(f"speculative decoding: mode {plan.spec.mode}, active {types}"
                  + (" (automatic)" if plan.spec.auto else ""))
-    if plan.notes:
+    # the secrets' own notes say what the section above says
+    notes = [n for n in plan.notes if not n.startswith(SECRET_NOTE)] if plan.secrets \
+        else list(plan.notes)
+    if notes:
         lines.append("notes:")
-        lines += [f"  - {note}" for note in plan.notes]
+        lines += [f"  - {note}" for note in notes]
     return "\n".join(lines)

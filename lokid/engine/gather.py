@@ -336,6 +336,10 @@ def _secret_files(preset: cfg.Preset, environ: Mapping[str, str],
             continue
         try:
             st = os.stat(source)
+        except PermissionError:
+            if for_unit and os.geteuid() != 0:
+                continue  # systemd reads it as root: a user planning for the unit cannot tell
+            raise ConfigError(f"{source}: permission denied", preset.path, None, key) from None
         except OSError as e:
             raise ConfigError(f"{source}: {e.strerror}", preset.path, None, key) from None
         if not stat.S_ISREG(st.st_mode):

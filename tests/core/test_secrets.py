@@ -107,6 +107,8 @@ def test_the_api_key_reaches_the_engine_as_a_file_under_systemd_its_credential()
     text = format_plan(plan)
     assert "from /etc/loki/keys/p.key, loaded by systemd as credential api-key" in text
     assert "environment variable HF_TOKEN: from /etc/loki/hf" in text
+    assert text.count("/etc/loki/hf") == 1   # its note is the section's line, not again
+    assert any(n.startswith("secret: environment variable HF_TOKEN") for n in plan.notes)
 
 
 def test_a_key_on_the_command_line_is_masked_in_the_plan_and_gets_a_note() -> None:

@@ -165,3 +165,31 @@ def test_lokid_run_gives_the_engine_its_key_as_a_file_and_its_token_in_its_envir
     text = "".join(lines)
     assert "lokid: starting " in text
     assert KEY not in text and TOKEN not in text
+
+
+def test_a_user_planning_for_the_unit_need_not_reach_the_secret_files(
+        tmp_path: Path, engine: str, models: Any, engine_user: Any, open_tree: Path) -> None:
+    """systemd reads a unit's credentials as root: `lokid plan` by a member of group loki,
+    who may read the preset but not /etc/loki/keys (0700 root), shows the plan; planned as
+    that user for itself (no unit), the file it cannot read is the error it would be."""
+    from support.enginekit import readable_config
+    from support.users import run_as
+
+    config = readable_config(open_tree, engine, models.llama)
+    keys = open_tree / "keys"
+    keys.mkdir(mode=0o700)
+    (keys / "p.key").write_text(KEY)
+    write_preset(config, "p", f'model = "llama.gguf"\napi_key_file = "{keys}/p.key"\n')
+    (config / "presets" / "p.toml").chmod(0o644)
+
+    def plan(for_unit: bool) -> str:
+        try:
+            p = make_plan(str(config), "p", {}, for_unit=for_unit)
+        except ConfigError as e:
+            return f"error: {e}"
+        return " ".join(p.argv)
+
+    unit = run_as(engine_user, lambda: plan(True))
+    assert "--api-key-file /run/credentials/loki-engine@p.service/api-key" in unit, unit
+    assert run_as(engine_user, lambda: plan(False)) == \
+        f"error: {config}/presets/p.toml: api_key_file: {keys}/p.key: permission denied"
