@@ -315,6 +315,27 @@ async def test_the_daemons_own_write_is_read_once_and_a_later_hand_edit_is_follo
     assert any("configuration files changed" in r.getMessage() for r in caplog.records)
 
 
+async def test_the_daemons_own_write_is_read_once_even_when_its_reading_waits(
+        running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    """The reading after an edit runs in a worker thread; on a busy daemon it may start
+    after the file watcher's settle time. The write is the daemon's own all the same: no
+    second reading (it failed once so in a full run; here the thread is held 0.5 s)."""
+    caplog.set_level("INFO", logger="lokid.daemon")
+    daemon = running.daemon
+    read = daemon._read_files
+
+    def slow() -> None:
+        time.sleep(0.5)   # longer than the watcher's settle time
+        read()
+
+    daemon._read_files = slow  # type: ignore[method-assign]
+    m = await manager(running)
+    await m.call_set_preset_keys("example", {"ctx": Variant("x", 4096)}, "")
+    await asyncio.sleep(1.0)
+    again = [r for r in caplog.records if "configuration files changed" in r.getMessage()]
+    assert again == [], [r.getMessage() for r in again]
+
+
 async def test_a_file_that_is_not_utf8_is_refused_for_every_edit_and_left_alone(
         running: Running, config: Path) -> None:
     file = config / "presets" / "latin.toml"
