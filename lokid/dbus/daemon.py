@@ -80,6 +80,7 @@ class Daemon:
         self.config_dir = config_dir
         self.registry = Registry(config_dir, state_dir, runtime_dir)
         self.registry.loading = lambda name: self.engine_state(name).state in (LOADING, STOPPING)
+        self.registry.answered = lambda name: self.engine_state(name).state == READY
         self.registry.probe_budget = PROBE_BUDGET
         if runner == "auto":
             from ..engine.systemd_runner import systemd_reachable
@@ -270,6 +271,11 @@ class Daemon:
 
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""
+        if self.dirwatch is not None:
+            # What is on disk now is read next: noted at once, on the loop, so that the
+            # watcher does not announce a change just made (an edit's own write) while the
+            # reading waits for a worker thread past the watcher's settle time.
+            self.dirwatch.reading()
         await self.load_presets()
         await self.telemetry.read_metrics_setting()
         if self.runner is not None:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core import config as cfg
+from ..core.attempt import LOADING_NOW
 from ..core.benchrules import bench_fingerprint
 from ..core.errors import ConfigError, LokiError, NotFoundError, ProbePending, StateError
 from ..core.names import engine_unit
@@ -79,6 +80,10 @@ class Registry:
     # Whether a preset's engine is loading now: its attempt token is then its own, shown
     # as pending rather than as a launch that never answered (set by the daemon).
     loading: Callable[[str], bool] = lambda name: False
+    # Whether a preset's engine has answered (ready): a token still on record is its own,
+    # about to be cleared by the engine's step (it clears it just after READY=1): neither
+    # a launch that never answered nor one loading now (set by the daemon).
+    answered: Callable[[str], bool] = lambda name: False
     # How long one load may wait for the engine's probe, all presets together (None:
     # until it ends). The daemon waits briefly: an engine that hangs on --help must not
     # hold its readiness; the presets then say so, and are planned again at its end.
@@ -162,8 +167,11 @@ class Registry:
             inputs = gather(self.config_dir, preset.name, for_unit=self.for_units,
                             probe_wait=wait)
             cleared = read_cleared(self.runtime_dir, preset.name) if self.runtime_dir else None
-            plan, _, found = decide(inputs, db, loading=self.loading(preset.name),
+            answered = self.answered(preset.name)
+            plan, _, found = decide(inputs, db, loading=answered or self.loading(preset.name),
                                     cleared=cleared)
+            if answered and found.pending == LOADING_NOW:
+                plan = replace(plan, notes=tuple(n for n in plan.notes if n != LOADING_NOW))
         except ProbePending as e:
             self.pending_probe = e.future
             return PresetView(preset.name, preset.path, preset.model, mode or "off", plan=None,

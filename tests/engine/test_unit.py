@@ -607,3 +607,25 @@ def test_a_damaged_state_db_never_stops_plan_prestart_or_engine(
     assert h.proc.poll() is None and "Traceback" not in h.log.read_text()
     assert len(list(Path(dirs.state).glob("state.db.damaged-*[0-9Z]"))) == 2
     assert h.stop() == 0
+
+
+def test_the_daemons_view_of_a_ready_engine_whose_token_is_not_cleared_yet(
+        dirs: Dirs, models: Any) -> None:
+    """The engine's step clears its token just after READY=1; a daemon that plans the
+    preset in between (its refresh on the ready state) took the token for a launch that
+    never answered: the next start's plan shown without speculation, and nothing read it
+    again (seen once under load in the layers-in-RAM daemon test). A ready engine's token
+    is its own: the view is the plan with automatic speculation and no pending note."""
+    from lokid.core.attempt import LOADING_NOW
+    from lokid.dbus.registry import Registry
+
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    dirs.prestart("p", INVOCATION_ID="ready-now")   # its token, not cleared yet
+    registry = Registry(str(dirs.config), dirs.state, dirs.runtime)
+    registry.load()
+    assert registry.presets["p"].auto_blocked == NEVER_ANSWERED   # no engine: as before
+    registry.answered = lambda name: name == "p"
+    registry.load()
+    view = registry.presets["p"]
+    assert view.auto_blocked == "" and view.plan is not None and view.plan.spec.auto
+    assert LOADING_NOW not in view.notes and NEVER_ANSWERED not in " ".join(view.notes)
