@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dbus_fast import BusType, DBusError, Variant
+from dbus_fast import BusType, DBusError
 from dbus_fast.aio import MessageBus
 
 from .core import errors
@@ -45,7 +45,7 @@ from .core.names import (
 )
 from .core.wording import counted
 from .dbus.wire import SafeMessageBus
-from .engine.buscall import call
+from .engine.buscall import call, plain
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_PERMISSION, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
@@ -71,17 +71,6 @@ def exit_code_of(error: DBusError) -> int:
     if name in (errors.INVALID_PRESET, errors.INVALID_ARGS):
         return EXIT_USAGE
     return EXIT_FAILED
-
-
-def plain(value: Any) -> Any:
-    """dbus-fast Variants, recursively, as plain Python values (for JSON)."""
-    if isinstance(value, Variant):
-        return plain(value.value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 class Client:

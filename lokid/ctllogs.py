@@ -61,7 +61,7 @@ async def cmd_logs(c: Any, name: str, lines: int, follow: bool) -> int:
 
 
 async def stats_since(c: Any, name: str, since: float) -> dict[str, Any]:
-    from .ctl import plain
+    from .engine.buscall import plain
 
     (stats,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, "StatsSince", "sd",
                              [name, since])
