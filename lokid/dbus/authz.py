@@ -113,10 +113,11 @@ class Authority:
         self._allowed[key] = (now, allowed)
         return allowed
 
-    async def caller(self, msg: Message | None) -> tuple[int, list[int] | None] | None:
-        """The uid of the caller of ``msg`` and its groups as the bus read them from its
-        socket (None: not given; look them up), or None for root and the daemon's own
-        user, who see everything. PermissionDenied when the bus does not say."""
+    async def caller(self, msg: Message | None) -> tuple[int, list[int]] | None:
+        """The uid of the caller of ``msg`` and its groups (as the bus read them from its
+        socket, else from the group database, as :meth:`check` takes them), or None for
+        root and the daemon's own user, who see everything. PermissionDenied when the bus
+        does not say."""
         if msg is None or not msg.sender:
             raise PermissionDeniedError("cannot tell who is calling; refused")
         try:
@@ -131,7 +132,7 @@ class Authority:
         if uid == 0 or uid == os.getuid():
             return None
         groups = [int(g) for g in creds["UnixGroupIDs"].value] if "UnixGroupIDs" in creds \
-            else None
+            else _groups_of(uid)
         return uid, groups
 
     async def _refusal(self, msg: Message, member: str, action: str,

@@ -109,20 +109,11 @@ def listable_by(user: access.User, directory: str) -> bool:
         access.blocker(user, chain, access.EXECUTE) is None
 
 
-def user_of(uid: int, gids: list[int] | None = None) -> access.User:
-    """The user ``uid`` with ``gids`` (a bus caller's groups, as the bus read them from
-    its socket), or its groups from the group database when not given."""
-    name = _user_name(uid)
-    if gids is None:
-        try:
-            pw = pwd.getpwuid(uid)
-            gids = list(os.getgrouplist(pw.pw_name, pw.pw_gid))
-            primary = pw.pw_gid
-        except (KeyError, OverflowError):
-            gids, primary = [], -1
-    else:
-        primary = gids[0] if gids else -1
-    return access.User(name, uid, frozenset(gids), _group_name(primary))
+def user_of(uid: int, gids: list[int]) -> access.User:
+    """The user ``uid`` with ``gids`` (a bus caller's, :meth:`lokid.dbus.authz.Authority.caller`)
+    for the mode-bit checks; the group named in messages is the first of them."""
+    return access.User(_user_name(uid), uid, frozenset(gids),
+                       _group_name(gids[0]) if gids else "")
 
 
 def _this_user() -> access.User:
