@@ -22,7 +22,9 @@ and measures, side by side in that one container:
 All three are timed inside the container, one after the other in each round
 (so machine noise hits all alike), by one Python process calling ``systemctl``
 or spawning the engine, and prints each start's share over the raw engine and
-over the floor. Needs root and what the container tests need.
+over the floor; then, by systemd's own timestamps, how long each start's planning step
+(ExecStartPre) and engine step (ExecStart to READY=1) took, beside the floor's one step.
+Needs root and what the container tests need.
 
     .venv/bin/python benchmarks/deb_install.py [--suite trixie] [--reps 5]
 """
@@ -59,6 +61,17 @@ def timed(cmd):
     t0 = time.monotonic()
     subprocess.run(cmd, check=True)
     return time.monotonic() - t0
+def steps(unit):
+    # systemd's own timestamps of the start just made: leaving inactive (ExecStartPre
+    # begins), ExecStart begins, READY=1 (active): the planning step and the engine step
+    shown = subprocess.run(["systemctl", "show", unit, "-p", "InactiveExitTimestampMonotonic",
+                            "-p", "ExecMainStartTimestampMonotonic",
+                            "-p", "ActiveEnterTimestampMonotonic"],
+                           capture_output=True, text=True, check=True).stdout
+    t = {k: int(v) for k, v in (line.split("=", 1) for line in shown.split())}
+    main = t["ExecMainStartTimestampMonotonic"]
+    return [max(0, main - t["InactiveExitTimestampMonotonic"]) / 1e6,
+            (t["ActiveEnterTimestampMonotonic"] - main) / 1e6]
 def raw():
     t0 = time.monotonic()
     p = subprocess.Popen(["runuser", "-u", "loki", "--", "env", *env, *argv],
@@ -74,7 +87,8 @@ def raw():
     p.terminate()
     p.wait()
     return took
-out = {"first": [], "restart": [], "floor": [], "raw": []}
+out = {"first": [], "restart": [], "floor": [], "raw": [],
+       "first_steps": [], "restart_steps": [], "floor_steps": []}
 time.sleep(1.1)  # a plan is kept for reuse once its files are a second old (the preset's)
 for _ in range(reps):
     try:
@@ -82,6 +96,7 @@ for _ in range(reps):
     except FileNotFoundError:
         pass
     out["first"].append(timed(["systemctl", "start", "loki-engine@demo.service"]))
+    out["first_steps"].append(steps("loki-engine@demo.service"))
     # the plan is kept just after READY=1 (untimed): a stop at once could come first
     deadline = time.monotonic() + 5
     while not os.path.exists("/run/loki/demo.reuse") and time.monotonic() < deadline:
@@ -90,8 +105,10 @@ for _ in range(reps):
     if not os.path.exists("/run/loki/demo.reuse"):
         sys.exit("the first start kept no plan to reuse")
     out["restart"].append(timed(["systemctl", "start", "loki-engine@demo.service"]))
+    out["restart_steps"].append(steps("loki-engine@demo.service"))
     subprocess.run(["systemctl", "stop", "loki-engine@demo.service"], check=True)
     out["floor"].append(timed(["systemctl", "start", "loki-floor.service"]))
+    out["floor_steps"].append(steps("loki-floor.service"))
     subprocess.run(["systemctl", "stop", "loki-floor.service"], check=True)
     out["raw"].append(raw())
     time.sleep(1.1)  # a plan is kept for reuse once its files are a second old
@@ -166,6 +183,12 @@ def main() -> int:
         print(f"systemctl start loki-engine@demo, {what:31}: {lk * 1000:6.0f} ms "
               f"(+{(lk - rw) * 1000:.0f} ms over the raw engine, ratio {lk / rw:.1f}x; "
               f"lokid's own share over the floor: {(lk - rw - fl) * 1000:.0f} ms)")
+    # where the time goes, by systemd's timestamps: each step pays systemd's sandbox and
+    # an interpreter, which the floor unit's ExecStart -> READY=1 measures alone
+    for what in ("first", "restart", "floor"):
+        pre, main = (statistics.median(s[i] for s in times[f"{what}_steps"]) for i in (0, 1))
+        print(f"  {what:8}: ExecStartPre (planning step) {pre * 1000:4.0f} ms, "
+              f"ExecStart -> READY=1 {main * 1000:4.0f} ms")
     print(f"install to ready: {install_s + first:.1f} s")
     return 0
 
