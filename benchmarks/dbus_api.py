@@ -121,7 +121,7 @@ async def start_until_ready(address: str) -> float:
 
 def raw_ready_s(argv: list[str], port: int) -> float:
     """The same engine command line, started directly, until /health answers 200."""
-    from lokid.engine.endpoint import health_status
+    from lokid.planning.endpoint import health_status
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -178,7 +178,7 @@ def main() -> int:
             time.sleep(args.idle)
             idle = (proc_cpu_s(daemon.pid) - cpu0) / (time.monotonic() - t0) * 100
 
-            from lokid.engine.gather import make_plan
+            from lokid.planning.gather import make_plan
 
             argv = make_plan(str(config), "tiny").argv
             raw = statistics.median(raw_ready_s(argv, port) for _ in range(3))

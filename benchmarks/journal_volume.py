@@ -43,7 +43,7 @@ from support.enginekit import (  # noqa: E402
 )
 from support.models import write_glm4moe_mtp  # noqa: E402
 
-from lokid.engine.gather import make_plan  # noqa: E402
+from lokid.planning.gather import make_plan  # noqa: E402
 
 QUIET = 0.5  # seconds without a new line: the engine is done with a request
 

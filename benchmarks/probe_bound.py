@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""lokid.engine.probe.probe_engine against running the engine by hand, and against a hostile one.
+"""lokid.host.probe.probe_engine against running the engine by hand, and against a hostile one.
 
 Usage: .venv/bin/python benchmarks/probe_bound.py [--runs N] [--presets N]
        [--hang-timeout S] [--max-ratio R]
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from support.enginekit import engine_binary  # noqa: E402
 
 from lokid.core.errors import EngineError  # noqa: E402
-from lokid.engine import probe  # noqa: E402
+from lokid.host import probe  # noqa: E402
 
 
 def timed(fn: Callable[[], object]) -> float:

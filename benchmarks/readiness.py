@@ -13,7 +13,7 @@ For the same generated tiny model and the real llama-server b11434:
   the first spawn to READY=1.
   Two cases: a start that plans (the first after a change: its record of the
   last ready start's plan removed first) and a restart that reuses that plan
-  (lokid.engine.plancache: nothing it was made from changed).
+  (lokid.store.plancache: nothing it was made from changed).
 
 lokid runs as installed: its modules byte-compiled (the Debian package's
 postinst runs py3compile; tests/support/bytecode.py says why a benchmark must
@@ -47,7 +47,7 @@ from support.bytecode import installed_env, source_env  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
 from support.startcost import arguments, raw_start, report, stop, wait_port_free  # noqa: E402
 
-from lokid.engine.unit import prestart  # noqa: E402
+from lokid.unit.steps import prestart  # noqa: E402
 
 
 def lokid_run(env: dict[str, str], sock_path: str) -> float:

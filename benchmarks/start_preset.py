@@ -12,7 +12,7 @@ daemon's notify socket and the signal back. Then ``StopPreset`` until
 
 Two cases, alternating with the raw engine so machine noise hits all alike: a
 start that plans (its record of the last ready start's plan removed first) and
-a restart that reuses that plan (:mod:`lokid.engine.plancache`). lokid runs as
+a restart that reuses that plan (:mod:`lokid.store.plancache`). lokid runs as
 installed, byte-compiled (tests/support/bytecode.py; ``--source`` for the
 other case). Goal (issue 12): at most 100 ms more than the raw engine; exits 1
 when a median is above --max-extra-ms.
@@ -124,7 +124,7 @@ def main() -> int:
         config = tiny_config(root, PRESET, f"port = {port}\n")
         env = dict(os.environ)
         env = source_env(env) if args.source else installed_env(env, str(root / "pycache"))
-        from lokid.engine.gather import make_plan
+        from lokid.planning.gather import make_plan
 
         argv = list(make_plan(str(config), PRESET).argv)
         with daemon_process(config, root, env=env) as daemon:

@@ -1,3 +1,3 @@
 """lokid: run llama.cpp's llama-server on GPU servers the systemd way."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

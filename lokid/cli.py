@@ -20,7 +20,7 @@ import sys
 from . import __version__
 from .core import paths
 from .core.errors import BusyError, LokiError
-from .engine.journallog import journal_log
+from .host.journallog import journal_log
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -66,9 +66,9 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import os
 
     from .core.plan import format_plan
-    from .engine.endpoint import check_address
-    from .engine.gather import check_port_conflicts, unit_user
-    from .engine.unit import plan_now
+    from .planning.endpoint import check_address
+    from .planning.gather import check_port_conflicts, unit_user
+    from .unit.steps import plan_now
 
     # As the next start will run it: as root, the files checked as loki-engine@.service's
     # user will open them; the attempt verdict read from the state DB, changing nothing.
@@ -87,27 +87,27 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
 def cmd_run(config_dir: str, preset: str) -> int:
     from .core.conflicts import listen_source
     from .core.plan import build_plan
-    from .engine.foreground import run_plan
-    from .engine.gather import gather
+    from .planning.gather import gather
+    from .unit.foreground import run_plan
 
     inputs = gather(config_dir, preset)
     return run_plan(build_plan(inputs), source=listen_source(inputs.preset, inputs.config))
 
 
 def cmd_prestart(config_dir: str, preset: str) -> int:
-    from .engine.unit import prestart_step
+    from .unit.steps import prestart_step
 
     return prestart_step(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
 
 
 def cmd_engine(config_dir: str, preset: str) -> int:
-    from .engine.unit import engine
+    from .unit.steps import engine
 
     return engine(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
 
 
 def cmd_stopped(preset: str) -> int:
-    from .engine.unit import stopped
+    from .unit.steps import stopped
 
     return stopped(paths.state_dir(), paths.runtime_dir(), preset)
 
@@ -117,7 +117,7 @@ def cmd_watch() -> int:
     import asyncio
     import signal
 
-    from .engine.journalwatch import JournalWatcher
+    from .watch.journalwatch import JournalWatcher
 
     async def watch() -> None:
         loop = asyncio.get_running_loop()
@@ -176,7 +176,7 @@ def cmd_daemon(config_dir: str, bus: str, bus_address: str | None, runner: str) 
 
 
 def cmd_generate(config_dir: str, dirs: list[str]) -> int:
-    from .engine.generator import generate
+    from .unit.generator import generate
 
     # systemd passes three directories (normal, early, late); by hand, one is enough.
     generate(config_dir, dirs[0])

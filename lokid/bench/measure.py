@@ -9,7 +9,7 @@ configuration changed no longer shows an old result.
 
 What runs may be older than that plan: the preset edited since its engine
 started. The plan of the running start is the runtime plan ``lokid
-prestart`` wrote (:mod:`lokid.engine.runtimedir`); when it is known, it gives the
+prestart`` wrote (:mod:`lokid.store.runtimedir`); when it is known, it gives the
 engine's address and what the benchmark reads from the command line
 (ubatch, weights on CPU, KV types, GPUs), and when its command line or
 environment differ from the preset's plan now, the result is shown but not
@@ -35,9 +35,9 @@ from ..core.iosample import IOSampler
 from ..core.plan import Plan, PlanInputs
 from ..core.presetname import check_preset_name
 from ..core.runtimeplan import RuntimePlan
-from ..engine.gather import decide, gather
-from ..engine.runtimedir import read_runtime_plan
-from ..engine.state import SavedBench, StateDB
+from ..planning.gather import decide, gather
+from ..store.runtimedir import read_runtime_plan
+from ..store.state import SavedBench, StateDB
 from . import protocol
 
 
@@ -74,7 +74,7 @@ def started_here(runtime_dir: str, name: str) -> RuntimePlan | None:
     none: a plan counts when something listens on its port and that process, where it
     can be seen (not another user's), runs the plan's command line.
     """
-    from ..engine import proc
+    from ..host import proc
 
     found = started(runtime_dir, name)
     if found is None or not proc.listening(found.port):
@@ -95,7 +95,7 @@ def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInput
 def sampler_here(port: int) -> IOSampler | None:
     """``lokid bench``: the engine's process found by its port in /proc (blocking), or None
     when it cannot be read (another user's, without CAP_SYS_PTRACE)."""
-    from ..engine.proc import sampler_for_port
+    from ..host.proc import sampler_for_port
 
     return sampler_for_port(port)
 
@@ -133,7 +133,7 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: protocol.Opt
                         effort=wanted if learned is None else learned,
                         sampling=dict(inputs.preset.chat.sampling()), learn=learn,
                         retried=learned is not None)
-    from ..engine.credentials import api_key
+    from ..host.credentials import api_key
 
     key = api_key(running.secrets if running is not None else plan.secrets, argv)
     headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -11,7 +11,7 @@ which path component stops it; planning as the user itself asks the kernel,
 and this module only explains a refusal.
 
 Pure: the caller stats each component of the path (:class:`Node`) and says
-who asks (:class:`User`); :mod:`lokid.engine.gather` does both. Only mode bits
+who asks (:class:`User`); :mod:`lokid.planning.gather` does both. Only mode bits
 are read (owner, then group, then others, as the kernel checks them). POSIX
 ACLs are not evaluated: a node that carries one is given the benefit of the
 doubt (``acl``), so that an operator's ``setfacl -m u:loki:rx`` never turns

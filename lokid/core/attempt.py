@@ -1,4 +1,4 @@
-"""Attempt marks and verdicts: the pure half of the attempt token (see :mod:`lokid.engine.state`).
+"""Attempt marks and verdicts: the pure half of the attempt token (see :mod:`lokid.store.state`).
 
 A *mark* names one combination of preset configuration and engine binary;
 :func:`verdict` says whether automatic speculation may be tried for it, given

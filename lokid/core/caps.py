@@ -1,7 +1,7 @@
 """Engine capabilities: what a llama-server binary knows, from its ``--help`` and ``--version``.
 
 Parsing only (pure): running the binary and listing its libraries is
-:mod:`lokid.engine.probe`'s job. The spec guards look at the help text rather
+:mod:`lokid.host.probe`'s job. The spec guards look at the help text rather
 than at a version number, because a self-built engine or a fork may report any
 build and still lack a flag, or have it.
 

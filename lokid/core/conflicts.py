@@ -15,13 +15,13 @@ which side is refused does not change while both files stay as they are
 busy at start all the same, it says
 who holds it (:func:`holder`): a preset, from the runtime plans in the
 runtime directory, or a process, from ``/proc`` (both read by
-:mod:`lokid.engine.endpoint`).
+:mod:`lokid.planning.endpoint`).
 
 An address can also be unusable on its own: a host that does not resolve, an
 address of another machine, a port below 1024 for the unit's unprivileged
 user. Those are config errors, reported against the file and key that set
 them (:func:`listen_source`), with what would be valid (:func:`unresolvable`,
-:func:`not_local`, :func:`port_refused`); :mod:`lokid.engine.endpoint` finds
+:func:`not_local`, :func:`port_refused`); :mod:`lokid.planning.endpoint` finds
 them, for the plan and for the start alike.
 
 Pure: addresses, presets and runtime plans in, messages out.

@@ -13,7 +13,7 @@ Automatic restarts stop (the unit stays failed, and says why) after either
 - :data:`BURST` failures in a row of starts that never became ready (a big
   model that takes minutes to fail would never reach the first rule).
 
-Pure: the failures are given, with the time; :mod:`lokid.engine.exits` keeps them.
+Pure: the failures are given, with the time; :mod:`lokid.store.exits` keeps them.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class InvalidArgsError(LokiError):
 
 class ProbePending(EngineError):
     """The engine's probe (``--help``) has not ended within the caller's wait; it goes
-    on in the background, and ``future`` (its :class:`lokid.engine.probe.Outcome`,
+    on in the background, and ``future`` (its :class:`lokid.host.probe.Outcome`,
     like a :class:`concurrent.futures.Future` of its :class:`~lokid.core.caps.EngineCaps`)
     ends with it."""
 

@@ -81,9 +81,7 @@ class Plan:
     def command_line(self) -> str:
         """The environment lokid adds and the argv, as one shell-quoted line (for logs:
         secret values masked)."""
-        from .runtimeplan import command_line
-
-        return command_line(self.env, self.argv)
+        return secrets.command_line(self.env, self.argv)
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (``lokid plan --json``, and later the D-Bus Plan())."""

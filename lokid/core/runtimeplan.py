@@ -1,7 +1,7 @@
 """The runtime plan: what ``lokid prestart`` decided for one start of a preset, as one value.
 
 ``lokid prestart`` (ExecStartPre) writes it to ``$LOKI_RUNTIME_DIR/<preset>.json``
-(:mod:`lokid.engine.runtimedir`); ``lokid engine`` runs its argv, the journal
+(:mod:`lokid.store.runtimedir`); ``lokid engine`` runs its argv, the journal
 watcher attributes a load's verdict to its mark, the daemon shows its
 speculation types, and the benchmark measures at its address. They all read
 this one frozen type; the JSON form lives here and nowhere else.
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import secrets
 from .attempt import Mark
 from .secrets import Secret
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from .plan import Plan
@@ -65,7 +65,7 @@ class RuntimePlan:
                    secrets=tuple(plan.secrets))
 
     def command_line(self) -> str:
-        return command_line(self.env, self.argv)
+        return secrets.command_line(self.env, self.argv)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,17 +112,6 @@ class RuntimePlan:
             secrets=tuple(Secret.from_json(s) for s in _get(data, "secrets", list, [])),
             schema=schema,
         )
-
-
-def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
-    """The environment lokid adds and the argv, as one shell-quoted line for logs: the
-    values of secret flags and of variables named as secrets masked."""
-    import shlex
-
-    from .secrets import log_env, mask_argv
-
-    added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(log_env(env).items()))
-    return (added + " " if added else "") + shlex.join(mask_argv(argv))
 
 
 _MISSING = object()

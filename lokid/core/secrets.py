@@ -28,7 +28,7 @@ the logs and from D-Bus callers without the right to edit presets (who also see
 no ``env`` value: :func:`mask_env`). A flag that names a file (``--api-key-file``)
 shows its path; lokid never reads such a file to show it.
 
-Pure: names, paths and strings only; :mod:`lokid.engine.credentials` reads the files.
+Pure: names, paths and strings only; :mod:`lokid.host.credentials` reads the files.
 """
 
 from __future__ import annotations
@@ -183,3 +183,12 @@ def log_env(env: Mapping[str, str]) -> dict[str, str]:
     """For a log line: the values of variables named as secrets hidden, the rest kept
     (CUDA_VISIBLE_DEVICES in the journal is what an operator debugging wants)."""
     return {key: MASK if secret_name(key) else value for key, value in env.items()}
+
+
+def command_line(env: Mapping[str, str], argv: Sequence[str]) -> str:
+    """The environment lokid adds and the argv, as one shell-quoted line for logs: the
+    values of secret flags and of variables named as secrets masked."""
+    import shlex
+
+    added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(log_env(env).items()))
+    return (added + " " if added else "") + shlex.join(mask_argv(argv))

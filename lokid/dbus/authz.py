@@ -43,7 +43,7 @@ from dbus_fast.aio import MessageBus
 from ..core.errors import PermissionDeniedError
 from ..core.names import MANAGE_GROUP as MANAGE_GROUP  # its home; the daemon takes it here
 from ..core.names import OBJECT_PATH
-from ..engine.buscall import call
+from ..host.buscall import call
 
 log = logging.getLogger("lokid.authz")  # as the journal has always said it
 

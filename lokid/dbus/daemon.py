@@ -9,15 +9,15 @@ reported and skipped, the others stay served) and, under systemd, rerun the
 generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
 stop the daemon.
 
-Engines are run by a runner (:mod:`lokid.engine.runner`): through systemd's D-Bus
+Engines are run by a runner (:mod:`lokid.runners.runner`): through systemd's D-Bus
 API when systemd is the system manager and the daemon is on the system bus
-(:mod:`lokid.engine.systemd_runner`), else as the daemon's own children
-(:mod:`lokid.engine.local_runner`). Their changes become the preset objects'
+(:mod:`lokid.runners.systemd_runner`), else as the daemon's own children
+(:mod:`lokid.runners.local_runner`). Their changes become the preset objects'
 ``State``/``Status``/``SpecActive`` properties, the manager's
 ``ActivePresets`` and the ``EngineStateChanged`` signal.
 
 Layers-in-RAM verdicts come from the engines' output: the journal watcher
-(:mod:`lokid.engine.journalwatch`) under systemd, the local runner's pipes
+(:mod:`lokid.watch.journalwatch`) under systemd, the local runner's pipes
 otherwise. A verdict is recorded in the state DB, the preset is planned again
 and ``VerdictRecorded`` is emitted.
 
@@ -41,18 +41,20 @@ from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core import access
 from ..core.errors import DaemonError, LokiError, StalePlanError
+from ..core.iosample import IOSampler
 from ..core.lasterror import LastErrors
 from ..core.names import ACTION_EDIT, BUS_NAME, OBJECT_PATH, preset_object_path
 from ..core.runtimeplan import RuntimePlan
 from ..core.secrets import mask_argv
 from ..core.wording import counted
-from ..engine.background import Background
-from ..engine.gather import user_of
-from ..engine.notify import Notifier
-from ..engine.runner import JOB_FAILED, LIVE, LOADING, READY, STOPPING, EngineState, Runner
-from ..engine.runtimedir import read_runtime_plan
-from ..engine.state import StateDB
+from ..host.notify import Notifier
+from ..planning.gather import user_of
+from ..runners.background import Background
+from ..runners.runner import JOB_FAILED, LIVE, LOADING, READY, STOPPING, EngineState, Runner
+from ..store.runtimedir import read_runtime_plan
+from ..store.state import StateDB
 from .authz import MANAGE_GROUP, Authority, current_call
+from .benching import Benches
 from .editing import Editor
 from .interfaces import ManagerInterface, PresetInterface
 from .logs import Logs
@@ -83,7 +85,7 @@ class Daemon:
         self.registry.answered = lambda name: self.engine_state(name).state == READY
         self.registry.probe_budget = PROBE_BUDGET
         if runner == "auto":
-            from ..engine.systemd_runner import systemd_reachable
+            from ..runners.systemd_runner import systemd_reachable
 
             runner = "systemd" if systemd_reachable(bus_type == BusType.SYSTEM) else "local"
         # under systemd, presets are planned as the unit will run them (its user)
@@ -104,7 +106,6 @@ class Daemon:
         self.running_cmd: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
         self.signalled: dict[str, str] = {}   # preset → the state EngineStateChanged last said
         self.last_errors = LastErrors()       # the engine's last error line, per preset
-        self.benching: set[str] = set()
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.watcher: Any = None
@@ -114,6 +115,10 @@ class Daemon:
         self.telemetry = Telemetry(self)
         self.editor = Editor(self)
         self.logs = Logs(lambda: self.runner)
+        self.benches = Benches(config_dir, state_dir, runtime_dir,
+                               state_of=lambda name: self.engine_state(name).state,
+                               known=self.registry.get, sampler=self._io_sampler,
+                               progress=self.manager.BenchProgress, saved=self._refresh)
         self.reload_again = False
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
@@ -222,52 +227,12 @@ class Daemon:
         return count
 
     async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]:
-        """Benchmark the preset's ready engine (lokid.bench.measure); BenchProgress on the way."""
-        from ..bench import measure
-        from ..bench.protocol import Options
-        from ..core import benchrules
-        from ..core.errors import BusyError, EngineError, InvalidArgsError
+        """Benchmark the preset's ready engine (:mod:`lokid.dbus.benching`)."""
+        return await self.benches.run(name, mode, predict, prompt)
 
-        if mode not in (benchrules.QUICK, benchrules.FULL):
-            raise InvalidArgsError(f"mode {mode!r}: quick or full")
-        if not 0 <= predict <= benchrules.MAX_TOKENS or not 0 <= prompt <= benchrules.MAX_TOKENS:
-            raise InvalidArgsError("predict and prompt: 0 (the default) to "
-                                   f"{benchrules.MAX_TOKENS}")
-        self.registry.get(name)
-        state = self.engine_state(name).state
-        if state != "ready":
-            raise EngineError(f"preset {name!r} is {state}, not ready: start it first "
-                              f"(lokictl start {name} --wait)")
-        if name in self.benching:
-            raise BusyError(f"a benchmark of {name!r} is already running")
-        self.benching.add(name)
-        try:
-            planned = await asyncio.to_thread(measure.planned, self.config_dir,
-                                              self.registry.state_dir, name)
-            # The runner says the engine is ready: the runtime plan is its start's.
-            running = await asyncio.to_thread(measure.started, self.runtime_dir, name)
-            assert self.runner is not None
-            # The thrash hint, read where the runner can: the unit's cgroup under systemd
-            # (lokid.service may not look into the loki user's processes), the child's
-            # /proc files for the local runner. Only the depth phase uses it.
-            sampler = await self.runner.io_sampler(name) if mode == benchrules.FULL else None
-
-            def progress(phase: str, step: int, steps: int) -> None:
-                self.manager.BenchProgress(name, phase, step, steps)
-
-            opts = Options(mode, prompt=prompt or benchrules.DEFAULT_PROMPT,
-                           predict=predict or benchrules.DEFAULT_PREDICT)
-            log.info("preset %s: %s benchmark", name, mode)
-            out = await measure.measure(self.config_dir, self.registry.state_dir, name, opts,
-                                         progress, io_sampler=sampler, plan_and_inputs=planned,
-                                         running=running)
-        finally:
-            self.benching.discard(name)
-        if out.saved:
-            await self._refresh(name)
-        else:
-            log.info("preset %s: benchmark not saved: %s", name, out.not_saved)
-        return out.reply()
+    async def _io_sampler(self, name: str) -> IOSampler | None:
+        assert self.runner is not None
+        return await self.runner.io_sampler(name)
 
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""
@@ -500,12 +465,12 @@ class Daemon:
     def _make_runner(self) -> Runner:
         assert self.bus is not None
         if self.runner_kind == "systemd":
-            from ..engine.systemd_runner import SystemdRunner
+            from ..runners.systemd_runner import SystemdRunner
 
             return SystemdRunner(self.bus, self._on_engine, self._on_job,
                                  on_reloaded=self._systemd_reloaded)
-        from ..engine.journalwatch import LoadJudge
-        from ..engine.local_runner import LocalRunner
+        from ..runners.local_runner import LocalRunner
+        from ..watch.journalwatch import LoadJudge
 
         def judge_log(message: str, **fields: Any) -> None:
             log.warning("%s", message)
@@ -518,7 +483,7 @@ class Daemon:
 
     def _start_watcher(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
-            from ..engine.journalwatch import JournalWatcher
+            from ..watch.journalwatch import JournalWatcher
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict,
@@ -586,7 +551,7 @@ class Daemon:
         import os
 
         from ..core.config import PRESETS_DIR
-        from ..engine.dirwatch import DirWatch
+        from ..store.dirwatch import DirWatch
 
         self.dirwatch = DirWatch([self.config_dir, os.path.join(self.config_dir, PRESETS_DIR)],
                                  self._files_changed)

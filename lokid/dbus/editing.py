@@ -7,7 +7,7 @@ that keep an edit from breaking what runs.
   that holds it counts), and a refusal is the planner's own one-line error
   (``InvalidPreset``: file, line, key, valid values). The file then stays byte for
   byte as it was.
-- The files are written by :class:`lokid.engine.presetstore.PresetStore`: atomic,
+- The files are written by :class:`lokid.store.presetstore.PresetStore`: atomic,
   one writer per preset at a time, over the version the caller read, and never over
   a hand edit saved meanwhile (``Busy`` otherwise). Comments and layout survive a
   key-level change (:mod:`lokid.core.presetedit`).
@@ -37,20 +37,34 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core import access, drafts, presetedit
 from ..core import config as cfg
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, ModelError
 from ..core.plan import build_plan
-from ..engine.gather import check_start, gather, listable_by
-from ..engine.presetstore import PresetStore, Source
-from ..engine.runner import LIVE
-from ..engine.runtimefiles import remove_preset_files
-from ..engine.state import StateDB
+from ..planning.gather import check_start, gather, listable_by
+from ..runners.runner import LIVE, EngineState
+from ..store.presetstore import PresetStore, Source
+from ..store.runtimefiles import remove_preset_files
+from ..store.state import StateDB
+from .registry import Registry
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
+
+class EditHost(Protocol):
+    """What the editor needs of the daemon (the daemon is one; tests may give another):
+    where the files are, the presets as read, the engines' states, and the two verbs an
+    edit calls: stop a preset, read the files again."""
+
+    config_dir: str
+    runtime_dir: str
+    registry: Registry
+
+    def engine_state(self, name: str) -> EngineState: ...
+
+    async def stop(self, name: str) -> str: ...
+
+    async def reload(self) -> None: ...
 
 log = logging.getLogger("lokid.daemon")
 
@@ -72,7 +86,7 @@ def plain(value: Any) -> Any:
 
 
 class Editor:
-    def __init__(self, daemon: Daemon):
+    def __init__(self, daemon: EditHost):
         self.daemon = daemon
         self.store = PresetStore(daemon.config_dir)
 

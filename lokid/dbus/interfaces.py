@@ -53,7 +53,7 @@ from ..core.names import (
 from ..core.plan import Plan
 from ..core.presetname import valid_preset_name
 from ..core.secrets import mask_argv, mask_env
-from ..engine.runner import EngineState
+from ..runners.runner import EngineState
 from .registry import PresetView, Registry
 from .reveal import revealed
 

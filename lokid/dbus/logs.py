@@ -5,7 +5,7 @@ daemon reads it for them (action ``org.lokid.lokid1.read-logs``, allowed to grou
 by the shipped rules). The rules a read keeps:
 
 - the journal of the preset's unit only, as ``journalctl -u`` shows it, and never more
-  than :data:`lokid.engine.journalread.MAX_LINES` entries or its byte bound per call;
+  than :data:`lokid.watch.journalread.MAX_LINES` entries or its byte bound per call;
 - following is polling, not a long call: a reader passes the cursor it was given and
   gets what came after (a call never waits for lines, so no call holds the daemon);
 - under the local runner (no journal) the lines come from what the runner keeps of its
@@ -59,7 +59,7 @@ class Logs:
             return ring.read(cursor, count) if ring is not None else ([], cursor)
         if cursor.startswith("local:"):
             cursor = ""  # a cursor of a local runner's: this daemon reads the journal now
-        from ..engine.journalread import read_unit
+        from ..watch.journalread import read_unit
 
         def read() -> tuple[list[tuple[int, str, str]], str]:
             reader = self.open_reader()
@@ -77,7 +77,7 @@ class Logs:
             raise InvalidArgsError("StatsSince reads the engine's journal, and engines run "
                                    "as the daemon's children here (no journal): its Stats "
                                    "show the current start")
-        from ..engine.journalread import window
+        from ..watch.journalread import window
 
         def count() -> dict[str, Any]:
             reader = self.open_reader()

@@ -26,9 +26,9 @@ from ..core.benchrules import bench_fingerprint
 from ..core.errors import ConfigError, LokiError, NotFoundError, ProbePending, StateError
 from ..core.names import engine_unit
 from ..core.plan import Plan
-from ..engine.gather import decide, gather
-from ..engine.probe import Outcome
-from ..engine.state import StateDB, StateReader, read_cleared
+from ..host.probe import Outcome
+from ..planning.gather import decide, gather
+from ..store.state import StateDB, StateReader, read_cleared
 
 log = logging.getLogger("lokid.daemon")
 
@@ -136,7 +136,7 @@ class Registry:
         from dataclasses import replace
 
         from ..core import conflicts
-        from ..engine.gather import last_starts
+        from ..planning.gather import last_starts
 
         found = {name: conflicts.Endpoint(*v.listen, v.path)
                  for name, v in views.items() if v.listen is not None}
@@ -212,9 +212,9 @@ class Registry:
 
 def _listen(config_dir: str, preset: cfg.Preset) -> tuple[str, int] | None:
     """Where a preset without a plan listens as the port check of a start counts it
-    (:func:`lokid.engine.gather.listeners`: its model file is found), or None; so that
+    (:func:`lokid.planning.gather.listeners`: its model file is found), or None; so that
     the daemon names the holder of a port as the unit's start will."""
-    from ..engine.gather import listeners
+    from ..planning.gather import listeners
 
     try:
         found = listeners(cfg.load_global(config_dir), {preset.name: preset})
@@ -232,8 +232,8 @@ def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | No
     import os
 
     from ..core.conflicts import listen_source
-    from ..engine.endpoint import check_address
-    from ..engine.gather import unit_user
+    from ..planning.endpoint import check_address
+    from ..planning.gather import unit_user
 
     try:
         ipaddress.ip_address(plan.host.strip("[]"))

@@ -2,15 +2,15 @@
 
 Every engine line the daemon reads (the journal under systemd, the engine's pipe
 under the local runner) reaches :meth:`Telemetry.on_line` and is counted by
-:class:`~lokid.engine.meter.Meters`; a failure there is one log line and never
+:class:`~lokid.watch.meter.Meters`; a failure there is one log line and never
 stops the verdicts the same lines feed. Once a second, :meth:`Telemetry.publish`
 emits ``PropertiesChanged(Stats)`` for the presets whose figures moved, warns of
 a start whose requests could not be read, and rewrites the node_exporter
-textfile (:mod:`lokid.engine.promfile`) when something changed, or every 15 s.
+textfile (:mod:`lokid.watch.promfile`) when something changed, or every 15 s.
 
 Memory per GPU comes from the engine's load lines where it runs at ``-lv 4``;
 for a running start without them, every :data:`GPU_EVERY` seconds, from the
-NVIDIA driver's per-process figures (:mod:`lokid.engine.nvml`, optional), over the
+NVIDIA driver's per-process figures (:mod:`lokid.watch.nvml`, optional), over the
 processes the runner lists for the start. ``memory_source`` says which;
 ``memory_note`` why there are none when the driver cannot be asked. An engine
 without any GPU backend is never asked about.
@@ -20,15 +20,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core.errors import LokiError
-from ..engine.meter import BLIND_AFTER, Meters
-from ..engine.nvml import GpuMemory
-from ..engine.promfile import Textfile
+from ..runners.runner import EngineState, Runner
+from ..watch.meter import BLIND_AFTER, Meters
+from ..watch.nvml import GpuMemory
+from ..watch.promfile import Textfile
+from .interfaces import PresetInterface
+from .registry import Registry
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
+
+class TelemetryHost(Protocol):
+    """What the telemetry reads of the daemon (the daemon is one): where the runtime and
+    config files are, the presets as read and their exported objects, the runner and the
+    engines' states, and whether the daemon is stopping."""
+
+    config_dir: str
+    runtime_dir: str
+    registry: Registry
+    exported: dict[str, PresetInterface]
+    stopping: asyncio.Event
+
+    @property
+    def runner(self) -> Runner | None: ...
+
+    def engine_state(self, name: str) -> EngineState: ...
+
+    def active_presets(self) -> list[str]: ...
 
 log = logging.getLogger("lokid.daemon")  # the daemon's own lines, as before
 
@@ -38,7 +57,7 @@ NVML_SOURCE = "NVIDIA driver (NVML), per process"
 
 
 class Telemetry:
-    def __init__(self, daemon: Daemon):
+    def __init__(self, daemon: TelemetryHost):
         self.daemon = daemon
         self.meters = Meters(daemon.runtime_dir)
         self.meter_failed = False
@@ -104,7 +123,7 @@ class Telemetry:
         unknown); read once per path."""
         known = self.gpu_engines.get(engine)
         if known is None:
-            from ..engine.probe import engine_gpu_backends
+            from ..host.probe import engine_gpu_backends
 
             backends = await asyncio.to_thread(engine_gpu_backends, engine)
             known = self.gpu_engines[engine] = backends != ()
@@ -150,7 +169,7 @@ class Telemetry:
         """lokid.toml's ``metrics_textfile`` (a broken lokid.toml: the default; its error is
         the presets' to report). A new path takes over from the old one, whose file goes."""
         from ..core import config as cfg
-        from ..engine.promfile import where
+        from ..watch.promfile import where
 
         def read() -> tuple[str, str]:
             try:
@@ -169,12 +188,12 @@ class Telemetry:
         log.info("%s", said)
 
     async def write_metrics(self, figures: dict[str, dict[str, Any]]) -> None:
-        """The Prometheus textfile (:mod:`lokid.engine.promfile`), when figures (``figures``:
+        """The Prometheus textfile (:mod:`lokid.watch.promfile`), when figures (``figures``:
         the presets' that moved) or states changed, else every REFRESH seconds. Nothing here
         may stop the Stats publisher: a failure is logged once."""
         import time
 
-        from ..engine.promfile import Record, render
+        from ..watch.promfile import Record, render
 
         tf = self.textfile
         if tf is None:
@@ -217,7 +236,7 @@ class Telemetry:
         again from the journal up to ``until`` (:meth:`replay`); their lines from the
         watcher wait until then."""
         from ..core.errors import StalePlanError
-        from ..engine.runtimedir import read_runtime_plan
+        from ..store.runtimedir import read_runtime_plan
 
         for name in presets:
             try:
@@ -234,7 +253,7 @@ class Telemetry:
         ``counted_from``. The lines that arrived meanwhile follow."""
         from systemd import journal
 
-        from ..engine.journalwatch import invocation_lines
+        from ..watch.journalwatch import invocation_lines
 
         todo = {name: (invocation, until) for name, (invocation, until, _) in
                 self.replaying.items()}

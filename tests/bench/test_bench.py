@@ -26,8 +26,8 @@ from support.enginekit import free_port, running, write_config, write_preset
 from lokid.bench import measure, protocol
 from lokid.core import benchrules, errors
 from lokid.core.iosample import IOSample
-from lokid.engine.gather import make_plan
-from lokid.engine.state import StateDB
+from lokid.planning.gather import make_plan
+from lokid.store.state import StateDB
 
 
 async def run_against(url: str, opts: protocol.Options, setup: protocol.Setup | None = None,

@@ -181,7 +181,7 @@ def test_plan_as_root_checks_the_files_as_the_units_user_will_open_them(
         assert plan().returncode == 2
         assert lokid(config, "plan", "p").returncode == 0   # no such user: no such unit
         # `lokid run` runs the engine as its own user (root): nothing checked for another
-        from lokid.engine.gather import make_plan
+        from lokid.planning.gather import make_plan
 
         assert make_plan(str(config), "p", as_unit).preset == "p"
     finally:
@@ -417,8 +417,9 @@ def test_the_engines_own_user_is_refused_a_privileged_port_in_one_line(
     from support.users import run_as
 
     from lokid import cli
-    from lokid.engine import foreground, plancache, state, supervisor  # noqa: F401
-    from lokid.engine.gather import make_plan
+    from lokid.planning.gather import make_plan
+    from lokid.store import plancache, state  # noqa: F401
+    from lokid.unit import foreground, supervisor  # noqa: F401
 
     start = int(UNPRIVILEGED_PORT_START.read_text())
     if start <= 80:

@@ -1,4 +1,4 @@
-"""lokid.ctledit: `lokictl new|set|unset|rm|mv|cat|edit`.
+"""lokid.ctl.edit: `lokictl new|set|unset|rm|mv|cat|edit`.
 
 The pure parts (KEY=VALUE as typed Variants, the editor's command line, the plan's
 difference) without a bus; the commands against the real daemon on a private real
@@ -22,8 +22,8 @@ from support.completion import complete
 from support.daemonproc import daemon_on_bus
 from support.enginekit import free_port, write_config, write_preset
 
-from lokid import ctledit
-from lokid.ctl import EXIT_USAGE, CtlError
+from lokid.ctl import edit as ctledit
+from lokid.ctl.client import EXIT_USAGE, CtlError
 
 # --- KEY=VALUE as typed Variants -------------------------------------------------------
 
@@ -104,7 +104,7 @@ def test_a_variant_is_what_dbus_fast_marshals() -> None:
 ])
 def test_new_takes_its_values_before_and_after_model(argv: list[str],
                                                      values: list[str]) -> None:
-    from lokid.ctl import parse_args
+    from lokid.ctl.main import parse_args
 
     args = parse_args(argv)
     assert (args.preset, args.model, args.values) == ("q", "m.gguf", values)
@@ -118,7 +118,7 @@ def test_new_takes_its_values_before_and_after_model(argv: list[str],
 ])
 def test_stray_words_are_usage_errors(argv: list[str],
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from lokid.ctl import parse_args
+    from lokid.ctl.main import parse_args
 
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
@@ -223,7 +223,7 @@ def test_bash_completion_of_the_values_of_keys_with_a_fixed_set(tmp_path: Path) 
 def test_the_completions_keys_are_those_lokictl_set_knows() -> None:
     from support.completion import COMPLETION
 
-    from lokid import ctledit
+    from lokid.ctl import edit as ctledit
 
     m = re.search(r'_lokictl_keys="([^"]*)"', COMPLETION.read_text())
     assert m is not None

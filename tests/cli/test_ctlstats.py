@@ -1,8 +1,8 @@
-"""lokid.ctlstats: the rows and columns of `lokictl top`, from a preset's properties."""
+"""lokid.ctl.stats: the rows and columns of `lokictl top`, from a preset's properties."""
 
 from __future__ import annotations
 
-from lokid import ctlstats
+from lokid.ctl import stats as ctlstats
 
 
 def test_gpu_memory_sums_kinds_per_device_and_leaves_host_buffers_out() -> None:

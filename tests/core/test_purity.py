@@ -2,7 +2,7 @@
 
 Every module found in ``lokid/core/`` is checked (no list to keep in step), and
 every import form counts: ``import x``, ``from x import y``, relative imports
-(``from . import x``, ``from ..engine import y``, resolved against the
+(``from . import x``, ``from ..planning import y``, resolved against the
 module's package), imports inside functions or ``if TYPE_CHECKING:``, and
 dynamic ones (``importlib.import_module``, ``__import__``), which the core
 may not use at all since no reader can see what they load. The checker is
@@ -91,12 +91,12 @@ PLANTED = [
     ("from systemd import journal", "systemd"),
     ("def f():\n    import asyncio\n", "asyncio"),
     ("TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import httpx\n", "httpx"),
-    ("from .. import engine", "lokid.engine"),
-    ("from ..engine.supervisor import supervise", "lokid.engine.supervisor"),
+    ("from .. import unit", "lokid.unit"),
+    ("from ..unit.supervisor import supervise", "lokid.unit.supervisor"),
     ("from ..dbus import daemon", "lokid.dbus"),
     ("from lokid.bench.protocol import run", "lokid.bench.protocol"),
     ("from lokid import cli", "lokid.cli"),
-    ("import lokid.engine.state", "lokid.engine.state"),
+    ("import lokid.store.state", "lokid.store.state"),
     ("import importlib\nimportlib.import_module('subprocess')", "importlib"),
     ("__import__('socket')", "importlib"),
 ]
@@ -119,7 +119,7 @@ def test_a_planted_module_fails_the_real_check(tmp_path: Path,
     copy.mkdir()
     for p in CORE.glob("*.py"):
         (copy / p.name).write_text(p.read_text())
-    (copy / "planted.py").write_text('"""planted"""\nfrom ..engine import gather\n')
+    (copy / "planted.py").write_text('"""planted"""\nfrom ..planning import gather\n')
     monkeypatch.setattr(sys.modules[__name__], "CORE", copy)
     assert "planted" in core_modules()
     with pytest.raises(AssertionError):
@@ -139,10 +139,12 @@ def test_importing_the_whole_core_loads_no_edge() -> None:
     assert not edges and not above, (edges, above)
 
 
-# The layers above the core, lowest first: a module may import its own layer and the
-# ones before it, never one after (core ← engine ← bench ← dbus ← the two commands).
-LAYERS = ["lokid.core", "lokid.engine", "lokid.bench", "lokid.dbus",
-          "lokid.cli|lokid.ctl|lokid.ctlstats|lokid.ctledit|lokid.ctllogs"]
+# The layers, lowest first: a module may import its own layer and the ones before it,
+# never one after. Each package's docstring says who runs it and what it may import, in
+# this order: core, host, store, planning, unit, runners, watch, bench, dbus, and on top
+# the two commands.
+LAYERS = ["lokid.core", "lokid.host", "lokid.store", "lokid.planning", "lokid.unit",
+          "lokid.runners", "lokid.watch", "lokid.bench", "lokid.dbus", "lokid.cli|lokid.ctl"]
 PACKAGE = CORE.parent
 
 
@@ -171,6 +173,6 @@ def test_imports_point_downward(module: str) -> None:
 
 def test_an_upward_import_is_caught() -> None:
     source = "from ..dbus.daemon import Daemon\n"
-    assert layer_of("lokid.dbus.daemon") > layer_of("lokid.engine.gather")
-    assert any(layer_of(n) > layer_of("lokid.engine.gather")
-               for n in imports_of(source, "lokid.engine.gather") if n.startswith("lokid."))
+    assert layer_of("lokid.dbus.daemon") > layer_of("lokid.planning.gather")
+    assert any(layer_of(n) > layer_of("lokid.planning.gather")
+               for n in imports_of(source, "lokid.planning.gather") if n.startswith("lokid."))

@@ -17,7 +17,8 @@ from lokid.core.attempt import Mark
 from lokid.core.config import GlobalConfig, Preset
 from lokid.core.errors import ConfigError
 from lokid.core.plan import PlanInputs, build_plan, format_plan
-from lokid.core.runtimeplan import RuntimePlan, command_line
+from lokid.core.runtimeplan import RuntimePlan
+from lokid.core.secrets import command_line
 
 GLOBAL = GlobalConfig(engine=ENGINE, model_dirs=("/m",))
 CREDS = "/run/credentials/loki-engine@p.service"

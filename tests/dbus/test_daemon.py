@@ -32,7 +32,7 @@ from lokid.core.names import (
     preset_object_path,
 )
 from lokid.dbus import interfaces
-from lokid.engine.state import Mark, StateDB
+from lokid.store.state import Mark, StateDB
 
 pytestmark = pytest.mark.engine
 
@@ -139,14 +139,14 @@ async def test_a_recorded_verdict_is_served_and_signalled(running: Running, tmp_
     # record the failure for the mark the next start would use, then tell the daemon
     view = running.daemon.registry.get("mtp")
     from lokid.core.plan import build_plan, config_fingerprint
-    from lokid.engine.gather import gather
+    from lokid.planning.gather import gather
 
     inputs = gather(running.daemon.registry.config_dir, "mtp")
     mark = Mark(config_fingerprint(build_plan(inputs), inputs.model), inputs.caps.path,
                 inputs.caps.build)
     with StateDB(str(tmp_path / "state")) as db:
         db.record_failure("mtp", mark, "only 0/3 layers on GPU with the draft")
-    from lokid.engine.journalwatch import AutoCut
+    from lokid.watch.journalwatch import AutoCut
 
     running.daemon._on_verdict(AutoCut("mtp", "inv", "only 0/3 layers on GPU with the draft"))
     deadline = time.monotonic() + 20

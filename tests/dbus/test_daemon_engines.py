@@ -2,7 +2,7 @@
 private real dbus-daemon.
 
 On a session bus the daemon runs ``lokid prestart`` and ``lokid engine`` as its own
-children (lokid.engine.local_runner); these tests drive it only through D-Bus and check what
+children (lokid.runners.local_runner); these tests drive it only through D-Bus and check what
 an operator would see: EngineStateChanged in order, the properties, the engine
 answering HTTP, restarts after a crash, and the refusals.
 """
@@ -37,9 +37,9 @@ from lokid.core.names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
-from lokid.engine import local_runner
-from lokid.engine.proc import resident_kib
-from lokid.engine.state import StateDB
+from lokid.host.proc import resident_kib
+from lokid.runners import local_runner
+from lokid.store.state import StateDB
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -253,7 +253,7 @@ async def test_what_cannot_start_is_refused_with_a_reason(running: Running, name
 
 
 async def test_clear_failures_forgets_the_recorded_cut(running: Running, tmp_path: Path) -> None:
-    from lokid.engine.state import Mark
+    from lokid.store.state import Mark
 
     with StateDB(str(tmp_path / "state")) as db:
         db.record_failure("plain", Mark("f" * 16, "/e", 1), "layers in RAM")

@@ -429,7 +429,7 @@ import asyncio, json, sys
 sys.path.insert(0, "/opt/lokid")
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
-from lokid.engine.systemd_runner import SystemdRunner
+from lokid.runners.systemd_runner import SystemdRunner
 async def main():
     bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
     sampler = await SystemdRunner(bus, lambda *a: None).io_sampler(sys.argv[1])
@@ -529,7 +529,7 @@ ENGINE_PIDS = """
 import asyncio, json
 from dbus_fast import BusType
 from dbus_fast.aio import MessageBus
-from lokid.engine.systemd_runner import SystemdRunner
+from lokid.runners.systemd_runner import SystemdRunner
 async def main():
     bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
     print(json.dumps(await SystemdRunner(bus, lambda *a: None).engine_pids("demo")))

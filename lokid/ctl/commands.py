@@ -1,0 +1,394 @@
+"""The commands of lokictl that read and act through the daemon.
+
+Read commands: ``status``, ``presets``, ``show <preset>``, ``plan <preset>``, each
+with ``--json``; ``top`` and ``stats <preset> [--since TIME]`` (formatted by
+:mod:`lokid.ctl.stats`). ``bench <preset> [--full]`` runs the benchmark through the
+daemon with a progress bar (``BenchProgress``) and prints the report. Verbs:
+``start|stop|restart <preset> [--wait]`` (``--wait`` follows ``EngineStateChanged``
+until the engine is ready or stopped, with a spinner showing the engine's STATUS text
+on a terminal), ``reload`` and ``clear-failures <preset>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import shutil
+import sys
+from typing import Any
+
+from ..core.names import (
+    BUS_NAME,
+    MANAGER_INTERFACE,
+    OBJECT_PATH,
+    PRESET_INTERFACE,
+    preset_of_object_path,
+)
+from ..core.wording import counted
+from ..host.buscall import plain
+from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
+
+PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
+                     "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
+                     "LastBench", "Stats")
+VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
+SPINNER = "|/-\\"
+
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+async def cmd_status(c: Client, as_json: bool) -> int:
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    data = {"version": props["Version"],
+            "presets": [preset_of_object_path(p) for p in props["Presets"]],
+            "active": list(props.get("ActivePresets", [])),
+            "broken": props.get("BrokenPresets", {})}
+    if as_json:
+        _print_json(data)
+        return EXIT_OK
+    print(f"lokid {data['version']}: {counted(len(data['presets']), 'preset')}"
+          + (f", {len(data['active'])} running ({', '.join(data['active'])})"
+             if data["active"] else "")
+          + (f", {len(data['broken'])} broken" if data["broken"] else ""))
+    for name, error in sorted(data["broken"].items()):
+        print(f"  broken {name}: {error}")
+    return EXIT_OK
+
+
+async def _preset_rows(c: Client) -> list[dict[str, Any]]:
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    rows = []
+    for path in props["Presets"]:
+        p = await c.properties(path, PRESET_INTERFACE)
+        rows.append({k: p.get(k) for k in PRESET_PROPERTIES})
+    return rows
+
+
+async def cmd_presets(c: Client, as_json: bool) -> int:
+    """Every preset, the broken ones too: a file that does not parse (no object) and a
+    preset whose next start cannot be planned (BrokenPresets has both): state "broken"
+    unless its engine runs, and the error."""
+    rows = await _preset_rows(c)
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    broken = dict(props.get("BrokenPresets", {}))
+    for r in rows:
+        if r["Name"] in broken:
+            r["Error"] = broken.pop(r["Name"])
+            if r["State"] in ("inactive", "failed"):
+                r["State"] = "broken"
+    if as_json:
+        _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
+                            for name, error in sorted(broken.items())])
+        return EXIT_OK
+    from . import stats as ctlstats
+
+    lines = [["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "MODEL"]]
+    for r in rows:
+        top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
+        blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
+        error = "  (broken: " + r["Error"] + ")" if r.get("Error") else ""
+        lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
+                      ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
+                      f"{r['Model']}{blocked}{error}"])
+    lines += [[name, "broken", "-", "-", "-", "-", error] for name, error in sorted(broken.items())]
+    print(ctlstats.columns(lines))
+    return EXIT_OK
+
+
+async def cmd_stats(c: Client, name: str, since: str | None, as_json: bool) -> int:
+    """One preset's figures: the daemon's (its current start), or, with ``since``, the
+    engine's journal over that window (every start in it)."""
+    from . import logs as ctllogs
+    from . import stats as ctlstats
+
+    # a time journalctl would not take is a usage error before any call
+    at = None if since is None else ctllogs.since_or_usage(
+        since, lambda text: CtlError(text, EXIT_USAGE))
+    props = await c.properties(await c.preset_path(name), PRESET_INTERFACE)
+    if at is None:
+        stats = dict(props.get("Stats") or {})
+    else:
+        manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+        if manager.get("Runner") != "systemd":
+            raise CtlError("--since reads the engine's journal, and engines run as the "
+                           "daemon's children here (no journal): `lokictl stats "
+                           f"{name}` shows the current start", EXIT_USAGE)
+        # the daemon reads the journal: group loki may not (journalctl says so)
+        stats = await ctllogs.stats_since(c, name, at)
+    if as_json:
+        _print_json(stats)
+    else:
+        print(ctlstats.stats_text(name, stats, since))
+    return EXIT_OK
+
+
+async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
+    """Every preset's line, refreshed each second until q or Ctrl-C (once: printed once)."""
+    import time
+
+    from . import stats as ctlstats
+
+    async def rows() -> list[dict[str, Any]]:
+        return [ctlstats.row(r) for r in await _preset_rows(c)]
+
+    if as_json:
+        _print_json(await rows())
+        return EXIT_OK
+    if once or not sys.stdout.isatty():
+        print(ctlstats.table(await rows()))
+        return EXIT_OK
+    quit_ = asyncio.Event()
+    restore = _keys(quit_)
+    try:
+        while not quit_.is_set():
+            width = shutil.get_terminal_size().columns
+            text = ctlstats.table(await rows(), width)
+            ctlstats.write("\x1b[H\x1b[2J" + f"lokid top  {time.strftime('%H:%M:%S')}  "
+                           "(q quits)\n\n" + text + "\n")
+            try:
+                await asyncio.wait_for(quit_.wait(), 1.0)
+            except TimeoutError:
+                pass
+    finally:
+        restore()
+    return EXIT_OK
+
+
+def _keys(quit_: asyncio.Event) -> Any:
+    """Read single keys from a terminal (q quits); the function that restores it."""
+    import termios
+    import tty
+
+    if not sys.stdin.isatty():
+        return lambda: None
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    loop = asyncio.get_running_loop()
+
+    def key() -> None:
+        if sys.stdin.read(1) in ("q", "Q"):
+            quit_.set()
+
+    loop.add_reader(fd, key)
+
+    def restore() -> None:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+    return restore
+
+
+async def cmd_show(c: Client, name: str, as_json: bool) -> int:
+    props = await c.properties(await c.preset_path(name), PRESET_INTERFACE)
+    row: dict[str, Any] = {k: props.get(k) for k in PRESET_PROPERTIES}
+    if as_json:
+        _print_json(row)
+        return EXIT_OK
+    for key in ("Name", "State", "Status", "Model", "Unit", "SpecMode"):
+        print(f"{key}: {row[key]}")
+    print("SpecActive: " + (", ".join(row["SpecActive"]) or "none"))
+    if row["AutoSpecBlocked"]:
+        print(f"AutoSpecBlocked: {row['AutoSpecBlocked']}")
+    bench = row.get("LastBench") or {}
+    if bench.get("result"):
+        r = bench["result"]
+        print(f"LastBench: {r.get('mode')} prefill {r.get('prompt_per_second', 0):.1f} tok/s, "
+              f"decode {r.get('predicted_per_second', 0):.1f} tok/s (engine "
+              f"{bench.get('engine') or 'n/a'})")
+    # the command line that runs and the one the next start runs: they differ after an
+    # edit until a restart (PendingRestart)
+    running = row.get("RunningArgv") or []
+    print("Running: " + (shlex.join(running) if running else "-"))
+    print("Next start: " + (shlex.join(row["Argv"]) if row["Argv"] else "-"))
+    print("PendingRestart: " + ("yes (a restart applies the edit)" if row.get("PendingRestart")
+                                else "no"))
+    for note in row["Notes"]:
+        print(f"  - {note}")
+    return EXIT_OK
+
+
+async def cmd_plan(c: Client, name: str, as_json: bool) -> int:
+    plan = await c.plan(name)
+    if as_json:
+        _print_json(plan)
+        return EXIT_OK
+    for k, v in sorted(plan["env"].items()):
+        print(f"{k}={shlex.quote(v)}")
+    print(shlex.join(plan["argv"]))
+    for note in plan["notes"]:
+        print(f"  - {note}")
+    return EXIT_OK
+
+
+class Spinner:
+    """One line on a terminal: a turning bar and the engine's state and STATUS text."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.text = ""
+        self.turn = 0
+
+    def show(self, text: str | None = None) -> None:
+        if text is not None:
+            self.text = text
+        if self.enabled:
+            self.turn += 1
+            width = shutil.get_terminal_size().columns - 3
+            sys.stderr.write(f"\r\033[K{SPINNER[self.turn % 4]} {self.text[:width]}")
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _next_step(name: str, verb: str, result: str) -> str:
+    """What to run after a job ended badly."""
+    if result == "canceled":
+        return "another start, stop or restart replaced it"
+    return (f"see `lokictl logs {name} -n 30`; `lokictl start {name}` tries again once the "
+            "cause is fixed")
+
+
+async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float | None) -> int:
+    """start/stop/restart; with ``wait``, follow the verb's job until it ends.
+
+    The daemon returns the job's id and ends it with ``JobFinished``: the
+    states on the way (a restart passes through stopping and inactive) are not
+    its outcome.
+    """
+    from dbus_fast import Message, MessageType
+
+    path = await c.preset_path(name)
+    ended: dict[str, tuple[str, str, str]] = {}    # job → (result, state, detail)
+    arrived = asyncio.Event()
+    spinner = Spinner(wait and sys.stderr.isatty())
+
+    def on_message(msg: Message) -> bool:
+        if msg.message_type != MessageType.SIGNAL:
+            return False
+        if msg.member == "JobFinished" and msg.path == OBJECT_PATH and msg.body[0] == name:
+            _, job, _verb, result, state, detail = msg.body
+            ended[str(job)] = (str(result), str(state), str(detail))
+            arrived.set()
+        elif msg.member == "EngineStateChanged" and msg.path == OBJECT_PATH \
+                and msg.body[0] == name:
+            spinner.show(f"{msg.body[1]}" + (f": {msg.body[2]}" if msg.body[2] else ""))
+        elif msg.member == "PropertiesChanged" and msg.path == path:
+            status = msg.body[1].get("Status")
+            if status is not None and status.value:
+                spinner.show(str(status.value))
+        return False
+
+    if wait:
+        rules = [f"type='signal',sender='{BUS_NAME}',path='{OBJECT_PATH}',"
+                 f"interface='{MANAGER_INTERFACE}',member='{member}',arg0='{name}'"
+                 for member in ("JobFinished", "EngineStateChanged")]
+        rules.append(f"type='signal',sender='{BUS_NAME}',path='{path}',"
+                     "interface='org.freedesktop.DBus.Properties',member='PropertiesChanged'")
+        for rule in rules:
+            await c.add_match(rule)
+        c.bus.add_message_handler(on_message)
+    (job,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
+    if not wait:
+        return EXIT_OK
+    target = "stopped" if verb == "stop" else "ready"
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while job not in ended:
+        left = None if deadline is None else deadline - loop.time()
+        if left is not None and left <= 0:
+            spinner.clear()
+            print(f"lokictl: {name}: not {target} after {timeout:g} s; the {verb} job goes "
+                  f"on (`lokictl stop {name}` cancels it)", file=sys.stderr)
+            return EXIT_FAILED
+        arrived.clear()
+        try:
+            await asyncio.wait_for(arrived.wait(), min(left or 0.1, 0.1))
+        except TimeoutError:
+            spinner.show()
+    spinner.clear()
+    result, state, detail = ended[job]
+    if result == "done" and (verb == "stop" or state == "ready"):
+        print(f"{name}: {state}" + (f" ({detail})" if detail else ""))
+        return EXIT_OK
+    what = f"{verb} {result}" if result != "done" else f"{verb} done, but the engine is {state}"
+    print(f"lokictl: {name}: {what}" + (f": {detail}" if detail else "")
+          + f"\n  {_next_step(name, verb, result)}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _bar(phase: str, step: int, steps: int, width: int = 20) -> str:
+    done = width * step // max(steps, 1)
+    return f"[{'#' * done}{' ' * (width - done)}] {step}/{steps} {phase}"
+
+
+async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
+                    as_json: bool) -> int:
+    """Benchmark the preset's ready engine; progress from BenchProgress, then the report."""
+    from dbus_fast import Message, MessageType
+
+    from ..core import benchrules
+
+    await c.preset_path(name)  # NotFound before anything runs
+    tty = sys.stderr.isatty()
+
+    def on_message(msg: Message) -> bool:
+        if (msg.message_type == MessageType.SIGNAL and msg.member == "BenchProgress"
+                and msg.path == OBJECT_PATH and msg.body[0] == name):
+            _, phase, step, steps = msg.body
+            if tty:
+                sys.stderr.write("\r\033[K" + _bar(str(phase), int(step), int(steps)))
+            else:
+                sys.stderr.write(f"  [{step}/{steps}] {phase}\n")
+            sys.stderr.flush()
+        return False
+
+    if not as_json:
+        await c.add_match(f"type='signal',sender='{BUS_NAME}',path='{OBJECT_PATH}',"
+                          f"interface='{MANAGER_INTERFACE}',member='BenchProgress',"
+                          f"arg0='{name}'")
+        c.bus.add_message_handler(on_message)
+    mode = benchrules.FULL if full else benchrules.QUICK
+    try:
+        (outcome,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Bench", "ssuu",
+                                   [name, mode, predict, prompt])
+    finally:
+        if tty and not as_json:
+            sys.stderr.write("\r\033[K")
+    data = plain(outcome)
+    if as_json:
+        _print_json(data)
+        return EXIT_OK
+    result = benchrules.result_from_json(data["result"])
+    print(f"{name}: {mode} benchmark at {data.get('url', '')}")
+    print("\n".join(benchrules.report(result, str(data.get("not_saved_reason", "")))))
+    return EXIT_OK
+
+
+async def cmd_reload(c: Client) -> int:
+    """Manager.Reload: the presets read again (and, under systemd, its drop-ins)."""
+    await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Reload")
+    props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+    broken = props["BrokenPresets"]
+    # One line per preset that cannot start, its name then its error: the count on the
+    # first line says what they are ("NAME: broken: …" read "broken: broken: …" for
+    # a preset named so).
+    print(f"presets read again: {counted(len(props['Presets']), 'preset')}"
+          + (f", {len(broken)} broken:" if broken else ""))
+    for name, error in sorted(broken.items()):
+        print(f"  {name}: {error}")
+    return EXIT_OK
+
+
+async def cmd_clear_failures(c: Client, name: str) -> int:
+    (count,) = await c._call(await c.preset_path(name), PRESET_INTERFACE, "ClearFailures")
+    print(f"{name}: {count} recorded failure{'s' if count != 1 else ''} of automatic "
+          "speculation forgotten")
+    return EXIT_OK
+

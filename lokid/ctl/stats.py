@@ -1,0 +1,172 @@
+"""``lokictl top`` and ``lokictl stats``: what every engine does, from the daemon's Stats.
+
+``top`` is a live table, one row per preset (state, URL, model, uptime, GPU memory
+per device, offload, requests/min, prefill and decode tok/s, draft acceptance, the
+last verdict), refreshed each second until ``q`` or Ctrl-C; ``--once`` prints it
+once, ``--json`` prints the rows once as JSON. ``stats PRESET`` prints one preset's
+figures; with ``--since TIME`` (any time ``journalctl --since`` takes, such as
+``"1h ago"``) the daemon recomputes them from the engine's journal over that window
+(:mod:`lokid.ctl.logs`), with the parser of its Stats: the journal is the history,
+nothing else is kept.
+
+The formatting is here, apart from the D-Bus client (:mod:`lokid.ctl.client`), which only
+hands it the preset properties.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ..core.wording import counted
+
+HOST_DEVICES = ("CPU", "CPU_Mapped", "CPU_REPACK")
+
+
+def gpu_memory(memory_mib: dict[str, float] | None) -> dict[str, float]:
+    """MiB per GPU device (every kind summed); host buffers (CPU, *_Host) left out."""
+    out: dict[str, float] = {}
+    for key, mib in (memory_mib or {}).items():
+        device = key.split(" ", 1)[0]
+        if device in HOST_DEVICES or device.endswith("_Host"):
+            continue
+        out[device] = out.get(device, 0.0) + float(mib)
+    return out
+
+
+def _mib(mib: float) -> str:
+    return f"{mib / 1024:.1f}G" if mib >= 1024 else f"{mib:.0f}M"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def _num(value: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def row(props: dict[str, Any]) -> dict[str, Any]:
+    """One preset's line of ``top`` (and of ``presets``), from its D-Bus properties."""
+    live = props.get("State") in ("loading", "ready", "stopping")
+    # a stopped engine's figures are its last start's: the totals stay (JSON), the live
+    # columns (where it answers, its speeds, its memory) do not
+    stats = dict(props.get("Stats") or {})
+    draft = stats.get("draft") or {}
+    prefill = stats.get("prefill_tps") or {}
+    decode = stats.get("decode_tps") or {}
+    return {
+        "preset": props.get("Name"), "state": props.get("State"),
+        "url": stats.get("url") if live else None, "model": props.get("Model"),
+        "uptime_seconds": stats.get("uptime_seconds") if live else None,
+        "gpu_memory_mib": gpu_memory(stats.get("memory_mib")) if live else {},
+        "memory_source": stats.get("memory_source"),
+        "offload": list(stats.get("offload") or []),
+        "requests": stats.get("requests"),
+        "requests_per_min": stats.get("requests_per_min") if live else None,
+        "prefill_tps": _recent(prefill) if live else None,
+        "decode_tps": _recent(decode) if live else None,
+        "draft_kind": draft.get("kind"), "draft_acceptance": draft.get("acceptance"),
+        "verdict": props.get("AutoSpecBlocked") or "",
+    }
+
+
+def _recent(speeds: dict[str, Any]) -> Any:
+    """The last minute's speed, else the whole start's."""
+    return speeds.get("1m") if speeds.get("1m") is not None else speeds.get("all")
+
+
+COLUMNS = ("PRESET", "STATE", "URL", "MODEL", "UP", "GPU MEM", "OFFLOAD", "REQ/MIN",
+           "PREFILL", "DECODE", "DRAFT", "VERDICT")
+
+
+def gpu_text(r: dict[str, Any]) -> str:
+    """A row's GPU memory as shown: "CUDA0 3.5G CUDA1 2.0G", or "-"."""
+    return " ".join(f"{d} {_mib(m)}" for d, m in sorted(r["gpu_memory_mib"].items())) or "-"
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    draft = "-"
+    if r["draft_acceptance"] is not None:
+        draft = f"{r['draft_acceptance'] * 100:.0f}% {r['draft_kind'] or ''}".strip()
+    return [str(r["preset"]), str(r["state"]), r["url"] or "-", str(r["model"]),
+            duration(r["uptime_seconds"]), gpu_text(r), ",".join(r["offload"]) or "-",
+            _num(r["requests_per_min"], "{:.1f}"), _num(r["prefill_tps"]),
+            _num(r["decode_tps"]), draft, r["verdict"] or "-"]
+
+
+def columns(lines: list[list[str]], width: int | None = None) -> str:
+    """Lines of cells as aligned columns, the last one left free (and cut, with the
+    line, to ``width``)."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    out = []
+    for line in lines:
+        text = "  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True))
+        text += "  " + line[-1]
+        out.append(text[:width] if width else text)
+    return "\n".join(out)
+
+
+def table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
+    """The rows as ``top`` shows them (the verdict, last, is cut to ``width``)."""
+    return columns([list(COLUMNS)] + [cells(r) for r in rows], width)
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def stats_text(name: str, stats: dict[str, Any], since: str | None = None) -> str:
+    """One preset's figures, for ``lokictl stats``; ``since``: the window asked for (the
+    figures are the journal's over it, every start in it, not one start's)."""
+    if since is not None and not stats.get("requests"):
+        return f"{name}: no request since {since}"
+    if not stats.get("requests") and not stats.get("invocation"):
+        return f"{name}: no start seen yet"
+    prefill = stats.get("prefill_tps") or {}
+    decode = stats.get("decode_tps") or {}
+    lines = [f"{name}: {counted(stats.get('requests') or 0, 'request')}, "
+             f"{stats.get('prompt_tokens', 0)} prompt tokens, "
+             f"{stats.get('generated_tokens', 0)} generated"
+             + (f" ({_num(stats.get('requests_per_min'), '{:.1f}')} in the last minute)"
+                if stats.get("requests_per_min") is not None else "")]
+    for label, d in (("prefill", prefill), ("decode", decode)):
+        lines.append(f"  {label} tok/s: 1m {_num(d.get('1m'))}, 5m {_num(d.get('5m'))}, "
+                     f"all {_num(d.get('all'))}; per request p50 {_num(d.get('p50'))}, "
+                     f"p95 {_num(d.get('p95'))}")
+    draft = stats.get("draft")
+    if draft:
+        lines.append(f"  draft ({draft.get('kind') or 'unknown kind'}): "
+                     f"{draft.get('accepted')} of {draft.get('generated')} accepted "
+                     f"({_num((draft.get('acceptance') or 0) * 100)}%), mean length "
+                     f"{_num(draft.get('mean_len'), '{:.2f}')}")
+    if stats.get("load_seconds") is not None or stats.get("offload"):
+        lines.append(f"  load: {_num(stats.get('load_seconds'), '{:.1f}')} s, offloaded "
+                     f"{', '.join(stats.get('offload') or []) or 'n/a'}")
+    memory = stats.get("memory_mib") or {}
+    if memory:
+        lines.append("  memory (" + str(stats.get("memory_source") or "engine log") + "): "
+                     + ", ".join(f"{k} {_mib(v)}" for k, v in sorted(memory.items())))
+    elif stats.get("memory_note"):
+        lines.append(f"  memory: unknown: {stats.get('memory_note')}")
+    if stats.get("uptime_seconds") is not None:
+        lines.append(f"  up {duration(stats.get('uptime_seconds'))}"
+                     + (f", {stats.get('in_flight')} in flight" if stats.get("in_flight")
+                        else ""))
+    return "\n".join(lines)
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

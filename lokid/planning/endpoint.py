@@ -1,0 +1,213 @@
+"""The engine's port seen from outside: free before a start, answering ``/health`` after.
+
+``check_port_free`` runs before any attempt token moves (``lokid prestart``,
+``lokid run``): a second start refused because the first still loads must not
+count as a failure. A busy port is reported with who holds it: the preset whose
+runtime plan has the port, or the listening process found through ``/proc``
+(:func:`lokid.core.conflicts.holder` decides; the files are read only once
+the bind has failed).
+
+An address the engine could never listen on is a config error, found by the
+same bind: a host that does not resolve, an address of another machine
+(EADDRNOTAVAIL), a port below net.ipv4.ip_unprivileged_port_start for a user
+without CAP_NET_BIND_SERVICE (EACCES). ``check_address`` is that check for
+``lokid plan``: it binds port 0 of the address (a running engine keeps its
+port, and a starting one never finds it taken by a plan) and asks
+:func:`lokid.core.access.may_listen` about the port, for the engine's user,
+who need not be this process (root planning for the unit's ``loki``).
+
+``health_status`` is a raw HTTP/1.1 request on a socket: it costs nothing to
+import and answers within milliseconds, which keeps lokid's readiness overhead
+over the raw engine small (``benchmarks/readiness.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..core.address import reachable_host
+from ..core.errors import ConfigError, PortBusyError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ..core.access import User
+    from ..core.conflicts import ListenSource, Setting
+
+UNPRIVILEGED_PORT_START = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+_CAP_NET_BIND_SERVICE = 10  # linux/capability.h
+
+
+def _holder(host: str, port: int, runtime_dir: str | None) -> str:
+    """Who holds the port, best effort (what this user may see of /proc and the
+    runtime directory)."""
+    from ..core.conflicts import holder
+    from ..core.errors import StalePlanError
+    from ..host.proc import cmdline, command_name, pid_listening_on
+    from ..store.runtimedir import RUNTIME_SUFFIX, read_runtime_plan
+
+    plans = []
+    if runtime_dir:
+        try:
+            names = sorted(os.listdir(runtime_dir))
+        except OSError:         # not there yet, or not ours to read (/run/loki is 0750)
+            names = []
+        for entry in names:
+            if entry.endswith(RUNTIME_SUFFIX) and not entry.startswith("."):
+                try:
+                    plans.append(read_runtime_plan(runtime_dir, entry[:-len(RUNTIME_SUFFIX)]))
+                except StalePlanError:
+                    continue
+    pid = pid_listening_on(port)
+    return holder(host, port, plans, pid, None if pid is None else cmdline(pid),
+                  None if pid is None else command_name(pid), _my_name())
+
+
+def unprivileged_port_start() -> int:
+    """The lowest port any user may bind (the sysctl; the kernel's default when unread)."""
+    from ..core.access import UNPRIVILEGED_PORT_START as DEFAULT
+
+    try:
+        with open(UNPRIVILEGED_PORT_START, encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return DEFAULT
+
+
+def _capable() -> bool:
+    """Whether this process may bind any port: CAP_NET_BIND_SERVICE in its effective set
+    (root's, unless a container dropped it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_NET_BIND_SERVICE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def _my_name() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _config_error(message: str, where: Setting) -> ConfigError:
+    return ConfigError(message, where.path, None, where.key)
+
+
+def _resolve(host: str, port: int, source: ListenSource) -> list[tuple[int, tuple[Any, ...]]]:
+    """Where a bind to ``host`` goes, as llama-server resolves it (getaddrinfo, passive):
+    (family, address) in the resolver's order; ConfigError when nothing."""
+    import socket
+
+    from ..core.conflicts import unix_socket, unresolvable
+
+    if host.endswith(".sock"):
+        raise _config_error(unix_socket(host, source.host.key), source.host)
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise _config_error(unresolvable(host, source.host.key, e.strerror or str(e)),
+                            source.host) from None
+    except ValueError as e:     # UnicodeError (an IDNA label too long), a NUL in the name
+        raise _config_error(unresolvable(host, source.host.key, str(e)), source.host) from None
+    return [(family, address) for family, _, _, _, address in found
+            if family in (socket.AF_INET, socket.AF_INET6)]
+
+
+def _bind(host: str, port: int, source: ListenSource, any_port: bool = False) -> OSError | None:
+    """Bind ``host``:``port`` (port 0 with ``any_port``) as the engine will, trying each
+    address in turn; None once one binds, else the first address's error."""
+    import socket
+
+    first: OSError | None = None
+    for family, address in _resolve(host, port, source):
+        if any_port:
+            address = (address[0], 0, *address[2:])
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            # SO_REUSEADDR: a port in TIME_WAIT after a previous engine is free.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(address)
+            except OSError as e:
+                first = first or e
+                continue
+        return None
+    return first
+
+
+def _refused(e: OSError, host: str, port: int, source: ListenSource, user: str) -> ConfigError:
+    """The config error for a bind that failed other than on a busy port."""
+    import errno
+
+    from ..core.conflicts import cannot_listen, not_local, port_refused
+
+    if e.errno == errno.EADDRNOTAVAIL:
+        return _config_error(not_local(host, source.host.key), source.host)
+    start = unprivileged_port_start()
+    if e.errno in (errno.EACCES, errno.EPERM) and port < start:
+        return _config_error(port_refused(port, source.port.key, user, start), source.port)
+    return ConfigError(cannot_listen(host, port, e.strerror or str(e)))
+
+
+def check_port_free(host: str, port: int, runtime_dir: str | None = None,
+                    source: ListenSource | None = None) -> None:
+    """PortBusyError when something already listens on host:port, naming who: a preset
+    whose runtime plan in ``runtime_dir`` has the port, or the process. ConfigError when
+    the engine, run as this process's user, could not listen there at all; ``source``
+    says which file and key set the host and the port
+    (:func:`lokid.core.conflicts.listen_source`)."""
+    import errno
+
+    from ..core.conflicts import UNKNOWN_SOURCE
+
+    source = source or UNKNOWN_SOURCE
+    e = _bind(host, port, source)
+    if e is None:
+        return
+    if e.errno == errno.EADDRINUSE:
+        raise PortBusyError(f"port {port} on {host} is already in use by "
+                            f"{_holder(host, port, runtime_dir)}")
+    raise _refused(e, host, port, source, _my_name())
+
+
+def check_address(host: str, port: int, user: User | None = None,
+                  source: ListenSource | None = None) -> None:
+    """ConfigError when the engine could not listen on host:port whoever held the port:
+    the host does not resolve or is not this machine's, or the port is below
+    net.ipv4.ip_unprivileged_port_start for the engine's ``user`` (None: this process's
+    own user, as ``lokid run`` starts it). A port in use is not checked."""
+    from ..core.access import may_listen
+    from ..core.conflicts import UNKNOWN_SOURCE, port_refused
+
+    source = source or UNKNOWN_SOURCE
+    name = user.name if user is not None else _my_name()
+    e = _bind(host, port, source, any_port=True)
+    if e is not None:
+        raise _refused(e, host, port, source, name)
+    uid, capable = (user.uid, False) if user is not None else (os.geteuid(), _capable())
+    start = unprivileged_port_start()
+    if not may_listen(uid, port, start, capable):
+        raise _config_error(port_refused(port, source.port.key, name, start), source.port)
+
+
+def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
+    """HTTP status of GET /health, or None when nothing answers."""
+    import socket
+
+    try:
+        with socket.create_connection((reachable_host(host), port), timeout=timeout) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: lokid\r\nConnection: close\r\n\r\n")
+            head = s.recv(64)
+    except OSError:
+        return None
+    parts = head.split(b" ", 2)
+    if len(parts) >= 2 and parts[0].startswith(b"HTTP/") and parts[1].isdigit():
+        return int(parts[1])
+    return None

@@ -1,0 +1,92 @@
+"""What ``lokid prestart`` (ExecStartPre=) leaves for ``lokid engine`` (ExecStart=) of one start.
+
+``$LOKI_RUNTIME_DIR/<preset>.prestart`` (JSON, written atomically) names the
+start it speaks for (systemd's ``INVOCATION_ID``) and holds one of
+
+- ``refused``: the exit status and the one line of a start that must not run
+  (the preset cannot start as it is: 78; the crash-loop rule: 69). The
+  prestart step logs it and exits 0, and ``lokid engine``, the unit's main
+  process, sends the line as STATUS= and exits with the status. Two things
+  only the main process has: systemd applies ``RestartPreventExitStatus=`` to
+  the main process's status alone (a failed ExecStartPre= is restarted every
+  RestartSec= until a start limit), and with ``NotifyAccess=main`` only its
+  STATUS= reaches ``systemctl status``;
+- ``planned``: the runtime plan of this start is written
+  (:mod:`lokid.store.runtimedir`), and, when it was planned afresh rather
+  than reused, what :func:`lokid.store.plancache.record` needs once the engine
+  answers (the paths the plan was made from, the attempt verdict, when
+  planning began): a start that never becomes ready records nothing.
+
+No record for this invocation (the daemon's local runner, which runs
+``lokid engine`` alone, or a start by hand): ``lokid engine`` plans itself.
+Writer and reader run as the unit's user, one after the other (systemd runs a
+unit's commands in order): no lock. Kept light (json, os): ``lokid engine``
+reads it before the engine spawns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+SUFFIX = ".prestart"
+
+
+class Planned:
+    """A start whose runtime plan is written; ``paths`` empty when it was reused."""
+
+    __slots__ = ("paths", "verdict", "planned_at")
+
+    def __init__(self, paths: list[str], verdict: str, planned_at: int):
+        self.paths, self.verdict, self.planned_at = paths, verdict, planned_at
+
+
+class Refused:
+    """A start that must not run: the unit's exit status and the line saying why."""
+
+    __slots__ = ("status", "message")
+
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+
+
+def _path(runtime_dir: str, preset: str) -> str:
+    return os.path.join(runtime_dir, preset + SUFFIX)
+
+
+def _write(runtime_dir: str, preset: str, data: dict[str, object]) -> None:
+    path = _path(runtime_dir, preset)
+    os.makedirs(runtime_dir, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def write_planned(runtime_dir: str, preset: str, invocation: str, planned: Planned) -> None:
+    _write(runtime_dir, preset, {"invocation": invocation, "planned": {
+        "paths": planned.paths, "verdict": planned.verdict, "planned_at": planned.planned_at}})
+
+
+def write_refused(runtime_dir: str, preset: str, invocation: str, refused: Refused) -> None:
+    _write(runtime_dir, preset, {"invocation": invocation, "refused": {
+        "status": refused.status, "message": refused.message}})
+
+
+def read(runtime_dir: str, preset: str, invocation: str) -> Planned | Refused | None:
+    """What the prestart step of ``invocation`` left; None when it left nothing for it
+    (no prestart ran for this start, or the file is another start's, or damaged)."""
+    if not invocation:
+        return None
+    try:
+        with open(_path(runtime_dir, preset), encoding="utf-8") as f:
+            data = json.load(f)
+        if data["invocation"] != invocation:
+            return None
+        if "refused" in data:
+            r = data["refused"]
+            return Refused(int(r["status"]), str(r["message"]))
+        p = data["planned"]
+        return Planned([str(x) for x in p["paths"]], str(p["verdict"]), int(p["planned_at"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

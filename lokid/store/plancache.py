@@ -1,0 +1,147 @@
+"""Reusing the plan of the last start that became ready, when nothing it came from changed.
+
+A start plans from files and from lokid's environment: ``lokid.toml``, every
+preset (the port conflicts), the model directories and the model, draft and
+mmproj files, the engine binary and its libraries, ``LLAMA_ARG_*``/``GGML_*``
+and ``PATH``, and lokid's own planner. Planning in a new process costs most of
+its time in imports (the TOML parser, the GGUF reader, the planner), on the
+path from ``systemctl start`` to READY.
+
+So a start that became ready records, in ``$LOKI_RUNTIME_DIR/<preset>.reuse``,
+its runtime plan, the attempt verdict it was planned with, and a *key*: a hash
+of the status (device, inode, size, modification and change times) of each of
+those paths, or their absence, of that environment and of the preset's name.
+It records nothing when any of those paths changed less than a second before
+its planning began, or since (git's "racy index" rule): the key then might
+describe content the plan was not made from. The next start computes the key
+again (``stat`` calls only) and, when it is the same, runs the recorded plan.
+What is not a file is still read every time by the caller: the attempt verdict
+in the state DB (any verdict but "allowed", and the caller plans afresh),
+and the port. A changed file, a failed start (no record is written for it), a
+new engine build or a new lokid plans afresh; ``lokid plan`` always plans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from ..core.plan import PlanInputs
+
+SUFFIX = ".reuse"
+ENV_PREFIXES = ("LLAMA_ARG_", "GGML_")
+FORMAT = 1
+
+
+def _path(runtime_dir: str, preset: str) -> str:
+    return os.path.join(runtime_dir, preset + SUFFIX)
+
+
+RACY_NS = 1_000_000_000
+
+
+def _status(path: str) -> tuple[str, int]:
+    """The status line of ``path`` and its change time (0 when absent)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return f"{path} -{e.errno}", 0
+    return (f"{path} {st.st_dev}:{st.st_ino} {st.st_mode:o} {st.st_size} {st.st_mtime_ns} "
+            f"{st.st_ctime_ns}", max(st.st_ctime_ns, st.st_mtime_ns))
+
+
+def _planner_files() -> list[str]:
+    """lokid's own planning code: an upgrade, or an edited checkout, plans afresh."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    core = os.path.join(os.path.dirname(here), "core")
+    try:
+        names = sorted(n for n in os.listdir(core) if n.endswith(".py"))
+    except OSError:
+        names = []
+    return [core, *(os.path.join(core, n) for n in names),
+            os.path.join(here, "gather.py"), os.path.join(here, "probe.py")]
+
+
+def key(preset: str, paths: Iterable[str], environ: Mapping[str, str]) -> tuple[str, int]:
+    """The hash of everything a plan of ``preset`` was made from, and the latest change
+    time among those paths."""
+    import hashlib
+
+    h = hashlib.sha256(f"{FORMAT}\0{preset}\0".encode())
+    latest = 0
+    for path in [*paths, *_planner_files()]:
+        line, changed = _status(path)
+        latest = max(latest, changed)
+        h.update(line.encode("utf-8", "surrogateescape") + b"\0")
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIXES) or name == "PATH":
+            h.update(f"{name}={environ[name]}\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest(), latest
+
+
+def inputs_paths(config_dir: str, inputs: PlanInputs, environ: Mapping[str, str]) -> list[str]:
+    """The files and directories a plan made from ``inputs`` depends on."""
+    from ..core.config import GLOBAL_FILE, PRESETS_DIR
+    from ..host.probe import library_dirs
+
+    presets = os.path.join(config_dir, PRESETS_DIR)
+    try:
+        preset_files = sorted(os.path.join(presets, n) for n in os.listdir(presets))
+    except OSError:
+        preset_files = []
+    paths = [os.path.join(config_dir, GLOBAL_FILE), presets, *preset_files,
+             *inputs.config.model_dirs, inputs.model_path, inputs.caps.path,
+             *library_dirs(inputs.caps.path)]
+    if inputs.mmproj_path:
+        paths.append(inputs.mmproj_path)
+    if inputs.draft is not None and inputs.draft.path:
+        paths.append(inputs.draft.path)
+    if not os.path.isabs(inputs.config.engine):  # found in PATH: where it is looked up
+        paths += environ.get("PATH", "").split(os.pathsep)
+    return paths
+
+
+def record(runtime_dir: str, preset: str, paths: list[str], environ: Mapping[str, str],
+           runtime_plan: dict[str, object], verdict: str, planned_at_ns: int) -> bool:
+    """Keep the plan of a start that became ready, planned from ``paths`` at
+    ``planned_at_ns`` (``time.time_ns()`` before planning) with the attempt verdict
+    ``verdict``; False (nothing kept) when one of the paths changed since a second
+    before. Atomic; I/O errors are the caller's."""
+    digest, latest = key(preset, paths, environ)
+    path = _path(runtime_dir, preset)
+    if latest >= planned_at_ns - RACY_NS:
+        forget(runtime_dir, preset)
+        return False
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"format": FORMAT, "key": digest, "paths": paths, "verdict": verdict,
+                   "plan": runtime_plan}, f)
+    os.replace(tmp, path)
+    return True
+
+
+def reusable(runtime_dir: str, preset: str,
+             environ: Mapping[str, str]) -> tuple[dict[str, object], str] | None:
+    """The recorded runtime plan (its JSON form) and the verdict it was planned with, when
+    nothing it came from changed."""
+    try:
+        with open(_path(runtime_dir, preset), encoding="utf-8") as f:
+            data = json.load(f)
+        paths = [str(p) for p in data["paths"]]
+        if data.get("format") != FORMAT or data["key"] != key(preset, paths, environ)[0]:
+            return None
+        plan, verdict = data["plan"], data["verdict"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (plan, verdict) if isinstance(plan, dict) and isinstance(verdict, str) else None
+
+
+def forget(runtime_dir: str, preset: str) -> None:
+    try:
+        os.unlink(_path(runtime_dir, preset))
+    except OSError:
+        pass

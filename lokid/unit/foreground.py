@@ -1,0 +1,42 @@
+"""``lokid run <preset>``: the engine in the foreground, no systemd needed.
+
+Plan, check the port is free, then the same supervisor as the unit's
+``lokid engine`` (:mod:`lokid.unit.supervisor`): the engine's output goes straight
+to our stdout/stderr, "ready" is printed with the URL once ``/health``
+answers 200, Ctrl-C or SIGTERM stop it cleanly, and the exit status is the
+engine's.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+from ..core import paths
+from ..core.conflicts import ListenSource
+from ..core.plan import Plan
+from ..planning.endpoint import check_port_free
+from .supervisor import Launch, supervise
+
+
+def run_plan(plan: Plan, out: TextIO = sys.stderr,
+             on_ready: Callable[[str], None] | None = None,
+             source: ListenSource | None = None) -> int:
+    """Run the plan in the foreground; the engine's exit status (128+N for signal N).
+
+    ``source``: the files that set the plan's host and port, for the error when the
+    engine could not listen there (:func:`lokid.core.conflicts.listen_source`)."""
+    check_port_free(plan.host, plan.port, paths.runtime_dir(), source)
+    for note in plan.notes:
+        print(f"lokid: note: {note}", file=out)
+    print(f"lokid: starting {plan.command_line()}", file=out, flush=True)
+
+    def log(message: str) -> None:
+        print(f"lokid: {message}", file=out, flush=True)
+
+    from ..host.credentials import secret_env
+
+    env = {**plan.env, **secret_env(plan.secrets)}   # the engine's alone: never printed
+    launch = Launch.of(plan.preset, plan.argv, env, plan.host, plan.port)
+    return supervise(launch, log=log, on_ready=on_ready)

@@ -1,0 +1,585 @@
+"""What ``loki-engine@.service`` runs: ``lokid prestart`` (ExecStartPre), ``lokid engine``
+(ExecStart) and ``lokid stopped`` (ExecStopPost).
+
+``prestart`` (:func:`prestart_step`), the planning step:
+
+1. the crash-loop rule (:mod:`lokid.core.crashloop`): after too many failures
+   the start must not run; a start by hand (systemd's ``NRestarts`` is 0)
+   forgets the failures first;
+2. plan the launch (:func:`prestart`; or the last ready start's plan, when
+   nothing it was made from changed: :mod:`lokid.store.plancache`), refuse a
+   busy port before touching any attempt token (peek, then settle), write the
+   plan of this invocation (:class:`lokid.core.runtimeplan.RuntimePlan`) to
+   ``$LOKI_RUNTIME_DIR/<preset>.json``;
+3. leave the outcome to ``engine`` (:mod:`lokid.store.handoff`). A start that
+   must not run is logged and handed over as refused, and the step exits 0:
+   systemd reads ``RestartPreventExitStatus=`` from the main process only and
+   shows only its STATUS= (``NotifyAccess=main``), so ``engine`` exits
+   :data:`~lokid.core.crashloop.EXIT_CONFIG` or
+   :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
+
+A SIGTERM while it plans (a stop or restart) ends it at once with status 0
+(:class:`_StopGuard`): systemd counts a control process killed by its own
+SIGTERM as ``failed (signal)``. Between setting the attempt token and writing
+the plan that lets ``stopped`` excuse it, the stop waits.
+
+``engine`` is the unit's main process: its STATUS= lines and exit status are
+what ``systemctl status`` shows. It runs the plan its prestart step wrote (or,
+when none ran for this start, as under the daemon's local runner, plans first
+the same way) and supervises llama-server (:mod:`lokid.unit.supervisor`); on
+READY it clears its own attempt token (the next start of the same
+configuration may try again), marks the start ready and keeps the plan for
+reuse. An engine that exits before it was ready because it refuses its own
+command line (:mod:`lokid.unit.argcheck`) ends the start as a config error.
+
+The state DB never stops a start nor a healthy engine (:mod:`lokid.store.state`):
+a start that cannot set its token runs without automatic speculation and says
+why; a token that cannot be cleared at READY (or at a stop while loading) is
+noted in the runtime directory instead (:func:`~lokid.store.state.note_cleared`)
+and the next start counts it as cleared; either is one journal line.
+
+``stopped`` reads how systemd ended the start (``$SERVICE_RESULT``,
+``$EXIT_CODE``, ``$EXIT_STATUS``): a failure is recorded for the crash-loop
+rule; a clean stop (the operator's, shutdown, ``apt remove``) while an
+automatic launch was loading clears its attempt token, since a stop is not
+the launch failing. A crash, a hang (watchdog) or a start timeout leaves the
+token, and the next start cuts automatic speculation.
+
+The planning and state modules are imported inside the functions that use
+them: both steps are on the path from ``systemctl start`` to READY, and
+``engine`` with a plan handed over imports neither before the engine spawns.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..host.journallog import journal_log
+from ..store.runtimedir import read_runtime_plan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..core.attempt import Mark, Verdict
+    from ..core.plan import Plan, PlanInputs
+    from ..core.runtimeplan import RuntimePlan
+    from ..store import handoff
+    from ..store.state import StateDB, Token
+
+
+def prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+             environ: Mapping[str, str] | None = None) -> Plan:
+    """Plan the launch of ``name``, settle its attempt token, write the runtime plan."""
+    return _prestart(config_dir, state_dir, runtime_dir, name, environ).plan
+
+
+class _Planned:
+    """A start's plan as ``_prestart`` made it: what ``engine`` needs afterwards."""
+
+    __slots__ = ("plan", "mark", "inputs", "verdict", "runtime", "token")
+
+    def __init__(self, plan: Plan, mark: Mark, inputs: PlanInputs, verdict: str,
+                 runtime: RuntimePlan, token: Token | None):
+        self.plan, self.mark, self.inputs = plan, mark, inputs
+        self.verdict, self.runtime, self.token = verdict, runtime, token
+
+
+def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+              environ: Mapping[str, str] | None = None,
+              log_notes: bool = True) -> _Planned:
+    from ..core.conflicts import listen_source
+    from ..core.errors import StateError
+    from ..core.runtimeplan import RuntimePlan
+    from ..planning.endpoint import check_port_free
+    from ..planning.gather import check_port_conflicts, decide, gather
+    from ..store.runtimedir import write_runtime_plan
+    from ..store.state import StateDB, StateReader, needs_token, read_cleared
+
+    environ = dict(os.environ if environ is None else environ)
+    inputs = gather(config_dir, name, environ)
+    cleared = read_cleared(runtime_dir, name)
+    # The slow part (probing the engine, reading the model) is done: a stop from here
+    # waits until the token and the plan that lets `lokid stopped` excuse it are written.
+    _stop.hold()
+    db: StateDB | StateReader
+    unusable: StateError | None = None
+    try:
+        db = StateDB(state_dir)
+    except StateError as e:  # nothing to write to: look, and start without a token
+        db, unusable = StateReader(state_dir), e
+    with db:
+        plan, mark, found = decide(inputs, db, cleared=cleared)
+        # two presets, one port: the one that started on it last holds it
+        check_port_conflicts(config_dir, plan, inputs.config, runtime_dir)
+        # Before any token moves: a second start refused because the first is
+        # still loading must not count the first one's token as a failure.
+        check_port_free(plan.host, plan.port, runtime_dir,
+                        listen_source(inputs.preset, inputs.config))
+        token = None
+        if isinstance(db, StateDB):
+            try:
+                token = _settle(db, runtime_dir, name, mark, found, plan.spec.auto, cleared)
+            except StateError as e:
+                unusable = e
+        if unusable is not None and plan.spec.auto:
+            plan, mark, found = decide(inputs, db, cleared=cleared,
+                                       blocked=needs_token(str(unusable)))
+    rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
+    write_runtime_plan(runtime_dir, rp)
+    _stop.release()
+    if log_notes:
+        _log_plan(name, plan.notes, plan.command_line())
+    return _Planned(plan, mark, inputs, found.why, rp, token)
+
+
+def _settle(db: StateDB, runtime_dir: str, name: str, mark: Mark, found: Verdict,
+            attempt: bool, cleared: Token | None) -> Token | None:
+    """:meth:`StateDB.settle`, and the runtime directory's note of a cleared token
+    forgotten once the token it spoke for is gone; the new token. StateError from the
+    settle: nothing changed, the note stays."""
+    if cleared is None:
+        return db.settle(name, mark, found, attempt)
+    was = db.token(name) == cleared
+    token = db.settle(name, mark, found, attempt)
+    from ..store.state import forget_cleared
+
+    try:
+        forget_cleared(runtime_dir, name)
+    except OSError as e:
+        journal_log(name, f"the note of a cleared attempt token was not removed: {e}",
+                    priority=4)
+    if was:
+        journal_log(name, "the last automatic launch's attempt token, which the state "
+                    "database could not clear then, counted as cleared and is gone now")
+    return token
+
+
+def _log_plan(name: str, notes: tuple[str, ...], command_line: str, how: str = "") -> None:
+    """Each note as its own journal entry, then the command line."""
+    for note in notes:
+        journal_log(name, note)
+    journal_log(name, f"plan{how}: {command_line}", priority=6)
+
+
+def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
+           environ: Mapping[str, str]) -> tuple[RuntimePlan, Token | None] | None:
+    """The plan of the last start that became ready, settled and written for this start,
+    with its token, when nothing it came from changed and the attempt verdict is the one
+    it was planned with (:mod:`lokid.store.plancache`); None: plan afresh (the state DB
+    failing included: planning afresh says what that means)."""
+    from ..store import plancache
+
+    found = plancache.reusable(runtime_dir, name, environ)
+    if found is None:
+        return None
+    from dataclasses import replace
+
+    from ..core.errors import StateError
+    from ..core.runtimeplan import RuntimePlan
+    from ..planning.endpoint import check_port_free
+    from ..store.runtimedir import write_runtime_plan
+    from ..store.state import StateDB, read_cleared
+
+    data, verdict = found
+    try:
+        rp = RuntimePlan.from_json(data)
+    except ValueError:
+        return None
+    cleared = read_cleared(runtime_dir, name)
+    try:
+        with StateDB(state_dir) as db:
+            now = db.peek(name, rp.mark, cleared=cleared)
+            if now.why != verdict or now.record:
+                return None
+            check_port_free(rp.host, rp.port, runtime_dir)
+            _stop.hold()  # as in _prestart: the token and its plan, both or neither
+            token = _settle(db, runtime_dir, name, rp.mark, now, rp.auto, cleared)
+    except StateError:
+        return None
+    rp = replace(rp, invocation=invocation, pid=os.getpid())
+    write_runtime_plan(runtime_dir, rp)
+    _stop.release()
+    return rp, token
+
+
+def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+             environ: Mapping[str, str] | None = None) -> Plan:
+    """The plan the next start of ``name`` runs, as ``lokid plan`` shows it: the attempt
+    verdict read from the state DB without changing it (the DB is never created or
+    written here), and a token of a launch that is loading now shown as such.
+
+    A state DB that cannot be read (damaged, or not readable by this user) is read as
+    empty, said in a note (:class:`~lokid.store.state.StateReader`).
+    """
+    from ..planning.gather import decide, gather
+    from ..store.state import StateReader, read_cleared
+
+    inputs = gather(config_dir, name, environ, for_unit=True)
+    with StateReader(state_dir) as db:
+        plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name),
+                            cleared=read_cleared(runtime_dir, name))
+    return plan
+
+
+def _loading(runtime_dir: str, name: str) -> bool:
+    """Whether a start of ``name`` is under way and its engine has not answered yet: its
+    runtime plan names a supervisor that still runs, and no READY is on record for it."""
+    from ..core.errors import StalePlanError
+    from ..store import exits
+
+    try:
+        rp = read_runtime_plan(runtime_dir, name)
+    except StalePlanError:
+        return False
+    if not rp.pid or exits.was_ready(runtime_dir, name, rp.invocation):
+        return False
+    try:
+        with open(f"/proc/{rp.pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"engine" in argv and name.encode() in argv
+
+
+def _check_name(name: str) -> None:
+    """ConfigError for a name that is no preset name (``../x`` would name files outside
+    the runtime directory)."""
+    from ..core.presetname import check_preset_name
+
+    check_preset_name(name)
+
+
+def _crash_loop(runtime_dir: str, name: str, under_systemd: bool) -> str:
+    """Why this start must not run (the crash-loop rule), or ""."""
+    import time
+
+    from ..core import crashloop
+    from ..core.names import engine_unit
+    from ..store import exits
+
+    failures = exits.read_failures(runtime_dir, name)
+    if not failures:
+        return ""
+    restarts = exits.automatic_restarts(engine_unit(name)) if under_systemd else 0
+    if restarts == 0:  # a start by hand: what failed before it is forgiven
+        try:
+            exits.forget_failures(runtime_dir, name)
+        except OSError as e:
+            journal_log(name, f"the failures before this start were not forgotten: {e}",
+                        priority=4)
+        return ""
+    if restarts is None:
+        journal_log(name, "cannot ask systemd whether this start is an automatic restart: "
+                    "counting it as one", priority=4)
+    now = time.time()
+    why = crashloop.stop_reason(failures, now)
+    if not why:
+        journal_log(name, crashloop.progress(failures, now))
+    return why
+
+
+def _crash_loop_message(name: str, why: str) -> str:
+    from ..core.names import engine_unit
+
+    return (f"{why}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
+            "tries again")
+
+
+class _Stopped(BaseException):
+    """SIGTERM reached the prestart step: systemd stops or restarts the unit. A
+    BaseException, as KeyboardInterrupt is: no ``except Exception`` on the way takes it
+    for a failure of what it interrupted."""
+
+
+class _StopGuard:
+    """SIGTERM in the prestart step ends it at once, and cleanly (exit 0): systemd
+    counts a control process killed by its own SIGTERM as ``failed (signal)``, so a
+    restart or a stop that lands while a start plans would leave the unit failed.
+    Between :meth:`hold` and :meth:`release` (the attempt token set, the runtime plan
+    that lets ``lokid stopped`` excuse it written) the stop waits. Inactive (no-ops)
+    until :meth:`install`: ``lokid engine`` planning itself keeps the default."""
+
+    def __init__(self) -> None:
+        self.active = self.held = self.pending = False
+
+    def install(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        self.active = True
+
+    def _on_term(self, _signum: int, _frame: object) -> None:
+        if self.held:
+            self.pending = True
+            return
+        raise _Stopped
+
+    def hold(self) -> None:
+        self.held = self.active
+
+    def release(self) -> None:
+        self.held = False
+        if self.pending:
+            raise _Stopped
+
+
+_stop = _StopGuard()
+
+
+def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
+    """ExecStartPre=: the crash-loop rule, then the plan of this start (the last ready
+    start's when nothing it came from changed, else afresh), its attempt token settled
+    and its runtime plan written; what ``lokid engine`` needs is left in the runtime
+    directory (:mod:`lokid.store.handoff`). A start that must not run is logged and
+    left there as refused, and the step exits 0 all the same: the engine step, the main
+    process, says it as STATUS= and exits 78 or 69, which the unit does not restart.
+
+    Without ``INVOCATION_ID`` (run by hand) it plans and writes the runtime plan, and a
+    refusal is an error as in any other command."""
+    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
+    from ..core.errors import LokiError
+    from ..store import handoff
+
+    invocation = os.environ.get("INVOCATION_ID", "")
+    if not invocation:
+        _check_name(name)
+        prestart(config_dir, state_dir, runtime_dir, name)
+        return 0
+    try:
+        _check_name(name)
+    except LokiError:
+        return 0  # no file named after it is written: `lokid engine` refuses it (78)
+    _stop.install()
+    try:
+        # systemd's start (INVOCATION_ID): ask it about NRestarts. Not by NOTIFY_SOCKET,
+        # which a control process does not get under NotifyAccess=main.
+        why = _crash_loop(runtime_dir, name, True)
+        if why:
+            left: handoff.Planned | handoff.Refused = handoff.Refused(
+                EXIT_CRASH_LOOP, _crash_loop_message(name, why))
+        else:
+            left = _plan_start(config_dir, state_dir, runtime_dir, name, invocation)
+        if isinstance(left, handoff.Refused):
+            journal_log(name, left.message, priority=3)
+            handoff.write_refused(runtime_dir, name, invocation, left)
+        else:
+            handoff.write_planned(runtime_dir, name, invocation, left)
+    except _Stopped:
+        journal_log(name, "stopped while planning: a clean stop")
+        return 0
+    except OSError as e:  # the runtime directory: nothing can be handed over
+        journal_log(name, f"cannot write to {runtime_dir}: {e}", priority=3)
+        return EXIT_CONFIG
+    return 0
+
+
+def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+                invocation: str) -> handoff.Planned | handoff.Refused:
+    """This start's plan, settled and written, or why it cannot start as it is."""
+    import time
+
+    from ..core.crashloop import EXIT_CONFIG
+    from ..core.errors import LokiError
+    from ..store import handoff
+
+    planned_at = time.time_ns()
+    try:
+        if _reuse(state_dir, runtime_dir, name, invocation, os.environ) is not None:
+            return handoff.Planned([], "", 0)
+        planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+    except LokiError as e:
+        return handoff.Refused(EXIT_CONFIG, str(e))
+    from ..store.plancache import inputs_paths
+
+    return handoff.Planned(inputs_paths(config_dir, planned.inputs, os.environ),
+                           planned.verdict, planned_at)
+
+
+def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
+    """Supervise the engine of this invocation, as its prestart step planned it (or plan
+    first, when none ran: the daemon's local runner); the exit status for systemd."""
+    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
+    from ..core.errors import LokiError
+    from ..host.notify import Notifier
+    from ..store import handoff
+
+    notifier = Notifier()
+    invocation = os.environ.get("INVOCATION_ID", "")
+    try:
+        _check_name(name)  # before any file named after it is read
+    except LokiError as e:
+        notifier.send(f"STATUS={e}")
+        journal_log("", str(e), priority=3)
+        return EXIT_CONFIG
+    left = handoff.read(runtime_dir, name, invocation)
+    if isinstance(left, handoff.Refused):  # logged by the prestart step
+        notifier.send(f"STATUS={left.message}")
+        return left.status
+    import time
+
+    planned_at = time.time_ns()
+    planned: _Planned | None = None
+    token: Token | None = None
+    try:
+        if isinstance(left, handoff.Planned):
+            rp = read_runtime_plan(runtime_dir, name, invocation)
+        else:
+            stop = _crash_loop(runtime_dir, name, notifier.enabled)
+            if stop:
+                message = _crash_loop_message(name, stop)
+                notifier.send(f"STATUS={message}")
+                journal_log(name, message, priority=3)
+                return EXIT_CRASH_LOOP
+            reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
+            if reused is None:
+                # the notes are logged once the engine is spawned: the journal's client
+                # library loads while the engine does, not before it
+                planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+                rp, token = planned.runtime, planned.token
+            else:
+                rp, token = reused
+        engine_env = rp.env
+        if rp.secrets:  # the [secrets] variables: the engine's environment alone, never rp's
+            from ..host.credentials import secret_env
+
+            engine_env = {**rp.env, **secret_env(rp.secrets)}
+    except LokiError as e:
+        notifier.send(f"STATUS={e}")
+        journal_log(name, str(e), priority=3)
+        return EXIT_CONFIG
+    from .supervisor import Launch, supervise
+
+    launch = Launch.of(name, rp.argv, engine_env, rp.host, rp.port)
+    fresh = planned is not None or (isinstance(left, handoff.Planned) and bool(left.paths))
+    how = "" if fresh else " (the last ready start's: nothing it was made from has changed)"
+    command_line = rp.command_line()
+
+    def on_spawned() -> None:
+        if isinstance(left, handoff.Planned):
+            # the plan names the process that supervises its engine (lokid plan's
+            # "loading"): this one, not the prestart step that wrote it
+            from dataclasses import replace
+
+            from ..store.runtimedir import write_runtime_plan
+
+            try:
+                write_runtime_plan(runtime_dir, replace(rp, pid=os.getpid()))
+            except OSError as e:
+                journal_log(name, f"the runtime plan was not updated: {e}", priority=4)
+        _log_plan(name, rp.notes, command_line, how)
+
+    def on_ready(url: str) -> None:
+        from ..store import exits, plancache
+
+        if rp.auto:
+            _clear_token(state_dir, runtime_dir, name, rp.mark, token, "ready")
+        try:
+            exits.mark_ready(runtime_dir, name, invocation)
+            if planned is not None:
+                plancache.record(runtime_dir, name,
+                                 plancache.inputs_paths(config_dir, planned.inputs, os.environ),
+                                 os.environ, rp.to_json(), planned.verdict, planned_at)
+            elif isinstance(left, handoff.Planned) and left.paths:
+                plancache.record(runtime_dir, name, left.paths, os.environ, rp.to_json(),
+                                 left.verdict, left.planned_at)
+        except (LokiError, OSError) as e:  # never a reason to stop a healthy engine
+            journal_log(name, f"ready, but its state was not saved: {e}", priority=4)
+
+    def log(message: str) -> None:
+        journal_log(name, message)
+
+    def refused() -> tuple[int, str] | None:
+        """An engine that refuses its command line fails the same way at every try."""
+        from .argcheck import argument_error
+
+        line = argument_error(launch.argv, {**os.environ, **launch.env})
+        if not line:
+            return None
+        message = (f"{os.path.basename(launch.argv[0])}: {line} (it refuses its command "
+                   "line: fix the preset; restarting cannot help)")
+        journal_log(name, message, priority=3)
+        return EXIT_CONFIG, message
+
+    return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
+                     on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused)
+
+
+def stopped(state_dir: str, runtime_dir: str, name: str,
+            environ: Mapping[str, str] | None = None) -> int:
+    """ExecStopPost=: count a failure, or forgive an operator's stop while loading."""
+    import time
+
+    from ..core.crashloop import Failure, exit_reason
+    from ..core.errors import LokiError
+    from ..store import exits
+
+    _check_name(name)
+    env = os.environ if environ is None else environ
+    invocation = env.get("INVOCATION_ID", "")
+    result = env.get("SERVICE_RESULT", "")
+    ready = exits.was_ready(runtime_dir, name, invocation)
+    why = exit_reason(result, env.get("EXIT_CODE", ""), env.get("EXIT_STATUS", ""),
+                      ready=ready)
+    try:
+        if why:
+            exits.record_failure(runtime_dir, name, Failure(time.time(), ready, why))
+            journal_log(name, f"counted as a failure: {why}", priority=4)
+        elif result == "success" and not ready:
+            _forgive_stop(state_dir, runtime_dir, name, invocation)
+    except (LokiError, OSError) as e:
+        journal_log(name, f"how this start ended was not recorded: {e}", priority=4)
+    return 0
+
+
+def _forgive_stop(state_dir: str, runtime_dir: str, name: str, invocation: str) -> None:
+    """A clean stop before READY: the automatic launch did not fail, its token goes."""
+    from ..core.errors import StalePlanError
+
+    try:
+        rp = read_runtime_plan(runtime_dir, name, invocation)
+    except StalePlanError:
+        return  # stopped before this start had planned: nothing of it to clear
+    if not rp.auto or rp.invocation != invocation:
+        return
+    if _clear_token(state_dir, runtime_dir, name, rp.mark, None, "stopped while loading"):
+        journal_log(name, "stopped while loading: not counted against automatic "
+                    "speculative decoding")
+
+
+def _clear_token(state_dir: str, runtime_dir: str, name: str, mark: Mark,
+                 token: Token | None, what: str) -> bool:
+    """Clear this launch's attempt token (``what``: why it counts as cleared); when the
+    state DB cannot, note the token in the runtime directory so that the next start
+    counts it as cleared all the same. ``token``: the one this launch set, None to read
+    it. Whether it was cleared or noted. Never raises: each failure is one journal line.
+    """
+    from ..core.errors import StateError
+    from ..store.state import StateDB, StateReader, note_cleared
+
+    try:
+        with StateDB(state_dir) as db:
+            return db.clear(name, mark)
+    except StateError as e:
+        failed = e
+    if token is None:
+        with StateReader(state_dir) as reader:
+            token = reader.token(name)
+        if token is not None and token.mark != mark.key():
+            return False  # not this configuration's token: not ours to excuse
+    if token is None:
+        journal_log(name, f"{what}, but its attempt token was not cleared: {failed}; if it "
+                    "is still there, the next start runs without automatic speculation",
+                    priority=4)
+        return False
+    try:
+        path = note_cleared(runtime_dir, name, token)
+    except OSError as e:
+        journal_log(name, f"{what}, but its attempt token was not cleared: {failed}, nor "
+                    f"noted in {runtime_dir} ({e}); the next start runs without automatic "
+                    "speculation", priority=4)
+        return False
+    journal_log(name, f"{what}, but its attempt token was not cleared: {failed}; noted in "
+                f"{path}, the next start counts it as cleared", priority=4)
+    return True

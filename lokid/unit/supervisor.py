@@ -1,0 +1,292 @@
+"""The engine supervisor: llama-server as a child, its readiness told to systemd.
+
+Used by ``lokid engine`` (ExecStart of ``loki-engine@.service``) and by
+``lokid run``. It starts llama-server with the plan's argv and environment,
+its stdout/stderr inherited (under systemd: straight into the journal, never
+through a Python pipe a stalled reader could block), then:
+
+- while loading: ``STATUS=loading …`` with the elapsed time and the resident
+  memory, ``EXTEND_TIMEOUT_USEC=`` while the process makes progress (CPU
+  time, memory or I/O moving), and ``WATCHDOG=1`` while it is alive;
+- once ``/health`` answers 200: ``READY=1`` and ``STATUS=ready: …``, then
+  ``WATCHDOG=1`` only while ``/health`` keeps answering, so a hung engine is
+  restarted by systemd's watchdog; the caller's ``on_ready`` runs then, and its
+  failure is one logged line, never a reason to stop the healthy engine;
+- on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
+  after a grace period), and return the engine's status (0 when our SIGTERM
+  killed it: a stop while loading is still a clean stop);
+- if the engine dies on its own, report it (``unexpected_exit_fails``: as a
+  failure even with status 0, so that ``Restart=on-failure`` applies); one that
+  exits with a status before it was ready is asked ``refused`` (the caller's:
+  whether it refused its own command line, :mod:`lokid.unit.argcheck`), and a
+  refusal ends the start with the caller's status and line as STATUS=.
+
+The engine runs in a process group of its own, and every signal goes to the
+whole group: an ``engine`` that is a wrapper script running llama-server as
+its child (no ``exec``) would otherwise lose only the wrapper, and the real
+engine would keep serving on the port. Once the engine's main process has
+exited, whatever is left of its group is killed (SIGKILL), and the supervisor
+returns only when it is gone, so that nothing outlives ``lokid run`` or
+``lokid engine``: systemd's ``KillMode=mixed``, for one process group.
+
+Outside systemd (``NOTIFY_SOCKET`` unset) the notifications are no-ops
+(:mod:`lokid.host.notify`). The ``/health`` probe is
+:func:`lokid.planning.endpoint.health_status`; the /proc readers (progress,
+resident memory, PR_SET_PDEATHSIG) are :mod:`lokid.host.proc`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from ..core.address import engine_url
+from ..core.errors import EngineError
+from ..host.notify import Notifier
+from ..host.proc import die_with_parent, group_members, progress_counters, resident_kib
+from ..planning.endpoint import health_status
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+# socket and ctypes are imported where used: the engine is spawned first, and
+# what loads while it loads costs no readiness time.
+
+POLL_LOADING = 0.002     # /health polls while loading (a refused connect costs ~0.1 ms)
+POLL_READY = 1.0         # /health polls once ready (STATUS and watchdog)
+STATUS_EVERY = 2.0       # STATUS= refresh while loading
+EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
+EXTEND_BY = 30.0         # seconds granted per extension
+STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
+STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
+LEFTOVER_WAIT = 5.0      # how long the engine's group may take to die after SIGKILL
+# Set by lokid's local runner, which gives a notify socket but is no service
+# manager: nothing else would take the engine down with its supervisor.
+DIE_WITH_PARENT = "LOKI_DIE_WITH_PARENT"
+
+
+def _resident(pid: int) -> str:
+    kib = resident_kib(pid)
+    if kib is None:
+        return ""
+    return f", {kib / 2**20:.1f} GiB resident" if kib >= 2**20 else \
+        f", {kib / 1024:.0f} MiB resident"
+
+
+class Launch:
+    """What to supervise: a plan's argv, environment, address, and a label (for STATUS=)."""
+
+    __slots__ = ("argv", "env", "host", "port", "label")
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], host: str, port: int,
+                 label: str):
+        self.argv = tuple(argv)
+        self.env = dict(env)
+        self.host = host
+        self.port = port
+        self.label = label
+
+    @classmethod
+    def of(cls, preset: str, argv: Sequence[str], env: Mapping[str, str], host: str,
+           port: int) -> Launch:
+        """A launch labelled with the preset and its model file's name."""
+        model = argv[list(argv).index("-m") + 1] if "-m" in argv else ""
+        label = f"{preset} ({model.rsplit('/', 1)[-1]})" if model else preset
+        return cls(argv=tuple(argv), env=dict(env), host=host, port=port, label=label)
+
+
+def supervise(launch: Launch, *, log: Callable[[str], None],
+              notifier: Notifier | None = None,
+              on_ready: Callable[[str], None] | None = None,
+              on_spawned: Callable[[], None] | None = None,
+              unexpected_exit_fails: bool = False,
+              refused: Callable[[], tuple[int, str] | None] | None = None) -> int:
+    """Run the engine until it exits or we are told to stop; return the exit status.
+
+    The engine is spawned before anything else is set up; ``notifier`` None
+    means one from this process's environment, made once the engine runs;
+    ``on_spawned`` runs then too (what the caller can do while the engine loads).
+    """
+    stop: list[int] = []
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop.append(signum)
+
+    old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # Under systemd, KillMode= takes the engine down with us; elsewhere
+        # (lokid run, the daemon's local runner) PR_SET_PDEATHSIG does. The engine
+        # has its own process group (Ctrl-C reaches the supervisor only, which stops
+        # it once). SIGKILL: the supervisor only dies before its engine when it was
+        # killed itself (a stop past its timeout), and an engine may not act on
+        # SIGTERM (b11434 misses one sent just after it first answers /health, see
+        # _loop): nothing else would take it down. PR_SET_PDEATHSIG reaches the
+        # direct child only: a wrapper script's own children outlive a supervisor
+        # killed with SIGKILL (under systemd, the cgroup does not let them).
+        orphan_guard = None
+        if "NOTIFY_SOCKET" not in os.environ or os.environ.get(DIE_WITH_PARENT) == "1":
+            orphan_guard = die_with_parent(signal.SIGKILL)
+        try:
+            proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
+                                    stdin=subprocess.DEVNULL, process_group=0,
+                                    preexec_fn=orphan_guard)
+        except OSError as e:
+            raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
+        try:
+            if on_spawned is not None:
+                on_spawned()
+            return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
+                         unexpected_exit_fails, refused)
+        finally:
+            _end_group(proc, log)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """``sig`` to the engine's process group (its pid: ``process_group=0``)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass                            # the whole group is gone already
+    except PermissionError:
+        proc.send_signal(sig)           # members we may not signal (setuid): ours at least
+
+
+def _end_group(proc: subprocess.Popen[bytes], log: Callable[[str], None]) -> None:
+    """Kill what is left of the engine's process group once its main process has exited
+    (or, on the way out of an error, the main process too), and wait until it is gone.
+
+    The group's id stays the main process's pid while any member lives (Linux does
+    not reuse a pid still in use as a process group id), so the SIGKILL cannot reach
+    an unrelated process.
+    """
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    left = group_members(proc.pid)
+    if not left:
+        return
+    log(f"the engine exited and left {len(left)} process(es) of its group behind "
+        f"(pid {', '.join(map(str, left))}): killing them")
+    _signal_group(proc, signal.SIGKILL)
+    deadline = time.monotonic() + LEFTOVER_WAIT
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
+          log: Callable[[str], None], on_ready: Callable[[str], None] | None,
+          stop: list[int], unexpected_exit_fails: bool,
+          refused: Callable[[], tuple[int, str] | None] | None = None) -> int:
+    started = time.monotonic()
+    url = engine_url(launch.host, launch.port)
+    ready = False
+    stopping_since: float | None = None
+    resent = False
+    next_status = started
+    next_extend = started + EXTEND_EVERY
+    last_progress = progress_counters(proc.pid)
+    next_check = started
+    watchdog_every = (notifier.watchdog_interval or 0) / 3 or None
+    next_watchdog = started
+    answering = True
+    notifier.send(f"STATUS=starting {launch.label}")
+
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            break
+        now = time.monotonic()
+        if stop and stopping_since is None:
+            notifier.send("STOPPING=1", "STATUS=stopping")
+            log("stopping the engine")
+            _signal_group(proc, signal.SIGTERM)
+            stopping_since = now
+        if stopping_since is not None:
+            if now - stopping_since > STOP_RESEND and not resent:
+                # llama-server b11434 answers /health before it installs its signal
+                # handler and starts its loop; a SIGTERM in between is lost and the
+                # engine runs on. Its answer to a second signal is an immediate exit.
+                log(f"the engine is still running {STOP_RESEND:.0f} s after SIGTERM: "
+                    "sending it again")
+                _signal_group(proc, signal.SIGTERM)
+                resent = True
+            if now - stopping_since > STOP_GRACE and not notifier.enabled:
+                log(f"the engine ignored SIGTERM for {STOP_GRACE:.0f} s: killing it")
+                _signal_group(proc, signal.SIGKILL)
+            time.sleep(0.05)
+            continue
+
+        if not ready:
+            if health_status(launch.host, launch.port, timeout=1.0) == 200:
+                ready = True
+                took = now - started
+                notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
+                              f"(loaded in {took:.1f} s)")
+                log(f"ready at {url}")
+                if watchdog_every:
+                    notifier.send("WATCHDOG=1")
+                    next_watchdog = now + watchdog_every
+                if on_ready is not None:
+                    try:
+                        on_ready(url)
+                    except Exception as e:  # never a reason to stop a healthy engine
+                        log(f"ready, but what follows READY failed: {type(e).__name__}: {e}")
+                next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
+                continue
+            if now >= next_status:
+                notifier.send(f"STATUS=loading {launch.label}: {now - started:.0f} s"
+                              f"{_resident(proc.pid)}")
+                next_status = now + STATUS_EVERY
+            if now >= next_extend:
+                progress = progress_counters(proc.pid)
+                if progress != last_progress:
+                    notifier.send(f"EXTEND_TIMEOUT_USEC={int(EXTEND_BY * 1e6)}")
+                last_progress = progress
+                next_extend = now + EXTEND_EVERY
+            if watchdog_every and now >= next_watchdog:
+                notifier.send("WATCHDOG=1")  # alive and loading: the start timeout judges
+                next_watchdog = now + watchdog_every
+            time.sleep(POLL_LOADING)
+            continue
+
+        if now >= next_check:
+            ok = health_status(launch.host, launch.port, timeout=2.0) == 200
+            if ok and watchdog_every and now >= next_watchdog:
+                notifier.send("WATCHDOG=1")
+                next_watchdog = now + watchdog_every
+            if ok != answering:
+                answering = ok
+                if ok:
+                    notifier.send(f"STATUS=ready: {launch.label} at {url}")
+                    log("the engine answers /health again")
+                else:
+                    notifier.send(f"STATUS=not answering /health: {launch.label} at {url}")
+                    log("the engine stopped answering /health")
+            next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
+        time.sleep(0.05)
+
+    if stopping_since is not None and (rc == -signal.SIGTERM or (resent and rc == 1)):
+        # The stop we asked for. llama-server installs its SIGTERM handler only once
+        # the model is loaded, so a stop while loading kills it with our signal, and
+        # after a resent SIGTERM it exits 1 at once ("terminating immediately");
+        # either status would make systemd mark the unit failed after `systemctl stop`.
+        return 0
+    if rc < 0:
+        rc = 128 - rc
+    if stopping_since is not None:
+        return rc
+    log(f"the engine exited with status {rc}" + ("" if ready else " before it was ready"))
+    if not ready and 0 < rc < 128 and refused is not None:
+        refusal = refused()
+        if refusal is not None:
+            notifier.send(f"STATUS={refusal[1]}")
+            return refusal[0]
+    if unexpected_exit_fails and rc == 0:
+        return 1
+    return rc

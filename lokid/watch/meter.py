@@ -1,0 +1,128 @@
+"""Per-preset telemetry in the daemon: the engine lines it already reads, counted.
+
+Under systemd the lines come from the journal the daemon follows for its
+verdicts (:mod:`lokid.watch.journalwatch`); under the local runner, from the
+engine's pipe. Either way they reach :meth:`Meters.feed` with the preset, the
+start (invocation) and the time of the line. Each start gets its own
+:class:`~lokid.core.requestlog.EngineLog` (what the lines say) and
+:class:`~lokid.core.telemetry.StartStats` (the windows and totals); a new start
+of a preset replaces the old one's figures. The kind of speculation a draft
+line counts for comes from the start's runtime plan.
+
+The journal is the history: nothing here is stored. ``lokictl stats --since``
+reads the journal itself with the same parser.
+
+A start whose engine took requests (``processing task``) of which the parser read
+none is flagged (:attr:`Meters.blind`), as the journal watcher flags a load
+without any line it knows: the engine's log format has probably changed.
+
+Changes are announced at most once a second per preset (the caller polls
+:meth:`Meters.take_dirty`), however many requests an engine serves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.errors import StalePlanError
+from ..core.requestlog import EngineLog
+from ..core.telemetry import StartStats
+from ..store.runtimedir import read_runtime_plan
+
+
+def draft_kind(spec_types: tuple[str, ...] | list[str]) -> str:
+    """What a draft line counts for, from the start's speculation types (``draft-mtp``,
+    ``draft-simple``, ``ngram-mod``): "mtp", "draft", "ngram", or several joined by
+    "+" (the engine prints one acceptance line for them together)."""
+    kinds = ["mtp" if t == "draft-mtp" else "ngram" if t.startswith("ngram") else "draft"
+             for t in spec_types]
+    return "+".join(dict.fromkeys(kinds))
+
+
+# After this many requests launched without one record read, the log format has changed.
+BLIND_AFTER = 3
+
+
+@dataclass
+class _Start:
+    invocation: str
+    started: float
+    log: EngineLog = field(default_factory=EngineLog)
+    stats: StartStats | None = None
+    launched: int = 0       # "processing task" lines: requests the engine took
+    records: int = 0        # requests the parser read whole
+    blind: bool = False     # flagged: requests served, none read
+    counted_from: float | None = None   # a replay left a gap: totals count from here
+
+
+class Meters:
+    def __init__(self, runtime_dir: str):
+        self.runtime_dir = runtime_dir
+        self.starts: dict[str, _Start] = {}      # preset → its current (or last) start
+        self.dirty: set[str] = set()
+        # presets whose engine served requests of which no figure could be read (the
+        # engine's log format changed?): the caller warns, once per start
+        self.blind: list[str] = []
+
+    def feed(self, preset: str, invocation: str, line: str, at: float | None = None) -> None:
+        """One engine line of ``preset``'s start ``invocation`` (``at``: its time)."""
+        at = time.time() if at is None else at
+        start = self.starts.get(preset)
+        if start is None or start.invocation != invocation:
+            start = self.starts[preset] = _Start(invocation, at)
+        if start.stats is None:
+            start.stats = StartStats(start.started, self._kind(preset, invocation))
+        request = start.log.feed(line, at)
+        if request is not None:
+            start.stats.add(request)
+            start.records += 1
+        elif "processing task" in line:
+            start.launched += 1
+            if start.launched >= BLIND_AFTER and not start.records and not start.blind:
+                start.blind = True
+                self.blind.append(preset)
+        self.dirty.add(preset)
+
+    def _kind(self, preset: str, invocation: str) -> str:
+        try:
+            rp = read_runtime_plan(self.runtime_dir, preset, invocation or None)
+        except (StalePlanError, OSError, ValueError):
+            return ""
+        return draft_kind(rp.spec_types)
+
+    def adopt(self, preset: str, other: Meters, counted_from: float | None) -> bool:
+        """Take ``other``'s figures of ``preset`` (a replay of the journal, made apart) as
+        this start's, unless a newer start of it was seen here meanwhile; whether taken."""
+        theirs = other.starts.get(preset)
+        mine = self.starts.get(preset)
+        if theirs is None or (mine is not None and mine.invocation != theirs.invocation):
+            return False
+        theirs.counted_from = counted_from
+        self.starts[preset] = theirs
+        self.dirty.add(preset)
+        return True
+
+    def take_dirty(self) -> set[str]:
+        """The presets whose figures changed since the last call."""
+        dirty, self.dirty = self.dirty, set()
+        return dirty
+
+    def forget(self, preset: str) -> None:
+        self.starts.pop(preset, None)
+        self.dirty.discard(preset)
+
+    def snapshot(self, preset: str, now: float | None = None) -> dict[str, Any]:
+        """The preset's figures for its current start (``{}`` before any line of one)."""
+        start = self.starts.get(preset)
+        if start is None or start.stats is None:
+            return {}
+        now = time.time() if now is None else now
+        out = start.stats.snapshot(now, start.log.load, len(start.log.in_flight))
+        if start.counted_from is not None:
+            out["counted_from"] = start.counted_from
+        out.update(invocation=start.invocation, started=start.started,
+                   uptime_seconds=max(0.0, now - start.started),
+                   memory_source="engine log (-lv 4)" if start.log.load.buffers else None)
+        return out

@@ -1,0 +1,65 @@
+"""lokid.runners.pipelines: a real pipe read in batches of lines by the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+
+import pytest
+
+from lokid.runners.pipelines import PipeLines
+
+
+async def read_all(writer: list[str], limit: int = 1 << 20, coalesce: float = 0.02
+                   ) -> list[list[bytes]]:
+    """Run ``sh -c`` writing to a pipe; the batches PipeLines gave until EOF."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    batches: list[list[bytes]] = []
+    proc = subprocess.Popen(["sh", "-c", *writer], stdout=w, stderr=w)
+    os.close(w)
+    reader = PipeLines(r, batches.append, limit, coalesce)
+    await asyncio.wait_for(reader.done, 30)
+    assert proc.wait(10) == 0
+    return batches
+
+
+async def test_a_burst_is_one_batch_and_a_pause_starts_another() -> None:
+    batches = await read_all(["for i in 1 2 3 4 5 6 7; do echo line $i; done; sleep 0.3; "
+                              "echo after; printf 'no newline at the end'"])
+    lines = [line for batch in batches for line in batch]
+    assert lines == [f"line {i}".encode() for i in range(1, 8)] + [b"after",
+                                                                b"no newline at the end"]
+    assert batches[0] == [f"line {i}".encode() for i in range(1, 8)]  # seven writes, one batch
+    assert len(batches) <= 3
+
+
+async def test_a_line_over_the_limit_is_dropped_whole_and_reading_goes_on() -> None:
+    batches = await read_all(["echo first; head -c 300000 /dev/zero | tr '\\0' x; "
+                              "echo; echo last"], limit=100_000)
+    lines = [line for batch in batches for line in batch]
+    assert lines == [b"first", b"last"]
+
+
+async def test_a_burst_larger_than_the_pipe_comes_whole_in_order() -> None:
+    batches = await read_all(["seq 1 200000"])
+    lines = [line for batch in batches for line in batch]
+    assert lines == [str(i).encode() for i in range(1, 200_001)]
+
+
+async def test_close_stops_reading_and_is_idempotent() -> None:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    got: list[list[bytes]] = []
+    reader = PipeLines(r, got.append, 1 << 20)
+    os.write(w, b"one\n")
+    await asyncio.sleep(0.1)
+    reader.close()
+    reader.close()
+    assert reader.done.done() and got == [[b"one"]]
+    try:
+        with pytest.raises(BrokenPipeError):  # the read end is closed: nobody reads
+            os.write(w, b"two\n")
+    finally:
+        os.close(w)
+    await asyncio.sleep(0.1)
+    assert got == [[b"one"]]

@@ -1,0 +1,101 @@
+"""lokid.unit.supervisor: nothing of the engine's process group outlives it (real processes)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from support.enginekit import free_port
+
+from lokid.unit import supervisor
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it holds nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def launch(script: str, port: int) -> supervisor.Launch:
+    return supervisor.Launch(["/bin/sh", "-c", script], {}, "127.0.0.1", port, "stand-in")
+
+
+def test_what_an_engine_leaves_behind_when_it_exits_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    # a child that would outlive its parent: it ignores SIGTERM, and nothing waits for it
+    script = f"(trap '' TERM; exec sleep 300) & echo $! > {pidfile}; exit 3"
+    logged: list[str] = []
+    rc = supervisor.supervise(launch(script, free_port()), log=logged.append)
+    child = int(pidfile.read_text())
+    assert rc == 3
+    assert not alive(child), logged
+    assert any("left 1 process(es) of its group behind" in m and str(child) in m
+               for m in logged), logged
+
+
+HEALTHY = """
+import http.server, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a stubborn engine behind the wrapper
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_stop_reaches_the_whole_group_and_kills_what_ignores_it(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    port = free_port()
+    server = tmp_path / "server.py"
+    server.write_text(HEALTHY)
+    pidfile = tmp_path / "server.pid"
+    # the wrapper runs the engine as its child (no exec) and dies on SIGTERM itself
+    script = f'"{sys.executable}" {server} {port} & echo $! > {pidfile}; wait'
+    logged: list[str] = []
+
+    def on_ready(url: str) -> None:
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    started = time.monotonic()
+    rc = supervisor.supervise(launch(script, port), log=logged.append, on_ready=on_ready)
+    assert rc == 0, logged  # the wrapper died of our SIGTERM: a clean stop
+    assert not alive(int(pidfile.read_text())), logged
+    assert time.monotonic() - started < supervisor.STOP_RESEND, logged
+
+
+def test_a_failing_on_ready_never_stops_a_healthy_engine(tmp_path: Path) -> None:
+    """What the caller does at READY (clear a token in a state DB on a full disk) may fail
+    with any error: one logged line, and the engine keeps serving until it is stopped."""
+    import os
+    import sqlite3
+    import threading
+
+    from lokid.planning.endpoint import health_status
+
+    port = free_port()
+    server = tmp_path / "server.py"
+    server.write_text(HEALTHY)
+    script = f'"{sys.executable}" {server} {port} & wait'
+    logged: list[str] = []
+    answered: list[int | None] = []
+
+    def later() -> None:
+        answered.append(health_status("127.0.0.1", port, timeout=2))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_ready(url: str) -> None:
+        threading.Timer(1.0, later).start()
+        raise sqlite3.OperationalError("database or disk is full")
+
+    rc = supervisor.supervise(launch(script, port), log=logged.append, on_ready=on_ready)
+    assert answered == [200], logged  # still serving a second after the failure
+    assert rc == 0, logged            # and ended by the stop, not by the error
+    assert any("OperationalError: database or disk is full" in m for m in logged), logged
