@@ -76,6 +76,8 @@ deb: system
 lint: venv
 	$(VENV)/bin/ruff check lokid tests benchmarks scripts
 	$(VENV)/bin/mypy
+	# the benchmarks too: they import the test helpers (support.*) and each other
+	MYPYPATH=tests:benchmarks $(VENV)/bin/mypy --explicit-package-bases benchmarks
 
 bench: setup
 	$(PY) benchmarks/probe_vs_ggufreader.py

@@ -63,10 +63,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--idle", type=float, default=20)
     args = ap.parse_args()
+    from support import REPO
     from support import models as gen
     from support.enginekit import engine_binary
     from support.lokid_install import install, unit
-    from support.systemd_harness import REPO, Container
+    from support.systemd_harness import Container
 
     with tempfile.TemporaryDirectory() as tmp:
         model = gen.write_llama(Path(tmp) / "llama.gguf")

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +120,7 @@ async def start_until_ready(address: str) -> float:
     return took
 
 
-def raw_ready_s(argv: list[str], port: int) -> float:
+def raw_ready_s(argv: Sequence[str], port: int) -> float:
     """The same engine command line, started directly, until /health answers 200."""
     from lokid.planning.endpoint import health_status
 
