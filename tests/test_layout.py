@@ -220,6 +220,6 @@ def test_the_readme_layout_table_is_in_step_with_the_tree() -> None:
 
 
 def test_a_stale_readme_row_is_caught() -> None:
-    rows = layout_rows("| `lokid/engine/` | x | `state.py` |\n| `lokid/core/` | y | z |\n")
-    assert set(rows) == {"lokid/engine/", "lokid/core/"}
-    assert not (PACKAGE.parent / "lokid/engine/").exists()
+    rows = layout_rows("| `lokid/gone/` | x | `state.py` |\n| `lokid/core/` | y | z |\n")
+    assert set(rows) == {"lokid/gone/", "lokid/core/"}
+    assert not (PACKAGE.parent / "lokid/gone/").exists()

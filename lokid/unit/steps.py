@@ -56,6 +56,7 @@ import os
 
 from ..host.journallog import journal_log
 from ..store.runtimedir import read_runtime_plan
+from .clearing import clear_token
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -468,13 +469,14 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
                 write_runtime_plan(runtime_dir, replace(rp, pid=os.getpid()))
             except OSError as e:
                 journal_log(name, f"the runtime plan was not updated: {e}", priority=4)
+        _load_the_rest(planned_here=planned is not None)
         _log_plan(name, rp.notes, command_line, how)
 
     def on_ready(url: str) -> None:
         from ..store import exits, plancache
 
         if rp.auto:
-            _clear_token(state_dir, runtime_dir, name, rp.mark, token, "ready")
+            clear_token(state_dir, runtime_dir, name, rp.mark, token, "ready")
         try:
             exits.mark_ready(runtime_dir, name, invocation)
             if planned is not None:
@@ -504,6 +506,25 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
 
     return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
                      on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused)
+
+
+def _load_the_rest(planned_here: bool) -> None:
+    """Import, while the engine loads, every module this step runs once the engine answers
+    or exits (clearing the token, the ready mark, the plan cache, an engine's refusal).
+
+    An upgrade or a downgrade of the package while a model loads (minutes on a GPU
+    server) replaces lokid's files under this process, and a release may move modules:
+    imported only at READY, they were gone, and a ready engine lost its token's clearing.
+    Imported here, they are in memory whatever apt does next; the start does not wait for
+    them (the engine loads meanwhile).
+    """
+    from ..core.errors import StateError  # noqa: F401
+    from ..store import cleared, exits, plancache, state  # noqa: F401
+    from . import argcheck  # noqa: F401
+
+    if planned_here:   # plancache.inputs_paths, for a plan this step made itself
+        from ..core import config  # noqa: F401
+        from ..host import probe  # noqa: F401
 
 
 def stopped(state_dir: str, runtime_dir: str, name: str,
@@ -543,43 +564,6 @@ def _forgive_stop(state_dir: str, runtime_dir: str, name: str, invocation: str) 
         return  # stopped before this start had planned: nothing of it to clear
     if not rp.auto or rp.invocation != invocation:
         return
-    if _clear_token(state_dir, runtime_dir, name, rp.mark, None, "stopped while loading"):
+    if clear_token(state_dir, runtime_dir, name, rp.mark, None, "stopped while loading"):
         journal_log(name, "stopped while loading: not counted against automatic "
                     "speculative decoding")
-
-
-def _clear_token(state_dir: str, runtime_dir: str, name: str, mark: Mark,
-                 token: Token | None, what: str) -> bool:
-    """Clear this launch's attempt token (``what``: why it counts as cleared); when the
-    state DB cannot, note the token in the runtime directory so that the next start
-    counts it as cleared all the same. ``token``: the one this launch set, None to read
-    it. Whether it was cleared or noted. Never raises: each failure is one journal line.
-    """
-    from ..core.errors import StateError
-    from ..store.state import StateDB, StateReader, note_cleared
-
-    try:
-        with StateDB(state_dir) as db:
-            return db.clear(name, mark)
-    except StateError as e:
-        failed = e
-    if token is None:
-        with StateReader(state_dir) as reader:
-            token = reader.token(name)
-        if token is not None and token.mark != mark.key():
-            return False  # not this configuration's token: not ours to excuse
-    if token is None:
-        journal_log(name, f"{what}, but its attempt token was not cleared: {failed}; if it "
-                    "is still there, the next start runs without automatic speculation",
-                    priority=4)
-        return False
-    try:
-        path = note_cleared(runtime_dir, name, token)
-    except OSError as e:
-        journal_log(name, f"{what}, but its attempt token was not cleared: {failed}, nor "
-                    f"noted in {runtime_dir} ({e}); the next start runs without automatic "
-                    "speculation", priority=4)
-        return False
-    journal_log(name, f"{what}, but its attempt token was not cleared: {failed}; noted in "
-                f"{path}, the next start counts it as cleared", priority=4)
-    return True

@@ -142,9 +142,10 @@ def test_importing_the_whole_core_loads_no_edge() -> None:
 # The layers, lowest first: a module may import its own layer and the ones before it,
 # never one after. Each package's docstring says who runs it and what it may import, in
 # this order: core, host, store, planning, unit, runners, watch, bench, dbus, and on top
-# the two commands.
+# the two commands and release 0.1.0's old module names (lokid/engine/).
 LAYERS = ["lokid.core", "lokid.host", "lokid.store", "lokid.planning", "lokid.unit",
-          "lokid.runners", "lokid.watch", "lokid.bench", "lokid.dbus", "lokid.cli|lokid.ctl"]
+          "lokid.runners", "lokid.watch", "lokid.bench", "lokid.dbus",
+          "lokid.cli|lokid.ctl|lokid.engine"]
 PACKAGE = CORE.parent
 
 

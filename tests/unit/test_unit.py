@@ -112,7 +112,7 @@ class EngineHelper:
     """`lokid engine` as systemd would run it, with a real notify socket."""
 
     def __init__(self, dirs: Dirs, name: str, tmp_path: Path, watchdog_usec: int = 0,
-                 **env: str):
+                 cwd: Path | None = None, **env: str):
         self.notify = NotifyListener(tmp_path / f"notify-{time.monotonic_ns()}")
         extra = {"NOTIFY_SOCKET": self.notify.path, **env}
         if watchdog_usec:
@@ -121,7 +121,7 @@ class EngineHelper:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "lokid.cli", "engine", name],
                                          env=dirs.env(**extra), stdout=out,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, cwd=cwd)
 
     def engine_pid(self) -> int:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,

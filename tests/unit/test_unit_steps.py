@@ -194,3 +194,54 @@ def test_a_crash_is_no_argument_error(dirs: Dirs, models: Any, tmp_path: Path,
     h.notify.close()
     assert rc == 1, h.log.read_text()  # a failure the unit restarts
     assert "refuses its command line" not in h.log.read_text()
+
+
+def test_the_engine_step_survives_its_package_replaced_while_the_engine_loads(
+        dirs: Dirs, models: Any, tmp_path: Path, engine: str) -> None:
+    """apt installing another release while a model loads replaces lokid's files under
+    the engine step, and a release may move modules (0.2.0 moved them all). What the step
+    needs once the engine answers (the token cleared, the ready mark, the plan cache) is
+    imported while it loads: here every file of the package is gone by then, and the
+    step (after its prestart step, as under systemd: it plans nothing itself) still
+    reaches READY and clears its token."""
+    import shutil
+
+    import lokid
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(Path(lokid.__file__).parent, pkg / "lokid",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    slow = tmp_path / "slow-engine"
+    slow.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in --version|--help) exec '
+                    f'{engine} "$@";; esac; done\nsleep 2\nexec {engine} "$@"\n')
+    slow.chmod(0o755)
+    toml = dirs.config / "lokid.toml"
+    toml.write_text(toml.read_text().replace(f'"{engine}"', f'"{slow}"'))
+    dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
+    where = subprocess.run([sys.executable, "-c", "import lokid; print(lokid.__file__)"],
+                           env=dirs.env(PYTHONPATH=str(pkg)), capture_output=True, text=True,
+                           cwd=tmp_path)
+    assert where.stdout.startswith(str(pkg)), where   # the step runs the copy
+    r, _ = run_helper(dirs, tmp_path, "prestart", "p", INVOCATION_ID="inv-1")  # as systemd
+    assert r.returncode == 0, r.stderr
+    h = EngineHelper(dirs, "p", tmp_path, cwd=tmp_path, INVOCATION_ID="inv-1",
+                     PYTHONPATH=str(pkg))
+    try:
+        deadline = time.monotonic() + 30
+        while "plan: " not in h.log.read_text():   # the engine is spawned, and loading
+            assert time.monotonic() < deadline and h.proc.poll() is None, h.log.read_text()
+            time.sleep(0.02)
+        with StateDB(dirs.state) as db:
+            assert db.attempt("p") is not None
+        shutil.rmtree(pkg / "lokid")   # the other release's files: none of these are left
+        h.notify.wait_for("READY=1")
+        deadline = time.monotonic() + 10
+        while not Path(dirs.runtime, "p.ready").exists():
+            assert time.monotonic() < deadline, h.log.read_text()
+            time.sleep(0.05)
+        with StateDB(dirs.state) as db:
+            assert db.attempt("p") is None and db.failures("p") == []
+        assert Path(dirs.runtime, "p.ready").read_text() == "inv-1"
+        assert "Traceback" not in h.log.read_text(), h.log.read_text()
+    finally:
+        assert h.stop() == 0
