@@ -37,7 +37,8 @@ Exit status:
   ratios within it too (the goal of issue 5);
 - 1: spreads within, a ratio outside;
 - 2: cannot judge: a spread wider than the tolerance ("too noisy to judge":
-  the machine's load changed under the rounds), or the settings differ.
+  the machine's load changed under the rounds), the settings differ, or a
+  single round (``--rounds 1``: no spread to judge the machine by).
   (A bad command line also exits 2, argparse's usage error.)
 
 What separates the sides is expected: the chat template and the instruction
@@ -207,7 +208,8 @@ def report(args: Any, size_mb: float, runs: Sequence[Outcome], server: Settings,
            seen: Sequence[Settings], figures: Sequence[Figure], loads: tuple[str, str],
            tg_empty: float) -> None:
     print(f"model: random llama, {args.layers} layers x {args.embd}, {size_mb:.0f} MB f32; "
-          f"{args.rounds} rounds, interleaved (lokid, llama-bench, ...); {os.cpu_count()} CPUs")
+          f"{args.rounds} round{'s' if args.rounds != 1 else ''}, interleaved (lokid, "
+          f"llama-bench, ...); {os.cpu_count()} CPUs")
     print(f"load average: {loads[0]} at the start, {loads[1]} after the rounds")
     print("settings:")
     print("\n".join(settings_table(server, seen)))

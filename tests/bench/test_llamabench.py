@@ -122,3 +122,9 @@ def test_quiet_sides_are_judged_by_the_ratio_of_the_medians() -> None:
     assert (lines, status) == (["within 15% of llama-bench (prefill 0.96, decode 1.04)"], WITHIN)
     far = [Figure("prefill", [149.0, 150.0, 148.0], [100.0, 99.0, 101.0])]
     assert verdict(far, [], 0.15)[1] == OUTSIDE
+
+
+def test_a_single_round_gives_no_verdict() -> None:
+    lines, status = verdict([Figure("prefill", [100.0], [100.0])], [], 0.15)
+    assert status == CANNOT_JUDGE
+    assert "one round" in lines[0]

@@ -151,11 +151,15 @@ class Figure:
 
 def verdict(figures: Sequence[Figure], differ: Sequence[str],
             tolerance: float) -> tuple[list[str], int]:
-    """The verdict's lines and the exit status: CANNOT_JUDGE when the settings differ or
-    a side's spread is wider than ``tolerance``; else WITHIN or OUTSIDE by the ratios."""
+    """The verdict's lines and the exit status: CANNOT_JUDGE when the settings differ, a
+    side has a single round (no spread to know the machine by) or a spread wider than
+    ``tolerance``; else WITHIN or OUTSIDE by the ratios."""
     if differ:
         return (["cannot judge: the two sides did not run the same settings:",
                  *(f"  {d}" for d in differ)], CANNOT_JUDGE)
+    if any(min(len(f.lokid), len(f.bench)) < 2 for f in figures):
+        return (["cannot judge: one round shows no spread (--rounds 2 or more)"],
+                CANNOT_JUDGE)
     noisy = [f"  {f.name} of {who}: spread {spread(xs):.1%} > {tolerance:.0%}"
              for f in figures for who, xs in (("lokid", f.lokid), ("llama-bench", f.bench))
              if spread(xs) > tolerance]
