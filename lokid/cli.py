@@ -51,6 +51,18 @@ def _preset_name(name: str) -> str:
     return name
 
 
+def _repeat(text: str) -> int:
+    """``--repeat``'s count, bounded: argparse's usage error (exit 2) otherwise."""
+    import argparse
+
+    from .core.benchrepeat import MAX_REPEAT, repeat_error
+
+    n = int(text) if text.strip().lstrip("-").isdigit() else 0
+    if repeat_error(n):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of 1 to {MAX_REPEAT}")
+    return n
+
+
 def _listening(config_dir: str, name: str) -> tuple[str, int, ListenSource]:
     """Where the preset's engine will listen, and which files set the host and the port
     (for an error about either)."""
@@ -138,7 +150,7 @@ def cmd_watch() -> int:
 
 
 def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: int,
-              as_json: bool) -> int:
+              as_json: bool, repeat: int = 1) -> int:
     import asyncio
     import json
 
@@ -149,10 +161,12 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
     def progress(phase: str, step: int, steps: int) -> None:
         print(f"  [{step}/{steps}] {phase}", file=sys.stderr, flush=True)
 
-    opts = Options(benchrules.FULL if full else benchrules.QUICK, prompt=prompt, predict=predict)
+    opts = Options(benchrules.FULL if full else benchrules.QUICK, prompt=prompt, predict=predict,
+                   repeat=repeat)
     if not as_json:
+        runs = f", {repeat} runs" if repeat > 1 else ""
         print(f"lokid: benchmark of {preset}, {opts.mode} mode: prompt ~{prompt} tokens, "
-              f"{predict} generated", file=sys.stderr, flush=True)
+              f"{predict} generated{runs}", file=sys.stderr, flush=True)
     plan_and_inputs = planned(config_dir, paths.state_dir(), preset)
     running = started_here(paths.runtime_dir(), preset)  # None: as the preset plans it now
     # the thrash hint (full mode): the engine's process, found in /proc by its port
@@ -185,6 +199,8 @@ def cmd_generate(config_dir: str, dirs: list[str]) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     import argparse
+
+    from .core.benchrepeat import MAX_REPEAT
 
     p = argparse.ArgumentParser(prog="lokid", description="Run llama-server presets.")
     p.add_argument("--version", action="version", version=f"lokid {__version__}")
@@ -222,6 +238,9 @@ def _parser() -> argparse.ArgumentParser:
                      "line (default 300)")
     bch.add_argument("--prompt", type=int, default=2000, help="prompt tokens of the short line "
                      "(default 2000)")
+    bch.add_argument("--repeat", type=_repeat, default=1, metavar="N", help="measure N times "
+                     "after one warm-up: each figure's median and spread (1 to "
+                     f"{MAX_REPEAT}, default 1)")
     bch.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("watch", help="follow the engines' journal and record verdicts (what the "
                    "daemon does; for hosts without it)")
@@ -261,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_watch()
         if command == "bench":
             return cmd_bench(config_dir, args.preset, bool(args.full), int(args.predict),
-                             int(args.prompt), bool(args.json))
+                             int(args.prompt), bool(args.json), int(args.repeat))
         if command == "daemon":
             return cmd_daemon(config_dir, args.bus, args.bus_address, args.runner)
         return cmd_generate(config_dir, list(args.dirs))

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from ..core import benchrules
+from ..core import benchrepeat, benchrules, benchslot
 from ..core.errors import BenchError, EngineBusyError, EngineHTTPError, RequestTimeout
 from ..core.iosample import IOSampler
 from . import corpus
@@ -40,6 +40,7 @@ class Options:
     mode: str = benchrules.QUICK
     prompt: int = benchrules.DEFAULT_PROMPT
     predict: int = benchrules.DEFAULT_PREDICT
+    repeat: int = 1          # measured runs after the one warm-up (lokid.core.benchrepeat)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Setup:
     sampling: dict[str, Any] = field(default_factory=dict)
     learn: Callable[[str, str], None] | None = None   # remembers an effort translation
     retried: bool = False
+    slot: int | None = None                  # every request's id_slot (lokid.core.benchslot)
 
     def payload(self, messages: list[dict[str, str]], max_tokens: int,
                 cache: bool) -> dict[str, Any]:
@@ -64,6 +66,8 @@ class Setup:
                              "seed": benchrules.SEED, "cache_prompt": cache, **self.sampling}
         if self.effort:
             p["reasoning_effort"] = self.effort
+        if self.slot is not None:
+            p["id_slot"] = self.slot
         return p
 
 
@@ -93,31 +97,44 @@ class Engine:
         except ValueError:
             raise BenchError(f"{method} {path}: the answer is not JSON") from None
 
-    async def idle(self) -> None:
-        """Refuse when a slot is processing; /slots absent or disabled (501): proceed."""
+    async def slot(self, total: int) -> benchslot.Choice:
+        """The slot the benchmark runs in, from /slots (``total``: /props' count, for an
+        engine that hides /slots). EngineBusyError when that slot is processing."""
         try:
-            slots = await self.request("GET", "/slots", timeout=3)
-        except BenchError:
-            return
-        if isinstance(slots, list) and any(isinstance(s, dict) and s.get("is_processing")
-                                           for s in slots):
-            raise EngineBusyError("the engine is already serving a request: run the "
-                                  "benchmark again once it is idle")
+            slots = benchslot.slots_of(await self.request("GET", "/slots", timeout=3))
+        except BenchError:  # absent or disabled (501): the busy check cannot look
+            slots = None
+        choice = benchslot.choose(slots, total)
+        if isinstance(choice, str):
+            raise EngineBusyError(choice)
+        return choice
 
-    async def props(self) -> tuple[int, str]:
-        """(n_ctx, build_info); 0 and "" when the engine does not say."""
+    async def erase(self, slot: int) -> str:
+        """Erase the benchmark's slot: "" when done, else what the report says."""
+        try:
+            await self.request("POST", f"/slots/{slot}?action=erase", timeout=10)
+        except EngineHTTPError as e:
+            return benchslot.erase_note(e.status, e.body)
+        except BenchError as e:
+            return f"its prompt stays there: erasing the slot failed ({e})"
+        return ""
+
+    async def props(self) -> tuple[int, str, int]:
+        """(n_ctx, build_info, total_slots); 0, "" and 0 when the engine does not say."""
         try:
             p = await self.request("GET", "/props", timeout=5)
         except BenchError:
-            return 0, ""
+            return 0, "", 0
         if not isinstance(p, dict):
-            return 0, ""
+            return 0, "", 0
         defaults = p.get("default_generation_settings") or {}
         n_ctx = defaults.get("n_ctx") if isinstance(defaults, dict) else None
         if not isinstance(n_ctx, int) or n_ctx <= 0:
             n_ctx = p.get("n_ctx") if isinstance(p.get("n_ctx"), int) else 0
         build = p.get("build_info")
-        return int(n_ctx or 0), str(build) if isinstance(build, str) else ""
+        total = p.get("total_slots")
+        return (int(n_ctx or 0), str(build) if isinstance(build, str) else "",
+                total if isinstance(total, int) and not isinstance(total, bool) else 0)
 
     async def bytes_per_token(self, sample: str) -> float:
         if not sample:
@@ -203,65 +220,96 @@ def user(text: str) -> dict[str, str]:
 async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = corpus.PROSE,
               code: str | None = None, progress: Progress | None = None,
               io_sampler: IOSampler | None = None) -> benchrules.Result:
-    """The whole protocol. BenchError when a phase fails (nothing to save); a depth phase
-    cut by its budget, the context or the corpus comes back partial, and says so."""
+    """The whole protocol: the slot chosen (and checked idle), one warm-up, then the
+    measured phases ``opts.repeat`` times (:func:`lokid.core.benchrepeat.combine`), the
+    slot erased at the end, failure included. BenchError when a phase fails (nothing
+    to save); a depth phase cut by its budget, the context or the corpus comes back
+    partial, and says so."""
     code = corpus.code() if code is None else code
     prompt_tokens = opts.prompt if opts.prompt > 0 else benchrules.DEFAULT_PROMPT
     predict = opts.predict if opts.predict > 0 else benchrules.DEFAULT_PREDICT
     full = opts.mode == benchrules.FULL
-    await engine.idle()
-    steps = 2 + (1 + benchrules.TURNS if full else 0)
+    repeat = max(opts.repeat, 1)
+    t0 = time.monotonic()
+    n_ctx, build, total = await engine.props()
+    choice = await engine.slot(total)
+    setup.slot = choice.slot
+    steps = 1 + repeat * (1 + (1 + benchrules.TURNS if full else 0))
     step = 0
+    suffix = ""
 
     def next_phase(name: str) -> None:
         nonlocal step
         step += 1
         if progress is not None:
-            progress(name, step, steps)
+            progress(name + suffix, step, steps)
 
-    t0 = time.monotonic()
-    n_ctx, build = await engine.props()
-    result = benchrules.Result(mode=benchrules.FULL if full else benchrules.QUICK, kv=setup.kv,
-                         kv_quantized=setup.kv_quantized, engine=build, gpus=setup.gpus)
-    code_ratio = await engine.bytes_per_token(benchrules.cut(code, 0, benchrules.SAMPLE_BYTES)[0])
-    prose_ratio = await engine.bytes_per_token(prose)
-
-    # 1. Warm-up, discarded: first allocations, graphs, the model's pages. Taken from
-    # the end of the code, far from what the depth phase reads.
-    next_phase("warm-up")
-    warm_tok = benchrules.warm_tokens(setup.ubatch, n_ctx)
-    warm_start = benchrules.line_start(code, len(code) - int(warm_tok * code_ratio))
-    warm_text, _ = benchrules.cut(code, warm_start, len(code))
+    runs: list[benchrules.Result] = []
     try:
-        await ask(engine, setup, [user(warm_text + "\n\n" + ASK_FIRST)], benchrules.WARM_GEN, False)
-    except BenchError as e:
-        raise BenchError(f"warm-up: {e}") from None
+        code_ratio = await engine.bytes_per_token(
+            benchrules.cut(code, 0, benchrules.SAMPLE_BYTES)[0])
+        prose_ratio = await engine.bytes_per_token(prose)
 
-    # 2. The short line: prose, completed with never-seen code up to the size asked.
-    next_phase(f"short line ({prompt_tokens} + {predict} tokens)")
-    text = prose
-    if int(prompt_tokens * prose_ratio) < len(text):
-        text, _ = benchrules.cut(text, 0, int(prompt_tokens * prose_ratio))
-    else:
-        rest = prompt_tokens - int(len(text) / prose_ratio)
-        if rest > 0:
-            chunk, _ = benchrules.cut(code, benchrules.line_start(code, len(code) // 2),
-                                int(rest * code_ratio))
-            text += "\n\n" + chunk
-    try:
-        quick = await ask(engine, setup, [user(text.strip() + ASK_PROSE)], predict, False)
-    except BenchError as e:
-        raise BenchError(f"short line: {e}") from None
-    result.prompt_n, result.prompt_ms = quick.new, quick.prompt_ms
-    result.prompt_per_second = quick.prompt_per_second
-    result.predicted_n, result.predicted_ms = quick.predicted_n, quick.predicted_ms
-    result.predicted_per_second = quick.predicted_per_second
-    result.draft = quick.draft
-    if full:
-        target, why = benchrules.depth_for(n_ctx, setup.cpu_placed, warm_tok + benchrules.WARM_GEN)
-        result.depth = benchrules.Depth(ctx=n_ctx, target=target, skipped=why)
-        if not why:
-            await _depth(engine, setup, code, code_ratio, result.depth, next_phase, io_sampler)
+        # 1. Warm-up, discarded: first allocations, graphs, the model's pages. Taken
+        # from the end of the code, far from what the depth phase reads.
+        next_phase("warm-up")
+        warm_tok = benchrules.warm_tokens(setup.ubatch, n_ctx)
+        warm_start = benchrules.line_start(code, len(code) - int(warm_tok * code_ratio))
+        warm_text, _ = benchrules.cut(code, warm_start, len(code))
+        try:
+            await ask(engine, setup, [user(warm_text + "\n\n" + ASK_FIRST)],
+                      benchrules.WARM_GEN, False)
+        except BenchError as e:
+            raise BenchError(f"warm-up: {e}") from None
+
+        # 2. The short line: prose, completed with never-seen code up to the size asked
+        # (the same text each run: cache_prompt false computes it all again).
+        text = prose
+        if int(prompt_tokens * prose_ratio) < len(text):
+            text, _ = benchrules.cut(text, 0, int(prompt_tokens * prose_ratio))
+        else:
+            rest = prompt_tokens - int(len(text) / prose_ratio)
+            if rest > 0:
+                chunk, _ = benchrules.cut(code, benchrules.line_start(code, len(code) // 2),
+                                          int(rest * code_ratio))
+                text += "\n\n" + chunk
+        for k in range(1, repeat + 1):
+            suffix = f", run {k}/{repeat}" if repeat > 1 else ""
+            result = benchrules.Result(mode=benchrules.FULL if full else benchrules.QUICK,
+                                       kv=setup.kv, kv_quantized=setup.kv_quantized,
+                                       engine=build, gpus=setup.gpus, slot=choice.slot,
+                                       slots=choice.count, slot_note=choice.note,
+                                       shared=choice.shared)
+            next_phase(f"short line ({prompt_tokens} + {predict} tokens)")
+            try:
+                quick = await ask(engine, setup, [user(text.strip() + ASK_PROSE)], predict,
+                                  False)
+            except BenchError as e:
+                raise BenchError(f"short line: {e}") from None
+            result.prompt_n, result.prompt_ms = quick.new, quick.prompt_ms
+            result.prompt_per_second = quick.prompt_per_second
+            result.predicted_n, result.predicted_ms = quick.predicted_n, quick.predicted_ms
+            result.predicted_per_second = quick.predicted_per_second
+            result.draft = quick.draft
+            if full:
+                target, why = benchrules.depth_for(n_ctx, setup.cpu_placed,
+                                                   warm_tok + benchrules.WARM_GEN)
+                result.depth = benchrules.Depth(ctx=n_ctx, target=target, skipped=why)
+                if not why:
+                    await _depth(engine, setup, code, code_ratio, result.depth, next_phase,
+                                 io_sampler)
+            runs.append(result)
+            if result.depth is not None and result.depth.partial:
+                if repeat > 1:  # nothing partial is kept: the runs left would be lost time
+                    result.depth.partial = f"run {k}/{repeat}: {result.depth.partial}"
+                break
+    finally:
+        # The benchmark's prompt would otherwise stay in its slot, and where the engine
+        # keeps a RAM prompt cache, be saved there beside the conversations' ones.
+        erased = await engine.erase(choice.slot) if choice.slot is not None else None
+    result = benchrepeat.combine(runs)
+    if erased is not None:
+        result.slot_note += "; erased after" if not erased else "; " + erased
     result.elapsed = time.monotonic() - t0
     return result
 

@@ -117,6 +117,13 @@ class Result:
     engine: str = ""                         # the engine's build_info
     gpus: str = ""
     depth: Depth | None = None
+    slot: int | None = None                  # the id_slot it ran in; None: the engine chose
+    slots: int = 0                           # the engine's slots, 0 when it does not say
+    slot_note: str = ""                      # the conversations' caches (lokid.core.benchslot)
+    shared: str = ""                         # another slot served a request: not kept
+    repeat: int = 1                          # runs (lokid.core.benchrepeat); 1: the keys
+    stats: dict[str, dict[str, float]] | None = None   # below are not written
+    runs: list[dict[str, float]] | None = None
 
     @property
     def savable(self) -> bool:
@@ -126,6 +133,9 @@ class Result:
 
     def to_json(self, keep_hint: bool = False) -> dict[str, Any]:
         data = asdict(self)
+        if self.repeat == 1:  # a single run reads as it always did
+            for key in ("repeat", "stats", "runs"):
+                data.pop(key)
         if data["depth"]:
             for t in [data["depth"]["cold"], *data["depth"]["turns"]]:
                 if t:
@@ -355,6 +365,8 @@ def not_saved_reason(r: Result, changed: str = "") -> str:
     """Why a result is not kept, "" when it is: the start it measured is not the preset's
     (:func:`start_differs`), or it is partial."""
     reasons = [changed] if changed else []
+    if r.shared:
+        reasons.append(r.shared)
     if r.depth is not None and r.depth.partial:
         reasons.append(f"the result is partial ({r.depth.partial}): only a complete one "
                        "is kept")
@@ -376,29 +388,48 @@ def _draft_text(d: Draft | None) -> str:
     return f"   draft accepted {d.rate * 100:.0f} % ({d.accepted}/{d.n})"
 
 
+def _spread_text(r: Result, key: str, percent: bool = False) -> str:
+    """A repeated figure's spread and range ("" for a single run)."""
+    s = (r.stats or {}).get(key)
+    if not s:
+        return ""
+    low, high = ((f"{s['low'] * 100:.0f}", f"{s['high'] * 100:.0f} %") if percent
+                 else (f"{s['low']:.1f}", f"{s['high']:.1f}"))
+    return f"   [median of {r.repeat}: spread {s['spread'] * 100:.1f} %, {low} to {high}]"
+
+
 def report(r: Result, not_saved: str = "") -> list[str]:
-    """The human report: prefill and decode, depth figures in full mode, KV, engine, and
-    why it is not kept (``not_saved``, from :func:`not_saved_reason`)."""
+    """The human report: prefill and decode, depth figures in full mode, the slot it ran
+    in, KV, engine, and why it is not kept (``not_saved``, from :func:`not_saved_reason`).
+    A repeated benchmark shows each figure's median, then its spread and range."""
     lines = [f"  Prefill    {r.prompt_per_second:7.1f} tok/s   ({r.prompt_n} tokens in "
-             f"{r.prompt_ms / 1000:.2f} s)",
+             f"{r.prompt_ms / 1000:.2f} s){_spread_text(r, 'prompt_per_second')}",
              f"  Decode     {r.predicted_per_second:7.1f} tok/s   ({r.predicted_n} tokens in "
-             f"{r.predicted_ms / 1000:.2f} s){_draft_text(r.draft)}"]
+             f"{r.predicted_ms / 1000:.2f} s){_draft_text(r.draft)}"
+             f"{_spread_text(r, 'predicted_per_second')}"]
     d = r.depth
     if d is not None:
         if d.skipped:
             lines.append(f"  Depth      skipped: {d.skipped}")
         elif d.cold is not None:
-            lines.append(f"  Prefill@D  {d.cold.prompt_per_second:7.1f} tok/s   "
-                         f"({d.cold.new} tokens, cold)")
+            cold = (r.stats or {}).get("depth_cold_per_second", {}).get(
+                "median", d.cold.prompt_per_second)
+            lines.append(f"  Prefill@D  {cold:7.1f} tok/s   ({d.cold.new} tokens, cold)"
+                         f"{_spread_text(r, 'depth_cold_per_second')}")
             if d.cached_per_second is not None:
                 lines.append(f"  Prefill+   {d.cached_per_second:7.1f} tok/s   "
-                             "(new tokens, cache reused)")
+                             "(new tokens, cache reused)"
+                             f"{_spread_text(r, 'depth_cached_per_second')}")
             if d.decode_per_second is not None:
                 lines.append(f"  Decode@D   {d.decode_per_second:7.1f} tok/s"
-                             f"{_draft_text(d.draft)}")
+                             f"{_draft_text(d.draft)}"
+                             f"{_spread_text(r, 'depth_decode_per_second')}")
             lines.append("  Cache reuse " + (f"{d.reuse * 100:.0f} %" if d.reuse is not None
-                                             else "n/a"))
+                                             else "n/a")
+                         + _spread_text(r, "depth_reuse", percent=True))
         lines += [f"  ! {s}" for s in (d.reuse_note, d.partial, d.hint) if s]
+    if r.slot_note:
+        lines.append(f"  Slot       {r.slot_note}")
     kv = r.kv + (" (quantized: a grey zone against lossless caches)" if r.kv_quantized else "")
     lines.append(f"  KV {kv} · engine {r.engine or 'n/a'} · total {r.elapsed:.2f} s")
     if not_saved:

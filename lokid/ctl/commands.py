@@ -329,8 +329,9 @@ def _bar(phase: str, step: int, steps: int, width: int = 20) -> str:
 
 
 async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
-                    as_json: bool) -> int:
-    """Benchmark the preset's ready engine; progress from BenchProgress, then the report."""
+                    as_json: bool, repeat: int = 1) -> int:
+    """Benchmark the preset's ready engine; progress from BenchProgress, then the report.
+    A single run calls Bench, which every daemon has; a repeated one BenchRepeat."""
     from dbus_fast import Message, MessageType
 
     from ..core import benchrules
@@ -356,8 +357,12 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
         c.bus.add_message_handler(on_message)
     mode = benchrules.FULL if full else benchrules.QUICK
     try:
-        (outcome,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Bench", "ssuu",
-                                   [name, mode, predict, prompt])
+        if repeat == 1:
+            (outcome,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, "Bench", "ssuu",
+                                       [name, mode, predict, prompt])
+        else:
+            (outcome,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, "BenchRepeat", "ssuuu",
+                                       [name, mode, predict, prompt, repeat])
     finally:
         if tty and not as_json:
             sys.stderr.write("\r\033[K")
@@ -366,7 +371,8 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
         _print_json(data)
         return EXIT_OK
     result = benchrules.result_from_json(data["result"])
-    print(f"{name}: {mode} benchmark at {data.get('url', '')}")
+    runs = f", {result.repeat} runs" if result.repeat > 1 else ""
+    print(f"{name}: {mode} benchmark at {data.get('url', '')}{runs}")
     print("\n".join(benchrules.report(result, str(data.get("not_saved_reason", "")))))
     return EXIT_OK
 

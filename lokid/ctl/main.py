@@ -99,6 +99,8 @@ def _parser() -> argparse.ArgumentParser:
                    "(default 300)")
     s.add_argument("--prompt", type=int, default=0, help="prompt tokens of the short line "
                    "(default 2000)")
+    s.add_argument("--repeat", type=int, default=1, metavar="N", help="measure N times after "
+                   "one warm-up: each figure's median and spread (1 to 20, default 1)")
     s.add_argument("--json", action="store_true")
     _edit_parsers(sub)
     return p
@@ -178,12 +180,16 @@ async def _main(args: argparse.Namespace) -> int:
         if command == "reload":
             return await cmd_reload(client)
         if command == "bench":
+            from ..core.benchrepeat import MAX_REPEAT, repeat_error
             from ..core.benchrules import MAX_TOKENS
 
             if not (0 <= args.predict <= MAX_TOKENS and 0 <= args.prompt <= MAX_TOKENS):
                 raise CtlError(f"--predict and --prompt: 0 to {MAX_TOKENS}", EXIT_USAGE)
+            if repeat_error(args.repeat):
+                raise CtlError(f"--repeat: 1 to {MAX_REPEAT}", EXIT_USAGE)
             return await cmd_bench(client, str(args.preset), bool(args.full),
-                                   int(args.predict), int(args.prompt), bool(args.json))
+                                   int(args.predict), int(args.prompt), bool(args.json),
+                                   int(args.repeat))
         if command == "logs":
             from . import logs as ctllogs
 

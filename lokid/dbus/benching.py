@@ -36,16 +36,21 @@ class Benches:
         self._progress, self._saved = progress, saved
         self.running: set[str] = set()
 
-    async def run(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]:
-        """Benchmark the preset's ready engine; the reply of :class:`measure.Outcome`."""
+    async def run(self, name: str, mode: str, predict: int, prompt: int,
+                  repeat: int = 1) -> dict[str, Any]:
+        """Benchmark the preset's ready engine, ``repeat`` runs after one warm-up; the
+        reply of :class:`measure.Outcome`."""
         from ..bench import measure
         from ..bench.protocol import Options
+        from ..core.benchrepeat import repeat_error
 
         if mode not in (benchrules.QUICK, benchrules.FULL):
             raise InvalidArgsError(f"mode {mode!r}: quick or full")
         if not 0 <= predict <= benchrules.MAX_TOKENS or not 0 <= prompt <= benchrules.MAX_TOKENS:
             raise InvalidArgsError("predict and prompt: 0 (the default) to "
                                    f"{benchrules.MAX_TOKENS}")
+        if repeat_error(repeat):
+            raise InvalidArgsError(repeat_error(repeat))
         self._known(name)
         state = self._state_of(name)
         if state != "ready":
@@ -68,8 +73,8 @@ class Benches:
                 self._progress(name, phase, step, steps)
 
             opts = Options(mode, prompt=prompt or benchrules.DEFAULT_PROMPT,
-                           predict=predict or benchrules.DEFAULT_PREDICT)
-            log.info("preset %s: %s benchmark", name, mode)
+                           predict=predict or benchrules.DEFAULT_PREDICT, repeat=repeat)
+            log.info("preset %s: %s benchmark, %d run(s)", name, mode, repeat)
             out = await measure.measure(self.config_dir, self.state_dir, name, opts, progress,
                                         io_sampler=sampler, plan_and_inputs=planned,
                                         running=running)

@@ -226,9 +226,10 @@ class Daemon:
         await self._refresh(name)
         return count
 
-    async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]:
+    async def bench(self, name: str, mode: str, predict: int, prompt: int,
+                    repeat: int = 1) -> dict[str, Any]:
         """Benchmark the preset's ready engine (:mod:`lokid.dbus.benching`)."""
-        return await self.benches.run(name, mode, predict, prompt)
+        return await self.benches.run(name, mode, predict, prompt, repeat)
 
     async def _io_sampler(self, name: str) -> IOSampler | None:
         assert self.runner is not None

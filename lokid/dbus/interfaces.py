@@ -91,7 +91,8 @@ class Backend(Protocol):
     async def restart(self, name: str) -> str: ...
     async def reload(self) -> None: ...
     async def clear_failures(self, name: str) -> int: ...
-    async def bench(self, name: str, mode: str, predict: int, prompt: int) -> dict[str, Any]: ...
+    async def bench(self, name: str, mode: str, predict: int, prompt: int,
+                    repeat: int = 1) -> dict[str, Any]: ...
 
 
 def access(level: str) -> Callable[[F], F]:
@@ -371,6 +372,14 @@ class ManagerInterface(ServiceInterface):
     async def Bench(self, name: "s", mode: "s", predict: "u", prompt: "u") -> "a{sv}":
         return json_variant(await self.backend.bench(checked_name(name), mode, predict,
                                                      prompt))
+
+    @method()
+    @access(BENCH)
+    @guarded
+    async def BenchRepeat(self, name: "s", mode: "s", predict: "u", prompt: "u",
+                          repeat: "u") -> "a{sv}":
+        return json_variant(await self.backend.bench(checked_name(name), mode, predict,
+                                                     prompt, repeat))
 
     @method()
     @access(EDIT)

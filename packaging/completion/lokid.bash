@@ -33,12 +33,13 @@ _lokid() {
         --config-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         --runner) COMPREPLY=($(compgen -W "auto systemd local" -- "$cur")); return ;;
+        --predict|--prompt|--repeat) return ;;
     esac
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$commands --config-dir --debug --version --help" -- "$cur")) ;;
         plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         run|prestart|engine) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
-        bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
+        bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --repeat --json" -- "$cur")) ;;
         generate) COMPREPLY=($(compgen -d -- "$cur")) ;;
         daemon) COMPREPLY=($(compgen -W "--bus --bus-address --runner" -- "$cur")) ;;
     esac
@@ -102,7 +103,7 @@ _lokictl() {
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-        --timeout|--address|--predict|--prompt|--since|-n|--lines) return ;;
+        --timeout|--address|--predict|--prompt|--repeat|--since|-n|--lines) return ;;
     esac
     # n: the words after the verb that are not options (0: the cursor is on the preset)
     local j n=0
@@ -117,7 +118,7 @@ new set unset rm mv cat edit"
         show|plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         start|stop|restart) COMPREPLY=($(compgen -W "$(_lokid_presets) --wait --timeout" -- "$cur")) ;;
         clear-failures) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
-        bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --json" -- "$cur")) ;;
+        bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --repeat --json" -- "$cur")) ;;
         top) COMPREPLY=($(compgen -W "--once --json" -- "$cur")) ;;
         stats) COMPREPLY=($(compgen -W "$(_lokid_presets) --since --json" -- "$cur")) ;;
         logs) COMPREPLY=($(compgen -W "$(_lokid_presets) -n --follow" -- "$cur")) ;;

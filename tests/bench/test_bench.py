@@ -429,3 +429,70 @@ async def test_a_learned_effort_translation_is_used_at_once_next_time(
     f.requests.clear()
     await measure.measure(str(config), state, "r", protocol.Options(benchrules.QUICK))
     assert [c.get("reasoning_effort") for c in f.chats()] == ["medium", "medium"]
+
+
+# --- the side slot and repeated runs, against the fake ------------------------------------
+
+
+def two_slots(erase: int = 200, busy0: bool = False) -> Handler:
+    """/slots as b11434 answers with --parallel 2: slot 0 holding a conversation."""
+    def handle(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/slots":
+            return 200, [{"id": 0, "is_processing": busy0, "id_task": 3, "n_prompt_tokens": 900},
+                         {"id": 1, "is_processing": False}]
+        if path == "/props":
+            return 200, {**engine_props(), "total_slots": 2}
+        if path.startswith("/slots/1?action=erase"):
+            return (200, {"id_slot": 1, "n_erased": 1300}) if erase == 200 else (
+                erase, {"error": {"code": 501, "message": "This server does not support slots "
+                                  "action. Start it with `--slot-save-path`"}})
+        return basic(path, body)
+    return handle
+
+
+async def test_every_request_goes_to_the_side_slot_which_is_erased_after(
+        fake: Callable[[Handler], Fake]) -> None:
+    f = fake(two_slots())
+    phases: list[str] = []
+    r = await run_against(f.url, protocol.Options(benchrules.QUICK, repeat=2),
+                          progress=lambda name, step, steps: phases.append(f"{step}/{steps} "
+                                                                           f"{name}"))
+    assert [c.get("id_slot") for c in f.chats()] == [1, 1, 1]
+    assert [p for p, _ in f.requests if p.startswith("/slots/")] == ["/slots/1?action=erase"]
+    assert f.requests[-1][0] == "/slots/1?action=erase"  # after the last measurement
+    assert phases == ["1/3 warm-up", "2/3 short line (2000 + 300 tokens), run 1/2",
+                      "3/3 short line (2000 + 300 tokens), run 2/2"]
+    assert (r.slot, r.slots, r.repeat) == (1, 2, 2) and r.stats and r.savable
+    assert r.slot_note == ("ran in slot 1 of 2, which held no prompt: the conversations' "
+                           "caches kept; erased after")
+    assert f"  Slot       {r.slot_note}" in benchrules.report(r)
+
+
+async def test_an_engine_refusing_slot_actions_is_said_not_failed(
+        fake: Callable[[Handler], Fake]) -> None:
+    f = fake(two_slots(erase=501))
+    r = await run_against(f.url, protocol.Options(benchrules.QUICK))
+    assert r.slot == 1 and r.savable and r.slot_note.endswith(
+        "; its prompt stays there: the engine refuses slot actions (start it with "
+        "--slot-save-path to let the benchmark erase its slot)")
+
+
+async def test_a_failed_benchmark_still_erases_its_slot(fake: Callable[[Handler], Fake]) -> None:
+    def handle(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/chat/completions" and body.get("max_tokens") == 300:
+            return 500, {"error": "out of memory"}
+        return two_slots()(path, body)
+
+    f = fake(handle)
+    with pytest.raises(errors.BenchError, match="^short line: "):
+        await run_against(f.url, protocol.Options(benchrules.QUICK))
+    assert f.requests[-1][0] == "/slots/1?action=erase"
+
+
+async def test_a_conversation_served_in_another_slot_does_not_refuse_but_is_not_kept(
+        fake: Callable[[Handler], Fake]) -> None:
+    f = fake(two_slots(busy0=True))
+    r = await run_against(f.url, protocol.Options(benchrules.QUICK))
+    assert r.slot == 1 and r.prompt_n == 100
+    assert benchrules.not_saved_reason(r) == ("slot 0 served a request when the benchmark "
+                                              "started: the figures shared the engine with it")
