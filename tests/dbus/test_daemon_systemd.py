@@ -365,6 +365,16 @@ def test_bench_over_the_bus_reaches_the_engine_from_the_sandbox(lk: LokidSystem)
                    "300", user="nobody")
         assert r.returncode != 0 and "not authorized by polkit for org.lokid.lokid1.bench" \
             in r.stderr, r.stderr
+        # BenchRepeat: the same action, its own bus policy line, through the sandbox too
+        r = busctl(ct, "--timeout=300", "call", BUS, PATH, MANAGER, "BenchRepeat", "ssuuu",
+                   "demo", "quick", "16", "300", "2", timeout=320)
+        assert r.returncode == 0, r.stderr
+        result = json.loads(r.stdout)["data"][0]["result"]["data"]
+        assert len(result["runs"]["data"]) == 2 and "prompt_per_second" in result["stats"]["data"]
+        r = busctl(ct, "call", BUS, PATH, MANAGER, "BenchRepeat", "ssuuu", "demo", "quick",
+                   "16", "300", "2", user="nobody")
+        assert r.returncode != 0 and "not authorized by polkit for org.lokid.lokid1.bench" \
+            in r.stderr, r.stderr
         # the preset edited since its unit started: the daemon reads the start's runtime
         # plan from its sandbox (/run/loki), measures what runs and keeps nothing
         lk.preset("demo", 'ubatch = 256\nmodel = "llama.gguf"\n[spec]\nmode = "ngram"\n',
