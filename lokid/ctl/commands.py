@@ -36,7 +36,6 @@ VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset
 SPINNER = "|/-\\"
 
 
-
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
