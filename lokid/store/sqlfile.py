@@ -131,8 +131,9 @@ def open_ro(path: str) -> sqlite3.Connection | None:
 
 
 def connect_ro(uri: str) -> tuple[sqlite3.Connection, int]:
-    """A read-only connection and the schema version it reads (the first read, where
-    SQLite finds out whether it can open the file at all)."""
+    """A read-only connection and the file's ``user_version`` (its schema's level, see
+    :mod:`lokid.store.schema`; 0 for a file never migrated), the first read, where SQLite
+    finds out whether it can open the file at all."""
     db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
     try:
         return db, int(db.execute("PRAGMA user_version").fetchone()[0])
