@@ -2,7 +2,7 @@
 
 The layout (``$LOKI_CONFIG_DIR``, default ``/etc/loki``)::
 
-    lokid.toml            engine, model_dirs, host, port, metrics_textfile
+    lokid.toml            engine, model_dirs, host, port, metrics_textfile, [gateway]
     presets/<name>.toml   one preset per file
 
 Files are read with tomllib, within bounds (:mod:`lokid.core.tomlread`): a
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from . import flags, secrets
 from .errors import ConfigError, NotFoundError
 from .presetname import check_preset_name
+from .serve import GATEWAY_KEYS, SERVE_KEYS, GatewayConfig, Serve, parse_gateway, parse_serve
 from .tomlread import MAX_FILE_BYTES as MAX_FILE_BYTES  # its home; presets' bound
 from .tomlread import Checker, close_match, parse_toml, read_text, read_toml, tname
 
@@ -47,13 +48,14 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 32768
 
-GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile")
+GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile", "gateway")
 # Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter/*.prom (its
 # textfile collector): the daemon writes its metrics there when that directory exists.
 DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
+    "serve",
 )
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
 SPEC_MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
@@ -73,6 +75,7 @@ class GlobalConfig:
     port: int = DEFAULT_PORT
     path: str = ""  # the file it came from, "" when absent (defaults)
     metrics_textfile: str = DEFAULT_METRICS_TEXTFILE   # "" = no Prometheus textfile
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)   # lokid.core.serve
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class Preset:
     # and environment variables by name.
     api_key_file: str | None = None
     secrets: Mapping[str, str] = field(default_factory=dict)
+    serve: Serve = field(default_factory=Serve)   # [serve]: on demand, idle stop, group
 
 
 def _path_setting(c: Checker, key: str, value: str) -> str:
@@ -181,6 +185,7 @@ def load_global(config_dir: str) -> GlobalConfig:
     return GlobalConfig(
         engine=engine, model_dirs=dirs, host=host,
         port=DEFAULT_PORT if port is None else port, path=path, metrics_textfile=metrics,
+        gateway=parse_gateway(_table(c, "gateway", GATEWAY_KEYS)),
     )
 
 
@@ -258,6 +263,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         chat=_chat(c),
         api_key_file=api_key_file,
         secrets=secret_files,
+        serve=parse_serve(_table(c, "serve", SERVE_KEYS)),
     )
 
 

@@ -24,6 +24,7 @@ from .caps import EngineCaps, backend_label
 from .config import GlobalConfig, Preset
 from .flags import flag_value, has_flag
 from .modelinfo import ModelInfo
+from .serve import serve_notes
 from .spec import DraftInput, SpecInputs, plan_spec
 
 OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
@@ -263,6 +264,7 @@ def build_plan(inp: PlanInputs) -> Plan:
     secret_args, secret_list = _secret_args(inp, notes)
     argv += secret_args
     argv += p.extra_args
+    notes += serve_notes(p.serve)
 
     # The operator's flags come last and win: host and port are where the
     # engine will really listen.

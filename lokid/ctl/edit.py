@@ -50,7 +50,8 @@ INT64 = range(-(2**63), 2**63)
 KNOWN_KEYS = ("model", "ctx", "gpus", "gpu_layers", "ubatch", "port", "mmproj", "extra_args",
               "env.", "op_offload_min_batch", "spec.mode", "spec.draft", "spec.n_max",
               "spec.sampling", "chat.reasoning_effort", "chat.temperature", "chat.top_p",
-              "chat.top_k", "chat.min_p")
+              "chat.top_k", "chat.min_p", "serve.on_demand", "serve.idle_stop", "serve.group",
+              "serve.drain")
 
 
 # --- the pure parts ---------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""How presets are served behind one endpoint: a preset's ``[serve]`` table and
+lokid.toml's ``[gateway]`` table, typed and validated.
+
+``[serve]`` says when the daemon starts and stops a preset on its own: on the
+gateway's first request for it (``on_demand``), after ``idle_stop`` without a
+request in flight (requests, not connections: a client holding a keep-alive
+connection open does not keep a GPU busy), one preset of a ``group`` at a time
+(a GPU shared by several models), a swap waiting at most ``drain`` for the
+running preset's requests. Absent, a preset runs as before: started and stopped
+by hand only.
+
+``[gateway]`` says where the one endpoint listens and who may use it. It listens
+beyond loopback only with client keys: an open OpenAI endpoint on a network
+starts engines (and spends GPU time) for anyone who finds it.
+
+Spans are systemd's (systemd.time(7): ``"15min"``, ``"90s"``, ``"1h 30min"``, a
+number alone is seconds), read by :func:`lokid.core.timespec.span_seconds`, and
+written back by :func:`span_text` the same way. Every error names the file, the
+line, the key and what would be valid, as :class:`~lokid.core.tomlread.Checker`
+does for every other key. Part of the pure core.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from . import secrets
+from .presetname import valid_preset_name
+from .timespec import span_seconds
+from .tomlread import Checker, tname
+
+SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain")
+GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model")
+
+DEFAULT_DRAIN = 120.0
+MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
+MAX_DRAIN = 86400.0            # a day: longer, and a swap that waits is a swap that never comes
+DEFAULT_MAX_BODY = 64 * 1024 * 1024
+MAX_BODY_RANGE = (1024, 1024 * 1024 * 1024)
+SPAN_FORMS = 'a systemd time span such as "15min", "90s" or "1h 30min" (a number alone is seconds)'
+
+
+@dataclass(frozen=True)
+class Serve:
+    """A preset's ``[serve]`` table; the defaults are a preset served by hand."""
+
+    on_demand: bool = False          # started by the gateway's first request for it
+    # seconds without a request in flight before it is stopped; None = never
+    idle_stop: float | None = None
+    group: str = ""                  # at most one preset of a group runs at a time ("" = none)
+    # how long a swap waits for the other preset's requests in flight (seconds)
+    drain: float = DEFAULT_DRAIN
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """lokid.toml's ``[gateway]`` table; the defaults are no gateway at all."""
+
+    listen: tuple[str, ...] = ()     # "host:port" each; empty = the gateway is off
+    # bearer keys for clients (one per line); without it, loopback only
+    api_keys_file: str = ""
+    max_body: int = DEFAULT_MAX_BODY
+    default_model: str = ""          # for a request without "model" ("" = 400)
+
+
+# --- spans ------------------------------------------------------------------------
+
+
+def _span(c: Checker, key: str, lo: float, hi: float, valid: str) -> float | None:
+    value = c.data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise c.error(key, f"must be {SPAN_FORMS}, not {tname(value)}")
+    if isinstance(value, str):
+        try:
+            seconds = span_seconds(value)
+        except ValueError as e:
+            raise c.error(key, f"{e}: use {SPAN_FORMS}") from None
+    else:
+        seconds = float(value)
+    if not lo <= seconds <= hi:
+        raise c.error(key, f"{value!r} is out of range ({valid})")
+    return seconds
+
+
+_SPAN_UNITS = (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0))
+
+
+def span_text(seconds: float) -> str:
+    """``seconds`` as systemd writes a span: ``15min``, ``1h 30min``, ``3s``, ``500ms``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    parts, left = [], round(seconds)
+    for unit, size in _SPAN_UNITS:
+        count, left = divmod(left, int(size))
+        if count:
+            parts.append(f"{count}{unit}")
+    return " ".join(parts) or "0s"
+
+
+# --- [serve] ----------------------------------------------------------------------
+
+
+def parse_serve(t: Checker | None) -> Serve:
+    """The ``[serve]`` table of a preset (its checker, keys already checked; None when
+    the table is absent)."""
+    if t is None:
+        return Serve()
+    on_demand = t.data.get("on_demand", False)
+    if not isinstance(on_demand, bool):
+        raise t.error("on_demand", f"must be true or false, not {tname(on_demand)}")
+    idle_stop = _span(t, "idle_stop", MIN_IDLE_STOP, float("inf"),
+                      "at least 1s; remove the key to never stop the preset when idle")
+    group = t.string("group", "") or ""
+    if group and not valid_preset_name(group):
+        raise t.error("group", f"{group!r} is not a group name: 1 to 64 characters from "
+                      "A-Z a-z 0-9 _ . -, starting with a letter or a digit (as a preset's "
+                      "name), or \"\" for none")
+    drain = _span(t, "drain", 0.0, MAX_DRAIN, "0s to 1d")
+    return Serve(on_demand=on_demand, idle_stop=idle_stop, group=group,
+                 drain=DEFAULT_DRAIN if drain is None else drain)
+
+
+def serve_notes(serve: Serve) -> list[str]:
+    """What ``lokid plan`` says of a preset's serve settings, one line each (none for the
+    defaults: a preset served by hand has nothing to explain)."""
+    notes = []
+    if serve.on_demand:
+        notes.append("on_demand = true: started by the gateway's first request for it")
+    if serve.idle_stop is not None:
+        span = span_text(serve.idle_stop)
+        notes.append(f"idle_stop = {span}: stopped after {span} without a request in flight "
+                     "(an open connection without a request does not count)")
+    if serve.group:
+        notes.append(f"group = {serve.group}: at most one preset of group {serve.group} runs "
+                     f"at a time; a swap waits up to {span_text(serve.drain)} (drain) for "
+                     "the running one's requests in flight")
+    return notes
+
+
+# --- [gateway] --------------------------------------------------------------------
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """``"127.0.0.1:8000"`` or ``"[::1]:8000"`` as an IP address and a port; ValueError
+    saying what is valid otherwise. An address, not a host name: a socket unit's
+    ``ListenStream=`` takes no name, and a name can resolve elsewhere tomorrow."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, such as [::1]:8000")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address and a port, such as 127.0.0.1:8000 "
+                         "or [::1]:8000") from None
+    if not sep or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"{text!r}: the port must be 1 to 65535, such as 127.0.0.1:8000")
+    return host, int(port_text)
+
+
+def loopback(host: str) -> bool:
+    """Whether clients at ``host`` can only be on this machine (127.0.0.0/8, ::1)."""
+    return ipaddress.ip_address(host).is_loopback
+
+
+def parse_gateway(t: Checker | None) -> GatewayConfig:
+    """lokid.toml's ``[gateway]`` table (its checker, keys already checked; None when the
+    table is absent)."""
+    if t is None:
+        return GatewayConfig()
+    listen = t.string_list("listen")
+    hosts = []
+    for item in listen:
+        try:
+            hosts.append(split_listen(item)[0])
+        except ValueError as e:
+            raise t.error("listen", str(e)) from None
+    keys = t.string("api_keys_file", "") or ""
+    if keys:
+        problem = secrets.source_problem(keys)
+        if problem:
+            raise t.error("api_keys_file", problem)
+    open_to = [item for item, host in zip(listen, hosts, strict=True) if not loopback(host)]
+    if open_to and not keys:
+        raise t.error("listen", f"{open_to[0]!r} is beyond loopback and gateway.api_keys_file "
+                      "is not set: set api_keys_file (client keys, one per line) to listen "
+                      "there, or listen on 127.0.0.1 only")
+    lo, hi = MAX_BODY_RANGE
+    max_body = t.integer("max_body", lo, hi, "bytes, 1024 (1 KiB) to 1073741824 (1 GiB)")
+    model = t.string("default_model", "") or ""
+    if model and (len(model) > 256 or not model.isprintable() or any(ch.isspace() for ch in model)):
+        raise t.error("default_model", f"{model!r} is not a model name (a preset's name or "
+                      "alias: up to 256 printable characters, no spaces), or \"\" to refuse "
+                      "a request without a model")
+    return GatewayConfig(listen=tuple(item.strip() for item in listen), api_keys_file=keys,
+                         max_body=DEFAULT_MAX_BODY if max_body is None else max_body,
+                         default_model=model)
