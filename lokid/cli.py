@@ -1,6 +1,6 @@
 """The ``lokid`` command: ``plan``, ``run``, the unit helpers ``prestart``, ``engine`` and
-``stopped``, ``generate``, ``watch`` (the journal watcher alone) and ``daemon`` (the
-D-Bus service).
+``stopped``, ``generate``, ``watch`` (the journal watcher alone), ``daemon`` (the
+D-Bus service) and ``gateway`` (one HTTP endpoint for every preset).
 
 Arguments become typed calls here; no argparse object leaves this module.
 A preset name is checked before anything else (:func:`_preset_name`): no file
@@ -189,6 +189,22 @@ def cmd_daemon(config_dir: str, bus: str, bus_address: str | None, runner: str) 
                        runner)
 
 
+def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
+                listen: list[str] | None) -> int:
+    import asyncio
+    import logging
+
+    from .core import config as cfg
+    from .gateway.server import serve
+    from .gateway.settings import read_keys, settings_of
+
+    settings = settings_of(cfg.load_global(config_dir).gateway, listen)
+    keys = read_keys(settings.api_keys_file) if settings.api_keys_file else frozenset()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    asyncio.run(serve(settings, bus, bus_address, keys))
+    return 0
+
+
 def cmd_generate(config_dir: str, dirs: list[str]) -> int:
     from .unit.generator import generate
 
@@ -230,6 +246,14 @@ def _parser() -> argparse.ArgumentParser:
     dmn.add_argument("--runner", choices=("auto", "systemd", "local"), default="auto",
                      help="how engines run: systemd units, or the daemon's own children "
                      "(default auto: systemd on the system bus of a systemd host)")
+    gw = sub.add_parser("gateway", help="serve every preset on one OpenAI endpoint, routed "
+                        "by model (foreground)")
+    gw.add_argument("--bus", choices=("system", "session"), default="system",
+                    help="the daemon's bus (default: system)")
+    gw.add_argument("--bus-address", "--address", dest="bus_address",
+                    help="connect to this bus address instead")
+    gw.add_argument("--listen", action="append", metavar="HOST:PORT",
+                    help="listen here instead of lokid.toml's [gateway] listen (repeatable)")
     bch = sub.add_parser("bench", help="benchmark a preset's running engine (protocol v2)")
     bch.add_argument("preset")
     bch.add_argument("--full", action="store_true", help="add the depth phase (a real "
@@ -283,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              int(args.prompt), bool(args.json), int(args.repeat))
         if command == "daemon":
             return cmd_daemon(config_dir, args.bus, args.bus_address, args.runner)
+        if command == "gateway":
+            return cmd_gateway(config_dir, args.bus, args.bus_address, args.listen)
         return cmd_generate(config_dir, list(args.dirs))
 
     return _guard(dispatch, debug=bool(args.debug))

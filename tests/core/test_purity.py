@@ -145,7 +145,7 @@ def test_importing_the_whole_core_loads_no_edge() -> None:
 # the two commands and release 0.1.0's old module names (lokid/engine/).
 LAYERS = ["lokid.core", "lokid.host", "lokid.store", "lokid.planning", "lokid.unit",
           "lokid.runners", "lokid.watch", "lokid.bench", "lokid.dbus",
-          "lokid.cli|lokid.ctl|lokid.engine"]
+          "lokid.cli|lokid.ctl|lokid.engine|lokid.gateway"]
 PACKAGE = CORE.parent
 
 

@@ -1,0 +1,187 @@
+"""The daemon's presets as the gateway sees them, kept current by the daemon's signals.
+
+The gateway asks the daemon once (``Presets``, ``BrokenPresets``, each preset's
+properties) and then follows ``EngineStateChanged``, ``JobFinished`` and
+``PropertiesChanged``: a request never costs a bus round trip to learn where its
+engine is. ``Presets`` changing (every reload emits it) reads them all again; the
+daemon leaving or coming back on the bus (``NameOwnerChanged``) likewise.
+
+Faults: the daemon absent or failing a read leaves :attr:`Presets.unreachable` set to
+the reason, which the routes answer with (503); the last known presets stay, so
+an engine that runs keeps being reached while ``lokid.service`` restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbus_fast import DBusError, Message, MessageType
+from dbus_fast.aio import MessageBus
+
+from ..core.names import (
+    BUS_NAME,
+    MANAGER_INTERFACE,
+    OBJECT_PATH,
+    PRESET_INTERFACE,
+    preset_of_object_path,
+)
+from ..host.buscall import call, plain
+
+log = logging.getLogger("lokid.gateway")
+
+PROPERTIES = "org.freedesktop.DBus.Properties"
+DBUS = "org.freedesktop.DBus"
+MATCHES = (
+    f"type='signal',sender='{BUS_NAME}',interface='{MANAGER_INTERFACE}'",
+    f"type='signal',sender='{BUS_NAME}',interface='{PROPERTIES}',"
+    f"path_namespace='{OBJECT_PATH}'",
+    f"type='signal',sender='{DBUS}',member='NameOwnerChanged',arg0='{BUS_NAME}'",
+)
+JOBS_KEPT = 256   # job results remembered for a waiting start (a bound: signals from outside)
+
+
+@dataclass
+class Preset:
+    name: str
+    state: str = "inactive"
+    status: str = ""
+    url: str = ""
+    on_demand: bool = False
+    # futures of requests waiting for this preset's next change
+    waiters: set[asyncio.Future[None]] = field(default_factory=set)
+
+    def update(self, props: dict[str, Any]) -> None:
+        if "State" in props:
+            self.state = str(props["State"])
+        if "Status" in props:
+            self.status = str(props["Status"])
+        if "OnDemand" in props:
+            self.on_demand = bool(props["OnDemand"])
+        stats = props.get("Stats")
+        if isinstance(stats, dict) and stats.get("url"):
+            self.url = str(stats["url"])
+
+
+class Presets:
+    """The daemon's presets, by name, and the results of the start jobs seen."""
+
+    def __init__(self, bus: MessageBus):
+        self.bus = bus
+        self.presets: dict[str, Preset] = {}
+        self.broken: dict[str, str] = {}
+        self.unreachable = "the gateway has not read lokid's presets yet"
+        self.jobs: OrderedDict[str, str] = OrderedDict()   # job id → result
+        self._reading: asyncio.Task[None] | None = None
+        self._again = False
+
+    async def attach(self) -> None:
+        self.bus.add_message_handler(self._on_message)
+        for rule in MATCHES:
+            await call(self.bus, DBUS, "/org/freedesktop/DBus", DBUS, "AddMatch", "s", [rule])
+        await self.read()
+
+    async def read(self) -> None:
+        """Every preset's properties, asked again (a reload, the daemon back)."""
+        try:
+            (props,) = await call(self.bus, BUS_NAME, OBJECT_PATH, PROPERTIES, "GetAll", "s",
+                                  [MANAGER_INTERFACE])
+            manager = plain(props)
+            found: dict[str, Preset] = {}
+            for path in manager.get("Presets", []):
+                name = preset_of_object_path(str(path))
+                if name is None:
+                    continue
+                (one,) = await call(self.bus, BUS_NAME, str(path), PROPERTIES, "GetAll", "s",
+                                    [PRESET_INTERFACE])
+                preset = self.presets.get(name) or Preset(name)
+                preset.update(plain(one))
+                found[name] = preset
+        except DBusError as e:
+            self.unreachable = f"lokid is not reachable on the bus: {e.text}"
+            log.warning("%s", self.unreachable)
+            return
+        for name in set(self.presets) - set(found):
+            self._wake(self.presets[name])
+        self.presets = found
+        self.broken = {str(k): str(v) for k, v in manager.get("BrokenPresets", {}).items()}
+        self.unreachable = ""
+        for preset in found.values():
+            self._wake(preset)
+        log.info("presets known: %s", ", ".join(sorted(found)) or "none")
+
+    def _read_soon(self) -> None:
+        """One reading at a time; a change meanwhile makes one more."""
+        if self._reading is not None and not self._reading.done():
+            self._again = True
+            return
+
+        async def again() -> None:
+            while True:
+                self._again = False
+                await self.read()
+                if not self._again:
+                    return
+
+        self._reading = asyncio.get_running_loop().create_task(again())
+
+    def _on_message(self, msg: Message) -> None:
+        if msg.message_type != MessageType.SIGNAL:
+            return
+        body = msg.body
+        if msg.member == "NameOwnerChanged" and msg.interface == DBUS:
+            if body and body[0] == BUS_NAME:
+                if body[2]:
+                    self._read_soon()
+                else:
+                    self.unreachable = "lokid left the bus (lokid.service is not running)"
+            return
+        if msg.interface == MANAGER_INTERFACE and msg.member == "EngineStateChanged":
+            preset = self.presets.get(str(body[0]))
+            if preset is not None:
+                preset.state = str(body[1])
+                self._wake(preset)
+        elif msg.interface == MANAGER_INTERFACE and msg.member == "JobFinished":
+            self.jobs[str(body[1])] = str(body[3])
+            while len(self.jobs) > JOBS_KEPT:
+                self.jobs.popitem(last=False)
+            preset = self.presets.get(str(body[0]))
+            if preset is not None:
+                self._wake(preset)
+        elif msg.interface == PROPERTIES and msg.member == "PropertiesChanged":
+            changed = plain(body[1])
+            if msg.path == OBJECT_PATH:
+                if "Presets" in changed or "BrokenPresets" in changed:
+                    self._read_soon()
+                return
+            name = preset_of_object_path(msg.path or "")
+            preset = self.presets.get(name) if name is not None else None
+            if preset is not None:
+                preset.update(changed)
+                self._wake(preset)
+
+    def _wake(self, preset: Preset) -> None:
+        for waiter in preset.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        preset.waiters.clear()
+
+    async def changed(self, preset: Preset, timeout: float) -> None:
+        """Until the preset's state, status or jobs change, or ``timeout`` passes."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        preset.waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            preset.waiters.discard(waiter)
+
+    async def start(self, name: str) -> str:
+        """StartPreset, as ``lokictl start``: the job's id (DBusError on a refusal)."""
+        (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StartPreset",
+                            "s", [name])
+        return str(job)

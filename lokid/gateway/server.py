@@ -1,0 +1,207 @@
+"""``lokid gateway``: the HTTP routes, the client keys, and the process around them.
+
+aiohttp parses HTTP (no parser of ours). Routes:
+
+- ``GET /health``: the gateway answers (200), and says whether lokid is reachable;
+- ``GET /v1/models`` (and ``/models``, ``/v1/models/<id>``): every preset, running or
+  not, in OpenAI's shape, its state under ``lokid``;
+- anything else goes to an engine, chosen by the JSON body's ``model`` (a request
+  without a body, such as ``GET /props``, by ``?model=``), or ``default_model``.
+
+Refusals, in OpenAI's error shape: a body that is not a JSON object (400), no model and
+no ``default_model`` (400), a model no preset has (404, naming the known ones), a body
+over ``max_body`` (413, before it is read whole), a missing or wrong key when
+``api_keys_file`` is set (401; ``/health`` needs none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import signal
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from .ondemand import Starter
+from .presets import Presets
+from .relay import relay, session
+from .replies import UNAVAILABLE, GatewayError, model_entry
+from .settings import Settings
+
+log = logging.getLogger("lokid.gateway")
+
+KNOWN_SHOWN = 20   # models named in a 404, at most
+MODELS_PATHS = ("/v1/models", "/models")
+
+
+class Gateway:
+    def __init__(self, settings: Settings, presets: Presets, keys: frozenset[str] = frozenset()):
+        self.settings = settings
+        self.presets = presets
+        self.starter = Starter(presets)
+        self.keys = tuple(k.encode() for k in keys)
+        self.client: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body + 1)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _app: web.Application) -> None:
+        self.client = session()
+
+    async def _close(self, _app: web.Application) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._route(request)
+        except GatewayError as e:
+            headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+            return web.json_response(e.body(), status=e.status, headers=headers)
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path == "/health" and request.method == "GET":
+            return web.json_response({"status": "ok",
+                                      "lokid": self.presets.unreachable or "reachable"})
+        self._check_key(request)
+        if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
+            return self._models(path)
+        body = await self._body(request)
+        name = self._model_of(request, body)
+        preset = self.presets.presets.get(name)
+        if preset is None or name in self.presets.broken:
+            raise self._unknown(name)
+        url = await self.starter.url(preset)
+        assert self.client is not None
+        return await relay(self.client, request, url, body, keep_auth=not self.keys)
+
+    def _check_key(self, request: web.Request) -> None:
+        if not self.keys:
+            return
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        token = given.strip().encode()
+        # compare_digest against every key: the time taken says nothing of which matched
+        if scheme.lower() != "bearer" or not sum(hmac.compare_digest(token, k)
+                                                 for k in self.keys):
+            raise GatewayError(401, "a valid API key is required: send `Authorization: "
+                               "Bearer <key>`", "authentication_error", "invalid_api_key")
+
+    def _models(self, path: str) -> web.Response:
+        broken = self.presets.broken
+        entries = {name: model_entry(name, "broken", p.on_demand, broken[name])
+                   if name in broken else model_entry(name, p.state, p.on_demand, p.status)
+                   for name, p in sorted(self.presets.presets.items())}
+        if path.startswith("/v1/models/"):
+            name = path[len("/v1/models/"):]
+            if name not in entries:
+                raise self._unknown(name)
+            return web.json_response(entries[name])
+        return web.json_response({"object": "list", "data": list(entries.values())})
+
+    async def _body(self, request: web.Request) -> bytes:
+        limit = self.settings.max_body
+        too_big = GatewayError(413, f"the request body is over the gateway's max_body "
+                               f"({limit} bytes)", code="request_too_large")
+        if request.content_length is not None and request.content_length > limit:
+            raise too_big
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def _model_of(self, request: web.Request, body: bytes) -> str:
+        model: Any = None
+        if body:
+            try:
+                data = json.loads(body)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise GatewayError(400, f"the request body is not valid JSON: {e}",
+                                   code="invalid_json") from None
+            if not isinstance(data, dict):
+                raise GatewayError(400, "the request body must be a JSON object",
+                                   code="invalid_json")
+            model = data.get("model")
+        else:
+            model = request.query.get("model")
+        if model is None or model == "":
+            model = self.settings.default_model
+        if not isinstance(model, str) or not model:
+            raise GatewayError(400, "which model? give \"model\" in the request (one of "
+                               f"{self._known()})", code="model_required")
+        return model
+
+    def _known(self) -> str:
+        names = sorted(self.presets.presets)
+        shown = ", ".join(names[:KNOWN_SHOWN]) + (", ..." if len(names) > KNOWN_SHOWN else "")
+        return shown or "none: lokid has no preset"
+
+    def _unknown(self, name: str) -> GatewayError:
+        if self.presets.unreachable and not self.presets.presets:
+            return GatewayError(503, self.presets.unreachable, UNAVAILABLE, "lokid_unreachable")
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        if name in self.presets.broken:
+            return GatewayError(503, f"preset {shown!r} is broken: {self.presets.broken[name]}",
+                                UNAVAILABLE, "model_broken")
+        return GatewayError(404, f"no model {shown!r}: the known ones are {self._known()}",
+                            code="model_not_found")
+
+
+def runner_kwargs() -> dict[str, Any]:
+    """aiohttp 3.9 made handler cancellation (a client gone cancels its request) an
+    option, off by default; 3.8 (Debian 12) always cancels and knows no such option."""
+    major, minor = (int(x) for x in aiohttp.__version__.split(".")[:2])
+    return {"handler_cancellation": True} if (major, minor) >= (3, 9) else {}
+
+
+async def start_sites(gateway: Gateway) -> web.AppRunner:
+    runner = web.AppRunner(gateway.app(), access_log=None, **runner_kwargs())
+    await runner.setup()
+    for host, port in gateway.settings.listen:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    return runner
+
+
+async def serve(settings: Settings, bus_type: str, bus_address: str | None,
+                keys: frozenset[str]) -> None:
+    """The gateway until SIGTERM or SIGINT."""
+    from dbus_fast import BusType
+
+    from ..core.errors import LokiError
+    from ..dbus.wire import SafeMessageBus
+    from ..host.notify import Notifier
+
+    try:
+        bus = await SafeMessageBus(bus_address=bus_address, bus_type=BusType.SYSTEM
+                                   if bus_type == "system" else BusType.SESSION).connect()
+    except (OSError, ValueError, EOFError) as e:
+        raise LokiError(f"the gateway cannot reach the {bus_type} bus: {e}") from None
+    presets = Presets(bus)
+    await presets.attach()
+    gateway = Gateway(settings, presets, keys)
+    runner = await start_sites(gateway)
+    log.info("gateway listening on %s", ", ".join(f"{h}:{p}" for h, p in settings.listen))
+    notifier = Notifier()
+    notifier.send("READY=1")
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    try:
+        await done.wait()
+    finally:
+        notifier.send("STOPPING=1")
+        await runner.cleanup()
+        bus.disconnect()
