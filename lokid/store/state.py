@@ -261,9 +261,9 @@ class StateDB(_Store):
 
     Opening raises StateError only when there is nothing to work with: the directory
     cannot be made, the database cannot even be read, or its schema needs a newer lokid
-    (:mod:`lokid.store.schema`: additive changes of a newer release do not). A damaged database is moved aside and replaced (one warning); one that
-    cannot be written opens read-only (``unwritable``). Each method says what a fault
-    gives its caller.
+    (:mod:`lokid.store.schema`: additive changes of a newer release do not). A damaged
+    database is moved aside and replaced (one warning); one that cannot be written
+    opens read-only (``unwritable``). Each method says what a fault gives its caller.
     """
 
     _BLIND_CUTS = True
