@@ -16,6 +16,7 @@ Per request, for one slot and task (two slots interleave their lines)::
         …  47 generated), mean len =  3.94      (one line)
     slot print_timing: id  3 | task 0 |      acc per pos = (1.000, 1.000, 0.938)
     slot      release: id  3 | task 0 | stop processing: n_tokens = 122, truncated = 0
+    srv  update_slots: all slots are idle            (no request left in flight)
 
 The draft lines appear only when drafting ran (``acc per pos`` only at ``-lv 4``).
 Lines are assembled per (slot, task), never by their order: the journal may interleave
@@ -181,6 +182,10 @@ class EngineLog:
                 return self._release(line, at)
             elif "processing task" in line:
                 self._launch(line)
+        elif "all slots are idle" in line:
+            # the server's own word that nothing runs: a request whose release line was
+            # lost is not in flight for ever (the idle stop would never come)
+            self.in_flight.clear()
         elif "buffer size" in line:
             m = _BUFFER.search(line)
             if m:

@@ -16,6 +16,7 @@ import json
 import shlex
 import shutil
 import sys
+import time
 from typing import Any
 
 from ..core.names import (
@@ -31,9 +32,37 @@ from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
 
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
-                     "LastBench", "Stats")
+                     "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain",
+                     "IdleStopAt")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
 SPINNER = "|/-\\"
+
+
+def idle_text(row: dict[str, Any], now: float) -> str:
+    """When the engine stops for idleness, as a person reads it: "stops in 12min without
+    a request" (IdleStopAt), "" when no stop is planned."""
+    from ..core.serve import span_text
+
+    at = row.get("IdleStopAt") or 0.0
+    if not at:
+        return ""
+    left = at - now
+    if left < 1:
+        return "stopping: no request for " + span_text(row.get("IdleStop") or 0.0)
+    return f"stops in {span_text(left if left < 60 else round(left / 60) * 60)} without a request"
+
+
+def serve_text(row: dict[str, Any]) -> str:
+    """The [serve] settings, one line: "on demand, idle_stop 15min, group gpu0 (drain
+    2min)", or "by hand"."""
+    from ..core.serve import span_text
+
+    parts = ["on demand"] if row.get("OnDemand") else []
+    if row.get("IdleStop"):
+        parts.append(f"idle_stop {span_text(row['IdleStop'])}")
+    if row.get("Group"):
+        parts.append(f"group {row['Group']} (drain {span_text(row.get('Drain') or 0.0)})")
+    return ", ".join(parts) or "by hand (no [serve] settings)"
 
 
 def _print_json(data: Any) -> None:
@@ -85,14 +114,16 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         return EXIT_OK
     from . import stats as ctlstats
 
+    now = time.time()
     lines = [["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "MODEL"]]
     for r in rows:
         top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
         error = "  (broken: " + r["Error"] + ")" if r.get("Error") else ""
+        idle = f"  ({idle_text(r, now)})" if idle_text(r, now) else ""
         lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
-                      f"{r['Model']}{blocked}{error}"])
+                      f"{r['Model']}{blocked}{idle}{error}"])
     lines += [[name, "broken", "-", "-", "-", "-", error] for name, error in sorted(broken.items())]
     print(ctlstats.columns(lines))
     return EXIT_OK
@@ -205,6 +236,9 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
     print("Next start: " + (shlex.join(row["Argv"]) if row["Argv"] else "-"))
     print("PendingRestart: " + ("yes (a restart applies the edit)" if row.get("PendingRestart")
                                 else "no"))
+    print("Serve: " + serve_text(row))
+    if idle_text(row, time.time()):
+        print("IdleStopAt: " + idle_text(row, time.time()))
     for note in row["Notes"]:
         print(f"  - {note}")
     return EXIT_OK

@@ -280,7 +280,8 @@ class Daemon:
             iface.emit_properties_changed({"Model": view.model, "SpecMode": view.spec_mode,
                                            "Notes": view.notes, "Argv": mask_argv(view.argv),
                                            "AutoSpecBlocked": view.auto_blocked,
-                                           "PendingRestart": self.pending_restart(iface.preset)})
+                                           "PendingRestart": self.pending_restart(iface.preset),
+                                           **iface.serve_properties()})
         self.notifier.send(f"STATUS={self.status()}")
         log.info("presets loaded: %s", self.status())
 
@@ -368,6 +369,7 @@ class Daemon:
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed(changed)
+        self.telemetry.idle.on_state(name, state)   # READY starts the idle stop's clock
         if moved and self.signalled.get(name) in (LOADING, STOPPING) \
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
             # a start ended (ready, stopped or failed): its attempt token is settled, and

@@ -75,6 +75,7 @@ class Backend(Protocol):
     registry: Registry
     editor: Any   # lokid.dbus.editing.Editor
     logs: Any     # lokid.dbus.logs.Logs
+    telemetry: Any   # lokid.dbus.telemetry.Telemetry (its idle stops: IdleStopAt)
 
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...
@@ -280,6 +281,32 @@ class PresetInterface(ServiceInterface):
         if view.plan is None:
             raise view.failure()
         return plan_variant(view.plan, await self.backend.reveals())
+
+    def serve_properties(self) -> dict[str, Any]:
+        """The [serve] settings' properties, for PropertiesChanged after a reload."""
+        serve = self.view.serve
+        return {"OnDemand": serve.on_demand, "IdleStop": serve.idle_stop or 0.0,
+                "Group": serve.group, "Drain": serve.drain}
+
+    @dbus_property(access=PropertyAccess.READ)
+    def OnDemand(self) -> "b":
+        return self.view.serve.on_demand
+
+    @dbus_property(access=PropertyAccess.READ)
+    def IdleStop(self) -> "d":
+        return self.view.serve.idle_stop or 0.0
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Group(self) -> "s":
+        return self.view.serve.group
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Drain(self) -> "d":
+        return self.view.serve.drain
+
+    @dbus_property(access=PropertyAccess.READ)
+    def IdleStopAt(self) -> "d":
+        return float(self.backend.telemetry.idle.stop_at(self.preset))
 
     @dbus_property(access=PropertyAccess.READ)
     def PendingRestart(self) -> "b":

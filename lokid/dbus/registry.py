@@ -26,6 +26,7 @@ from ..core.benchrules import bench_fingerprint
 from ..core.errors import ConfigError, LokiError, NotFoundError, ProbePending, StateError
 from ..core.names import engine_unit
 from ..core.plan import Plan
+from ..core.serve import Serve
 from ..host.probe import Outcome
 from ..planning.gather import decide, gather
 from ..store.state import StateDB, StateReader, read_cleared
@@ -49,6 +50,7 @@ class PresetView:
     # Where it listens, for the port conflicts: its plan's host and port; without a plan,
     # where the unit's start counts it as listening (gather.listeners), or None
     listen: tuple[str, int] | None = None
+    serve: Serve = field(default_factory=Serve)   # [serve]: on demand, idle stop, group
 
     @property
     def unit(self) -> str:
@@ -105,7 +107,7 @@ class Registry:
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
             for name, preset in good.items():
-                views[name] = self._view(preset, db, deadline)
+                views[name] = replace(self._view(preset, db, deadline), serve=preset.serve)
         self.presets = self._with_conflicts(views)
         self.broken = {name: str(error) for name, error in bad.items()}
 
@@ -114,7 +116,7 @@ class Registry:
         preset = cfg.load_preset(self.config_dir, name)
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
-            view = self._view(preset, db, deadline)
+            view = replace(self._view(preset, db, deadline), serve=preset.serve)
         self.presets = self._with_conflicts({**self.presets, name: view})
         return self.presets[name]
 

@@ -8,6 +8,9 @@ emits ``PropertiesChanged(Stats)`` for the presets whose figures moved, warns of
 a start whose requests could not be read, and rewrites the node_exporter
 textfile (:mod:`lokid.watch.promfile`) when something changed, or every 15 s.
 
+The same tick checks the engines stopped when idle (:mod:`lokid.dbus.idle`): they are
+judged from the same meters, and the count of their stops is published here.
+
 Memory per GPU comes from the engine's load lines where it runs at ``-lv 4``;
 for a running start without them, every :data:`GPU_EVERY` seconds, from the
 NVIDIA driver's per-process figures (:mod:`lokid.watch.nvml`, optional), over the
@@ -27,6 +30,7 @@ from ..runners.runner import EngineState, Runner
 from ..watch.meter import BLIND_AFTER, Meters
 from ..watch.nvml import GpuMemory
 from ..watch.promfile import Textfile
+from .idle import IdleStops
 from .interfaces import PresetInterface
 from .registry import Registry
 
@@ -49,6 +53,8 @@ class TelemetryHost(Protocol):
 
     def active_presets(self) -> list[str]: ...
 
+    async def stop(self, name: str) -> str: ...
+
 log = logging.getLogger("lokid.daemon")  # the daemon's own lines, as before
 
 STATS_EVERY = 1.0   # seconds between two PropertiesChanged(Stats) of one preset, at most
@@ -60,6 +66,8 @@ class Telemetry:
     def __init__(self, daemon: TelemetryHost):
         self.daemon = daemon
         self.meters = Meters(daemon.runtime_dir)
+        # the engines stopped when idle (lokid.dbus.idle), checked at each publisher tick
+        self.idle = IdleStops(daemon, self.meters)
         self.meter_failed = False
         # the Prometheus textfile (lokid.toml metrics_textfile): None when off; its path as
         # last read (None: not read yet)
@@ -88,6 +96,7 @@ class Telemetry:
         restarts = runner.restarts(name) if runner is not None else None
         if restarts is not None:
             out["restarts"] = restarts
+        out.update(self.idle.stats(name))
         got = self.gpu_mib.get(name)
         if got is not None and not out.get("memory_mib") and got[0] == out.get("invocation"):
             if got[1]:
@@ -147,6 +156,10 @@ class Telemetry:
         while not self.daemon.stopping.is_set():
             await asyncio.sleep(STATS_EVERY)
             ticks += 1
+            try:
+                await self.idle.check()
+            except Exception as e:  # a defect of ours: the Stats go on, the engines run
+                log.warning("idle stop: %s: %s", type(e).__name__, e)
             if ticks % round(GPU_EVERY / STATS_EVERY) == 1:
                 try:
                     await self.sample_gpu()
@@ -212,7 +225,8 @@ class Telemetry:
                 stats = figures[n] if n in figures else self.meters.snapshot(n)
                 records.append(Record(n, v.model if v else "", states[n], stats,
                                       v.auto_blocked if v else "",
-                                      tf.starts(n, stats.get("invocation"))))
+                                      tf.starts(n, stats.get("invocation")),
+                                      self.idle.count(n)))
             await asyncio.to_thread(tf.write, render(records, time.time(), broken))
         except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
             if not tf.render_failed:  # the Stats and the engines go on

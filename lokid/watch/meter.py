@@ -55,6 +55,9 @@ class _Start:
     records: int = 0        # requests the parser read whole
     blind: bool = False     # flagged: requests served, none read
     counted_from: float | None = None   # a replay left a gap: totals count from here
+    # the time of the line that left no request in flight (the end of the last request):
+    # where the idle stop's clock restarts (lokid.dbus.idle)
+    idle_since: float | None = None
 
 
 class Meters:
@@ -74,7 +77,10 @@ class Meters:
             start = self.starts[preset] = _Start(invocation, at)
         if start.stats is None:
             start.stats = StartStats(start.started, self._kind(preset, invocation))
+        busy = bool(start.log.in_flight)
         request = start.log.feed(line, at)
+        if busy and not start.log.in_flight:
+            start.idle_since = at
         if request is not None:
             start.stats.add(request)
             start.records += 1

@@ -72,6 +72,9 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("lokid_engine_starts_total", "counter",
      "Starts of the preset's engine this daemon has seen since it started (a new "
      "invocation whose output it read)."),
+    ("lokid_idle_stops_total", "counter",
+     "Times the daemon stopped the preset's engine after its serve.idle_stop without a "
+     "request in flight, since the daemon started."),
     ("lokid_engine_start_time_seconds", "gauge",
      "When the engine's current (or last) start began (Unix time, its first output line)."),
     ("lokid_engine_load_seconds", "gauge",
@@ -116,6 +119,8 @@ class Record:
     stats: Mapping[str, Any] = field(default_factory=dict)  # Meters.snapshot(): {} = none
     auto_blocked: str = ""         # why automatic speculation is cut, "" when it is not
     starts: int | None = None      # starts seen since the daemon started (None: unknown)
+    # stops for idleness since the daemon started (None: the preset has no idle_stop)
+    idle_stops: int | None = None
 
 
 def escape_label(value: str) -> str:
@@ -193,6 +198,7 @@ def _preset(out: _Samples, r: Record) -> None:
     out.add("lokid_auto_spec_blocked", (*base, ("reason", r.auto_blocked)),
             1 if r.auto_blocked else 0)
     out.add("lokid_engine_starts_total", base, r.starts)
+    out.add("lokid_idle_stops_total", base, r.idle_stops)
     s = r.stats
     if not s:
         return

@@ -129,7 +129,7 @@ def records() -> list[Record]:
         Record("drafted", "/srv/models/q.gguf", "ready",
                snapshot("b11434-cuda-h200-draft_auto.log", "draft"), "", 2),
         Record("small", "tiny.gguf", "inactive", snapshot("b11434-cpu-A_full_mtp.log"),
-               "the last automatic launch never became healthy", 1),
+               "the last automatic launch never became healthy", 1, idle_stops=3),
         Record("never", "other.gguf", "inactive"),
     ]
 
@@ -217,6 +217,14 @@ def test_the_state_is_one_hot_and_the_verdict_has_its_reason() -> None:
     odd = parse(render([Record("x", "m", "reloading")], now=0.0))
     assert series(odd, "lokid_engine_state", state="reloading") == 1
     assert sum(odd["lokid_engine_state"].samples.values()) == 1
+
+
+def test_idle_stops_are_counted_for_a_preset_with_idle_stop_only() -> None:
+    fams = parse(render(records(), now=0.0))
+    assert series(fams, "lokid_idle_stops_total", preset="small", model="tiny.gguf") == 3
+    assert {dict(k)["preset"] for k in fams["lokid_idle_stops_total"].samples} == {"small"}
+    zero = parse(render([Record("p", "m", "ready", idle_stops=0)], now=0.0))
+    assert series(zero, "lokid_idle_stops_total", preset="p", model="m") == 0
 
 
 def test_a_preset_that_served_nothing_has_state_but_no_counters() -> None:
