@@ -195,13 +195,17 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
     import logging
 
     from .core import config as cfg
+    from .gateway import settings as gws
     from .gateway.server import serve
-    from .gateway.settings import read_keys, settings_of
 
-    settings = settings_of(cfg.load_global(config_dir).gateway, listen)
-    keys = read_keys(settings.api_keys_file) if settings.api_keys_file else frozenset()
+    # loki-gateway.socket's sockets, unless --listen says otherwise (tests, by hand)
+    sockets = [] if listen else gws.inherited_sockets()
+    settings = gws.settings_of(cfg.load_global(config_dir).gateway,
+                               listen or [gws.socket_address(s) for s in sockets])
+    configured = settings.api_keys_file
+    keys = gws.read_keys(gws.keys_path(configured), configured) if configured else frozenset()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    asyncio.run(serve(settings, bus, bus_address, keys))
+    asyncio.run(serve(settings, bus, bus_address, keys, sockets))
     return 0
 
 

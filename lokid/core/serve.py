@@ -37,6 +37,9 @@ DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
 MAX_DRAIN = 86400.0            # a day: longer, and a swap that waits is a swap that never comes
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+# The systemd credential api_keys_file travels as to loki-gateway.service (LoadCredential=,
+# written by the generator): the gateway's user never reads the operator's file itself.
+KEYS_CREDENTIAL = "gateway-api-keys"
 MAX_BODY_RANGE = (1024, 1024 * 1024 * 1024)
 SPAN_FORMS = 'a systemd time span such as "15min", "90s" or "1h 30min" (a number alone is seconds)'
 

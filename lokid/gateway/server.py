@@ -21,6 +21,8 @@ import hmac
 import json
 import logging
 import signal
+import socket
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -166,17 +168,23 @@ def runner_kwargs() -> dict[str, Any]:
     return {"handler_cancellation": True} if (major, minor) >= (3, 9) else {}
 
 
-async def start_sites(gateway: Gateway) -> web.AppRunner:
+async def start_sites(gateway: Gateway, sockets: Sequence[socket.socket] = ()
+                      ) -> web.AppRunner:
+    """Serve on ``sockets`` (systemd's, already listening) when given, else bind
+    ``settings.listen``."""
     runner = web.AppRunner(gateway.app(), access_log=None, **runner_kwargs())
     await runner.setup()
-    for host, port in gateway.settings.listen:
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    for sock in sockets:
+        await web.SockSite(runner, sock).start()
+    if not sockets:
+        for host, port in gateway.settings.listen:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
     return runner
 
 
 async def serve(settings: Settings, bus_type: str, bus_address: str | None,
-                keys: frozenset[str]) -> None:
-    """The gateway until SIGTERM or SIGINT."""
+                keys: frozenset[str], sockets: Sequence[socket.socket] = ()) -> None:
+    """The gateway until SIGTERM or SIGINT; on ``sockets`` when systemd passed them."""
     from dbus_fast import BusType
 
     from ..core.errors import LokiError
@@ -191,8 +199,9 @@ async def serve(settings: Settings, bus_type: str, bus_address: str | None,
     presets = Presets(bus)
     await presets.attach()
     gateway = Gateway(settings, presets, keys)
-    runner = await start_sites(gateway)
-    log.info("gateway listening on %s", ", ".join(f"{h}:{p}" for h, p in settings.listen))
+    runner = await start_sites(gateway, sockets)
+    log.info("gateway listening on %s%s", "systemd's sockets " if sockets else "",
+             ", ".join(f"{h}:{p}" for h, p in settings.listen))
     notifier = Notifier()
     notifier.send("READY=1")
     done = asyncio.Event()

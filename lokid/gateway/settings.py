@@ -8,15 +8,24 @@ Rules, each for a failure it prevents:
   for anyone on the network by default;
 - the keys file is read once at start, one key a line (``#`` comments and blank lines
   skipped); a missing, unreadable or empty file is an error naming it, never "no keys
-  needed". A key never appears in a log line or an error.
+  needed". A key never appears in a log line or an error;
+- under systemd (loki-gateway.service) the keys are systemd's private copy of the file
+  (credential ``gateway-api-keys``, :func:`keys_path`), and the listening sockets are
+  systemd's (``LISTEN_FDS``, :func:`inherited_sockets`), held to the rules above by the
+  addresses they are bound to: a socket unit edited to listen on 0.0.0.0 without keys
+  is refused as ``--listen 0.0.0.0:…`` would be.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError
-from ..core.serve import DEFAULT_MAX_BODY, GatewayConfig, loopback, split_listen
+from ..core.secrets import CREDENTIALS_DIR_ENV
+from ..core.serve import DEFAULT_MAX_BODY, KEYS_CREDENTIAL, GatewayConfig, loopback, split_listen
 
 MAX_KEYS_FILE = 1024 * 1024
 
@@ -42,7 +51,7 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None) -> Sett
             parsed.append(split_listen(text))
         except ValueError as e:
             raise ConfigError(f"--listen {e}", key="listen") from None
-    wide = [f"{h}:{p}" for h, p in parsed if not loopback(h)]
+    wide = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed if not loopback(h)]
     if wide and not gateway.api_keys_file:
         raise ConfigError(f"the gateway would listen beyond loopback ({', '.join(wide)}) "
                           "without client keys: set [gateway] api_keys_file", key="listen")
@@ -50,14 +59,53 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None) -> Sett
                     gateway.default_model)
 
 
-def read_keys(path: str) -> frozenset[str]:
-    """The client keys in ``path``; ConfigError naming the file when there are none."""
+def inherited_sockets() -> list[socket.socket]:
+    """The listening sockets systemd handed this process (sd_listen_fds(3)), or [] when it
+    was not socket-activated. ConfigError for one that is not a listening TCP socket (a
+    ``ListenStream=`` path, a datagram socket): the rules above need an address."""
+    from systemd import daemon
+
+    found = []
+    for fd in daemon.listen_fds():   # checks LISTEN_PID, and unsets the variables
+        for family in (socket.AF_INET, socket.AF_INET6):
+            if daemon.is_socket(fd, family, socket.SOCK_STREAM, 1):
+                found.append(socket.socket(fileno=fd))
+                break
+        else:
+            raise ConfigError(f"the socket systemd passed as fd {fd} is not a listening TCP "
+                              "socket: give loki-gateway.socket ListenStream=ADDRESS:PORT "
+                              "lines only (lokid.toml [gateway] listen)", key="listen")
+    return found
+
+
+def socket_address(sock: socket.socket) -> str:
+    """``"127.0.0.1:8000"`` or ``"[::1]:8000"``: where ``sock`` listens, as listen says it."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def keys_path(configured: str, env: Mapping[str, str] = os.environ) -> str:
+    """Where the keys are read: under loki-gateway.service (which sets
+    LOKI_CREDENTIALS_DIR=%d) systemd's copy, the credential the generator gives it;
+    otherwise ``configured`` itself."""
+    directory = env.get(CREDENTIALS_DIR_ENV)
+    return f"{directory.rstrip('/')}/{KEYS_CREDENTIAL}" if directory else configured
+
+
+def read_keys(path: str, configured: str = "") -> frozenset[str]:
+    """The client keys in ``path``; ConfigError naming the file when there are none.
+    ``configured``: the file lokid.toml names, when ``path`` is systemd's copy of it."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_KEYS_FILE + 1)
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the gateway's api_keys_file: {e.strerror}",
-                          key="api_keys_file") from None
+        hint = ""
+        if configured and configured != path:
+            hint = (f" (systemd's copy of {configured}, credential {KEYS_CREDENTIAL}: run "
+                    "`systemctl daemon-reload` after setting [gateway] api_keys_file, then "
+                    "restart loki-gateway.service)")
+        raise ConfigError(f"{path}: cannot read the gateway's api_keys_file: {e.strerror}"
+                          + hint, key="api_keys_file") from None
     if len(data) > MAX_KEYS_FILE:
         raise ConfigError(f"{path}: the api_keys_file is over {MAX_KEYS_FILE} bytes",
                           key="api_keys_file")

@@ -64,6 +64,7 @@ PACKAGES = (
     "python3-dbus-fast",     # 1.84.2 in bookworm
     "python3-tomlkit",       # 0.11.7 in bookworm: preset edits that keep comments
     "python3-sdnotify",      # 0.3.2: the unit helpers' READY/STATUS/WATCHDOG
+    "python3-aiohttp",       # 3.8.4: the gateway's HTTP server and client
     # lokid's verbs are authorised by polkit where it runs: the container tests check
     # the shipped action and rules files against the real polkitd (and the fallback
     # with polkitd taken away).

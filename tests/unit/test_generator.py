@@ -153,3 +153,48 @@ def test_a_presets_directory_that_cannot_be_listed_is_one_warning(tmp_path: Path
                        check=False)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("lokid-generator: ") and "cannot list the presets" in r.stderr
+
+
+def gateway_config(tmp_path: Path, table: str) -> Path:
+    config = write_config(tmp_path, "/usr/bin/llama-server", [tmp_path])
+    with (config / "lokid.toml").open("a") as f:
+        f.write(table)
+    return config
+
+
+def test_the_gateway_listens_where_lokid_toml_says_and_is_enabled(tmp_path: Path) -> None:
+    config = gateway_config(tmp_path, '[gateway]\nlisten = ["127.0.0.1:8000", "[::1]:8001", '
+                            '"10.1.2.3:8443"]\napi_keys_file = "/etc/loki/gateway.keys"\n')
+    out = tmp_path / "gen"
+    assert generate(str(config), str(out)) == ["loki-gateway.socket", "loki-gateway.service"]
+    socket = (out / "loki-gateway.socket.d" / "50-lokid-gateway.conf").read_text()
+    assert [line for line in socket.splitlines() if not line.startswith("#")] == [
+        "[Socket]", "ListenStream=127.0.0.1:8000", "ListenStream=[::1]:8001",
+        "ListenStream=10.1.2.3:8443"]
+    service = (out / "loki-gateway.service.d" / "50-lokid-gateway.conf").read_text()
+    assert [line for line in service.splitlines() if not line.startswith("#")] == [
+        "[Service]", "LoadCredential=gateway-api-keys:/etc/loki/gateway.keys"]
+    link = out / "sockets.target.wants" / "loki-gateway.socket"
+    assert link.is_symlink() and link.readlink().name == "loki-gateway.socket"
+
+
+def test_without_listen_the_gateway_is_off_and_keys_need_no_credential(tmp_path: Path) -> None:
+    out = tmp_path / "gen"
+    config = gateway_config(tmp_path, "")
+    write_preset(config, "p", 'model = "m.gguf"\n')
+    assert generate(str(config), str(out)) == ["loki-engine@p.service"]
+    assert sorted(p.name for p in out.iterdir()) == ["loki-engine@p.service.d"]
+    # loopback only, no keys: the socket's drop-in, no service drop-in
+    out2 = tmp_path / "gen2"
+    config = gateway_config(tmp_path / "two", '[gateway]\nlisten = ["127.0.0.1:8000"]\n')
+    assert generate(str(config), str(out2)) == ["loki-gateway.socket"]
+    assert not (out2 / "loki-gateway.service.d").exists()
+
+
+def test_a_broken_presets_directory_leaves_the_gateway_on(tmp_path: Path) -> None:
+    config = gateway_config(tmp_path, '[gateway]\nlisten = ["127.0.0.1:8000"]\n')
+    (config / "presets").rmdir()
+    (config / "presets").write_text("not a directory\n")
+    out = tmp_path / "gen"
+    assert generate(str(config), str(out)) == ["loki-gateway.socket"]
+    assert (out / "sockets.target.wants" / "loki-gateway.socket").is_symlink()

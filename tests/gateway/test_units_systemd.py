@@ -1,0 +1,123 @@
+"""The gateway as shipped, under a real systemd: ``loki-gateway.socket`` on the addresses
+of lokid.toml's ``[gateway] listen`` (the generator's drop-in, enabled by its own
+``sockets.target.wants`` link), ``loki-gateway.service`` started by the first
+connection as user ``loki-gateway``, a request for a stopped on-demand preset answered
+after the gateway started its ``loki-engine@`` unit through the daemon (the polkit rule
+for that user), and a stop of the gateway that leaves the daemon and the engine running.
+
+Generous bounds only: the container shares a noisy machine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support import REPO
+from support.enginekit import free_port
+from support.lokid_install import CONFIG_DIR, MODEL_DIR, LokidSystem, install, unit
+from support.systemd_harness import Container
+
+pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
+
+SOCKET, SERVICE = "loki-gateway.socket", "loki-gateway.service"
+SYSTEM_UNITS = "/usr/lib/systemd/system"   # where the package installs them
+
+
+@pytest.fixture(scope="module")
+def lk(systemd_container: Container, container_engine: str, models: Any
+       ) -> Iterator[LokidSystem]:
+    ct = systemd_container
+    system = install(ct, container_engine, [models.llama])
+    for name in (SOCKET, SERVICE):
+        ct.write_file(f"{SYSTEM_UNITS}/{name}", (REPO / "units" / name).read_bytes())
+        system.track_path(f"{SYSTEM_UNITS}/{name}")
+    system.track_unit(SERVICE)
+    system.track_unit(SOCKET)
+    system.preset("lazy", 'model = "llama.gguf"\n[serve]\non_demand = true\n', reload=False)
+    system.preset("steady", 'model = "llama.gguf"\n', reload=False)
+    system.gateway_port = free_port()  # type: ignore[attr-defined]
+    yield system
+    ct.systemctl("stop", SOCKET, SERVICE, check=False)
+    ct.systemctl("stop", "lokid.service", check=False)
+    system.set_engine(system.engine)   # lokid.toml without [gateway] again
+    system.cleanup()
+
+
+def curl(ct: Container, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    args = ["curl", "-sS", "--max-time", "150", "-o", "/dev/stdout", "-w", "\n%{http_code}"]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
+    r = ct.run([*args, url], timeout=180, check=False)
+    text, _, code = r.stdout.rpartition("\n")
+    assert code.isdigit(), (r.stdout, r.stderr)
+    return int(code), json.loads(text) if text.strip().startswith(("{", "[")) else text
+
+
+def test_the_socket_starts_the_gateway_which_starts_an_on_demand_engine(lk: LokidSystem
+                                                                        ) -> None:
+    ct = lk.ct
+    port = lk.gateway_port  # type: ignore[attr-defined]
+    ct.systemctl("stop", "lokid.service", check=False)
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  f"engine = {json.dumps(lk.engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
+                  f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
+    ct.systemctl("daemon-reload")
+    assert f"ListenStream=127.0.0.1:{port}" in ct.systemctl("cat", SOCKET).stdout
+    wants = ct.systemctl("show", "-p", "Wants", "--value", "sockets.target").stdout
+    assert SOCKET in wants.split(), wants
+    # what boot does: sockets.target pulls in what the generator enabled
+    ct.systemctl("start", "sockets.target")
+    ct.wait_for(SOCKET, "active", timeout=30)
+    assert ct.show(SERVICE, "ActiveState")["ActiveState"] == "inactive"
+    cursor = ct.cursor()
+
+    # the first connection starts the gateway (and, through it, lokid.service)
+    code, models = curl(ct, f"http://127.0.0.1:{port}/v1/models")
+    assert code == 200, models
+    states = {m["id"]: m["lokid"]["state"] for m in models["data"]}
+    assert states == {"lazy": "inactive", "steady": "inactive"}, models
+    assert ct.show(SERVICE, "ActiveState")["ActiveState"] == "active"
+    pid = ct.show(SERVICE, "MainPID")["MainPID"]
+    user = ct.run(["ps", "-o", "user=", "-p", pid]).stdout.strip()
+    assert user == "loki-gateway"
+
+    # a stopped on-demand preset: started by its unit under systemd, then answered
+    code, reply = curl(ct, f"http://127.0.0.1:{port}/v1/chat/completions",
+                       {"model": "lazy", "messages": [{"role": "user", "content": "Hello"}],
+                        "max_tokens": 8, "temperature": 0})
+    assert code == 200, reply
+    assert reply["choices"][0]["message"]["content"] is not None
+    assert ct.show(unit("lazy"), "ActiveState")["ActiveState"] == "active"
+    # a preset not on demand is not started by a request
+    code, refused = curl(ct, f"http://127.0.0.1:{port}/v1/chat/completions",
+                         {"model": "steady", "messages": [{"role": "user", "content": "x"}]})
+    assert code == 503 and "lokictl start steady" in refused["error"]["message"], refused
+    assert ct.show(unit("steady"), "ActiveState")["ActiveState"] == "inactive"
+
+    # the gateway stopped: the daemon and the engine run on; the socket still listens
+    ct.systemctl("stop", SERVICE)
+    assert ct.show(SERVICE, "ActiveState")["ActiveState"] == "inactive"
+    assert ct.show("lokid.service", "ActiveState")["ActiveState"] == "active"
+    assert ct.show(unit("lazy"), "ActiveState")["ActiveState"] == "active"
+    assert ct.show(SOCKET, "ActiveState")["ActiveState"] == "active"
+    code, health = curl(ct, f"http://127.0.0.1:{port}/health")
+    assert code == 200 and health == {"status": "ok", "lokid": "reachable"}, health
+    journal = ct.journal(SERVICE, since_cursor=cursor)
+    assert "gateway listening on systemd's sockets" in journal, journal[-3000:]
+    assert "Traceback" not in journal
+    ct.systemctl("stop", unit("lazy"), timeout=60)
+
+
+def test_without_listen_nothing_listens(lk: LokidSystem) -> None:
+    ct = lk.ct
+    ct.systemctl("stop", SOCKET, SERVICE, check=False)
+    lk.set_engine(lk.engine)   # lokid.toml without [gateway]
+    ct.systemctl("daemon-reload")
+    wants = ct.systemctl("show", "-p", "Wants", "--value", "sockets.target").stdout
+    assert SOCKET not in wants.split()
+    r = ct.systemctl("start", SOCKET, check=False)
+    assert r.returncode != 0
+    assert ct.show(SOCKET, "ActiveState")["ActiveState"] != "active"
