@@ -23,6 +23,10 @@ why in the journal (``preset qwen: stopped after 15min without a request``), is
 counted (Stats ``idle_stops``, Prometheus ``lokid_idle_stops_total``), and is asked
 once per READY: a stop that fails is logged, and the engine is left alone until it
 is ready again. ``IdleStopAt`` (Unix time, 0 for none) says when the next one is due.
+
+The same count is exported as ``RequestsInFlight``, announced the moment it moves (a
+swap in a GPU group waits for it: :mod:`lokid.gateway.groups`): the requests of the
+engine's current start, 0 when it is not ready.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from ..core.errors import LokiError, StalePlanError
 from ..core.serve import span_text
 from ..runners.runner import READY, EngineState
 from ..store.runtimedir import read_runtime_plan
-from ..watch.meter import Meters
+from ..watch.meter import Meters, _Start
 from .registry import Registry
 
 log = logging.getLogger("lokid.daemon")
@@ -78,6 +82,8 @@ class IdleStops:
         self.clocks: dict[str, _Clock] = {}
         self.counts: dict[str, int] = {}   # idle stops per preset since the daemon started
         self.said: dict[str, float] = {}   # IdleStopAt as last announced
+        self.said_in_flight: dict[str, int] = {}   # RequestsInFlight as last announced
+        meters.on_in_flight = self.announce_in_flight
 
     def on_state(self, name: str, state: EngineState) -> None:
         """An engine's new state: READY starts its clock, any other state ends it."""
@@ -87,12 +93,38 @@ class IdleStops:
         else:
             self.clocks.pop(name, None)
         self.announce(name)
+        self.announce_in_flight(name)
 
     def _invocation(self, name: str) -> str:
         try:
             return read_runtime_plan(self.host.runtime_dir, name).invocation
         except (StalePlanError, OSError, ValueError):
             return ""
+
+    def _start(self, name: str) -> _Start | None:
+        """The meters of the ready engine's start (None: not ready, or no line yet): the
+        figures of this start only, as an older start's requests in flight (it died
+        serving them) must hold up neither its idle stop nor a swap."""
+        clock = self.clocks.get(name)
+        start = self.meters.starts.get(name)
+        if clock is None or start is None:
+            return None
+        return start if not clock.invocation or start.invocation == clock.invocation else None
+
+    def in_flight(self, name: str) -> int:
+        """RequestsInFlight: the ready engine's requests in flight, from its log lines."""
+        start = self._start(name)
+        return len(start.log.in_flight) if start is not None else 0
+
+    def announce_in_flight(self, name: str) -> None:
+        """PropertiesChanged(RequestsInFlight) when it moved since last said."""
+        count = self.in_flight(name)
+        if self.said_in_flight.get(name, 0) == count:
+            return
+        self.said_in_flight[name] = count
+        iface = self.host.exported.get(name)
+        if iface is not None:
+            iface.emit_properties_changed({"RequestsInFlight": count})
 
     def deadline(self, name: str) -> float | None:
         """When the preset's engine is due to stop for idleness (Unix time), or None."""
@@ -101,10 +133,8 @@ class IdleStops:
         if clock is None or view is None or clock.asked:
             return None
         in_flight, last_end = 0, None
-        start = self.meters.starts.get(name)
-        # the figures of this start only: an older start's requests in flight (it died
-        # serving them) must not hold the new one up
-        if start is not None and (not clock.invocation or start.invocation == clock.invocation):
+        start = self._start(name)
+        if start is not None:
             in_flight, last_end = len(start.log.in_flight), start.idle_since
         return idle_deadline(view.serve.idle_stop, clock.ready_at, in_flight, last_end)
 
@@ -146,6 +176,7 @@ class IdleStops:
         now = time.time() if now is None else now
         for name in sorted(self.clocks):
             self.announce(name)
+            self.announce_in_flight(name)   # a start's figures read again, or adopted
             at = self.deadline(name)
             if at is None or now < at or self.host.engine_state(name).state != READY:
                 continue

@@ -75,7 +75,8 @@ class Backend(Protocol):
     registry: Registry
     editor: Any   # lokid.dbus.editing.Editor
     logs: Any     # lokid.dbus.logs.Logs
-    telemetry: Any   # lokid.dbus.telemetry.Telemetry (its idle stops: IdleStopAt)
+    # lokid.dbus.telemetry.Telemetry (its idle stops: IdleStopAt, RequestsInFlight)
+    telemetry: Any
 
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...
@@ -307,6 +308,10 @@ class PresetInterface(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def IdleStopAt(self) -> "d":
         return float(self.backend.telemetry.idle.stop_at(self.preset))
+
+    @dbus_property(access=PropertyAccess.READ)
+    def RequestsInFlight(self) -> "u":
+        return int(self.backend.telemetry.idle.in_flight(self.preset))
 
     @dbus_property(access=PropertyAccess.READ)
     def PendingRestart(self) -> "b":

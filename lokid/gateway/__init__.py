@@ -3,7 +3,8 @@
 Who runs it: ``lokid gateway`` (its own process, later its own socket-activated unit), a
 client of the daemon over D-Bus like ``lokictl``: a fault in one never takes the other
 down. Modules, imports pointing one way: :mod:`~lokid.gateway.server` (the HTTP routes)
-over :mod:`~lokid.gateway.ondemand` (a start for a request) over
+over :mod:`~lokid.gateway.groups` (one preset of a GPU group at a time) over
+:mod:`~lokid.gateway.ondemand` (a start for a request) over
 :mod:`~lokid.gateway.presets` (the daemon's presets, followed by signals), and
 :mod:`~lokid.gateway.relay` (a request carried to an engine), all over
 :mod:`~lokid.gateway.settings` and :mod:`~lokid.gateway.replies`.

@@ -6,8 +6,8 @@ Rules, each for a failure it prevents:
 - requests waiting for the same preset share one start (one ``StartPreset``, one wait):
   a burst of requests for a stopped model starts it once;
 - a start outlives the request that asked for it: a client that gives up does not
-  cancel the load the next client will want (stopping an unused start is the GPU
-  groups' business, later);
+  cancel the load the next client will want (giving up a start nobody waits for is the
+  GPU groups' business, :mod:`lokid.gateway.groups`, through :meth:`Starter.cancel`);
 - a start that fails answers every waiting request with the preset's own reason (its
   Status), and so does every request for :data:`FAILED_HOLD` seconds after: a client
   retrying in a loop does not restart a broken engine in a loop;
@@ -53,9 +53,20 @@ class Starter:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._start(preset))
             self.starting[preset.name] = task
-            task.add_done_callback(lambda _t: self.starting.pop(preset.name, None))
+            task.add_done_callback(lambda t: self._done(preset.name, t))
         await asyncio.shield(task)   # the start goes on if this request is cancelled
         return preset.url
+
+    def _done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self.starting.get(name) is task:   # not a newer start of the same preset
+            del self.starting[name]
+
+    def cancel(self, name: str) -> None:
+        """Give up the start of ``name`` under way, if any (its group swaps it out): its
+        end is no failure, and the next request for it starts it again."""
+        task = self.starting.pop(name, None)
+        if task is not None:
+            task.cancel()
 
     async def _start(self, preset: Preset) -> None:
         try:

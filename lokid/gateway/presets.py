@@ -51,6 +51,9 @@ class Preset:
     status: str = ""
     url: str = ""
     on_demand: bool = False
+    group: str = ""            # serve.group ("" for none)
+    drain: float = 120.0       # serve.drain, seconds
+    in_flight: int = 0         # RequestsInFlight: the engine's requests, from its log
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -61,6 +64,12 @@ class Preset:
             self.status = str(props["Status"])
         if "OnDemand" in props:
             self.on_demand = bool(props["OnDemand"])
+        if "Group" in props:
+            self.group = str(props["Group"])
+        if "Drain" in props:
+            self.drain = float(props["Drain"])
+        if "RequestsInFlight" in props:
+            self.in_flight = int(props["RequestsInFlight"])
         stats = props.get("Stats")
         if isinstance(stats, dict) and stats.get("url"):
             self.url = str(stats["url"])
@@ -183,5 +192,11 @@ class Presets:
     async def start(self, name: str) -> str:
         """StartPreset, as ``lokictl start``: the job's id (DBusError on a refusal)."""
         (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StartPreset",
+                            "s", [name])
+        return str(job)
+
+    async def stop(self, name: str) -> str:
+        """StopPreset, as ``lokictl stop`` (a swap in a GPU group): the job's id."""
+        (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StopPreset",
                             "s", [name])
         return str(job)

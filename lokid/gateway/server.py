@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from .groups import Groups
 from .ondemand import Starter
 from .presets import Presets
 from .relay import relay, session
@@ -45,6 +46,7 @@ class Gateway:
         self.settings = settings
         self.presets = presets
         self.starter = Starter(presets)
+        self.groups = Groups(presets, self.starter)
         self.keys = tuple(k.encode() for k in keys)
         self.client: aiohttp.ClientSession | None = None
 
@@ -82,9 +84,9 @@ class Gateway:
         preset = self.presets.presets.get(name)
         if preset is None or name in self.presets.broken:
             raise self._unknown(name)
-        url = await self.starter.url(preset)
         assert self.client is not None
-        return await relay(self.client, request, url, body, keep_auth=not self.keys)
+        async with self.groups.turn(preset) as url:   # its group's turn, its engine started
+            return await relay(self.client, request, url, body, keep_auth=not self.keys)
 
     def _check_key(self, request: web.Request) -> None:
         if not self.keys:

@@ -23,6 +23,7 @@ Changes are announced at most once a second per preset (the caller polls
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,9 @@ class Meters:
         # presets whose engine served requests of which no figure could be read (the
         # engine's log format changed?): the caller warns, once per start
         self.blind: list[str] = []
+        # told the preset whose count of requests in flight moved (RequestsInFlight on the
+        # bus, at once: a swap in a GPU group waits for it, lokid.dbus.idle)
+        self.on_in_flight: Callable[[str], None] | None = None
 
     def feed(self, preset: str, invocation: str, line: str, at: float | None = None) -> None:
         """One engine line of ``preset``'s start ``invocation`` (``at``: its time)."""
@@ -77,10 +81,12 @@ class Meters:
             start = self.starts[preset] = _Start(invocation, at)
         if start.stats is None:
             start.stats = StartStats(start.started, self._kind(preset, invocation))
-        busy = bool(start.log.in_flight)
+        before = len(start.log.in_flight)
         request = start.log.feed(line, at)
-        if busy and not start.log.in_flight:
+        if before and not start.log.in_flight:
             start.idle_since = at
+        if before != len(start.log.in_flight) and self.on_in_flight is not None:
+            self.on_in_flight(preset)
         if request is not None:
             start.stats.add(request)
             start.records += 1

@@ -1,0 +1,261 @@
+"""GPU groups at the gateway: one preset of a ``serve.group`` runs at a time, and a swap
+never cuts a request (issue 22, item 2).
+
+The rule is :func:`lokid.core.swaps.decide` (pure, table-tested); this is its edge. A
+request for a preset of a group enters its group's queue (:meth:`Groups.turn`) and goes
+on when the rule admits it; from then until its answer is relayed whole (or its client
+goes), it counts as in flight for its preset. The rule runs again at every change: a
+request arriving, leaving or ending, a member's state or ``RequestsInFlight`` (the
+daemon's count of the requests the engine serves, from its log: those straight to its
+port too; the gateway takes the larger of it and its own count, since the engine logs a
+request a moment after the gateway sends it), and the times the rule gives.
+
+A swap, in this order, each step for a failure it prevents:
+
+- the turn passes to the new preset first: a request for the old one arriving during the
+  stop waits for its next turn, never reaches an engine being stopped;
+- every other running member is stopped through the daemon (``StopPreset``, as
+  ``lokictl stop``; a start of it under way is given up, not counted a failure), and the
+  new preset starts only once they are stopped: two models never share the GPU's memory;
+- the new preset's requests are then admitted and start it through the on-demand start
+  (:mod:`lokid.gateway.ondemand`): one start for all of them, its failure their answer.
+
+Faults: a stop refused, or one not done in :data:`STOP_TIMEOUT`, answers the new preset's
+waiting requests with 503 and the reason, and the old preset keeps the group. A preset
+that cannot be started for a request (not ``on_demand``, not ready) never stops another:
+its request is answered as without a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from dbus_fast import DBusError
+
+from ..core.serve import span_text
+from ..core.swaps import MAX_WAIT, Decision, Holder, Waiting, decide
+from .ondemand import LOADING, READY, STOPPING, Starter
+from .presets import Preset, Presets
+from .replies import UNAVAILABLE, GatewayError
+
+log = logging.getLogger("lokid.gateway")
+
+ACTIVE = (READY, LOADING, STOPPING)   # a member in these states holds (or frees) the GPU
+STOP_TIMEOUT = 120.0   # seconds a swapped-out engine has to stop
+CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait (a lost signal)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    key: int
+    preset: str
+    since: float
+    admitted: asyncio.Future[None]
+
+
+class Group:
+    """One group's queue, its holder and its scheduler (a task, alive while requests wait)."""
+
+    def __init__(self, name: str, presets: Presets, starter: Starter, max_wait: float):
+        self.name = name
+        self.presets = presets
+        self.starter = starter
+        self.max_wait = max_wait
+        self.waiting: list[_Waiter] = []
+        self.own: Counter[str] = Counter()   # the gateway's requests in flight, by preset
+        self.turn = ""          # the preset the group was last given to
+        self.since = 0.0        # when (monotonic)
+        self.swaps = 0
+        self.swapping = False   # a swap's stop under way: nobody is admitted
+        self.keys = itertools.count()
+        self.task: asyncio.Task[None] | None = None
+        self.kick: asyncio.Future[None] | None = None
+
+    def members(self) -> list[Preset]:
+        return [p for p in self.presets.presets.values() if p.group == self.name]
+
+    def holder(self, now: float) -> Holder | None:
+        held = self.presets.presets.get(self.turn)
+        if held is None or held.group != self.name:
+            running = sorted((p for p in self.members() if p.state in ACTIVE),
+                             key=lambda p: (p.state != READY, p.name))
+            if not running:
+                self.turn = ""
+                return None
+            held = running[0]
+            self.turn, self.since = held.name, now
+        ready = held.state == READY and bool(held.url)
+        in_flight = max(self.own[held.name], held.in_flight if ready else 0)
+        return Holder(held.name, ready, self.since, in_flight, held.drain)
+
+    # --- the requests' side ------------------------------------------------------------
+
+    async def enter(self, preset: str) -> None:
+        """Until the rule admits a request for ``preset``; GatewayError when its swap
+        failed. A request cancelled meanwhile (its client gone) leaves the queue."""
+        waiter = _Waiter(next(self.keys), preset, time.monotonic(),
+                         asyncio.get_running_loop().create_future())
+        self.waiting.append(waiter)
+        self._step(time.monotonic())   # a ready holder's request goes on without a wait
+        if not waiter.admitted.done():
+            self._poke()
+        try:
+            await waiter.admitted
+        except BaseException:
+            if waiter in self.waiting:
+                self.waiting.remove(waiter)
+                self._poke()
+            elif (waiter.admitted.done() and not waiter.admitted.cancelled()
+                  and waiter.admitted.exception() is None):
+                self.leave(preset)   # admitted, then cancelled before it went on
+            raise
+
+    def leave(self, preset: str) -> None:
+        """A request admitted for ``preset`` ended."""
+        self.own[preset] -= 1
+        if self.own[preset] <= 0:
+            del self.own[preset]
+        self._poke()
+
+    # --- the scheduler -----------------------------------------------------------------
+
+    def _poke(self) -> None:
+        if self.kick is not None and not self.kick.done():
+            self.kick.set_result(None)
+        if self.waiting and (self.task is None or self.task.done()):
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def _step(self, now: float) -> Decision:
+        """The rule once (nothing during a swap: its stop comes first); the requests it
+        admits go on."""
+        if self.swapping:
+            return Decision()
+        d = decide(self.holder(now), [Waiting(w.key, w.preset, w.since) for w in self.waiting],
+                   now, self.max_wait)
+        for key in d.admit:
+            waiter = next(w for w in self.waiting if w.key == key)
+            self.waiting.remove(waiter)
+            self.own[waiter.preset] += 1
+            waiter.admitted.set_result(None)
+        return d
+
+    async def _run(self) -> None:
+        try:
+            await self._schedule()
+        except Exception as e:   # a defect of ours: answered, never a request left hanging
+            log.exception("group %s: the scheduler failed", self.name)
+            for preset in {w.preset for w in self.waiting}:
+                self._refuse(preset, f"the gateway's scheduler of group {self.name} failed: "
+                             f"{type(e).__name__}: {e}")
+
+    async def _schedule(self) -> None:
+        while self.waiting:
+            d = self._step(time.monotonic())
+            if d.swap_to:
+                self.swapping = True
+                try:
+                    await self._swap(d.swap_to, d.cut)
+                finally:
+                    self.swapping = False
+            elif not d.admit:
+                await self._changed(d.again_at)
+
+    async def _changed(self, until: float | None) -> None:
+        """Until something the rule reads changes, ``until`` (monotonic) or CHECK_EVERY."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.kick = fut
+        members = self.members()
+        for m in members:
+            m.waiters.add(fut)
+        timeout = CHECK_EVERY if until is None else \
+            max(0.0, min(CHECK_EVERY, until - time.monotonic()))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self.kick = None
+            for m in members:
+                m.waiters.discard(fut)
+
+    async def _swap(self, to: str, cut: bool) -> None:
+        previous, previous_since = self.turn, self.since
+        self.turn, self.since = to, time.monotonic()
+        old = [m for m in self.members() if m.name != to and m.state in ACTIVE]
+        for m in old:
+            self.starter.cancel(m.name)
+            if cut:
+                log.warning("group %s: swapping %s out for %s with %d requests in flight: its "
+                            "drain (%s) is over", self.name, m.name, to,
+                            max(self.own[m.name], m.in_flight), span_text(m.drain))
+            else:
+                log.info("group %s: swapping %s out for %s", self.name, m.name, to)
+            if m.state == STOPPING:
+                continue
+            try:
+                await self.presets.stop(m.name)
+            except DBusError as e:
+                self._refuse(to, f"preset {to!r} waits for {m.name!r} (group {self.name}), "
+                             f"which cannot be stopped: {e.text}")
+                self.turn, self.since = previous, previous_since
+                return
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while any(m.state in ACTIVE for m in old):
+            if time.monotonic() >= deadline:
+                left = ", ".join(m.name for m in old if m.state in ACTIVE)
+                self._refuse(to, f"preset {to!r} waits for {left} (group {self.name}), which "
+                             f"did not stop in {STOP_TIMEOUT:.0f} s")
+                self.turn, self.since = previous, previous_since
+                return
+            await self._changed(deadline)
+        if old:
+            self.swaps += 1
+
+    def _refuse(self, preset: str, reason: str) -> None:
+        log.warning("group %s: %s", self.name, reason)
+        for waiter in [w for w in self.waiting if w.preset == preset]:
+            self.waiting.remove(waiter)
+            waiter.admitted.set_exception(GatewayError(503, reason, UNAVAILABLE,
+                                                       "model_swap_failed"))
+
+
+class Groups:
+    """The gateway's groups, made on a first request for one of their presets."""
+
+    def __init__(self, presets: Presets, starter: Starter, max_wait: float = MAX_WAIT):
+        self.presets = presets
+        self.starter = starter
+        self.max_wait = max_wait
+        self.groups: dict[str, Group] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, preset: Preset) -> AsyncIterator[str]:
+        """The URL of ``preset``'s ready engine once its group is its own (at once without a
+        group); its request counts in flight until the block ends."""
+        group = self.group_of(preset)
+        if group is None:
+            yield await self.starter.url(preset)
+            return
+        await group.enter(preset.name)
+        try:
+            yield await self.starter.url(preset)
+        finally:
+            group.leave(preset.name)
+
+    def group_of(self, preset: Preset) -> Group | None:
+        """The preset's group; None without one, and for a preset a request cannot start
+        (not on demand, not ready): that request must not stop another preset."""
+        if not preset.group or (not preset.on_demand and preset.state != READY):
+            return None
+        group = self.groups.get(preset.group)
+        if group is None:
+            group = self.groups[preset.group] = Group(preset.group, self.presets, self.starter,
+                                                      self.max_wait)
+        return group

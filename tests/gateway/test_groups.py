@@ -1,0 +1,130 @@
+"""A GPU group's swap through the gateway, with the real engines that the daemon's local
+runner starts on a private bus: two on-demand presets in one group, the first running.
+
+A request for the second waits while a stream to the first is in flight, whether the
+stream came through the gateway or straight to the first's port (the daemon's
+RequestsInFlight, from the engine's log): the stream completes in full, then the first
+is stopped, then the second starts and answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.daemonkit import Running
+from support.enginekit import free_port, write_config, write_preset
+
+from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE, preset_object_path
+from lokid.gateway.server import Gateway
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+TOKENS = 1500
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {"alpha": free_port(), "beta": free_port()}
+
+
+@pytest.fixture
+def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> Path:
+    assert Path(models.llama).name == "llama.gguf"
+    config = write_config(tmp_path, engine, [models.dir])
+    for name, port in ports.items():
+        write_preset(config, name, f'model = "llama.gguf"\nctx = 4096\nport = {port}\n'
+                     '[serve]\non_demand = true\ngroup = "gpu0"\ndrain = "2min"\n')
+    return config
+
+
+async def alpha_running(running: Running, gateway: Gateway) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("alpha")
+    await running.wait_event("alpha", "ready")
+    deadline = time.monotonic() + 10
+    while gateway.presets.presets["alpha"].state != "ready":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+def long_stream(model: str) -> dict[str, Any]:
+    return {"model": model, "prompt": "Once", "n_predict": TOKENS, "ignore_eos": True,
+            "stream": True, "temperature": 1.0}
+
+
+async def stream_through(c: httpx.AsyncClient, running: Running, started: asyncio.Event,
+                         ) -> tuple[bytes, float, int]:
+    """The whole stream, when it ended (monotonic), and the daemon's events by then."""
+    text = b""
+    async with c.stream("POST", "/completion", json=long_stream("alpha")) as s:
+        assert s.status_code == 200
+        async for chunk in s.aiter_raw():
+            text += chunk
+            if text.count(b"data: ") >= 5:
+                started.set()
+    return text, time.monotonic(), len(running.events)
+
+
+async def beta_after(c: httpx.AsyncClient) -> tuple[httpx.Response, float]:
+    r = await c.post("/v1/chat/completions",
+                     json={"model": "beta", "messages": [{"role": "user", "content": "Hi"}],
+                           "max_tokens": 4, "temperature": 0})
+    return r, time.monotonic()
+
+
+def check_swap(running: Running, gateway: Gateway, text: bytes, ended: float, events: int,
+               beta: httpx.Response, answered: float) -> None:
+    # the stream ran to its end: every token, the engine's own last event
+    assert f'"tokens_predicted":{TOKENS}'.encode() in text and b'"stop":true' in text
+    assert beta.status_code == 200, beta.text
+    assert beta.json()["model"] == "beta"
+    assert answered > ended   # beta waited for alpha's stream
+    # alpha was stopped, and only after its stream ended; beta started after that
+    alpha_stops = [i for i, ev in enumerate(running.events)
+                   if ev[0] == "alpha" and ev[1] in ("stopping", "inactive")]
+    beta_loads = [i for i, ev in enumerate(running.events) if ev[0] == "beta" and
+                  ev[1] == "loading"]
+    assert alpha_stops and min(alpha_stops) >= events, running.events
+    assert beta_loads and min(beta_loads) > max(alpha_stops), running.events
+    assert running.daemon.engine_state("alpha").state == "inactive"
+    assert running.daemon.engine_state("beta").state == "ready"
+    assert gateway.groups.groups["gpu0"].swaps == 1
+
+
+async def test_a_swap_waits_for_a_stream_through_the_gateway(running: Running,
+                                                             gateway: Gateway) -> None:
+    await alpha_running(running, gateway)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        started = asyncio.Event()
+        stream = asyncio.create_task(stream_through(c, running, started))
+        await asyncio.wait_for(started.wait(), 30)
+        beta, answered = await beta_after(c)
+        text, ended, events = await stream
+    check_swap(running, gateway, text, ended, events, beta, answered)
+
+
+async def test_a_request_straight_to_the_port_defers_the_swap(
+        running: Running, gateway: Gateway, ports: dict[str, int]) -> None:
+    await alpha_running(running, gateway)
+    props = await running.iface(preset_object_path("alpha"), "org.freedesktop.DBus.Properties")
+    assert (await props.call_get(PRESET_INTERFACE, "RequestsInFlight")).value == 0
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['alpha']}",
+                                 timeout=120) as direct, \
+            httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        started = asyncio.Event()
+        stream = asyncio.create_task(stream_through(direct, running, started))
+        await asyncio.wait_for(started.wait(), 30)
+        # the daemon counts it from the engine's log, and says so on the bus at once
+        deadline = time.monotonic() + 5
+        while gateway.presets.presets["alpha"].in_flight != 1:
+            assert time.monotonic() < deadline, "RequestsInFlight did not reach the gateway"
+            await asyncio.sleep(0.01)
+        assert (await props.call_get(PRESET_INTERFACE, "RequestsInFlight")).value == 1
+        assert not gateway.groups.groups.get("gpu0") or not gateway.groups.groups["gpu0"].own
+        beta, answered = await beta_after(c)
+        text, ended, events = await stream
+    check_swap(running, gateway, text, ended, events, beta, answered)
