@@ -39,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,21 +155,28 @@ def main() -> int:
         config = tiny_config(root, PRESET, f'port = {port}\nextra_args = ["-np", "{STREAMS}"]\n'
                              "[serve]\non_demand = true\n")
         with daemon_process(config, root) as daemon:
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "gateway",
-                 "--bus", "session", "--bus-address", daemon.address,
-                 "--listen", f"127.0.0.1:{gw_port}"],
-                env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
-            try:
-                asyncio.run(wait_health(f"http://127.0.0.1:{gw_port}"))
+            with gateway_process(config, daemon.address, gw_port):
                 print(f"load average at start: {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
                 asyncio.run(measure(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{gw_port}",
                                     args.requests, args.rounds, args.tokens))
                 print(f"load average at end: {os.getloadavg()[0]:.2f}")
-            finally:
-                gateway.terminate()
-                gateway.wait(30)
     return 0
+
+
+@contextmanager
+def gateway_process(config: Path, bus_address: str, port: int) -> Iterator[None]:
+    """``lokid gateway`` on 127.0.0.1:``port`` for the daemon at ``bus_address``, until it
+    answers /health; terminated at the end."""
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "gateway",
+         "--bus", "session", "--bus-address", bus_address, "--listen", f"127.0.0.1:{port}"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+    try:
+        asyncio.run(wait_health(f"http://127.0.0.1:{port}"))
+        yield
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
 
 
 async def wait_health(url: str) -> None:

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
-from gateway_latency import wait_health  # noqa: E402
+from gateway_latency import gateway_process  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config, write_preset  # noqa: E402
 
@@ -132,17 +130,8 @@ def main() -> int:
             write_preset(config, name, f'model = "tiny.gguf"\nctx = 2048\nport = {free_port()}\n'
                          + SERVE)
         with daemon_process(config, root) as daemon:
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "gateway",
-                 "--bus", "session", "--bus-address", daemon.address,
-                 "--listen", f"127.0.0.1:{gw_port}"],
-                env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
-            try:
-                asyncio.run(wait_health(f"http://127.0.0.1:{gw_port}"))
+            with gateway_process(config, daemon.address, gw_port):
                 asyncio.run(measure(f"http://127.0.0.1:{gw_port}", daemon.address, args.tokens))
-            finally:
-                gateway.terminate()
-                gateway.wait(30)
     return 0
 
 
