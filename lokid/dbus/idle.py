@@ -81,8 +81,8 @@ class IdleStops:
         self.meters = meters
         self.clocks: dict[str, _Clock] = {}
         self.counts: dict[str, int] = {}   # idle stops per preset since the daemon started
-        self.said: dict[str, float] = {}   # IdleStopAt as last announced
-        self.said_in_flight: dict[str, int] = {}   # RequestsInFlight as last announced
+        # (preset, property) -> the value last announced (IdleStopAt, RequestsInFlight)
+        self.said: dict[tuple[str, str], float] = {}
         meters.on_in_flight = self.announce_in_flight
 
     def on_state(self, name: str, state: EngineState) -> None:
@@ -118,13 +118,7 @@ class IdleStops:
 
     def announce_in_flight(self, name: str) -> None:
         """PropertiesChanged(RequestsInFlight) when it moved since last said."""
-        count = self.in_flight(name)
-        if self.said_in_flight.get(name, 0) == count:
-            return
-        self.said_in_flight[name] = count
-        iface = self.host.exported.get(name)
-        if iface is not None:
-            iface.emit_properties_changed({"RequestsInFlight": count})
+        self._say(name, "RequestsInFlight", self.in_flight(name))
 
     def deadline(self, name: str) -> float | None:
         """When the preset's engine is due to stop for idleness (Unix time), or None."""
@@ -144,13 +138,17 @@ class IdleStops:
 
     def announce(self, name: str) -> None:
         """PropertiesChanged(IdleStopAt) when it moved since last said."""
-        at = self.stop_at(name)
-        if self.said.get(name, 0.0) == at:
+        self._say(name, "IdleStopAt", self.stop_at(name))
+
+    def _say(self, name: str, prop: str, value: float) -> None:
+        """PropertiesChanged(``prop``) of the preset's object, once per new value (0, what
+        the property reads before anything was said, is not said)."""
+        if self.said.get((name, prop), 0) == value:
             return
-        self.said[name] = at
+        self.said[(name, prop)] = value
         iface = self.host.exported.get(name)
         if iface is not None:
-            iface.emit_properties_changed({"IdleStopAt": at})
+            iface.emit_properties_changed({prop: value})
 
     def count(self, name: str) -> int | None:
         """The preset's idle stops since the daemon started; None for a preset that has

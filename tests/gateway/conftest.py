@@ -34,6 +34,12 @@ async def gateway_on(bus_address: str, **settings: Any) -> AsyncIterator[Gateway
 
 
 @pytest.fixture
+def ports() -> dict[str, int]:
+    """The engine ports of the two presets, alpha and beta, most tests here serve."""
+    return {"alpha": free_port(), "beta": free_port()}
+
+
+@pytest.fixture
 async def gateway(running: Any, bus_address: str) -> AsyncIterator[Gateway]:
     async with gateway_on(bus_address) as gw:
         yield gw

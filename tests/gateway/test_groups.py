@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from support.daemonkit import Running
-from support.enginekit import free_port, write_config, write_preset
+from support.enginekit import write_config, write_preset
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE, preset_object_path
 from lokid.gateway.server import Gateway
@@ -24,11 +24,6 @@ from lokid.gateway.server import Gateway
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 TOKENS = 1500
-
-
-@pytest.fixture
-def ports() -> dict[str, int]:
-    return {"alpha": free_port(), "beta": free_port()}
 
 
 @pytest.fixture

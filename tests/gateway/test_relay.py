@@ -17,18 +17,13 @@ import h11
 import httpx
 import pytest
 from support.daemonkit import Running
-from support.enginekit import free_port, write_config, write_preset
+from support.enginekit import write_config, write_preset
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.gateway.server import Gateway
 from lokid.runners import local_runner
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-
-
-@pytest.fixture
-def ports() -> dict[str, int]:
-    return {"alpha": free_port(), "beta": free_port()}
 
 
 @pytest.fixture
