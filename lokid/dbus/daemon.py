@@ -50,13 +50,14 @@ from ..core.wording import counted
 from ..host.notify import Notifier
 from ..planning.gather import user_of
 from ..runners.background import Background
-from ..runners.runner import JOB_FAILED, LIVE, LOADING, READY, STOPPING, EngineState, Runner
+from ..runners.runner import LIVE, LOADING, READY, STOPPING, EngineState, Runner
 from ..store.runtimedir import read_runtime_plan
 from ..store.state import StateDB
 from .authz import MANAGE_GROUP, Authority, current_call
 from .benching import Benches
 from .editing import Editor
 from .interfaces import ManagerInterface, PresetInterface
+from .jobs import JobReports
 from .logs import Logs
 from .registry import Registry
 from .reveal import Revealer
@@ -69,10 +70,6 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
-# A failed start's last engine line may reach the journal after systemd ended the job:
-# it is looked for this many times, this far apart, before JobFinished goes without it.
-JOURNAL_LAG_TRIES = 5
-JOURNAL_LAG_STEP = 0.1
 
 
 class Daemon:
@@ -120,6 +117,7 @@ class Daemon:
                                known=self.registry.get, sampler=self._io_sampler,
                                progress=self.manager.BenchProgress, saved=self._refresh)
         self.reload_again = False
+        self.jobs = JobReports(self, self.background.spawn, self.manager.JobFinished)
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
@@ -394,49 +392,6 @@ class Daemon:
         self.last_errors.feed(preset, invocation, line)
         self.telemetry.on_line_live(preset, invocation, line, at)
 
-    def _on_job(self, name: str, job: str, verb: str, result: str) -> None:
-        """A runner's job ended: JobFinished, with the state and why.
-
-        A failed start quotes the engine's own last error line rather than the last
-        status line (often the load's progress, stale by then). Under systemd that line
-        reaches the daemon through the journal, by another path than the job's end:
-        the journal is read for it, a moment at most, before JobFinished goes out.
-        """
-        state = self.engine_state(name)
-        if result == JOB_FAILED and not self.last_errors.of(name) and self.watcher is not None:
-            self.background.spawn(self._job_failed(name, job, verb, result, state),
-                                  f"reporting the failed {verb} of preset {name}")
-            return
-        self._job_finished(name, job, verb, result, state)
-
-    async def _job_failed(self, name: str, job: str, verb: str, result: str,
-                          state: EngineState) -> None:
-        for _ in range(JOURNAL_LAG_TRIES):
-            if self.watcher is None or self.last_errors.of(name):
-                break
-            try:
-                self.watcher.drain()
-            except OSError as e:
-                log.warning("reading the journal: %s", e)
-                break
-            if not self.last_errors.of(name):
-                await asyncio.sleep(JOURNAL_LAG_STEP)
-        self._job_finished(name, job, verb, result, state)
-
-    def _job_finished(self, name: str, job: str, verb: str, result: str,
-                      state: EngineState) -> None:
-        detail = state.detail
-        said = self.last_errors.of(name) if result == JOB_FAILED else ""
-        said = "" if said in detail else said   # lokid's reason quotes it already
-        # the engine's own words replace a status line that was only the load's progress
-        status = f"the engine said: {said}" if said else state.status
-        if status and status not in detail and (result != "done" or state.state != "ready"):
-            detail = f"{detail}: {status}" if detail else status
-        if result != "done":
-            log.info("preset %s: the %s job ended: %s%s", name, verb, result,
-                     f" ({detail})" if detail else "")
-        self.manager.JobFinished(name, job, verb, result, state.state, detail)
-
     def _running_plan(self, name: str) -> RuntimePlan | None:
         """The running start's runtime plan (None when there is none to read)."""
         try:
@@ -470,7 +425,7 @@ class Daemon:
         if self.runner_kind == "systemd":
             from ..runners.systemd_runner import SystemdRunner
 
-            return SystemdRunner(self.bus, self._on_engine, self._on_job,
+            return SystemdRunner(self.bus, self._on_engine, self.jobs.on_job,
                                  on_reloaded=self._systemd_reloaded)
         from ..runners.local_runner import LocalRunner
         from ..watch.journalwatch import LoadJudge
@@ -482,7 +437,7 @@ class Daemon:
                           on_verdict=self._on_verdict, log=judge_log,
                           on_line=self._engine_line)
         return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
-                           self.runtime_dir, judge=judge, on_job=self._on_job)
+                           self.runtime_dir, judge=judge, on_job=self.jobs.on_job)
 
     def _start_watcher(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
