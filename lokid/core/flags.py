@@ -47,6 +47,8 @@ TOP_P: Flag = ("--top-p",), "LLAMA_ARG_TOP_P"
 TOP_K: Flag = ("--top-k",), "LLAMA_ARG_TOP_K"
 MIN_P: Flag = ("--min-p",), "LLAMA_ARG_MIN_P"
 REASONING_EFFORT: Flag = ("--reasoning-effort",), "LLAMA_ARG_REASONING_EFFORT"
+# Where the engine saves and restores its slots (no variable in b11434).
+SLOT_SAVE_PATH: Flag = ("--slot-save-path",), ""
 
 # Secrets. A value given to one of these is never shown to a caller without the right
 # to edit presets, nor logged (lokid.core.secrets masks it): every local user reads an

@@ -18,7 +18,9 @@ A swap, in this order, each step for a failure it prevents:
   ``lokictl stop``; a start of it under way is given up, not counted a failure), and the
   new preset starts only once they are stopped: two models never share the GPU's memory;
 - the new preset's requests are then admitted and start it through the on-demand start
-  (:mod:`lokid.gateway.ondemand`): one start for all of them, its failure their answer.
+  (:mod:`lokid.gateway.ondemand`): one start for all of them, its failure their answer;
+- each stopped member's idle slots are saved first, and restored at its next start before
+  its requests are sent (:mod:`lokid.gateway.slots`): a swap keeps the users' caches.
 
 Faults: a stop refused, or one not done in :data:`STOP_TIMEOUT`, answers the new preset's
 waiting requests with 503 and the reason, and the old preset keeps the group. A preset
@@ -44,6 +46,7 @@ from ..core.swaps import MAX_WAIT, Decision, Holder, Waiting, decide
 from .ondemand import LOADING, READY, STOPPING, Starter
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
+from .slots import SlotCache
 
 log = logging.getLogger("lokid.gateway")
 
@@ -63,10 +66,12 @@ class _Waiter:
 class Group:
     """One group's queue, its holder and its scheduler (a task, alive while requests wait)."""
 
-    def __init__(self, name: str, presets: Presets, starter: Starter, max_wait: float):
+    def __init__(self, name: str, presets: Presets, starter: Starter, max_wait: float,
+                 slots: SlotCache):
         self.name = name
         self.presets = presets
         self.starter = starter
+        self.slots = slots
         self.max_wait = max_wait
         self.waiting: list[_Waiter] = []
         self.own: Counter[str] = Counter()   # the gateway's requests in flight, by preset
@@ -199,9 +204,12 @@ class Group:
                 log.info("group %s: swapping %s out for %s", self.name, m.name, to)
             if m.state == STOPPING:
                 continue
+            if m.state == READY and m.url:   # its users' caches, for its next turn
+                await self.slots.save(m.name, m.url)
             try:
                 await self.presets.stop(m.name)
             except DBusError as e:
+                self.slots.forget(m.name)
                 self._refuse(to, f"preset {to!r} waits for {m.name!r} (group {self.name}), "
                              f"which cannot be stopped: {e.text}")
                 self.turn, self.since = previous, previous_since
@@ -229,10 +237,12 @@ class Group:
 class Groups:
     """The gateway's groups, made on a first request for one of their presets."""
 
-    def __init__(self, presets: Presets, starter: Starter, max_wait: float = MAX_WAIT):
+    def __init__(self, presets: Presets, starter: Starter, max_wait: float = MAX_WAIT,
+                 slots: SlotCache | None = None):
         self.presets = presets
         self.starter = starter
         self.max_wait = max_wait
+        self.slots = slots or SlotCache(lambda: None)
         self.groups: dict[str, Group] = {}
 
     @contextlib.asynccontextmanager
@@ -245,7 +255,9 @@ class Groups:
             return
         await group.enter(preset.name)
         try:
-            yield await self.starter.url(preset)
+            url = await self.starter.url(preset)
+            await self.slots.restored(preset.name, url)   # before its first request
+            yield url
         finally:
             group.leave(preset.name)
 
@@ -257,5 +269,5 @@ class Groups:
         group = self.groups.get(preset.group)
         if group is None:
             group = self.groups[preset.group] = Group(preset.group, self.presets, self.starter,
-                                                      self.max_wait)
+                                                      self.max_wait, self.slots)
         return group

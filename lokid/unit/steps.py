@@ -60,7 +60,7 @@ from .clearing import clear_token
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from ..core.attempt import Mark, Verdict
     from ..core.plan import Plan, PlanInputs
@@ -92,7 +92,7 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     from ..core.conflicts import listen_source
     from ..core.errors import StateError
     from ..core.runtimeplan import RuntimePlan
-    from ..planning.endpoint import check_port_free
+    from ..planning.endpoint import check_listen_free
     from ..planning.gather import check_port_conflicts, decide, gather
     from ..store.runtimedir import write_runtime_plan
     from ..store.state import StateDB, StateReader, needs_token, read_cleared
@@ -115,8 +115,8 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         check_port_conflicts(config_dir, plan, inputs.config, runtime_dir)
         # Before any token moves: a second start refused because the first is
         # still loading must not count the first one's token as a failure.
-        check_port_free(plan.host, plan.port, runtime_dir,
-                        listen_source(inputs.preset, inputs.config))
+        check_listen_free(plan.host, plan.port, plan.socket, runtime_dir,
+                          listen_source(inputs.preset, inputs.config))
         token = None
         if isinstance(db, StateDB):
             try:
@@ -178,7 +178,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
 
     from ..core.errors import StateError
     from ..core.runtimeplan import RuntimePlan
-    from ..planning.endpoint import check_port_free
+    from ..planning.endpoint import check_listen_free
     from ..store.runtimedir import write_runtime_plan
     from ..store.state import StateDB, read_cleared
 
@@ -193,7 +193,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
             now = db.peek(name, rp.mark, cleared=cleared)
             if now.why != verdict or now.record:
                 return None
-            check_port_free(rp.host, rp.port, runtime_dir)
+            check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
             _stop.hold()  # as in _prestart: the token and its plan, both or neither
             token = _settle(db, runtime_dir, name, rp.mark, now, rp.auto, cleared)
     except StateError:
@@ -398,6 +398,19 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
                            planned.verdict, planned_at)
 
 
+def _slot_dir(name: str, argv: Sequence[str]) -> None:
+    """The directory the plan's ``--slot-save-path`` names, made: the engine refuses one
+    that does not exist. Not made, the engine says so and fails as for any bad flag."""
+    from ..core.flags import flag_value
+
+    path = flag_value(argv, "--slot-save-path")
+    if path:
+        try:
+            os.makedirs(path, mode=0o750, exist_ok=True)
+        except OSError as e:
+            journal_log(name, f"the slots' directory {path} cannot be made: {e}", priority=4)
+
+
 def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     """Supervise the engine of this invocation, as its prestart step planned it (or plan
     first, when none ran: the daemon's local runner); the exit status for systemd."""
@@ -452,7 +465,8 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         return EXIT_CONFIG
     from .supervisor import Launch, supervise
 
-    launch = Launch.of(name, rp.argv, engine_env, rp.host, rp.port)
+    launch = Launch.of(name, rp.argv, engine_env, rp.host, rp.port, rp.socket)
+    _slot_dir(name, rp.argv)
     fresh = planned is not None or (isinstance(left, handoff.Planned) and bool(left.paths))
     how = "" if fresh else " (the last ready start's: nothing it was made from has changed)"
     command_line = rp.command_line()

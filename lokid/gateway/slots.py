@@ -1,0 +1,186 @@
+"""A GPU group's swap keeps the users' caches: the slots of the preset swapped out are
+saved before its stop and restored at its next start (issue 22, item 7).
+
+llama-server started with ``--slot-save-path DIR`` (planned for every preset of a
+``serve.group``, :mod:`lokid.core.plan`) writes a slot's KV cache and its tokens to a
+file in DIR on ``POST /slots/<id>?action=save`` and reads it back on ``?action=restore``,
+both with ``{"filename": …}``. The gateway only calls these; it never reads the files
+(its user cannot: they belong to the engine's). A restored slot answers a prompt that
+starts with its tokens from its cache, so a long conversation does not pay its prefill
+again after its model was swapped out and back.
+
+Rules, each for a failure it prevents:
+
+- only idle slots holding tokens are saved (``GET /slots``: not ``is_processing``, its
+  ``n_prompt_tokens``, ``n_past`` in older builds, above 0): a busy slot's save waits in
+  the engine's queue until its request ends, which would hold the swap;
+- a file's name carries a digest of the model's path, the engine's build and the slot's
+  context (``GET /props``, ``GET /slots``): a preset edited to another model, or an
+  engine upgraded, is never handed the cache of the one before (the engine checks only
+  the shapes);
+- the restore runs once per start, before the requests that waited for the start are
+  sent, and the requests wait for it: restored behind their backs it would land in a slot
+  already serving one of them;
+- every failure (no ``--slot-save-path``: 501, an engine gone, a file that does not fit
+  the new context) is logged and ends that step alone; both steps are bounded in time
+  (:data:`SAVE_TIMEOUT`, :data:`RESTORE_TIMEOUT`): neither ever blocks or fails a swap;
+- what was saved is remembered in this process only: a gateway restarted loses the
+  record (its next start is a cold cache, never a wrong one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("lokid.gateway")
+
+SAVE_TIMEOUT = 20.0      # seconds for all the slots of one engine; then the stop goes on
+RESTORE_TIMEOUT = 30.0   # seconds; then the waiting requests go on with a cold cache
+FAILURES = (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError)
+
+
+def _tokens(slot: dict[str, Any]) -> int:
+    value = slot.get("n_prompt_tokens", slot.get("n_past", 0))
+    return value if isinstance(value, int) else 0
+
+
+def slot_file(slot_id: int, model_path: str, build: str, n_ctx: int) -> str:
+    """The slot's file name (the engine refuses any with a path separator)."""
+    digest = hashlib.sha256(f"{model_path}\0{build}\0{n_ctx}".encode()).hexdigest()[:16]
+    return f"slot{slot_id}-{digest}.bin"
+
+
+class SlotCache:
+    """Save a preset's slots before its swap's stop; restore them at its next start."""
+
+    def __init__(self, client: Callable[[], aiohttp.ClientSession | None]):
+        self.client = client
+        self.saved: dict[str, dict[int, str]] = {}   # preset → slot id → file name
+        self.pending: set[str] = set()               # presets whose next start restores
+        self.restoring: dict[str, asyncio.Task[None]] = {}
+
+    async def save(self, preset: str, url: str) -> None:
+        """The idle slots of ``preset``'s engine at ``url`` saved; never raises."""
+        try:
+            await asyncio.wait_for(self._save(preset, url), SAVE_TIMEOUT)
+        except TimeoutError:
+            log.warning("%s: its slots were not saved in %.0f s: swapped out without them",
+                        preset, SAVE_TIMEOUT)
+        except FAILURES as e:
+            log.warning("%s: its slots were not saved: %s", preset, e or type(e).__name__)
+
+    def forget(self, preset: str) -> None:
+        """Its stop did not happen: the engine keeps its slots, nothing to restore."""
+        self.pending.discard(preset)
+
+    async def restored(self, preset: str, url: str) -> None:
+        """Once after a start of ``preset``, its saved slots restored; every request for
+        it waits here for that (at no cost when there is nothing to restore)."""
+        task = self.restoring.get(preset)
+        if task is None:
+            if preset not in self.pending:
+                return
+            self.pending.discard(preset)
+            task = asyncio.get_running_loop().create_task(self._restore_bounded(preset, url))
+            self.restoring[preset] = task
+            task.add_done_callback(lambda _t: self.restoring.pop(preset, None))
+        await asyncio.shield(task)   # a request cancelled does not cancel the restore
+
+    # --- the engine's side -------------------------------------------------------------
+
+    async def _get(self, url: str, path: str) -> Any:
+        client = self.client()
+        if client is None:
+            raise ValueError("the gateway is shutting down")
+        async with client.get(url + path) as r:
+            if r.status != 200:
+                raise ValueError(f"GET {path} answered {r.status}")
+            return await r.json(content_type=None)
+
+    async def _action(self, url: str, slot_id: int, action: str, name: str) -> dict[str, Any]:
+        client = self.client()
+        if client is None:
+            raise ValueError("the gateway is shutting down")
+        async with client.post(f"{url}/slots/{slot_id}?action={action}",
+                               json={"filename": name}) as r:
+            data = await r.json(content_type=None)
+            if r.status != 200:
+                error = data.get("error", {}) if isinstance(data, dict) else {}
+                raise _Refused(r.status, str(error.get("message") or data))
+            return data if isinstance(data, dict) else {}
+
+    async def _files(self, url: str) -> tuple[list[dict[str, Any]], Callable[[int, int], str]]:
+        slots = await self._get(url, "/slots")
+        props = await self._get(url, "/props")
+        model, build = str(props.get("model_path", "")), str(props.get("build_info", ""))
+        if not isinstance(slots, list):
+            raise ValueError("GET /slots did not answer a list")
+        return slots, lambda slot_id, n_ctx: slot_file(slot_id, model, build, n_ctx)
+
+    async def _save(self, preset: str, url: str) -> None:
+        started = time.monotonic()
+        slots, name_of = await self._files(url)
+        saved = self.saved.setdefault(preset, {})
+        count = tokens = 0
+        for slot in slots:
+            slot_id = slot["id"]
+            if slot.get("is_processing") or _tokens(slot) <= 0:
+                continue   # busy (its save would wait for its request), or empty
+            name = name_of(slot_id, int(slot.get("n_ctx", 0)))
+            try:
+                done = await self._action(url, slot_id, "save", name)
+            except _Refused as e:
+                log.warning("%s: slot %d not saved: %s", preset, slot_id, e)
+                if e.status == 501:   # no --slot-save-path: no other slot will do better
+                    break
+                continue
+            if int(done.get("n_saved", 0)) > 0:
+                saved[slot_id] = name
+                count += 1
+                tokens += int(done.get("n_saved", 0))
+        if saved:
+            self.pending.add(preset)
+        if count:
+            log.info("%s: %d slots saved (%d tokens) in %.0f ms before its stop", preset,
+                     count, tokens, (time.monotonic() - started) * 1000)
+
+    async def _restore_bounded(self, preset: str, url: str) -> None:
+        try:
+            await asyncio.wait_for(self._restore(preset, url), RESTORE_TIMEOUT)
+        except TimeoutError:
+            log.warning("%s: its slots were not restored in %.0f s: it answers with a cold "
+                        "cache", preset, RESTORE_TIMEOUT)
+        except FAILURES as e:
+            log.warning("%s: its slots were not restored: %s", preset, e or type(e).__name__)
+
+    async def _restore(self, preset: str, url: str) -> None:
+        started = time.monotonic()
+        slots, name_of = await self._files(url)
+        fits = {slot["id"]: name_of(slot["id"], int(slot.get("n_ctx", 0))) for slot in slots}
+        count = tokens = 0
+        for slot_id, name in sorted(self.saved.get(preset, {}).items()):
+            if fits.get(slot_id) != name:
+                continue   # another model, build or context now: that cache is not its own
+            try:
+                done = await self._action(url, slot_id, "restore", name)
+            except _Refused as e:
+                log.warning("%s: slot %d not restored: %s", preset, slot_id, e)
+                continue
+            count += 1
+            tokens += int(done.get("n_restored", 0))
+        if count:
+            log.info("%s: %d slots restored (%d tokens) in %.0f ms after its start", preset,
+                     count, tokens, (time.monotonic() - started) * 1000)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{message} (HTTP {status})")
+        self.status = status
