@@ -20,7 +20,8 @@ for, and say nothing. Every key whose value comes from a fixed set (the
 ``[spec]`` mode and sampling, ``[chat] reasoning_effort``, ``gpu_layers``)
 names the valid ones. What a valid ``[spec]`` setting cannot do on a given
 model or engine is the plan's business: it drops the setting with a note and
-the engine still starts.
+the engine still starts. A preset of ``kind = "external"`` (an API elsewhere) holds
+other keys, read by :mod:`lokid.core.external`.
 
 This module is part of the pure core: it reads files, nothing else.
 """
@@ -32,8 +33,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import flags, secrets
+from . import external, flags, secrets
 from .errors import ConfigError, NotFoundError
+from .external import External
 from .presetname import check_preset_name
 from .serve import GATEWAY_KEYS, SERVE_KEYS, GatewayConfig, Serve, parse_gateway, parse_serve
 from .tomlread import MAX_FILE_BYTES as MAX_FILE_BYTES  # its home; presets' bound
@@ -55,7 +57,7 @@ DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
-    "serve",
+    "serve", "kind", "url", "upstream_model",
 )
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
 SPEC_MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
@@ -136,6 +138,8 @@ class Preset:
     api_key_file: str | None = None
     secrets: Mapping[str, str] = field(default_factory=dict)
     serve: Serve = field(default_factory=Serve)   # [serve]: on demand, idle stop, group
+    # kind = "external": an API elsewhere (lokid.core.external), no engine; model is ""
+    external: External | None = None
 
 
 def _path_setting(c: Checker, key: str, value: str) -> str:
@@ -222,6 +226,9 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
     data = parse_toml(text, path)
     c = Checker(path, text, data)
     c.reject_unknown(PRESET_KEYS)
+    if external.kind_of(c) == external.EXTERNAL:
+        return Preset(name=name, path=path, model="", external=external.parse_external(c, name))
+    external.reject_external_keys(c)
 
     model = c.string("model")
     if model is None:

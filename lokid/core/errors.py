@@ -81,6 +81,11 @@ class EngineError(LokiError):
     not in the state a request needs (not ready for a benchmark, a job systemd refused)."""
 
 
+class ExternalPresetError(EngineError):
+    """The preset is an external API (``kind = "external"``): it has no engine here to
+    start, stop, plan or benchmark."""
+
+
 class BusyError(LokiError):
     """The object is busy with something that excludes the request."""
 

@@ -129,13 +129,19 @@ def unset_keys(text: str, keys: Iterable[str],
 
 
 def new_text(values: Mapping[str, object]) -> str:
-    """The text of a new preset holding ``values`` (dotted keys, ``model`` required):
-    a first comment line, ``model``, the other top-level keys, then the tables."""
-    if "model" not in values:
+    """The text of a new preset holding ``values`` (dotted keys, ``model`` required, or
+    ``url`` for ``kind = "external"``): a first comment line, ``kind``, ``model``, the
+    other top-level keys, then the tables."""
+    if values.get("kind") == "external":
+        if "url" not in values:
+            raise ConfigError("url is required for kind = \"external\" (the API's base URL, "
+                              "/v1 included)")
+    elif "model" not in values:
         raise ConfigError("model is required (a file name found in model_dirs, "
                           "or an absolute path)")
     ordered = sorted(values.items(),
-                     key=lambda kv: (kv[0] != "model", len(_split(kv[0])) > 1))
+                     key=lambda kv: (kv[0] != "kind", kv[0] != "model",
+                                     len(_split(kv[0])) > 1))
     return set_keys(f"# {CREATED_BY}\n", dict(ordered))
 
 
