@@ -59,6 +59,7 @@ from .editing import Editor
 from .interfaces import ManagerInterface, PresetInterface
 from .jobs import JobReports
 from .logs import Logs
+from .readyplans import ReadyPlans
 from .registry import Registry
 from .reveal import Revealer
 from .telemetry import Telemetry
@@ -117,6 +118,10 @@ class Daemon:
                                known=self.registry.get, sampler=self._io_sampler,
                                progress=self.manager.BenchProgress, saved=self._refresh)
         self.reload_again = False
+        self.gateway_listen: tuple[str, ...] | None = None   # what the socket was aligned to
+        self.ready_plans = ReadyPlans(config_dir, state_dir, runtime_dir,
+                                      for_unit=self.registry.for_units,
+                                      spawn=self.background.spawn)
         self.jobs = JobReports(self, self.background.spawn, self.manager.JobFinished)
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
@@ -282,6 +287,14 @@ class Daemon:
                                            **iface.serve_properties()})
         self.notifier.send(f"STATUS={self.status()}")
         log.info("presets loaded: %s", self.status())
+        self._keep_plans_ready()
+
+    def _keep_plans_ready(self) -> None:
+        """The presets that start for requests, planned ahead (:mod:`lokid.dbus.readyplans`)."""
+        self.ready_plans.after_load(sorted(
+            name for name, view in self.registry.presets.items()
+            if view.plan is not None and (view.serve.on_demand or view.serve.group)
+            and self.engine_state(name).state not in LIVE))
 
     async def _reload_logged(self) -> None:
         try:
@@ -318,6 +331,23 @@ class Daemon:
                 await self.runner.track(sorted(self.registry.presets))
         except LokiError as e:
             log.warning("reading the presets after a systemd reload: %s", e)
+        await self._align_gateway()
+
+    async def _align_gateway(self) -> None:
+        """Under systemd, loki-gateway.socket as lokid.toml's [gateway] listen says: a
+        reload loads the generator's units but starts none (:mod:`lokid.runners.gatewaysocket`)."""
+        if self.runner_kind != "systemd" or self.bus is None:
+            return
+        from ..core.config import load_global
+        from ..runners.gatewaysocket import align
+
+        try:
+            glob = await asyncio.to_thread(load_global, self.config_dir)
+        except LokiError:
+            return   # the generator and the presets' load say what is wrong with it
+        action = await align(self.bus, glob.gateway.listen, self.gateway_listen)
+        if action != "warn":   # a warned change is still to apply: warned again next time
+            self.gateway_listen = glob.gateway.listen
 
     def _follow_probe(self) -> None:
         """A load gave up waiting for the engine's probe: plan again when it ends."""
@@ -506,6 +536,7 @@ class Daemon:
             if self.watcher is not None:
                 self.background.spawn(self.telemetry.replay(),
                                       "reading the running engines' figures again")
+            self.background.spawn(self._align_gateway(), "aligning the gateway's socket")
         import os
 
         from ..core.config import PRESETS_DIR
@@ -514,6 +545,7 @@ class Daemon:
         self.dirwatch = DirWatch([self.config_dir, os.path.join(self.config_dir, PRESETS_DIR)],
                                  self._files_changed)
         how = self.dirwatch.attach(loop)
+        self._keep_plans_ready()
         self.notifier.send("READY=1", f"STATUS={self.status()}")
         log.info("%s on the %s bus, %s runner, following the presets by %s: %s", BUS_NAME,
                  self.bus_type.name.lower(), self.runner.kind, how, self.status())

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from ..core.plan import PlanInputs
 
 SUFFIX = ".reuse"
+# A note of the plans the daemon writes ahead of a start (lokid.dbus.readyplans): the
+# journal of the start that runs one says where it came from
+AHEAD = "planned ahead by lokid's daemon, for a start that a request asks for (serve)"
 ENV_PREFIXES = ("LLAMA_ARG_", "GGML_")
 FORMAT = 1
 
@@ -56,14 +59,16 @@ def _status(path: str) -> tuple[str, int]:
 
 def _planner_files() -> list[str]:
     """lokid's own planning code: an upgrade, or an edited checkout, plans afresh."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    core = os.path.join(os.path.dirname(here), "core")
-    try:
-        names = sorted(n for n in os.listdir(core) if n.endswith(".py"))
-    except OSError:
-        names = []
-    return [core, *(os.path.join(core, n) for n in names),
-            os.path.join(here, "gather.py"), os.path.join(here, "probe.py")]
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    for part in ("core", "planning"):
+        directory = os.path.join(package, part)
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".py"))
+        except OSError:
+            names = []
+        out += [directory, *(os.path.join(directory, n) for n in names)]
+    return [*out, os.path.join(package, "host", "probe.py")]
 
 
 def key(preset: str, paths: Iterable[str], environ: Mapping[str, str]) -> tuple[str, int]:
@@ -106,11 +111,13 @@ def inputs_paths(config_dir: str, inputs: PlanInputs, environ: Mapping[str, str]
 
 
 def record(runtime_dir: str, preset: str, paths: list[str], environ: Mapping[str, str],
-           runtime_plan: dict[str, object], verdict: str, planned_at_ns: int) -> bool:
+           runtime_plan: dict[str, object], verdict: str, planned_at_ns: int,
+           owner: tuple[int, int] | None = None) -> bool:
     """Keep the plan of a start that became ready, planned from ``paths`` at
     ``planned_at_ns`` (``time.time_ns()`` before planning) with the attempt verdict
     ``verdict``; False (nothing kept) when one of the paths changed since a second
-    before. Atomic; I/O errors are the caller's."""
+    before. ``owner``: (uid, gid) to give the file (the daemon writing, as root, for the
+    engine's user). Atomic; I/O errors are the caller's."""
     digest, latest = key(preset, paths, environ)
     path = _path(runtime_dir, preset)
     if latest >= planned_at_ns - RACY_NS:
@@ -120,6 +127,8 @@ def record(runtime_dir: str, preset: str, paths: list[str], environ: Mapping[str
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"format": FORMAT, "key": digest, "paths": paths, "verdict": verdict,
                    "plan": runtime_plan}, f)
+        if owner is not None:
+            os.fchown(f.fileno(), *owner)
     os.replace(tmp, path)
     return True
 

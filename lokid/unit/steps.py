@@ -469,6 +469,10 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     _slot_dir(name, rp.argv)
     fresh = planned is not None or (isinstance(left, handoff.Planned) and bool(left.paths))
     how = "" if fresh else " (the last ready start's: nothing it was made from has changed)"
+    from ..store.plancache import AHEAD
+
+    if not fresh and AHEAD in rp.notes:
+        how = " (planned ahead by the daemon: nothing it was made from has changed)"
     command_line = rp.command_line()
 
     def on_spawned() -> None:

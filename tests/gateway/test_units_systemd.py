@@ -121,3 +121,61 @@ def test_without_listen_nothing_listens(lk: LokidSystem) -> None:
     r = ct.systemctl("start", SOCKET, check=False)
     assert r.returncode != 0
     assert ct.show(SOCKET, "ActiveState")["ActiveState"] != "active"
+
+
+def _wait_socket(ct: Container, state: str, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while (now := ct.show(SOCKET, "ActiveState")["ActiveState"]) != state:
+        assert time.monotonic() < deadline, now
+        time.sleep(0.5)
+
+
+def _answers(ct: Container, port: int) -> bool:
+    """Whether the gateway answers on port (curl's code 0: the connection was refused).
+    systemd's Listen property shows the reloaded settings, not what the socket bound."""
+    code, _ = curl(ct, f"http://127.0.0.1:{port}/health")
+    return code == 200
+
+
+def test_a_reload_brings_the_socket_in_line_with_lokid_toml(lk: LokidSystem) -> None:
+    """The operator's steps: set listen, daemon-reload, and it listens (no `systemctl
+    start`); another address, reload: it moves (once the gateway it would cut is
+    stopped); listen removed, reload: it stops."""
+    import time
+
+    ct = lk.ct
+    ct.systemctl("stop", SOCKET, SERVICE, check=False)
+    ct.systemctl("start", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=60)
+    first, second = lk.gateway_port, free_port()  # type: ignore[attr-defined]
+    cursor = ct.cursor()
+    head = f"engine = {json.dumps(lk.engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  head + f'[gateway]\nlisten = ["127.0.0.1:{first}"]\n')
+    ct.systemctl("daemon-reload")
+    _wait_socket(ct, "active")
+    assert _answers(ct, first)      # and that started the gateway
+    # while the gateway serves, another address waits for the operator's restart
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  head + f'[gateway]\nlisten = ["127.0.0.1:{second}"]\n')
+    ct.systemctl("daemon-reload")
+    time.sleep(3)
+    assert _answers(ct, first) and not _answers(ct, second)
+    journal = ct.journal("lokid.service", since_cursor=cursor)
+    assert f"`systemctl restart {SOCKET}` applies it" in journal, journal[-2000:]
+    # with the gateway stopped, the reload moves the socket itself
+    ct.systemctl("stop", SERVICE)
+    ct.systemctl("daemon-reload")
+    deadline = time.monotonic() + 30
+    while not _answers(ct, second):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert not _answers(ct, first)
+    lk.set_engine(lk.engine)   # lokid.toml without [gateway]
+    ct.systemctl("daemon-reload")
+    _wait_socket(ct, "inactive")
+    journal = ct.journal("lokid.service", since_cursor=cursor)
+    assert "no [gateway] listen any more" in journal, journal[-2000:]
+    assert "Traceback" not in journal
