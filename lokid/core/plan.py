@@ -4,7 +4,8 @@
 ``-m``, host, port, ``-c``, ``--mmproj``, ``-ngl``, ``-ub``; then what lokid
 adds for clients (``--alias`` with the preset's name, the ``[chat]`` values as
 the engine's defaults), the flags for speculative decoding
-(:mod:`lokid.core.spec`) and the log verbosity the verdicts need; then the
+(:mod:`lokid.core.spec`), the log verbosity the verdicts need, the secrets'
+files and, for a preset in a GPU group, where its slots are saved; then the
 preset's ``extra_args`` verbatim, last, so that the operator's own flags win.
 ``env`` is what lokid adds to the engine's environment. ``notes`` say what was
 decided and why, one sentence each.
@@ -24,6 +25,7 @@ from .caps import EngineCaps, backend_label
 from .config import GlobalConfig, Preset
 from .flags import flag_value, has_flag
 from .modelinfo import ModelInfo
+from .portunit import held_note
 from .serve import serve_notes
 from .spec import DraftInput, SpecInputs, plan_spec
 
@@ -59,6 +61,12 @@ class PlanInputs:
     credentials_dir: str | None = None
     # The mode bits of each secret file that any user may read.
     loose_secrets: Mapping[str, int] = field(default_factory=dict)
+    # The UNIX socket the engine listens on when systemd holds the preset's port
+    # (lokid.core.portunit); "" = the engine listens on host:port itself.
+    engine_socket: str = ""
+    # Where the engine of a preset in a GPU group saves its slots (the caller's state
+    # directory, slots/<preset>); "" = nowhere known: no --slot-save-path is planned.
+    slot_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,11 @@ class Plan:
     host: str
     port: int
     secrets: tuple[secrets.Secret, ...] = ()   # where each is read at start; no value
+    # Where the engine really listens when systemd holds host:port for it (an on-demand
+    # preset's port unit, lokid.core.portunit): a UNIX socket path; "" = host:port.
+    # host and port stay the preset's public address: clients, the benchmark, the
+    # gateway and port conflicts all go by them.
+    socket: str = ""
 
     def command_line(self) -> str:
         """The environment lokid adds and the argv, as one shell-quoted line (for logs:
@@ -94,6 +107,7 @@ class Plan:
             "spec": {"mode": self.spec.mode, "types": list(self.spec.types),
                      "auto": self.spec.auto},
             "secrets": [s.to_json() for s in self.secrets],
+            **({"socket": self.socket} if self.socket else {}),
         }
 
 
@@ -223,14 +237,37 @@ def _verbosity_args(inp: PlanInputs, auto: bool, arg_env: Mapping[str, str],
     return ["-lv", VERDICT_VERBOSITY]
 
 
+def _slot_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -> list[str]:
+    """``--slot-save-path`` for a preset in a GPU group: the gateway saves its slots (the
+    users' prompt caches) before a swap stops it and restores them at its next start,
+    so a long conversation does not pay its prefill again (issue 22, item 7)."""
+    p = inp.preset
+    if not p.serve.group or not inp.slot_dir:
+        return []
+    if flags.is_set(p.extra_args, arg_env, flags.SLOT_SAVE_PATH):
+        notes.append("extra_args sets --slot-save-path: the gateway saves the slots there "
+                     "before a swap and restores them after")
+        return []
+    if not inp.caps.knows("--slot-save-path"):
+        notes.append(f"serve.group = {p.serve.group}: this engine does not know "
+                     "--slot-save-path, so a swap loses the slots' prompt caches")
+        return []
+    notes.append(f"serve.group = {p.serve.group}: --slot-save-path {inp.slot_dir}/: before "
+                 "a swap stops it, the gateway saves its slots (the users' prompt caches) "
+                 "there and restores them at its next start")
+    return ["--slot-save-path", inp.slot_dir + "/"]
+
+
 def build_plan(inp: PlanInputs) -> Plan:
     p = inp.preset
     port = p.port if p.port is not None else inp.config.port
     host = inp.config.host
     notes: list[str] = []
 
-    argv = [inp.caps.path, "-m", inp.model_path, "--host", host, "--port", str(port),
-            "-c", str(p.ctx)]
+    # systemd holds host:port (portunit): the engine listens on its socket, no --port
+    listen = ["--host", inp.engine_socket] if inp.engine_socket \
+        else ["--host", host, "--port", str(port)]
+    argv = [inp.caps.path, "-m", inp.model_path, *listen, "-c", str(p.ctx)]
     if inp.mmproj_path:
         argv += ["--mmproj", inp.mmproj_path]
     if p.gpu_layers is not None:
@@ -263,6 +300,7 @@ def build_plan(inp: PlanInputs) -> Plan:
     argv += _verbosity_args(inp, spec.auto, arg_env, notes)
     secret_args, secret_list = _secret_args(inp, notes)
     argv += secret_args
+    argv += _slot_args(inp, arg_env, notes)
     argv += p.extra_args
     notes += serve_notes(p.serve)
 
@@ -276,6 +314,8 @@ def build_plan(inp: PlanInputs) -> Plan:
     extra_host = flag_value(p.extra_args, "--host")
     if extra_host:
         host = extra_host
+    if inp.engine_socket:
+        notes.append(held_note(p.name, port))
 
     return Plan(
         preset=p.name,
@@ -286,6 +326,7 @@ def build_plan(inp: PlanInputs) -> Plan:
         host=host,
         port=port,
         secrets=secret_list,
+        socket=inp.engine_socket,
     )
 
 

@@ -7,9 +7,10 @@ speculation types, and the benchmark measures at its address. They all read
 this one frozen type; the JSON form lives here and nowhere else.
 
 The JSON is ``lokid plan --json`` of the start (preset, argv, env, notes,
-spec) plus host, port, the attempt mark, the systemd invocation and
-``schema``. A file without ``schema`` was written before it existed, in the
-same layout (schema 1 added the key, nothing else): an engine started by the
+spec) plus host, port (and ``socket`` where systemd holds them), the attempt
+mark, the systemd invocation and ``schema``. A file without ``schema`` was
+written before it existed, in the same layout (schema 1 added the key, nothing
+else; ``socket``, absent, reads as none): an engine started by the
 previous release is still understood after an upgrade, which restarts the
 daemon but leaves engines running. A newer schema is refused, not guessed.
 
@@ -54,6 +55,9 @@ class RuntimePlan:
     # Where each secret is read at start (lokid.core.secrets); never a value. Absent from
     # a file written before secrets existed: none.
     secrets: tuple[Secret, ...] = ()
+    # The UNIX socket the engine listens on when systemd holds host:port for it
+    # (lokid.core.portunit); "" = host:port. Absent from older files: "".
+    socket: str = ""
     schema: int = field(default=SCHEMA, compare=False)
 
     @classmethod
@@ -62,7 +66,7 @@ class RuntimePlan:
                    host=plan.host, port=plan.port, mark=mark, spec_mode=plan.spec.mode,
                    spec_types=tuple(plan.spec.types), auto=plan.spec.auto,
                    notes=tuple(plan.notes), invocation=invocation, pid=pid,
-                   secrets=tuple(plan.secrets))
+                   secrets=tuple(plan.secrets), socket=plan.socket)
 
     def command_line(self) -> str:
         return secrets.command_line(self.env, self.argv)
@@ -83,6 +87,7 @@ class RuntimePlan:
             "invocation": self.invocation,
             "pid": self.pid,
             "secrets": [s.to_json() for s in self.secrets],
+            **({"socket": self.socket} if self.socket else {}),
         }
 
     @classmethod
@@ -110,6 +115,7 @@ class RuntimePlan:
             invocation=_get(data, "invocation", str, ""),
             pid=_get(data, "pid", int, 0),  # optional: not written before it existed
             secrets=tuple(Secret.from_json(s) for s in _get(data, "secrets", list, [])),
+            socket=_get(data, "socket", str, ""),
             schema=schema,
         )
 

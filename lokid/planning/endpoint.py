@@ -16,9 +16,12 @@ port, and a starting one never finds it taken by a plan) and asks
 :func:`lokid.core.access.may_listen` about the port, for the engine's user,
 who need not be this process (root planning for the unit's ``loki``).
 
-``health_status`` is a raw HTTP/1.1 request on a socket: it costs nothing to
-import and answers within milliseconds, which keeps lokid's readiness overhead
-over the raw engine small (``benchmarks/readiness.py``).
+``health_status`` is a raw HTTP/1.1 request on a socket (TCP, or the UNIX socket an
+on-demand preset's engine listens on under systemd, :mod:`lokid.core.portunit`): it
+costs nothing to import and answers within milliseconds, which keeps lokid's readiness
+overhead over the raw engine small (``benchmarks/readiness.py``). ``check_socket_free``
+is the port check of such an engine: systemd holds the port, and the socket file the
+last engine left behind is removed, since llama-server will not bind over it.
 """
 
 from __future__ import annotations
@@ -197,12 +200,70 @@ def check_address(host: str, port: int, user: User | None = None,
         raise _config_error(port_refused(port, source.port.key, name, start), source.port)
 
 
-def health_status(host: str, port: int, timeout: float = 1.0) -> int | None:
-    """HTTP status of GET /health, or None when nothing answers."""
+def check_socket_free(path: str) -> None:
+    """Make ``path`` free for the engine to listen on (an on-demand preset's UNIX socket,
+    :mod:`lokid.core.portunit`): PortBusyError when an engine answers there; a socket
+    file nobody listens on (the previous engine's: llama-server leaves it behind, and
+    refuses to bind over it) is removed."""
+    import socket
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ConfigError(f"cannot use {path} for the engine's socket: {e.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(f"{path} is in the way of the engine's socket: it is not a "
+                          "socket (remove it)")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(path)
+        except OSError:
+            pass        # refused (no listener) or gone: stale
+        else:
+            raise PortBusyError(f"an engine already listens on {path}")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise ConfigError(f"cannot remove the stale socket {path}: {e.strerror}") from None
+
+
+def check_listen_free(host: str, port: int, socket_path: str, runtime_dir: str | None = None,
+                      source: ListenSource | None = None) -> None:
+    """Where a plan's engine will listen is free: its UNIX socket where systemd holds
+    host:port for it (the port is the socket unit's then, and rightly busy), else the
+    port (:func:`check_port_free`)."""
+    if socket_path:
+        check_socket_free(socket_path)
+    else:
+        check_port_free(host, port, runtime_dir, source)
+
+
+def health_status(host: str, port: int, timeout: float = 1.0,
+                  socket_path: str = "") -> int | None:
+    """HTTP status of GET /health, or None when nothing answers; at the UNIX socket
+    ``socket_path`` instead of host:port when one is given (an on-demand preset's
+    engine under systemd: asked directly, not through the port's relay, whose unit
+    waits for this very readiness)."""
     import socket
 
     try:
-        with socket.create_connection((reachable_host(host), port), timeout=timeout) as s:
+        if socket_path:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            try:
+                s.connect(socket_path)
+            except BaseException:
+                s.close()
+                raise
+        else:
+            s = socket.create_connection((reachable_host(host), port), timeout=timeout)
+        with s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: lokid\r\nConnection: close\r\n\r\n")
             head = s.recv(64)
     except OSError:

@@ -23,10 +23,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..core import access, conflicts, secrets
+from ..core import access, conflicts, paths, secrets
 from ..core import config as cfg
 from ..core.attempt import Mark, Verdict
-from ..core.errors import ConfigError, EngineError, ModelError
+from ..core.errors import ConfigError, EngineError, ExternalPresetError, ModelError
+from ..core.external import nothing_runs
 from ..core.modelinfo import probe_model
 from ..core.plan import Plan, PlanInputs, build_plan, config_fingerprint
 from ..core.spec import DraftInput
@@ -234,7 +235,8 @@ def _draft(preset: cfg.Preset, model_path: str, dirs: tuple[str, ...],
 
 def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
            auto_blocked: str = "", for_unit: bool = False,
-           probe_wait: float | None = None, preset: cfg.Preset | None = None) -> PlanInputs:
+           probe_wait: float | None = None, preset: cfg.Preset | None = None,
+           state_dir: str | None = None) -> PlanInputs:
     """Everything the plan of preset ``name`` depends on.
 
     ``for_unit``: the plan is for ``loki-engine@.service``, whose engine runs as
@@ -245,6 +247,8 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     or times out); the daemon waits a little, then plans again when it ends.
     ``preset``: the preset to plan, already parsed (an edit not yet written,
     :func:`lokid.core.config.parse_preset_text`), instead of its file.
+    ``state_dir``: lokid's state directory, where a group member's engine saves its
+    slots (None: the one ``environ`` names, :func:`lokid.core.paths.state_dir`).
 
     Raises ConfigError (preset or lokid.toml invalid, model missing),
     NotFoundError (no such preset), ModelError (the model is not a readable
@@ -256,6 +260,8 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     glob = cfg.load_global(config_dir)
     if preset is None:
         preset = cfg.load_preset(config_dir, name)
+    if preset.external is not None:   # no engine to plan: every start and bench says why
+        raise ExternalPresetError(nothing_runs(preset.name, preset.external))
     dirs = glob.model_dirs
     user = unit_user(env) if for_unit else None
 
@@ -279,6 +285,7 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
 
     credentials_dir, loose = _secret_files(preset, env, for_unit)
     return PlanInputs(
+        engine_socket=_engine_socket(preset, glob, env, for_unit),
         preset=preset,
         config=glob,
         model_path=model_path,
@@ -291,7 +298,26 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
         auto_blocked=auto_blocked,
         credentials_dir=credentials_dir,
         loose_secrets=loose,
+        slot_dir=os.path.join(state_dir or paths.state_dir(env), "slots", preset.name),
     )
+
+
+def _engine_socket(preset: cfg.Preset, glob: cfg.GlobalConfig, environ: Mapping[str, str],
+                   for_unit: bool) -> str:
+    """The UNIX socket the engine listens on, when systemd holds the preset's port
+    (:mod:`lokid.core.portunit`); "" otherwise. Planned for the unit from outside: by
+    the rule. In the unit itself: by the mark of the generator's drop-in, what it
+    really wrote (an edit that no ``daemon-reload`` has shown it yet keeps the engine
+    on its port, where no socket unit waits for it). Elsewhere (the local runner,
+    ``lokid run``) never: the port is the engine's own."""
+    from ..core import portunit
+
+    if for_unit:
+        held = portunit.held_by_systemd(preset, *conflicts.listen_address(preset, glob)) \
+            is not None
+    else:
+        held = environ.get(portunit.HELD_ENV) == portunit.port_socket(preset.name)
+    return portunit.engine_socket(preset.name) if held else ""
 
 
 def _secret_files(preset: cfg.Preset, environ: Mapping[str, str],
@@ -358,7 +384,8 @@ def listeners(config: cfg.GlobalConfig,
     wants them."""
     out = {}
     for name, preset in presets.items():
-        if cfg.resolve_file(preset.model, config.model_dirs) is not None:
+        if preset.external is None and cfg.resolve_file(preset.model,
+                                                        config.model_dirs) is not None:
             host, port = conflicts.listen_address(preset, config)
             out[name] = conflicts.Endpoint(host, port, preset.path)
     return out

@@ -16,7 +16,7 @@ from typing import TextIO
 from ..core import paths
 from ..core.conflicts import ListenSource
 from ..core.plan import Plan
-from ..planning.endpoint import check_port_free
+from ..planning.endpoint import check_listen_free
 from .supervisor import Launch, supervise
 
 
@@ -27,7 +27,7 @@ def run_plan(plan: Plan, out: TextIO = sys.stderr,
 
     ``source``: the files that set the plan's host and port, for the error when the
     engine could not listen there (:func:`lokid.core.conflicts.listen_source`)."""
-    check_port_free(plan.host, plan.port, paths.runtime_dir(), source)
+    check_listen_free(plan.host, plan.port, plan.socket, paths.runtime_dir(), source)
     for note in plan.notes:
         print(f"lokid: note: {note}", file=out)
     print(f"lokid: starting {plan.command_line()}", file=out, flush=True)
@@ -38,5 +38,5 @@ def run_plan(plan: Plan, out: TextIO = sys.stderr,
     from ..host.credentials import secret_env
 
     env = {**plan.env, **secret_env(plan.secrets)}   # the engine's alone: never printed
-    launch = Launch.of(plan.preset, plan.argv, env, plan.host, plan.port)
+    launch = Launch.of(plan.preset, plan.argv, env, plan.host, plan.port, plan.socket)
     return supervise(launch, log=log, on_ready=on_ready)

@@ -77,25 +77,31 @@ def _resident(pid: int) -> str:
 
 
 class Launch:
-    """What to supervise: a plan's argv, environment, address, and a label (for STATUS=)."""
+    """What to supervise: a plan's argv, environment, address, and a label (for STATUS=).
 
-    __slots__ = ("argv", "env", "host", "port", "label")
+    ``socket``: the UNIX socket the engine listens on where systemd holds host:port
+    (an on-demand preset's port unit): /health is asked there; host:port stay the
+    address clients use, which STATUS= shows."""
+
+    __slots__ = ("argv", "env", "host", "port", "label", "socket")
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], host: str, port: int,
-                 label: str):
+                 label: str, socket: str = ""):
         self.argv = tuple(argv)
         self.env = dict(env)
         self.host = host
         self.port = port
         self.label = label
+        self.socket = socket
 
     @classmethod
     def of(cls, preset: str, argv: Sequence[str], env: Mapping[str, str], host: str,
-           port: int) -> Launch:
+           port: int, socket: str = "") -> Launch:
         """A launch labelled with the preset and its model file's name."""
         model = argv[list(argv).index("-m") + 1] if "-m" in argv else ""
         label = f"{preset} ({model.rsplit('/', 1)[-1]})" if model else preset
-        return cls(argv=tuple(argv), env=dict(env), host=host, port=port, label=label)
+        return cls(argv=tuple(argv), env=dict(env), host=host, port=port, label=label,
+                   socket=socket)
 
 
 def supervise(launch: Launch, *, log: Callable[[str], None],
@@ -223,7 +229,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             continue
 
         if not ready:
-            if health_status(launch.host, launch.port, timeout=1.0) == 200:
+            if health_status(launch.host, launch.port, 1.0, launch.socket) == 200:
                 ready = True
                 took = now - started
                 notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
@@ -256,7 +262,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             continue
 
         if now >= next_check:
-            ok = health_status(launch.host, launch.port, timeout=2.0) == 200
+            ok = health_status(launch.host, launch.port, 2.0, launch.socket) == 200
             if ok and watchdog_every and now >= next_watchdog:
                 notifier.send("WATCHDOG=1")
                 next_watchdog = now + watchdog_every
