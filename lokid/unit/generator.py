@@ -33,7 +33,21 @@ link of the generator's own enables (systemd's way to enable a unit from config,
 as systemd-fstab-generator does for mounts): with listen unset no drop-in, no link,
 nothing listens. ``api_keys_file`` becomes ``LoadCredential=`` of
 ``loki-gateway.service``: systemd reads the file as root, and the gateway's own user
-reads its private copy only.
+reads its private copy only; so does each preset's ``api_key_file`` the gateway sends
+upstream (an external preset's key, or a keyed engine's own: credential
+``preset-key.<preset>``). An external preset gets no engine drop-in: nothing runs here.
+
+And an on-demand preset's port (:func:`port_units`, :mod:`lokid.core.portunit`): the
+preset's host:port becomes the ``ListenStream=`` of an instance of the shipped template
+``loki-port@.socket`` (a drop-in: a template cannot say each instance's address), enabled
+by a ``sockets.target.wants/`` link; ``loki-port@.service`` (the template as shipped,
+nothing generated: its ``%i`` says all) relays it to the engine's UNIX socket with
+``systemd-socket-proxyd``. Templates rather than whole generated units, so that
+``systemctl cat loki-port@<preset>.socket`` shows the shipped, commented unit and the one
+line lokid adds. The engine's own drop-in gets the mark :data:`lokid.core.portunit.HELD_ENV`
+(its start then listens on the socket) and ``Wants=`` its socket (a start by hand opens
+the port too, as boot does). A preset whose port another preset holds, or whose host is a
+name, gets no port unit.
 
 Installed as ``/usr/lib/systemd/system-generators/lokid-engine-generator``,
 which runs ``lokid generate NORMAL EARLY LATE``.
@@ -43,11 +57,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from ..core import config as cfg
 from ..core.conflicts import port_conflicts
 from ..core.errors import ConfigError, printable
+from ..core.external import ip_host, key_credential
 from ..core.names import engine_unit
+from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
 from ..core.secrets import API_KEY_TARGET, credential_id
 from ..core.serve import KEYS_CREDENTIAL, GatewayConfig, split_listen
 
@@ -62,6 +79,8 @@ GATEWAY_SERVICE = "loki-gateway.service"
 GATEWAY_DROPIN = "50-lokid-gateway.conf"
 # Where the package installs the unit; systemd reads a .wants/ link by its name.
 GATEWAY_SOCKET_PATH = "/usr/lib/systemd/system/" + GATEWAY_SOCKET
+PORT_DROPIN = "50-lokid-port.conf"
+PORT_SOCKET_TEMPLATE_PATH = "/usr/lib/systemd/system/loki-port@.socket"
 
 
 def start_timeout(model_bytes: int | None) -> int:
@@ -134,25 +153,28 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
     except ConfigError as e:
         _warn(str(e))
         glob = cfg.GlobalConfig()
-    # first: presets that cannot be read take nothing from the gateway
-    try:
-        gateway = gateway_units(glob.gateway, out_dir)
-    except OSError as e:
-        _warn(f"the gateway's units: cannot write them ({e})")
-        gateway = []
     try:
         presets, broken = cfg.load_presets(config_dir)
     except ConfigError as e:  # the directory itself: nothing to generate, say why
         _warn(str(e))
-        return gateway
+        presets, broken = {}, {}
+    # presets that cannot be read take nothing from the gateway but their keys
+    try:
+        gateway = gateway_units(glob.gateway, out_dir, gateway_keys(presets))
+    except OSError as e:
+        _warn(f"the gateway's units: cannot write them ({e})")
+        gateway = []
     for name, error in sorted(broken.items()):
         _warn(f"skipping preset {name}: {error}")
+    held = held_ports(glob, presets)
     written = []
     for name, preset in sorted(list(presets.items())):
+        if preset.external is not None:   # an API elsewhere: no engine, no unit
+            continue
         unit = engine_unit(name)
         directory = os.path.join(out_dir, unit + ".d")
         try:
-            text = dropin(preset, glob.model_dirs)
+            text = dropin(preset, glob.model_dirs) + port_dropin(name, name in held)
             os.makedirs(directory, exist_ok=True)
             with open(os.path.join(directory, DROPIN_NAME), "w", encoding="utf-8") as f:
                 f.write(text)
@@ -170,15 +192,44 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
     found = listeners(glob, presets)
     for name, clash in sorted(port_conflicts(found, last_starts(runtime_dir(), found)).items()):
         _warn(f"preset {name}: {presets[name].path}: {clash}")
-    allowed = _daemon_dropin(out_dir, {name: ep.host for name, ep in found.items()})
+    hosts = {name: ep.host for name, ep in found.items()}
+    # external APIs at an address: the daemon checks they answer (Reachable)
+    hosts.update({name: host for name, p in presets.items()
+                  if p.external and (host := ip_host(p.external.url))})
+    allowed = _daemon_dropin(out_dir, hosts)
     if allowed:
         written.append(DAEMON_UNIT)
-    return written + gateway
+    try:
+        ports = port_units({n: held[n] for n in presets if n in held},
+                           {n: presets[n].path for n in presets}, out_dir)
+    except OSError as e:
+        _warn(f"the on-demand ports' units: cannot write them ({e})")
+        ports = []
+    return written + ports + gateway
 
 
-def gateway_dropins(gateway: GatewayConfig) -> tuple[str, str]:
+def gateway_keys(presets: Mapping[str, cfg.Preset]) -> dict[str, str]:
+    """Each preset's key file the gateway sends with its requests, by preset: an external
+    API's key, or a keyed engine's own (lokid.core.external). A file missing now is left
+    out with a message: a LoadCredential= that cannot be read fails the whole gateway's
+    start, and the gateway then says this one preset's key is missing."""
+    keys = {}
+    for name, preset in sorted(presets.items()):
+        path = preset.external.api_key_file if preset.external else preset.api_key_file
+        if not path:
+            continue
+        if not os.path.exists(path):
+            _warn(f"preset {name}: {preset.path}: api_key_file {path} does not exist: the "
+                  "gateway gets no key for it")
+            continue
+        keys[name] = path
+    return keys
+
+
+def gateway_dropins(gateway: GatewayConfig,
+                    keys: Mapping[str, str] | None = None) -> tuple[str, str]:
     """The texts of the socket's and the service's drop-ins ("" for none: the gateway is
-    off, or it has no keys file)."""
+    off, or it has no keys file and no preset key); ``keys``: :func:`gateway_keys`."""
     if not gateway.listen:
         return "", ""
     head = ("# Generated by lokid from lokid.toml [gateway]; edit it, then\n"
@@ -188,17 +239,21 @@ def gateway_dropins(gateway: GatewayConfig) -> tuple[str, str]:
         host, port = split_listen(text)
         listen.append(f"ListenStream={f'[{host}]' if ':' in host else host}:{port}\n")
     socket = head + "[Socket]\n" + "".join(listen)
-    service = ""
+    credentials = []
     if gateway.api_keys_file:
-        service = (head + "[Service]\n"
-                   f"LoadCredential={KEYS_CREDENTIAL}:{gateway.api_keys_file}\n")
+        credentials.append(f"LoadCredential={KEYS_CREDENTIAL}:{gateway.api_keys_file}\n")
+    # the presets' keys (paths the config checked as LoadCredential= reads them)
+    credentials += [f"LoadCredential={key_credential(name)}:{path}\n"
+                    for name, path in sorted((keys or {}).items())]
+    service = head + "[Service]\n" + "".join(credentials) if credentials else ""
     return socket, service
 
 
-def gateway_units(gateway: GatewayConfig, out_dir: str) -> list[str]:
+def gateway_units(gateway: GatewayConfig, out_dir: str,
+                  keys: Mapping[str, str] | None = None) -> list[str]:
     """Write the gateway's drop-ins and enable its socket when listen is set; the units
     written."""
-    socket, service = gateway_dropins(gateway)
+    socket, service = gateway_dropins(gateway, keys)
     written = []
     for unit, text in ((GATEWAY_SOCKET, socket), (GATEWAY_SERVICE, service)):
         if not text:
@@ -251,3 +306,64 @@ def _daemon_dropin(out_dir: str, hosts: dict[str, str]) -> list[str]:
                 "# benchmark reaches their engines (its sandbox allows loopback only).\n"
                 "[Service]\n" + "".join(f"IPAddressAllow={a}\n" for a in allow))
     return allow
+
+
+def held_ports(glob: cfg.GlobalConfig, presets: dict[str, cfg.Preset]) -> dict[str, str]:
+    """``ListenStream=`` of each preset whose port systemd holds
+    (:func:`lokid.core.portunit.held_by_systemd`), leaving out one whose port another
+    preset holds (two sockets cannot listen on one port; its start is refused anyway),
+    and saying why an on-demand preset gets none."""
+    from ..core.conflicts import listen_address
+    from ..core.flags import flag_value
+    from ..core.paths import runtime_dir
+    from ..planning.gather import last_starts, listeners
+
+    found = listeners(glob, presets)
+    clashes = port_conflicts(found, last_starts(runtime_dir(), found))
+    out = {}
+    for name, preset in sorted(presets.items()):
+        if not preset.serve.on_demand or preset.external is not None or name in clashes:
+            continue
+        host, port = listen_address(preset, glob)
+        listen = held_by_systemd(preset, host, port)
+        if listen is None:
+            has_host = flag_value(preset.extra_args, "--host") is not None
+            _warn(f"preset {name}: {preset.path}: "
+                  f"{extra_host_note() if has_host else name_note(host)}")
+            continue
+        out[name] = listen
+    return out
+
+
+def port_dropin(name: str, held: bool) -> str:
+    """What the engine unit's drop-in adds for a port systemd holds ("" for none): the
+    mark its start plans by, and its socket pulled in and ordered first."""
+    if not held:
+        return ""
+    socket = port_socket(name)
+    return ("\n# On demand: systemd holds the preset's port (" + socket + "), the engine\n"
+            "# listens on its UNIX socket; a start by hand opens the port too.\n"
+            f"[Unit]\nWants={socket}\nAfter={socket}\n\n"
+            f"[Service]\nEnvironment={_quote(HELD_ENV + '=' + socket)}\n")
+
+
+def port_units(held: dict[str, str], paths: dict[str, str], out_dir: str) -> list[str]:
+    """Write each held port's socket drop-in (``ListenStream=``, from ``held``: preset →
+    address) and enable it with a ``sockets.target.wants/`` link; the units written.
+    ``paths``: each preset's file, named in the drop-in."""
+    written = []
+    for name, listen in sorted(held.items()):
+        unit = port_socket(name)
+        directory = os.path.join(out_dir, unit + ".d")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, PORT_DROPIN), "w", encoding="utf-8") as f:
+            f.write(f"# Generated by lokid from {paths.get(name, name)} (serve.on_demand);\n"
+                    "# edit the preset, then `systemctl daemon-reload`.\n"
+                    f"[Socket]\nListenStream={listen}\n")
+        wants = os.path.join(out_dir, "sockets.target.wants")
+        os.makedirs(wants, exist_ok=True)
+        link = os.path.join(wants, unit)
+        if not os.path.islink(link):
+            os.symlink(PORT_SOCKET_TEMPLATE_PATH, link)
+        written.append(unit)
+    return written
