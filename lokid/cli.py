@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from .core.conflicts import ListenSource
+    from .core.external import External
 
 # Imports of each command stay inside it: `lokid engine` is on the path from
 # `systemctl start` to READY, and every module loaded there delays readiness.
@@ -73,6 +74,13 @@ def _listening(config_dir: str, name: str) -> tuple[str, int, ListenSource]:
     return (*listen_address(preset, glob), listen_source(preset, glob))
 
 
+def _external(config_dir: str, name: str) -> External | None:
+    """The preset's external API (``kind = "external"``), or None for an engine."""
+    from .core import config as cfg
+
+    return cfg.load_preset(config_dir, name).external
+
+
 def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import json
     import os
@@ -82,6 +90,16 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     from .planning.gather import check_port_conflicts, unit_user
     from .unit.steps import plan_now
 
+    ext = _external(config_dir, preset)
+    if ext is not None:   # nothing runs here: what the gateway does with it instead
+        from .core.external import external_notes
+
+        notes = external_notes(preset, ext)
+        print(json.dumps({"preset": preset, "kind": "external", "url": ext.url,
+                          "upstream_model": ext.upstream_model, "notes": notes}, indent=2,
+                         ensure_ascii=False) if as_json else
+              "\n".join([f"preset {preset}: external API, no engine", *notes]))
+        return 0
     # As the next start will run it: as root, the files checked as loki-engine@.service's
     # user will open them; the attempt verdict read from the state DB, changing nothing.
     plan = plan_now(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
@@ -157,6 +175,12 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
     from .bench.measure import measure, planned, sampler_here, started_here
     from .bench.protocol import Options
     from .core import benchrules
+
+    if _external(config_dir, preset) is not None:
+        from .core.errors import ExternalPresetError
+        from .core.external import BENCH_REFUSAL
+
+        raise ExternalPresetError(f"{preset}: {BENCH_REFUSAL}")
 
     def progress(phase: str, step: int, steps: int) -> None:
         print(f"  [{step}/{steps}] {phase}", file=sys.stderr, flush=True)

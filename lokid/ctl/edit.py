@@ -51,7 +51,7 @@ KNOWN_KEYS = ("model", "ctx", "gpus", "gpu_layers", "ubatch", "port", "mmproj", 
               "env.", "op_offload_min_batch", "spec.mode", "spec.draft", "spec.n_max",
               "spec.sampling", "chat.reasoning_effort", "chat.temperature", "chat.top_p",
               "chat.top_k", "chat.min_p", "serve.on_demand", "serve.idle_stop", "serve.group",
-              "serve.drain")
+              "serve.drain", "kind", "url", "upstream_model")
 
 
 # --- the pure parts ---------------------------------------------------------------------
@@ -175,14 +175,17 @@ async def _pending_restart_hint(c: Client, name: str) -> None:
         print(f"restart it to apply: lokictl restart {name}")
 
 
-async def cmd_new(c: Client, name: str, model: str, pairs: Sequence[str]) -> int:
+async def cmd_new(c: Client, name: str, model: str | None, pairs: Sequence[str]) -> int:
     from ..core.presetedit import new_text
 
     values = assignments(pairs)
     if "model" in values:
         raise CtlError("model: given with --model and as model=…: keep one", EXIT_USAGE)
+    if model is None and values.get("kind") != "external":
+        raise CtlError("--model is required (or kind=external url=URL for an API elsewhere)",
+                       EXIT_USAGE)
     try:
-        text = new_text({"model": model, **values})
+        text = new_text({**({"model": model} if model is not None else {}), **values})
     except errors.ConfigError as e:
         raise CtlError(str(e), EXIT_USAGE) from None
     path, etag = await c.manager("CreatePreset", "ss", [name, text])

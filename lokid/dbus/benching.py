@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core import benchrules
-from ..core.errors import BusyError, EngineError, InvalidArgsError
+from ..core.errors import BusyError, EngineError, ExternalPresetError, InvalidArgsError
+from ..core.external import BENCH_REFUSAL
 from ..core.iosample import IOSampler
 
 log = logging.getLogger("lokid.daemon")
@@ -51,7 +52,9 @@ class Benches:
                                    f"{benchrules.MAX_TOKENS}")
         if repeat_error(repeat):
             raise InvalidArgsError(repeat_error(repeat))
-        self._known(name)
+        view = self._known(name)
+        if getattr(view, "external", None) is not None:
+            raise ExternalPresetError(BENCH_REFUSAL)   # its figures would be a network's
         state = self._state_of(name)
         if state != "ready":
             raise EngineError(f"preset {name!r} is {state}, not ready: start it first "

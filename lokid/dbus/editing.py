@@ -211,6 +211,8 @@ class Editor:
 
         def check(path: str, text: str) -> None:
             preset = cfg.parse_preset_text(name, path, text)
+            if preset.external is not None:   # nothing runs here: parsed is all there is
+                return
             inputs = gather(config_dir, name, for_unit=for_unit, preset=preset)
             # the address as the engine's user will bind it, and the port of a preset
             # that holds it: what the start would refuse before its engine runs

@@ -5,7 +5,9 @@ start would (``unit.decide``: the attempt verdict applied), the way ``lokid
 prestart`` will. It does I/O (config files, GGUF headers, the engine's
 ``--help``), so the daemon runs it in a worker thread; D-Bus property reads
 are then served from the snapshot. A broken preset is kept with its error and
-never hides the others; a preset that cannot be planned (missing model,
+never hides the others; an external preset (``kind = "external"``) is served
+without a plan, its error saying that nothing runs here (every start refuses it),
+and is no broken preset; a preset that cannot be planned (missing model,
 missing engine, a port its engine's user may not take, the port of another
 preset that holds it) is served with the reason instead of a plan, and is
 broken all the same for whoever asks which presets cannot start
@@ -23,7 +25,15 @@ from typing import Any
 from ..core import config as cfg
 from ..core.attempt import LOADING_NOW
 from ..core.benchrules import bench_fingerprint
-from ..core.errors import ConfigError, LokiError, NotFoundError, ProbePending, StateError
+from ..core.errors import (
+    ConfigError,
+    ExternalPresetError,
+    LokiError,
+    NotFoundError,
+    ProbePending,
+    StateError,
+)
+from ..core.external import ENGINE, EXTERNAL, External, external_notes, nothing_runs
 from ..core.names import engine_unit
 from ..core.plan import Plan
 from ..core.serve import Serve
@@ -51,13 +61,24 @@ class PresetView:
     # where the unit's start counts it as listening (gather.listeners), or None
     listen: tuple[str, int] | None = None
     serve: Serve = field(default_factory=Serve)   # [serve]: on demand, idle stop, group
+    # kind = "external": an API elsewhere, no engine (its error says so to every start)
+    external: External | None = None
+    # the file of its API key (an engine's api_key_file, or an external API's): the gateway
+    # reads it (:mod:`lokid.core.external`); a path, never the key
+    key_file: str = ""
 
     @property
     def unit(self) -> str:
         return engine_unit(self.name)
 
     @property
+    def kind(self) -> str:
+        return EXTERNAL if self.external is not None else ENGINE
+
+    @property
     def notes(self) -> list[str]:
+        if self.external is not None:
+            return external_notes(self.name, self.external)
         return list(self.plan.notes) if self.plan else [self.error]
 
     @property
@@ -107,7 +128,8 @@ class Registry:
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
             for name, preset in good.items():
-                views[name] = replace(self._view(preset, db, deadline), serve=preset.serve)
+                views[name] = replace(self._view(preset, db, deadline), serve=preset.serve,
+                                      external=preset.external, key_file=_key_file(preset))
         self.presets = self._with_conflicts(views)
         self.broken = {name: str(error) for name, error in bad.items()}
 
@@ -116,7 +138,8 @@ class Registry:
         preset = cfg.load_preset(self.config_dir, name)
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
-            view = replace(self._view(preset, db, deadline), serve=preset.serve)
+            view = replace(self._view(preset, db, deadline), serve=preset.serve,
+                           external=preset.external, key_file=_key_file(preset))
         self.presets = self._with_conflicts({**self.presets, name: view})
         return self.presets[name]
 
@@ -127,7 +150,8 @@ class Registry:
         not take, the port another preset holds). A probe of the engine still running is
         no fault of a preset's: those wait for it, and are not listed."""
         out = {name: view.error for name, view in self.presets.items()
-               if view.plan is None and not issubclass(view.error_type, ProbePending)}
+               if view.plan is None and view.external is None
+               and not issubclass(view.error_type, ProbePending)}
         out.update(self.broken)
         return dict(sorted(out.items()))
 
@@ -164,10 +188,14 @@ class Registry:
     def _view(self, preset: cfg.Preset, db: StateDB | StateReader,
               deadline: float | None = None) -> PresetView:
         mode = preset.spec.mode if isinstance(preset.spec.mode, str) else "off"
+        if preset.external is not None:   # nothing to plan: an API elsewhere
+            return PresetView(preset.name, preset.path, "", "off", plan=None,
+                              error=nothing_runs(preset.name, preset.external),
+                              error_type=ExternalPresetError, external=preset.external)
         wait = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             inputs = gather(self.config_dir, preset.name, for_unit=self.for_units,
-                            probe_wait=wait)
+                            probe_wait=wait, state_dir=self.state_dir)
             cleared = read_cleared(self.runtime_dir, preset.name) if self.runtime_dir else None
             answered = self.answered(preset.name)
             plan, _, found = decide(inputs, db, loading=answered or self.loading(preset.name),
@@ -210,6 +238,12 @@ class Registry:
                 raise ConfigError(f"preset {name!r} is invalid: {self.broken[name]}")
             raise NotFoundError(f"no preset {name!r} (known: {', '.join(sorted(self.presets))})")
         return view
+
+
+def _key_file(preset: cfg.Preset) -> str:
+    if preset.external is not None:
+        return preset.external.api_key_file or ""
+    return preset.api_key_file or ""
 
 
 def _listen(config_dir: str, preset: cfg.Preset) -> tuple[str, int] | None:

@@ -54,6 +54,11 @@ class Preset:
     group: str = ""            # serve.group ("" for none)
     drain: float = 120.0       # serve.drain, seconds
     in_flight: int = 0         # RequestsInFlight: the engine's requests, from its log
+    kind: str = "engine"       # Kind: "external" for an API elsewhere (no engine here)
+    upstream: str = ""         # Url: an external preset's base URL, /v1 included
+    upstream_model: str = ""   # UpstreamModel: the model asked for there
+    key_file: str = ""         # KeyFile: where its key is (a path; lokid.gateway.upstream)
+    reachable: str = ""        # Reachable: whether the daemon saw its API answer
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -70,6 +75,11 @@ class Preset:
             self.drain = float(props["Drain"])
         if "RequestsInFlight" in props:
             self.in_flight = int(props["RequestsInFlight"])
+        for prop, attr in (("Kind", "kind"), ("Url", "upstream"),
+                           ("UpstreamModel", "upstream_model"), ("KeyFile", "key_file"),
+                           ("Reachable", "reachable")):
+            if prop in props:
+                setattr(self, attr, str(props[prop]))
         stats = props.get("Stats")
         if isinstance(stats, dict) and stats.get("url"):
             self.url = str(stats["url"])

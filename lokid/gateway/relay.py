@@ -15,7 +15,7 @@ Rules, each for a failure it prevents:
   of events gets a last event holding the error; any other answer is cut off (the
   connection closed before its end), which a client reads as an error;
 - hop-by-hop headers stay on their hop; the client's key for the gateway is not handed
-  to the engine.
+  to the engine: a preset with its own key gets that one (:mod:`lokid.gateway.upstream`).
 """
 
 from __future__ import annotations
@@ -56,16 +56,22 @@ def forwarded(headers: Mapping[str, str], keep_auth: bool) -> dict[str, str]:
 
 
 async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
-                keep_auth: bool) -> web.StreamResponse:
+                keep_auth: bool, *, key: str | None = None, target: str = "",
+                what: str = "") -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
-    what it answers."""
-    target = url + request.path_qs
+    what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
+    the URL when it is not ``url`` and the client's path (an external preset's);
+    ``what``: how errors name the other side."""
+    target = target or url + request.path_qs
+    headers = forwarded(request.headers, keep_auth and key is None)
+    if key is not None:   # forwarded() dropped the client's
+        headers["Authorization"] = f"Bearer {key}"
+    side = what or f"the engine at {url}"
     try:
         upstream = await client.request(request.method, target, data=body or None,
-                                        headers=forwarded(request.headers, keep_auth),
-                                        allow_redirects=False)
+                                        headers=headers, allow_redirects=False)
     except UPSTREAM_ERRORS as e:
-        raise GatewayError(502, f"the engine at {url} did not answer: {e or type(e).__name__}",
+        raise GatewayError(502, f"{side} did not answer: {e or type(e).__name__}",
                            SERVER, "upstream_unreachable") from None
     async with upstream:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -74,7 +80,7 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             try:
                 data = await upstream.read()
             except UPSTREAM_ERRORS as e:
-                raise GatewayError(502, f"the engine at {url} failed while answering: "
+                raise GatewayError(502, f"{side} failed while answering: "
                                    f"{e or type(e).__name__}", SERVER, "upstream_failed") from None
             return web.Response(status=upstream.status, body=data, headers=headers)
         response = web.StreamResponse(status=upstream.status, headers=headers)
@@ -86,7 +92,7 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                 aiohttp.ClientOSError) as e:
             if request.transport is None or request.transport.is_closing():
                 raise   # the client went away: nothing to tell it
-            log.warning("the engine at %s failed mid-answer: %s", url, e or type(e).__name__)
+            log.warning("%s failed mid-answer: %s", side, e or type(e).__name__)
             if upstream.content_type == "text/event-stream":
                 await response.write(sse_error(f"the engine failed mid-answer: "
                                                f"{e or type(e).__name__}"))

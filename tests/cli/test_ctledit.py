@@ -196,13 +196,14 @@ def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:
 def test_bash_completion_of_the_values_of_keys_with_a_fixed_set(tmp_path: Path) -> None:
     """After "=", the values lokid's configuration accepts (its own tuples: one source),
     however bash splits the word; nothing for a free value, nothing for unset."""
-    from lokid.core import config
+    from lokid.core import config, external
 
     (tmp_path / "presets").mkdir()
     (tmp_path / "presets" / "qwen.toml").write_text('model = "m"\n')
     for key, valid in (("spec.mode", config.SPEC_MODES),
                        ("spec.sampling", config.SPEC_SAMPLINGS),
-                       ("chat.reasoning_effort", config.EFFORT_LEVELS)):
+                       ("chat.reasoning_effort", config.EFFORT_LEVELS),
+                       ("kind", external.KINDS)):
         assert complete(f"lokictl set qwen {key}=", tmp_path) == sorted(valid), key
         assert complete(f"lokictl new fresh ctx=4 {key}=", tmp_path) == sorted(valid), key
         # without "=" in COMP_WORDBREAKS the word bash replaces holds the key too
@@ -503,3 +504,32 @@ def test_a_refused_set_or_unset_names_its_own_method(open_daemon: str, tmp_path:
             r.stderr
         assert "GetPresetSource" not in r.stderr
     assert preset_file(tmp_path, "tiny").read_bytes() == before
+
+
+@pytest.mark.engine
+def test_an_external_preset_made_and_shown_with_lokictl(daemon: str, tmp_path: Path) -> None:
+    """`lokictl new` without --model for kind=external; `presets` and `show` say where
+    its API is and whether it answers (nobody at that port here); an engine key in it is
+    refused with its name; `start` is refused with the reason (issue 22, item 5)."""
+    import time
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    r = lokictl(daemon, "new", "remote", "kind=external", f"url={url}")
+    assert r.returncode == 0, r.stderr
+    assert tomllib.loads(preset_file(tmp_path, "remote").read_text()) == {
+        "kind": "external", "url": url}
+    r = lokictl(daemon, "set", "remote", "upstream_model=big")
+    assert r.returncode == 0, r.stderr
+    r = lokictl(daemon, "set", "remote", "ctx=4096")
+    assert r.returncode == 2 and "ctx: an engine's setting" in r.stderr, r.stderr
+    deadline = time.monotonic() + 15
+    while "unreachable" not in (show := lokictl(daemon, "show", "remote")).stdout:
+        assert time.monotonic() < deadline, show.stdout + show.stderr
+        time.sleep(0.1)
+    assert "Kind: external" in show.stdout and f"Url: {url}" in show.stdout
+    assert "UpstreamModel: big" in show.stdout
+    line = next(x for x in lokictl(daemon, "presets").stdout.splitlines()
+                if x.startswith("remote"))
+    assert "external" in line and url in line and "big  (unreachable: " in line
+    r = lokictl(daemon, "start", "remote")
+    assert r.returncode != 0 and "is an external API at" in r.stderr, r.stderr

@@ -198,3 +198,47 @@ def test_a_broken_presets_directory_leaves_the_gateway_on(tmp_path: Path) -> Non
     out = tmp_path / "gen"
     assert generate(str(config), str(out)) == ["loki-gateway.socket"]
     assert (out / "sockets.target.wants" / "loki-gateway.socket").is_symlink()
+
+
+def test_an_external_preset_gets_no_engine_unit_and_its_key_reaches_the_gateway(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """kind = "external": nothing runs here, so no loki-engine@ drop-in; its api_key_file
+    (and a keyed engine's own, which the gateway sends that engine) becomes a credential
+    of loki-gateway.service; a key file missing now is left out with a message (one
+    LoadCredential= that cannot be read would fail the whole gateway); an external API
+    at an address is allowed to the daemon's sandbox (its reachability check)."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "remote.key").write_text("sk-upstream\n")
+    (keys / "local.key").write_text("sk-engine\n")
+    config = gateway_config(tmp_path, '[gateway]\nlisten = ["127.0.0.1:8000"]\n'
+                            'api_keys_file = "/etc/loki/gateway.keys"\n')
+    write_preset(config, "remote", 'kind = "external"\nurl = "http://10.9.8.7:9100/v1"\n'
+                 f'api_key_file = "{keys}/remote.key"\n')
+    write_preset(config, "named", 'kind = "external"\nurl = "https://api.example.org/v1"\n'
+                 f'api_key_file = "{keys}/gone.key"\n')
+    write_preset(config, "local", f'model = "m.gguf"\napi_key_file = "{keys}/local.key"\n')
+    out = tmp_path / "gen"
+    written = generate(str(config), str(out))
+    assert "loki-engine@remote.service" not in written
+    assert not (out / "loki-engine@remote.service.d").exists()
+    assert not (out / "loki-engine@named.service.d").exists()
+    assert "loki-engine@local.service" in written
+    service = (out / "loki-gateway.service.d" / "50-lokid-gateway.conf").read_text()
+    assert [line for line in service.splitlines() if not line.startswith("#")] == [
+        "[Service]", "LoadCredential=gateway-api-keys:/etc/loki/gateway.keys",
+        f"LoadCredential=preset-key.local:{keys}/local.key",
+        f"LoadCredential=preset-key.remote:{keys}/remote.key"]
+    err = capsys.readouterr().err
+    assert f"preset named: {config}/presets/named.toml: api_key_file {keys}/gone.key does " \
+           "not exist" in err
+    daemon = (out / "lokid.service.d" / "50-lokid-engine-addresses.conf").read_text()
+    assert "IPAddressAllow=10.9.8.7" in daemon
+    # the preset's keys alone give the gateway its drop-in: no client keys needed
+    out2 = tmp_path / "gen2"
+    config2 = gateway_config(tmp_path / "two", '[gateway]\nlisten = ["127.0.0.1:8000"]\n')
+    write_preset(config2, "remote", 'kind = "external"\nurl = "http://127.0.0.1:9/v1"\n'
+                 f'api_key_file = "{keys}/remote.key"\n')
+    assert generate(str(config2), str(out2)) == ["loki-gateway.socket", "loki-gateway.service"]
+    assert f"LoadCredential=preset-key.remote:{keys}/remote.key" in (
+        out2 / "loki-gateway.service.d" / "50-lokid-gateway.conf").read_text()
