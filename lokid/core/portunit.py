@@ -28,6 +28,8 @@ from .flags import flag_value
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .config import Preset
 
 PORT_UNIT_PREFIX = "loki-port@"
@@ -51,6 +53,12 @@ def port_service(preset: str) -> str:
 def engine_socket(preset: str) -> str:
     """The UNIX socket the engine of an on-demand preset listens on under systemd."""
     return f"{UNIT_RUNTIME_DIR}/{preset}{SOCKET_SUFFIX}"
+
+
+def marked_socket(preset: str, environ: Mapping[str, str]) -> str:
+    """The engine's socket where the unit's environment carries the generator's mark for
+    this preset (:data:`HELD_ENV`), else "": how a start inside the unit decides."""
+    return engine_socket(preset) if environ.get(HELD_ENV) == port_socket(preset) else ""
 
 
 def listen_stream(host: str, port: int) -> str | None:

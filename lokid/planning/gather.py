@@ -312,12 +312,10 @@ def _engine_socket(preset: cfg.Preset, glob: cfg.GlobalConfig, environ: Mapping[
     ``lokid run``) never: the port is the engine's own."""
     from ..core import portunit
 
-    if for_unit:
-        held = portunit.held_by_systemd(preset, *conflicts.listen_address(preset, glob)) \
-            is not None
-    else:
-        held = environ.get(portunit.HELD_ENV) == portunit.port_socket(preset.name)
-    return portunit.engine_socket(preset.name) if held else ""
+    if not for_unit:
+        return portunit.marked_socket(preset.name, environ)
+    held = portunit.held_by_systemd(preset, *conflicts.listen_address(preset, glob))
+    return portunit.engine_socket(preset.name) if held is not None else ""
 
 
 def _secret_files(preset: cfg.Preset, environ: Mapping[str, str],

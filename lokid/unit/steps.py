@@ -98,7 +98,7 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     from ..store.state import StateDB, StateReader, needs_token, read_cleared
 
     environ = dict(os.environ if environ is None else environ)
-    inputs = gather(config_dir, name, environ)
+    inputs = gather(config_dir, name, environ, state_dir=state_dir)
     cleared = read_cleared(runtime_dir, name)
     # The slow part (probing the engine, reading the model) is done: a stop from here
     # waits until the token and the plan that lets `lokid stopped` excuse it are written.
@@ -187,6 +187,10 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         rp = RuntimePlan.from_json(data)
     except ValueError:
         return None
+    from ..core.portunit import marked_socket
+
+    if rp.socket != marked_socket(name, environ):
+        return None   # planned where systemd held the port and not now, or the other way
     cleared = read_cleared(runtime_dir, name)
     try:
         with StateDB(state_dir) as db:
@@ -216,7 +220,7 @@ def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     from ..planning.gather import decide, gather
     from ..store.state import StateReader, read_cleared
 
-    inputs = gather(config_dir, name, environ, for_unit=True)
+    inputs = gather(config_dir, name, environ, for_unit=True, state_dir=state_dir)
     with StateReader(state_dir) as db:
         plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name),
                             cleared=read_cleared(runtime_dir, name))

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import configparser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import REPO
-from support.enginekit import write_config, write_preset
+from support.enginekit import free_port, write_config, write_preset
 
 from lokid.core.portunit import HELD_ENV, UNIT_RUNTIME_DIR, engine_socket
 from lokid.unit.generator import PORT_SOCKET_TEMPLATE_PATH, generate
@@ -113,3 +114,27 @@ def test_the_shipped_relay_reaches_the_socket_the_engine_is_planned_on() -> None
     socket.read_string((REPO / "units" / "loki-port@.socket").read_text())
     assert "ListenStream" not in socket["Socket"]    # the generator's, per instance
     assert socket["Install"]["WantedBy"] == "sockets.target"
+
+
+def test_a_kept_plan_is_reused_only_where_the_port_is_held_as_it_was(
+        tmp_path: Path, engine: str, models: Any) -> None:
+    """The daemon keeps a plan ready for a cold start (lokid.dbus.readyplans); a start in
+    the unit reuses it only when the generator's mark says what the plan assumed: a plan
+    for the engine's port is not run where systemd holds it, nor the other way round."""
+    import os
+    import time
+
+    from lokid.dbus.readyplans import keep_ready
+    from lokid.unit.steps import _reuse
+
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "lazy", f'model = "{Path(models.llama).name}"\nctx = 2048\n'
+                 f"port = {free_port()}{ON_DEMAND}")
+    state, runtime = str(tmp_path / "state"), str(tmp_path / "run")
+    time.sleep(1.1)   # a plan is kept once its files are a second old
+    # as under the local runner (no mark): for the engine's own port
+    assert keep_ready(str(config), state, runtime, "lazy", for_unit=False)
+    marked = {**os.environ, HELD_ENV: "loki-port@lazy.socket"}
+    assert _reuse(state, runtime, "lazy", "inv-1", marked) is None
+    reused = _reuse(state, runtime, "lazy", "inv-2", dict(os.environ))
+    assert reused is not None and reused[0].socket == ""
