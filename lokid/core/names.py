@@ -86,3 +86,6 @@ ACTION_READ_LOGS = "org.lokid.lokid1.read-logs"
 # (data/polkit/50-lokid.rules) let in, and that a preset created over the bus belongs to
 # (root:loki 0640): user loki's own group (debian/lokid.sysusers).
 MANAGE_GROUP = "loki"
+# The gateway's own user (loki-gateway.service): the one caller besides root that may
+# report the gateway's figures (GatewayReport, lokid.dbus.sight).
+GATEWAY_USER = "loki-gateway"

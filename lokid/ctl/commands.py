@@ -33,8 +33,9 @@ from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
                      "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain",
-                     "IdleStopAt")
-VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset"}
+                     "IdleStopAt", "OnDemandState", "LastRequestAt", "GroupHolder")
+VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset",
+         "unload": "UnloadPreset"}
 SPINNER = "|/-\\"
 
 
@@ -112,6 +113,7 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
                             for name, error in sorted(broken.items())])
         return EXIT_OK
+    from . import sight as ctlsight
     from . import stats as ctlstats
 
     now = time.time()
@@ -120,7 +122,8 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
         error = "  (broken: " + r["Error"] + ")" if r.get("Error") else ""
-        idle = f"  ({idle_text(r, now)})" if idle_text(r, now) else ""
+        said = ", ".join(t for t in (ctlsight.sight_text(r, now), idle_text(r, now)) if t)
+        idle = f"  ({said})" if said else ""
         lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
                       f"{r['Model']}{blocked}{idle}{error}"])
@@ -239,9 +242,26 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
     print("Serve: " + serve_text(row))
     if idle_text(row, time.time()):
         print("IdleStopAt: " + idle_text(row, time.time()))
+    _show_sight(row)
     for note in row["Notes"]:
         print(f"  - {note}")
     return EXIT_OK
+
+
+def _show_sight(row: dict[str, Any]) -> None:
+    """show's on-demand lines: the state, the last request, the group's holder, the
+    counters (:mod:`lokid.ctl.sight`)."""
+    from . import sight as ctlsight
+
+    if row.get("OnDemandState"):
+        print(f"OnDemandState: {row['OnDemandState']}")
+    if row.get("LastRequestAt"):
+        print(f"LastRequestAt: {ctlsight.ago(float(row['LastRequestAt']), time.time())}")
+    if row.get("Group"):
+        print(f"GroupHolder: {row.get('GroupHolder') or '-'} ({ctlsight.holder_text(row)})")
+    counters = ctlsight.counters_text(dict(row.get("Stats") or {}))
+    if counters:
+        print(f"OnDemandCounters: {counters}")
 
 
 async def cmd_plan(c: Client, name: str, as_json: bool) -> int:
@@ -330,7 +350,7 @@ async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float |
     (job,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
     if not wait:
         return EXIT_OK
-    target = "stopped" if verb == "stop" else "ready"
+    target = "stopped" if verb in ("stop", "unload") else "ready"
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while job not in ended:
@@ -347,7 +367,7 @@ async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float |
             spinner.show()
     spinner.clear()
     result, state, detail = ended[job]
-    if result == "done" and (verb == "stop" or state == "ready"):
+    if result == "done" and (verb in ("stop", "unload") or state == "ready"):
         print(f"{name}: {state}" + (f" ({detail})" if detail else ""))
         return EXIT_OK
     what = f"{verb} {result}" if result != "done" else f"{verb} done, but the engine is {state}"

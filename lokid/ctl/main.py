@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="wait until the engine is ready (stopped, for stop)")
         s.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="with --wait: give up waiting after this long (exit 1)")
+    s = sub.add_parser("unload", help="stop the preset's engine once its requests in flight "
+                       "have finished (at most its serve.drain); says what it waited for")
+    s.add_argument("preset")
+    s.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="give up waiting after this long (exit 1; the unload goes on)")
+    s.set_defaults(wait=True)
     s = sub.add_parser("top", help="every preset's engine live: requests, speeds, memory "
                        "(q quits)")
     s.add_argument("--once", action="store_true", help="print the table once")

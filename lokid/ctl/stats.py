@@ -79,7 +79,17 @@ def row(props: dict[str, Any]) -> dict[str, Any]:
         "decode_tps": _recent(decode) if live else None,
         "draft_kind": draft.get("kind"), "draft_acceptance": draft.get("acceptance"),
         "verdict": props.get("AutoSpecBlocked") or "",
+        # served on demand (lokid.ctl.sight): its state, last request, group and counters
+        "on_demand_state": props.get("OnDemandState") or "",
+        "last_request_at": props.get("LastRequestAt") or None,
+        "idle_stop_at": props.get("IdleStopAt") or None,
+        "group": props.get("Group") or "", "group_holder": props.get("GroupHolder") or "",
+        **{k: stats[k] for k in SIGHT_KEYS if k in stats},
     }
+
+
+SIGHT_KEYS = ("cold_starts", "cold_start_waits", "cold_start_wait_seconds",
+              "cold_start_last_wait_seconds", "gateway_requests", "group_swaps")
 
 
 def _recent(speeds: dict[str, Any]) -> Any:
@@ -100,7 +110,10 @@ def cells(r: dict[str, Any]) -> list[str]:
     draft = "-"
     if r["draft_acceptance"] is not None:
         draft = f"{r['draft_acceptance'] * 100:.0f}% {r['draft_kind'] or ''}".strip()
-    return [str(r["preset"]), str(r["state"]), r["url"] or "-", str(r["model"]),
+    state = str(r["state"])
+    if r.get("on_demand_state") and r["on_demand_state"] != state:
+        state += f" ({r['on_demand_state']})"
+    return [str(r["preset"]), state, r["url"] or "-", str(r["model"]),
             duration(r["uptime_seconds"]), gpu_text(r), ",".join(r["offload"]) or "-",
             _num(r["requests_per_min"], "{:.1f}"), _num(r["prefill_tps"]),
             _num(r["decode_tps"]), draft, r["verdict"] or "-"]

@@ -63,6 +63,7 @@ from .readyplans import ReadyPlans
 from .registry import Registry
 from .reveal import Revealer
 from .telemetry import Telemetry
+from .unload import Unloads
 from .wire import SafeMessageBus
 
 log = logging.getLogger("lokid.daemon")  # as the journal has always said it
@@ -112,6 +113,7 @@ class Daemon:
         self.background = Background(log)
         self.telemetry = Telemetry(self)
         self.editor = Editor(self)
+        self.unloads = Unloads(self)   # UnloadPreset: a stop after the requests in flight
         self.logs = Logs(lambda: self.runner)
         self.benches = Benches(config_dir, state_dir, runtime_dir,
                                state_of=lambda name: self.engine_state(name).state,
@@ -397,7 +399,7 @@ class Daemon:
         iface = self.exported.get(name)
         if iface is not None:
             iface.emit_properties_changed(changed)
-        self.telemetry.idle.on_state(name, state)   # READY starts the idle stop's clock
+        self.telemetry.on_state(name, state)   # the idle stop's clock, the on-demand state
         if moved and self.signalled.get(name) in (LOADING, STOPPING) \
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
             # a start ended (ready, stopped or failed): its attempt token is settled, and
@@ -560,6 +562,7 @@ class Daemon:
             publisher.cancel()
             self.dirwatch.detach()
             await self.background.close()  # before the bus they may still use is closed
+            await self.unloads.close()
             await self.telemetry.close()
             if self.watcher is not None:
                 self.watcher.detach(loop)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,6 +85,8 @@ class IdleStops:
         # (preset, property) -> the value last announced (IdleStopAt, RequestsInFlight)
         self.said: dict[tuple[str, str], float] = {}
         meters.on_in_flight = self.announce_in_flight
+        # told when an idle stop is asked (True) or failed (False): "stopped when idle"
+        self.on_stop: Callable[[str, bool], None] | None = None
 
     def on_state(self, name: str, state: EngineState) -> None:
         """An engine's new state: READY starts its clock, any other state ends it."""
@@ -181,9 +184,13 @@ class IdleStops:
             clock, view = self.clocks[name], self.host.registry.presets[name]
             clock.asked = True
             span = span_text(view.serve.idle_stop or 0.0)
+            if self.on_stop is not None:
+                self.on_stop(name, True)
             try:
                 await self.host.stop(name)
             except LokiError as e:
+                if self.on_stop is not None:
+                    self.on_stop(name, False)
                 log.warning("preset %s: not stopped after %s without a request: %s",
                             name, span, e)
                 continue

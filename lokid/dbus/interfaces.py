@@ -75,8 +75,10 @@ class Backend(Protocol):
     registry: Registry
     editor: Any   # lokid.dbus.editing.Editor
     logs: Any     # lokid.dbus.logs.Logs
-    # lokid.dbus.telemetry.Telemetry (its idle stops: IdleStopAt, RequestsInFlight)
+    # lokid.dbus.telemetry.Telemetry (its idle stops: IdleStopAt, RequestsInFlight; its
+    # sight, lokid.dbus.sight: OnDemandState, GroupHolder, the gateway's reports)
     telemetry: Any
+    unloads: Any  # lokid.dbus.unload.Unloads
 
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...
@@ -314,6 +316,18 @@ class PresetInterface(ServiceInterface):
         return int(self.backend.telemetry.idle.in_flight(self.preset))
 
     @dbus_property(access=PropertyAccess.READ)
+    def OnDemandState(self) -> "s":
+        return str(self.backend.telemetry.sight.state(self.preset))
+
+    @dbus_property(access=PropertyAccess.READ)
+    def LastRequestAt(self) -> "d":
+        return float(self.backend.telemetry.sight.last_request_at(self.preset))
+
+    @dbus_property(access=PropertyAccess.READ)
+    def GroupHolder(self) -> "s":
+        return str(self.backend.telemetry.sight.holder(self.preset))
+
+    @dbus_property(access=PropertyAccess.READ)
     def PendingRestart(self) -> "b":
         return self.backend.pending_restart(self.preset)
 
@@ -385,6 +399,26 @@ class ManagerInterface(ServiceInterface):
     @guarded
     async def StopPreset(self, name: "s") -> "s":
         return await self.backend.stop(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def StartForRequest(self, name: "s") -> "s":
+        return await self.backend.telemetry.sight.start_for_request(checked_name(name),
+                                                                    self.backend.start)
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def UnloadPreset(self, name: "s") -> "s":
+        return await self.backend.unloads.unload(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def GatewayReport(self, requests: "a(squ)", swaps: "a(su)") -> None:
+        self.backend.telemetry.sight.check_reporter(await self.backend.caller())
+        self.backend.telemetry.sight.report(requests, swaps)
 
     @method()
     @access(MANAGE)

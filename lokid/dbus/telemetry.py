@@ -9,7 +9,8 @@ a start whose requests could not be read, and rewrites the node_exporter
 textfile (:mod:`lokid.watch.promfile`) when something changed, or every 15 s.
 
 The same tick checks the engines stopped when idle (:mod:`lokid.dbus.idle`): they are
-judged from the same meters, and the count of their stops is published here.
+judged from the same meters, and the count of their stops is published here, with the
+on-demand sight (:mod:`lokid.dbus.sight`: cold starts, swaps, the gateway's requests).
 
 Memory per GPU comes from the engine's load lines where it runs at ``-lv 4``;
 for a running start without them, every :data:`GPU_EVERY` seconds, from the
@@ -33,6 +34,7 @@ from ..watch.promfile import Textfile
 from .idle import IdleStops
 from .interfaces import PresetInterface
 from .registry import Registry
+from .sight import Sight
 
 
 class TelemetryHost(Protocol):
@@ -68,6 +70,10 @@ class Telemetry:
         self.meters = Meters(daemon.runtime_dir)
         # the engines stopped when idle (lokid.dbus.idle), checked at each publisher tick
         self.idle = IdleStops(daemon, self.meters)
+        # on-demand states and counters (lokid.dbus.sight); their changes mark the Stats
+        self.sight = Sight(daemon, lambda name: self.meters.dirty.add(name))
+        self.idle.on_stop = self.sight.idle_stop
+        self.meters.on_in_flight = self._in_flight_moved
         self.meter_failed = False
         # the Prometheus textfile (lokid.toml metrics_textfile): None when off; its path as
         # last read (None: not read yet)
@@ -80,6 +86,15 @@ class Telemetry:
         self.gpu = GpuMemory()
         self.gpu_mib: dict[str, tuple[str, dict[str, float] | None, str]] = {}
         self.gpu_engines: dict[str, bool] = {}  # engine path → has a GPU backend (or unknown)
+
+    def on_state(self, name: str, state: EngineState) -> None:
+        """An engine's new state: the idle stop's clock, the on-demand state."""
+        self.idle.on_state(name, state)
+        self.sight.on_state(name, state)
+
+    def _in_flight_moved(self, name: str) -> None:
+        self.idle.announce_in_flight(name)
+        self.sight.request_seen(name)
 
     def stats(self, name: str) -> dict[str, Any]:
         """The preset's telemetry for its current start (``{}`` before any), with the URL
@@ -97,6 +112,7 @@ class Telemetry:
         if restarts is not None:
             out["restarts"] = restarts
         out.update(self.idle.stats(name))
+        out.update(self.sight.stats(name))
         got = self.gpu_mib.get(name)
         if got is not None and not out.get("memory_mib") and got[0] == out.get("invocation"):
             if got[1]:
@@ -160,6 +176,7 @@ class Telemetry:
                 await self.idle.check()
             except Exception as e:  # a defect of ours: the Stats go on, the engines run
                 log.warning("idle stop: %s: %s", type(e).__name__, e)
+            self.sight.check()
             if ticks % round(GPU_EVERY / STATS_EVERY) == 1:
                 try:
                     await self.sample_gpu()
@@ -226,8 +243,9 @@ class Telemetry:
                 records.append(Record(n, v.model if v else "", states[n], stats,
                                       v.auto_blocked if v else "",
                                       tf.starts(n, stats.get("invocation")),
-                                      self.idle.count(n)))
-            await asyncio.to_thread(tf.write, render(records, time.time(), broken))
+                                      self.idle.count(n), self.sight.stats(n)))
+            await asyncio.to_thread(tf.write, render(records, time.time(), broken,
+                                                     dict(self.sight.swaps)))
         except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
             if not tf.render_failed:  # the Stats and the engines go on
                 tf.render_failed = True

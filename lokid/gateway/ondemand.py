@@ -25,6 +25,7 @@ from dbus_fast import DBusError
 
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
+from .report import start_for_request
 
 READY, LOADING, FAILED, INACTIVE, STOPPING = "ready", "loading", "failed", "inactive", "stopping"
 START_TIMEOUT = 600.0
@@ -81,7 +82,7 @@ class Starter:
             while preset.state == STOPPING:   # a stop under way: start after it
                 await self.presets.changed(preset, 5.0)
             try:
-                job = await self.presets.start(preset.name)
+                job = await start_for_request(self.presets, preset.name)   # a cold start
             except DBusError as e:
                 self._fail(preset, f"preset {preset.name!r} cannot start: {e.text}")
             seen_loading = False

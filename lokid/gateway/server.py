@@ -33,6 +33,7 @@ from .ondemand import Starter
 from .presets import Presets
 from .relay import relay, session
 from .replies import UNAVAILABLE, GatewayError, model_entry
+from .report import PRESET_KEY, Report
 from .settings import Settings
 
 log = logging.getLogger("lokid.gateway")
@@ -49,9 +50,11 @@ class Gateway:
         self.groups = Groups(presets, self.starter)
         self.keys = tuple(k.encode() for k in keys)
         self.client: aiohttp.ClientSession | None = None
+        self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body + 1)
+        app = web.Application(client_max_size=self.settings.max_body + 1,
+                              middlewares=[self.report.middleware])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
@@ -59,8 +62,10 @@ class Gateway:
 
     async def _open(self, _app: web.Application) -> None:
         self.client = session()
+        self.report.start()
 
     async def _close(self, _app: web.Application) -> None:
+        await self.report.stop()
         if self.client is not None:
             await self.client.close()
 
@@ -84,6 +89,7 @@ class Gateway:
         preset = self.presets.presets.get(name)
         if preset is None or name in self.presets.broken:
             raise self._unknown(name)
+        request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
         assert self.client is not None
         async with self.groups.turn(preset) as url:   # its group's turn, its engine started
             return await relay(self.client, request, url, body, keep_auth=not self.keys)

@@ -75,6 +75,18 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("lokid_idle_stops_total", "counter",
      "Times the daemon stopped the preset's engine after its serve.idle_stop without a "
      "request in flight, since the daemon started."),
+    ("lokid_cold_starts_total", "counter",
+     "Starts of the preset's engine the gateway asked for a request (a cold start), since "
+     "the daemon started."),
+    ("lokid_cold_start_wait_seconds", "summary",
+     "How long the cold starts that became ready waited, from the gateway's ask to the "
+     "engine ready (_sum: seconds, _count: starts)."),
+    ("lokid_gateway_requests_total", "counter",
+     "Requests the gateway answered for the preset, by HTTP status code (499: the client "
+     "went away first), since the daemon started (the gateway reports them each second)."),
+    ("lokid_group_swaps_total", "counter",
+     "Swaps in the GPU group (serve.group): its running preset stopped for another one, "
+     "since the daemon started."),
     ("lokid_engine_start_time_seconds", "gauge",
      "When the engine's current (or last) start began (Unix time, its first output line)."),
     ("lokid_engine_load_seconds", "gauge",
@@ -121,6 +133,8 @@ class Record:
     starts: int | None = None      # starts seen since the daemon started (None: unknown)
     # stops for idleness since the daemon started (None: the preset has no idle_stop)
     idle_stops: int | None = None
+    # the on-demand counters (lokid.dbus.sight's Stats keys: cold_starts, ...)
+    sight: Mapping[str, Any] = field(default_factory=dict)
 
 
 def escape_label(value: str) -> str:
@@ -160,19 +174,23 @@ class _Samples:
     def __init__(self) -> None:
         self.lines: dict[str, list[str]] = {name: [] for name in FAMILY_NAMES}
 
-    def add(self, family: str, labels: Iterable[tuple[str, str]], value: float | None) -> None:
+    def add(self, family: str, labels: Iterable[tuple[str, str]], value: float | None,
+            suffix: str = "") -> None:
+        """A sample of ``family`` (``suffix``: a summary's ``_sum`` or ``_count``)."""
         if value is None:
             return
         pairs = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels)
-        self.lines[family].append(f"{family}{{{pairs}}} {format_value(value)}"
-                                  if pairs else f"{family} {format_value(value)}")
+        name = family + suffix
+        self.lines[family].append(f"{name}{{{pairs}}} {format_value(value)}"
+                                  if pairs else f"{name} {format_value(value)}")
 
 
-def render(records: Iterable[Record], now: float, broken: Iterable[str] = ()) -> str:
+def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
+           swaps: Mapping[str, int] | None = None) -> str:
     """The textfile for ``records`` (one per preset) written at ``now`` (Unix time);
     ``broken``: the presets that cannot start (the Manager's BrokenPresets), each with
     its ``lokid_preset_broken`` 1 whether it has a record or not (a file that does not
-    parse has none)."""
+    parse has none); ``swaps``: the GPU groups' swaps, by group."""
     out = _Samples()
     out.add("lokid_textfile_timestamp_seconds", (), round(now, 3))
     records = sorted(records, key=lambda r: r.preset)
@@ -181,6 +199,8 @@ def render(records: Iterable[Record], now: float, broken: Iterable[str] = ()) ->
         out.add("lokid_preset_broken", (("preset", name),), 1 if name in down else 0)
     for r in records:
         _preset(out, r)
+    for group, count in sorted((swaps or {}).items()):
+        out.add("lokid_group_swaps_total", (("group", group),), count)
     text = ["# lokid's engines (lokid.toml metrics_textfile; see lokid(8)). "
             "Rewritten by the daemon: do not edit."]
     for name, kind, help_text in FAMILIES:
@@ -199,6 +219,7 @@ def _preset(out: _Samples, r: Record) -> None:
             1 if r.auto_blocked else 0)
     out.add("lokid_engine_starts_total", base, r.starts)
     out.add("lokid_idle_stops_total", base, r.idle_stops)
+    _sight(out, base, r.sight)
     s = r.stats
     if not s:
         return
@@ -233,6 +254,21 @@ def _preset(out: _Samples, r: Record) -> None:
             if on_gpu.isdigit() and layers.isdigit():
                 out.add("lokid_engine_offloaded_layers", (*base, ("part", part)), int(on_gpu))
                 out.add("lokid_engine_layers", (*base, ("part", part)), int(layers))
+
+
+def _sight(out: _Samples, base: tuple[tuple[str, str], ...], s: Mapping[str, Any]) -> None:
+    """The on-demand counters: cold starts, their wait, the gateway's requests."""
+    out.add("lokid_cold_starts_total", base, _number(s.get("cold_starts")))
+    if _number(s.get("cold_start_waits")) is not None:
+        out.add("lokid_cold_start_wait_seconds", base,
+                _number(s.get("cold_start_wait_seconds")), "_sum")
+        out.add("lokid_cold_start_wait_seconds", base, _number(s.get("cold_start_waits")),
+                "_count")
+    codes = s.get("gateway_requests")
+    if isinstance(codes, Mapping):
+        for code, count in sorted(codes.items()):
+            out.add("lokid_gateway_requests_total", (*base, ("code", str(code))),
+                    _number(count))
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -84,7 +84,9 @@ def parse(text: str) -> dict[str, Family]:
         m = SAMPLE.fullmatch(line)
         assert m, f"not a sample: {line!r}"
         name, labels, value = m.groups()
-        assert name == current, f"{name} outside its family: {line}"
+        family = current if families.get(current) is None or families[current].type != \
+            "summary" else name.removesuffix("_sum").removesuffix("_count")
+        assert family == current, f"{name} outside its family: {line}"
         pairs = []
         rest = labels or ""
         while rest:
@@ -95,8 +97,9 @@ def parse(text: str) -> dict[str, Family]:
             assert rest == "" or rest.startswith(","), f"bad labels: {line!r}"
             rest = rest[1:]
         assert len({k for k, _ in pairs}) == len(pairs), f"a label twice: {line}"
-        key = tuple(sorted(pairs))
-        fam = families[name]
+        # a summary's _sum and _count are two series of its family (__name__ tells them apart)
+        key = tuple(sorted(pairs + ([("__name__", name)] if name != family else [])))
+        fam = families[family]
         assert key not in fam.samples, f"a series twice: {line}"
         fam.samples[key] = float(value.replace("Inf", "inf"))
     return families
@@ -129,7 +132,9 @@ def records() -> list[Record]:
         Record("drafted", "/srv/models/q.gguf", "ready",
                snapshot("b11434-cuda-h200-draft_auto.log", "draft"), "", 2),
         Record("small", "tiny.gguf", "inactive", snapshot("b11434-cpu-A_full_mtp.log"),
-               "the last automatic launch never became healthy", 1, idle_stops=3),
+               "the last automatic launch never became healthy", 1, idle_stops=3,
+               sight={"cold_starts": 2, "cold_start_waits": 1, "cold_start_wait_seconds": 1.5,
+                      "gateway_requests": {"200": 4, "499": 1}}),
         Record("never", "other.gguf", "inactive"),
     ]
 
@@ -141,7 +146,7 @@ def test_every_family_follows_the_naming_conventions() -> None:
     assert len({name for name, _, _ in FAMILIES}) == len(FAMILIES)
     for name, kind, help_text in FAMILIES:
         assert re.fullmatch(r"lokid_[a-z0-9_]+", name), name
-        assert kind in ("counter", "gauge"), name
+        assert kind in ("counter", "gauge", "summary"), name
         assert name.endswith("_total") == (kind == "counter"), name
         assert not set(name.split("_")) & abbreviations, name
         assert not set(name.split("_")) & {"milliseconds", "mebibytes", "minutes", "counter",
@@ -152,7 +157,7 @@ def test_every_family_follows_the_naming_conventions() -> None:
 
 
 def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -> None:
-    text = render(records(), now=1764547200.25)
+    text = render(records(), now=1764547200.25, swaps={"gpu0": 2})
     fams = parse(text)
     declared = {name: (kind, help_text) for name, kind, help_text in FAMILIES}
     assert set(fams) <= set(declared)
@@ -165,7 +170,8 @@ def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -
     # every engine series carries preset and model (a broken preset's, preset only)
     for fam in fams.values():
         for labels in fam.samples:
-            if fam.name not in ("lokid_textfile_timestamp_seconds", "lokid_preset_broken"):
+            if fam.name not in ("lokid_textfile_timestamp_seconds", "lokid_preset_broken",
+                                "lokid_group_swaps_total"):
                 assert {"preset", "model"} <= dict(labels).keys(), (fam.name, labels)
 
 
@@ -389,3 +395,21 @@ def test_promtool_accepts_the_file_without_a_lint_warning() -> None:
                        input=render(records(), now=1.0, broken=["never", "unparsed"]),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r
+
+
+def test_the_on_demand_counters_are_counters_a_summary_and_the_groups_swaps() -> None:
+    fams = parse(render(records(), now=1.0, swaps={"gpu0": 2}))
+    assert series(fams, "lokid_cold_starts_total", preset="small") == 2
+    wait = "lokid_cold_start_wait_seconds"
+    assert series(fams, wait, preset="small", **{"__name__": wait + "_sum"}) == 1.5
+    assert series(fams, wait, preset="small", **{"__name__": wait + "_count"}) == 1
+    assert series(fams, "lokid_gateway_requests_total", preset="small", code="200") == 4
+    assert series(fams, "lokid_gateway_requests_total", preset="small", code="499") == 1
+    assert fams["lokid_group_swaps_total"].samples == {(("group", "gpu0"),): 2}
+    # a preset the gateway never asked anything of has none of them
+    assert not [k for k in fams["lokid_cold_starts_total"].samples if ("preset", "big") in k]
+    # no cold start became ready yet: no summary (a _sum of 0 over 0 says nothing)
+    bare = Record("lazy", "m.gguf", "loading", sight={"cold_starts": 1})
+    fams = parse(render([bare], now=1.0))
+    assert series(fams, "lokid_cold_starts_total", preset="lazy") == 1
+    assert wait not in fams
