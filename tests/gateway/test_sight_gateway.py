@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -85,8 +87,15 @@ def sample(text: str, name: str, **labels: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def lokictl(address: str, *args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "lokid.ctl", "--address", address, *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r
+    return r.stdout
+
+
 async def test_a_request_walks_a_stopped_preset_through_its_states_and_is_counted(
-        running: Running, gateway: Gateway, tmp_path: Path) -> None:
+        running: Running, gateway: Gateway, tmp_path: Path, bus_address: str) -> None:
     lazy = await running.iface(preset_object_path("lazy"), PRESET_INTERFACE)
     other = await running.iface(preset_object_path("other"), PRESET_INTERFACE)
     assert await lazy.get_on_demand_state() == "waiting for a request"
@@ -138,8 +147,9 @@ async def test_a_request_walks_a_stopped_preset_through_its_states_and_is_counte
 
         async def swapped() -> dict[str, Any]:
             s = stats(await other.get_stats())
-            return s if s.get("group_swaps") else {}
-        s = await until(swapped, 5, "a swap reported")
+            # the swap and the request may come in two reports (a second apart)
+            return s if s.get("group_swaps") and s.get("gateway_requests") else {}
+        s = await until(swapped, 5, "a swap and its request reported")
         assert s["group_swaps"] == 1 and s["cold_starts"] == 1
         assert s["gateway_requests"] == {"200": 1}
         assert stats(await lazy.get_stats())["group_swaps"] == 1   # the group's, on each
@@ -148,6 +158,19 @@ async def test_a_request_walks_a_stopped_preset_through_its_states_and_is_counte
             text = prom.read_text()
             return text if 'lokid_group_swaps_total{group="g"} 1' in text else ""
         await until(swap_written, 20, "the swap in the textfile")
+
+        # what lokictl shows of it
+        show = await asyncio.to_thread(lokictl, bus_address, "show", "other")
+        assert "OnDemandState: ready" in show, show
+        assert "GroupHolder: other (group g held by other)" in show, show
+        assert "OnDemandCounters: 1 cold start (mean wait " in show, show
+        assert "1 group swap, gateway: 200 x1" in show, show
+        presets = await asyncio.to_thread(lokictl, bus_address, "presets")
+        lazy_line = next(line for line in presets.splitlines() if line.startswith("lazy "))
+        assert "(waiting for a request, last request " in lazy_line, presets
+        assert "group g held by other)" in lazy_line, presets
+        top = await asyncio.to_thread(lokictl, bus_address, "top", "--once")
+        assert "inactive (waiting for a request)" in top, top
 
     # the idle stop of the preset that holds the group now
     await until(lambda: asyncio.sleep(0, "stopped when idle" in other_states), IDLE + 20,
