@@ -194,8 +194,8 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
     plan_and_inputs = planned(config_dir, paths.state_dir(), preset)
     running = started_here(paths.runtime_dir(), preset)  # None: as the preset plans it now
     # the thrash hint (full mode): the engine's process, found in /proc by its port
-    port = (running or plan_and_inputs[0]).port
-    sampler = sampler_here(port) if full else None
+    engine = running or plan_and_inputs[0]
+    sampler = sampler_here(engine.port, engine.socket) if full else None
     out = asyncio.run(measure(config_dir, paths.state_dir(), preset, opts, progress,
                               io_sampler=sampler, plan_and_inputs=plan_and_inputs,
                               running=running))

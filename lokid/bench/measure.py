@@ -92,12 +92,13 @@ def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInput
     return plan, inputs
 
 
-def sampler_here(port: int) -> IOSampler | None:
-    """``lokid bench``: the engine's process found by its port in /proc (blocking), or None
-    when it cannot be read (another user's, without CAP_SYS_PTRACE)."""
+def sampler_here(port: int, socket_path: str = "") -> IOSampler | None:
+    """``lokid bench``: the engine's process found by its port in /proc (by its UNIX
+    socket where systemd holds the port: the port's listener is systemd then), or None
+    when it cannot be read (another user's, without CAP_SYS_PTRACE). Blocking."""
     from ..host.proc import sampler_for_port
 
-    return sampler_for_port(port)
+    return sampler_for_port(port, socket_path)
 
 
 async def measure(config_dir: str, state_dir: str, name: str, opts: protocol.Options,

@@ -123,6 +123,23 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+def _unix_listening_inodes(path: str) -> set[str]:
+    """The inodes of the UNIX stream sockets listening at ``path`` (/proc/net/unix: the
+    flag __SO_ACCEPTCON, 0x10000, marks a listening socket)."""
+    inodes = set()
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="surrogateescape") as f:
+            next(f)
+            for line in f:
+                fields = line.split(None, 7)
+                if len(fields) == 8 and fields[7].rstrip("\n") == path \
+                        and int(fields[3], 16) & 0x10000:
+                    inodes.add(fields[6])
+    except (OSError, StopIteration, ValueError):
+        pass
+    return inodes
+
+
 def listening(port: int) -> bool:
     """Whether some process listens on TCP ``port`` (whoever it is)."""
     return bool(_listening_inodes(port))
@@ -149,7 +166,18 @@ def command_name(pid: int) -> str | None:
 
 def pid_listening_on(port: int) -> int | None:
     """The process listening on TCP ``port`` (one we may look into), or None."""
-    wanted = {f"socket:[{inode}]" for inode in _listening_inodes(port)}
+    return _holder(_listening_inodes(port))
+
+
+def pid_listening_at(path: str) -> int | None:
+    """The process listening on the UNIX socket ``path`` (an on-demand preset's engine
+    under systemd, whose TCP port systemd holds), or None."""
+    return _holder(_unix_listening_inodes(path))
+
+
+def _holder(inodes: set[str]) -> int | None:
+    """The first process (one we may look into) with one of these sockets open."""
+    wanted = {f"socket:[{inode}]" for inode in inodes}
     if not wanted:
         return None
     for entry in os.listdir("/proc"):
@@ -218,8 +246,9 @@ def sampler_for_pid(pid: int) -> IOSampler | None:
     return sample
 
 
-def sampler_for_port(port: int) -> IOSampler | None:
-    """A sampler of the engine listening on ``port``, or None when it cannot be read
+def sampler_for_port(port: int, socket_path: str = "") -> IOSampler | None:
+    """A sampler of the engine listening on ``port`` (on the UNIX socket ``socket_path``
+    instead, when given: systemd holds the port), or None when it cannot be read
     (blocking: a scan of every process's fds)."""
-    pid = pid_listening_on(port)
+    pid = pid_listening_at(socket_path) if socket_path else pid_listening_on(port)
     return None if pid is None else sampler_for_pid(pid)

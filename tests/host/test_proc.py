@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,3 +81,26 @@ def test_the_live_members_of_a_process_group() -> None:
     while proc.group_members(leader.pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proc.group_members(leader.pid) == []  # zombies (the sleeps, now init's) left out
+
+
+def test_the_process_listening_on_a_unix_socket(tmp_path: Path) -> None:
+    """An on-demand preset's engine under systemd: its port is systemd's, and the engine
+    is found by the UNIX socket it listens on (the thrash hint of `lokid bench --full`)."""
+    path = str(tmp_path / "engine.sock")
+    script = ("import socket, sys, time\ns = socket.socket(socket.AF_UNIX)\n"
+              "s.bind(sys.argv[1]); s.listen(); print('up', flush=True); time.sleep(60)\n")
+    server = subprocess.Popen([sys.executable, "-c", script, path], stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"up\n"
+        assert proc.pid_listening_at(path) == server.pid
+        sampler = proc.sampler_for_port(1, path)   # the port is ignored: systemd holds it
+        assert sampler is not None and asyncio.run(sampler()) is not None
+        # a client's socket connected there is not a listener
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(path)
+            assert proc.pid_listening_at(path) == server.pid
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert proc.pid_listening_at(path) is None
+    assert proc.pid_listening_at(str(tmp_path / "none.sock")) is None
