@@ -43,7 +43,9 @@ MAX_KEPT = 4096           # (preset, code) pairs kept while the daemon does not 
 PRESET_KEY: Any = web.RequestKey("lokid_preset", str) if hasattr(web, "RequestKey") \
     else "lokid_preset"
 CLIENT_GONE = 499
-UNKNOWN_METHOD = "org.freedesktop.DBus.Error.UnknownMethod"
+# A daemon older than StartForRequest, or a bus policy that does not list it yet (the
+# policy file is reread by the bus, not by lokid): the plain StartPreset then.
+OLD_DAEMON = ("org.freedesktop.DBus.Error.UnknownMethod", "org.freedesktop.DBus.Error.AccessDenied")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -137,12 +139,13 @@ class Report:
 
 async def start_for_request(presets: Any, name: str) -> str:
     """The on-demand start of ``name`` (StartForRequest: the daemon counts a cold start and
-    shows "starting for a request"); StartPreset where the daemon knows no such method."""
+    shows "starting for a request"); StartPreset where the daemon or the bus policy does not
+    know that method yet."""
     try:
         (job,) = await call(presets.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE,
                             "StartForRequest", "s", [name])
     except DBusError as e:
-        if e.type != UNKNOWN_METHOD:
+        if e.type not in OLD_DAEMON:
             raise
         return str(await presets.start(name))
     return str(job)
