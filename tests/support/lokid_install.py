@@ -8,8 +8,10 @@ module lays out the same files by hand in a booted container
 - ``/usr/bin/lokid``: Debian's python3 running the repository's lokid;
 - the ``loki`` system user and group, a member of ``video`` and ``render``,
   created by ``systemd-sysusers`` from the shipped ``data/sysusers.d/lokid.conf``;
-- ``units/loki-engine@.service`` in /etc/systemd/system (unmodified) and
-  ``units/lokid-engine-generator`` in /etc/systemd/system-generators;
+- ``units/loki-engine@.service`` in /etc/systemd/system (unmodified),
+  ``units/loki-port@.socket`` and ``.service`` in /usr/lib/systemd/system (where the
+  generator's links point) and ``units/lokid-engine-generator`` in
+  /etc/systemd/system-generators;
 - ``/etc/loki/lokid.toml`` naming the engine and ``/var/lib/loki-models``;
 - the daemon: ``units/lokid.service``, the bus policy, the D-Bus activation
   file, the polkit action and rules files (read by the container's polkitd)
@@ -43,6 +45,8 @@ GENERATOR_DIR = "/etc/systemd/system-generators"
 # The generator's "normal" output directory, where systemd 252 puts its drop-ins.
 GENERATED_DIR = "/run/systemd/generator"
 TEMPLATE = "loki-engine@.service"
+PORT_TEMPLATES = ("loki-port@.socket", "loki-port@.service")
+PACKAGE_UNIT_DIR = "/usr/lib/systemd/system"
 GENERATOR = "lokid-engine-generator"
 DAEMON_UNIT = "lokid.service"
 BUS_NAME = "org.lokid.Lokid1"
@@ -94,6 +98,11 @@ class LokidSystem:
                       (REPO / "data" / "sysusers.d" / "lokid.conf").read_bytes())
         ct.run(["systemd-sysusers", "lokid.conf"])
         ct.write_file(f"{UNIT_DIR}/{TEMPLATE}", (REPO / "units" / TEMPLATE).read_bytes())
+        # An on-demand preset's port units, where the package puts them: the generator's
+        # sockets.target.wants link names that path, and an on-demand engine's drop-in
+        # wants its socket (its engine listens on /run/loki/<preset>.sock then).
+        for name in PORT_TEMPLATES:
+            ct.write_file(f"{PACKAGE_UNIT_DIR}/{name}", (REPO / "units" / name).read_bytes())
         ct.write_file(f"{GENERATOR_DIR}/{GENERATOR}", (REPO / "units" / GENERATOR).read_bytes(),
                       mode=0o755)
         # The daemon: its unit, its bus policy and its D-Bus activation file.
@@ -180,7 +189,9 @@ class LokidSystem:
     def cleanup(self) -> None:
         """Stop every unit this test used, remove its files, restore lokid.toml."""
         ct = self.ct
-        for u in sorted(self._units):
+        # an on-demand preset's port units too (the generator's, started with its engine)
+        ports = [f"loki-port@{n}.{kind}" for n in self._presets for kind in ("socket", "service")]
+        for u in sorted(self._units) + sorted(ports):
             ct.systemctl("stop", u, check=False, timeout=120)
             ct.systemctl("reset-failed", u, check=False)
         paths = [f"{CONFIG_DIR}/presets/{n}.toml" for n in self._presets]

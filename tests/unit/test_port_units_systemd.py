@@ -15,25 +15,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import REPO
 from support.lokid_install import LokidSystem, install, unit
 from support.systemd_harness import Container
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
 SOCKET, RELAY = "loki-port@lazy.socket", "loki-port@lazy.service"
-SYSTEM_UNITS = "/usr/lib/systemd/system"   # where the package installs them
-TEMPLATES = ("loki-port@.socket", "loki-port@.service")
 
 
 @pytest.fixture(scope="module")
 def lk(systemd_container: Container, container_engine: str, models: Any
        ) -> Iterator[LokidSystem]:
     ct = systemd_container
+    # install() lays out loki-port@.socket and .service where the package does
     system = install(ct, container_engine, [models.llama])
-    for name in TEMPLATES:
-        ct.write_file(f"{SYSTEM_UNITS}/{name}", (REPO / "units" / name).read_bytes())
-        system.track_path(f"{SYSTEM_UNITS}/{name}")
     system.track_unit(RELAY)
     system.track_unit(SOCKET)
     system.lazy_port = system.preset(  # type: ignore[attr-defined]
