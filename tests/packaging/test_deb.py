@@ -98,6 +98,8 @@ def test_the_units_are_under_usr_on_every_release(build: Build) -> None:
         assert [f for f in files if f == "/lib" or f.startswith("/lib/")] == [], deb.name
         for unit in ("/usr/lib/systemd/system/lokid.service",
                      "/usr/lib/systemd/system/loki-engine@.service",
+                     "/usr/lib/systemd/system/loki-port@.socket",
+                     "/usr/lib/systemd/system/loki-port@.service",
                      "/usr/lib/systemd/system-generators/lokid-engine-generator"):
             assert unit in files, (deb.name, unit)
 
