@@ -116,8 +116,8 @@ def _edit_parsers(sub: Any) -> None:
     """The verbs that edit preset files through the daemon (:mod:`lokid.ctl.edit`)."""
     s = sub.add_parser("new", help="create a preset (the daemon checks it before writing)")
     s.add_argument("preset")
-    s.add_argument("--model", required=True, help="a model name found in model_dirs, or an "
-                   "absolute path")
+    s.add_argument("--model", help="a model name found in model_dirs, or an absolute path "
+                   "(none for an external API: kind=external url=URL)")
     s.add_argument("values", nargs="*", metavar="KEY=VALUE",
                    help="more settings, such as ctx=32768 spec.mode=auto")
     s = sub.add_parser("set", help="set keys of a preset (KEY=VALUE, dotted: spec.mode=mtp)")
@@ -149,7 +149,7 @@ async def _edit_command(c: Client, args: argparse.Namespace) -> int:
 
     command, name = str(args.command), str(args.preset)
     if command == "new":
-        return await ctledit.cmd_new(c, name, str(args.model), [str(v) for v in args.values])
+        return await ctledit.cmd_new(c, name, args.model, [str(v) for v in args.values])
     if command == "set":
         return await ctledit.cmd_set(c, name, [str(v) for v in args.values])
     if command == "unset":
@@ -238,6 +238,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.values += extra
     elif extra:
         p.error("unrecognized arguments: " + " ".join(extra))
+    if args.command == "new" and args.model is None and "kind=external" not in args.values:
+        p.error("new: --model is required (or kind=external url=URL for an API elsewhere)")
     return args
 
 

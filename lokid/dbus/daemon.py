@@ -214,6 +214,9 @@ class Daemon:
 
     async def stop(self, name: str) -> str:
         assert self.runner is not None
+        view = self.registry.presets.get(name)
+        if view is not None and view.external is not None:
+            raise view.failure()   # an external API: nothing runs here to stop
         if self.runner.state(name).state not in LIVE:
             self.registry.get(name)  # NotFound for a name that is neither known nor running
         log.info("stopping preset %s", name)

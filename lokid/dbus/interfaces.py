@@ -54,6 +54,7 @@ from ..core.plan import Plan
 from ..core.presetname import valid_preset_name
 from ..core.secrets import mask_argv, mask_env
 from ..runners.runner import EngineState
+from .reach import Reachability
 from .registry import PresetView, Registry
 from .reveal import revealed
 
@@ -218,6 +219,7 @@ class PresetInterface(ServiceInterface):
         self.backend = backend
         self.preset = name  # not .name: ServiceInterface keeps the interface's name there
         self.last: PresetView | None = None
+        self.reach = Reachability(lambda text: self.emit_properties_changed({"Reachable": text}))
 
     @property
     def view(self) -> PresetView:
@@ -289,7 +291,34 @@ class PresetInterface(ServiceInterface):
         """The [serve] settings' properties, for PropertiesChanged after a reload."""
         serve = self.view.serve
         return {"OnDemand": serve.on_demand, "IdleStop": serve.idle_stop or 0.0,
-                "Group": serve.group, "Drain": serve.drain}
+                "Group": serve.group, "Drain": serve.drain, "Kind": self.view.kind,
+                "Url": self.Url, "UpstreamModel": self.UpstreamModel,
+                "KeyFile": self.KeyFile, "Reachable": self.Reachable}
+
+    # kind = "external" (lokid.core.external): where its API is, and whether it answers;
+    # its key's file by path only (the gateway reads it; nothing of the key is here)
+    @dbus_property(access=PropertyAccess.READ)
+    def Kind(self) -> "s":
+        return self.view.kind
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Url(self) -> "s":
+        ext = self.view.external
+        return ext.url if ext else ""
+
+    @dbus_property(access=PropertyAccess.READ)
+    def UpstreamModel(self) -> "s":
+        ext = self.view.external
+        return ext.upstream_model if ext else ""
+
+    @dbus_property(access=PropertyAccess.READ)
+    def KeyFile(self) -> "s":
+        return self.view.key_file
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Reachable(self) -> "s":
+        ext = self.view.external
+        return self.reach.look(ext.url) if ext else ""
 
     @dbus_property(access=PropertyAccess.READ)
     def OnDemand(self) -> "b":

@@ -49,10 +49,12 @@ _lokid() {
 # variable's name after the dot.
 _lokictl_keys="model ctx gpus gpu_layers ubatch port mmproj extra_args env. op_offload_min_batch
 spec.mode spec.draft spec.n_max spec.sampling chat.reasoning_effort chat.temperature chat.top_p
-chat.top_k chat.min_p serve.on_demand serve.idle_stop serve.group serve.drain"
+chat.top_k chat.min_p serve.on_demand serve.idle_stop serve.group serve.drain kind url
+upstream_model"
 
 # The values of the keys that take one of a fixed set, as lokid's configuration checks
-# them (lokid/core/config.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS; a test keeps
+# them (lokid/core/config.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS, and
+# lokid/core/external.py: KINDS; a test keeps
 # them equal).
 _lokictl_values() {
     case "$1" in
@@ -60,6 +62,7 @@ _lokictl_values() {
         spec.sampling) echo "greedy probabilistic" ;;
         chat.reasoning_effort) echo "none minimal low medium high xhigh" ;;
         serve.on_demand) echo "true false" ;;
+        kind) echo "engine external" ;;
     esac
 }
 
