@@ -164,16 +164,17 @@ def main() -> int:
 
 
 @contextmanager
-def gateway_process(config: Path, bus_address: str, port: int) -> Iterator[None]:
-    """``lokid gateway`` on 127.0.0.1:``port`` for the daemon at ``bus_address``, until it
-    answers /health; terminated at the end."""
+def gateway_process(config: Path, bus_address: str, port: int
+                    ) -> Iterator[subprocess.Popen[bytes]]:
+    """``lokid gateway`` on 127.0.0.1:``port`` for the daemon at ``bus_address``, from when
+    it answers /health (the process); terminated at the end."""
     gateway = subprocess.Popen(
         [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "gateway",
          "--bus", "session", "--bus-address", bus_address, "--listen", f"127.0.0.1:{port}"],
         env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
     try:
         asyncio.run(wait_health(f"http://127.0.0.1:{port}"))
-        yield
+        yield gateway
     finally:
         gateway.terminate()
         gateway.wait(30)
