@@ -33,7 +33,8 @@ from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
                      "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain",
-                     "IdleStopAt", "OnDemandState", "LastRequestAt", "GroupHolder")
+                     "IdleStopAt", "Kind", "Url", "UpstreamModel", "Reachable",
+                     "OnDemandState", "LastRequestAt", "GroupHolder")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset",
          "unload": "UnloadPreset"}
 SPINNER = "|/-\\"
@@ -124,6 +125,10 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         error = "  (broken: " + r["Error"] + ")" if r.get("Error") else ""
         said = ", ".join(t for t in (ctlsight.sight_text(r, now), idle_text(r, now)) if t)
         idle = f"  ({said})" if said else ""
+        if r.get("Kind") == "external":   # an API elsewhere: where, and whether it answers
+            lines.append([r["Name"], "external", "-", r.get("Url") or "-", "-", "-",
+                          f"{r.get('UpstreamModel')}  ({r.get('Reachable')})"])
+            continue
         lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
                       f"{r['Model']}{blocked}{idle}{error}"])
@@ -220,6 +225,12 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
     row: dict[str, Any] = {k: props.get(k) for k in PRESET_PROPERTIES}
     if as_json:
         _print_json(row)
+        return EXIT_OK
+    if row.get("Kind") == "external":   # nothing runs here: where its API is instead
+        for key in ("Name", "Kind", "Url", "UpstreamModel", "Reachable"):
+            print(f"{key}: {row[key]}")
+        for note in row["Notes"]:
+            print(f"  - {note}")
         return EXIT_OK
     for key in ("Name", "State", "Status", "Model", "Unit", "SpecMode"):
         print(f"{key}: {row[key]}")

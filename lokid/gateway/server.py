@@ -4,7 +4,10 @@ aiohttp parses HTTP (no parser of ours). Routes:
 
 - ``GET /health``: the gateway answers (200), and says whether lokid is reachable;
 - ``GET /v1/models`` (and ``/models``, ``/v1/models/<id>``): every preset, running or
-  not, in OpenAI's shape, its state under ``lokid``;
+  not, in OpenAI's shape, its state under ``lokid`` (``external`` for an API elsewhere,
+  its status then whether the daemon saw it answer);
+- a request for an external preset goes to its ``url`` with its ``upstream_model`` and
+  its key (:mod:`lokid.gateway.upstream`): no start, no group;
 - anything else goes to an engine, chosen by the JSON body's ``model`` (a request
   without a body, such as ``GET /props``, by ``?model=``), or ``default_model``.
 
@@ -28,6 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from ..core.external import EXTERNAL
 from .groups import Groups
 from .ondemand import Starter
 from .presets import Presets
@@ -35,6 +39,7 @@ from .relay import relay, session
 from .replies import UNAVAILABLE, GatewayError, model_entry
 from .report import PRESET_KEY, Report
 from .settings import Settings
+from .upstream import external_target, read_key, with_model
 
 log = logging.getLogger("lokid.gateway")
 
@@ -91,8 +96,18 @@ class Gateway:
             raise self._unknown(name)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
         assert self.client is not None
+        # the preset's own key, never the client's (lokid.gateway.upstream)
+        key = read_key(name, preset.key_file) if preset.key_file else None
+        if preset.kind == EXTERNAL:   # an API elsewhere: no start, no group
+            return await relay(self.client, request, preset.upstream,
+                               with_model(body, preset.upstream_model), keep_auth=False,
+                               key=key, target=external_target(name, preset.upstream,
+                                                               request.path,
+                                                               request.query_string),
+                               what=f"preset {name!r} (the external API at {preset.upstream})")
         async with self.groups.turn(preset) as url:   # its group's turn, its engine started
-            return await relay(self.client, request, url, body, keep_auth=not self.keys)
+            return await relay(self.client, request, url, body, keep_auth=not self.keys,
+                               key=key)
 
     def _check_key(self, request: web.Request) -> None:
         if not self.keys:
@@ -108,7 +123,8 @@ class Gateway:
     def _models(self, path: str) -> web.Response:
         broken = self.presets.broken
         entries = {name: model_entry(name, "broken", p.on_demand, broken[name])
-                   if name in broken else model_entry(name, p.state, p.on_demand, p.status)
+                   if name in broken else model_entry(name, EXTERNAL, False, p.reachable)
+                   if p.kind == EXTERNAL else model_entry(name, p.state, p.on_demand, p.status)
                    for name, p in sorted(self.presets.presets.items())}
         if path.startswith("/v1/models/"):
             name = path[len("/v1/models/"):]
