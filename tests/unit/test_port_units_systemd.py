@@ -111,3 +111,29 @@ def test_the_port_starts_the_engine_waits_for_it_and_outlives_its_stops(lk: Loki
     assert state(ct, unit("lazy")) == "active"
     for name in (unit("lazy"), RELAY, SOCKET, "lokid.service"):
         assert "Traceback" not in ct.journal(name, since_cursor=cursor)
+
+
+def test_a_preset_that_cannot_start_closes_connections_at_once(lk: LokidSystem) -> None:
+    """Its engine's start fails (no model): the client's connection is closed, not left
+    in the backlog until the client gives up, and a second connection starts nothing
+    (no start per connection)."""
+    ct = lk.ct
+    port = lk.preset("bad", 'model = "missing.gguf"\n[serve]\non_demand = true\n')
+    socket, relay = "loki-port@bad.socket", "loki-port@bad.service"
+    ct.systemctl("start", socket)
+    ct.wait_for(socket, "active", timeout=30)
+    curl = ["curl", "-sS", "--max-time", "60", "-o", "/dev/null", "-w", "%{http_code}",
+            f"http://127.0.0.1:{port}/health"]
+    t0 = time.monotonic()
+    r = ct.run(curl, check=False, timeout=90)
+    took = time.monotonic() - t0
+    # curl 52 (empty reply) or 56 (reset): closed by the relay, never 28 (timed out)
+    assert r.returncode in (52, 56) and r.stdout == "000", (r.returncode, r.stderr, took)
+    assert took < 45, took
+    assert state(ct, unit("bad")) in ("failed", "inactive")
+    starts = ct.show(unit("bad"), "InvocationID")["InvocationID"]
+    r = ct.run(curl, check=False, timeout=90)
+    assert r.returncode in (52, 56), (r.returncode, r.stderr)
+    assert ct.show(unit("bad"), "InvocationID")["InvocationID"] == starts
+    assert state(ct, socket) == "active" and state(ct, relay) == "active"
+    ct.systemctl("stop", socket, relay, check=False)
