@@ -359,6 +359,10 @@ async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float |
             await c.add_match(rule)
         c.bus.add_message_handler(on_message)
     (job,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
+    if verb == "stop" and (await c.properties(path, PRESET_INTERFACE)).get("OnDemand"):
+        from ..core.portunit import stop_note
+
+        print(f"lokictl: {stop_note(name)}", file=sys.stderr)
     if not wait:
         return EXIT_OK
     target = "stopped" if verb in ("stop", "unload") else "ready"
