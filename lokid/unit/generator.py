@@ -308,11 +308,14 @@ def _daemon_dropin(out_dir: str, hosts: dict[str, str]) -> list[str]:
     return allow
 
 
-def held_ports(glob: cfg.GlobalConfig, presets: dict[str, cfg.Preset]) -> dict[str, str]:
+def held_ports(glob: cfg.GlobalConfig, presets: dict[str, cfg.Preset],
+               quiet: bool = False) -> dict[str, str]:
     """``ListenStream=`` of each preset whose port systemd holds
     (:func:`lokid.core.portunit.held_by_systemd`), leaving out one whose port another
     preset holds (two sockets cannot listen on one port; its start is refused anyway),
-    and saying why an on-demand preset gets none."""
+    and saying why an on-demand preset gets none (``quiet``: not; the daemon aligning
+    the sockets after a reload, :mod:`lokid.runners.portsockets`, where the generator
+    has said it)."""
     from ..core.conflicts import listen_address
     from ..core.flags import flag_value
     from ..core.paths import runtime_dir
@@ -327,6 +330,8 @@ def held_ports(glob: cfg.GlobalConfig, presets: dict[str, cfg.Preset]) -> dict[s
         host, port = listen_address(preset, glob)
         listen = held_by_systemd(preset, host, port)
         if listen is None:
+            if quiet:
+                continue
             has_host = flag_value(preset.extra_args, "--host") is not None
             _warn(f"preset {name}: {preset.path}: "
                   f"{extra_host_note() if has_host else name_note(host)}")
