@@ -25,12 +25,19 @@ With N = 1 the result is the run itself, as before; none of the keys above appea
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 
 from .benchrules import Depth, Result, add_draft
 
 MAX_REPEAT = 20
+
+
+def _median(values: Sequence[float]) -> float:
+    # statistics only when a result is summed up: `lokid run` and the unit's steps read
+    # MAX_REPEAT when their parser is built, and pay no import for it
+    import statistics
+
+    return float(statistics.median(values))
 
 # The report's figures per run, by the key they carry in ``stats`` and ``runs``.
 FIGURES: dict[str, Callable[[Result], float | None]] = {
@@ -54,12 +61,12 @@ def repeat_error(n: int) -> str:
 
 def spread(values: Sequence[float]) -> float:
     """(max - min) / median: 0.1 when the runs span a tenth of their median."""
-    mid = statistics.median(values)
+    mid = _median(values)
     return (max(values) - min(values)) / mid if mid else 0.0
 
 
 def stat(values: Sequence[float]) -> dict[str, float]:
-    return {"median": float(statistics.median(values)), "spread": spread(values),
+    return {"median": float(_median(values)), "spread": spread(values),
             "low": float(min(values)), "high": float(max(values))}
 
 
@@ -84,7 +91,7 @@ def combine(runs: Sequence[Result]) -> Result:
              if all(key in f for f in per_run)}
 
     def median(values: Sequence[float]) -> float:
-        return float(statistics.median(values))
+        return float(_median(values))
 
     out = Result(mode=first.mode, kv=first.kv, kv_quantized=first.kv_quantized,
                  engine=first.engine, gpus=first.gpus, slot=first.slot, slots=first.slots,
