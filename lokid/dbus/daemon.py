@@ -120,7 +120,7 @@ class Daemon:
                                known=self.registry.get, sampler=self._io_sampler,
                                progress=self.manager.BenchProgress, saved=self._refresh)
         self.reload_again = False
-        self.gateway_listen: tuple[str, ...] | None = None   # what the socket was aligned to
+        self.sockets: Any = None   # the gateway's and the ports' (runners.sockets), at need
         self.ready_plans = ReadyPlans(config_dir, state_dir, runtime_dir,
                                       for_unit=self.registry.for_units,
                                       spawn=self.background.spawn)
@@ -336,23 +336,18 @@ class Daemon:
                 await self.runner.track(sorted(self.registry.presets))
         except LokiError as e:
             log.warning("reading the presets after a systemd reload: %s", e)
-        await self._align_gateway()
+        await self._align_sockets()
 
-    async def _align_gateway(self) -> None:
-        """Under systemd, loki-gateway.socket as lokid.toml's [gateway] listen says: a
-        reload loads the generator's units but starts none (:mod:`lokid.runners.gatewaysocket`)."""
+    async def _align_sockets(self) -> None:
+        """Under systemd, the gateway's socket and the on-demand ports as the files say: a
+        reload loads the generator's units but starts none (:mod:`lokid.runners.sockets`)."""
         if self.runner_kind != "systemd" or self.bus is None:
             return
-        from ..core.config import load_global
-        from ..runners.gatewaysocket import align
+        if self.sockets is None:
+            from ..runners.sockets import SocketsInLine
 
-        try:
-            glob = await asyncio.to_thread(load_global, self.config_dir)
-        except LokiError:
-            return   # the generator and the presets' load say what is wrong with it
-        action = await align(self.bus, glob.gateway.listen, self.gateway_listen)
-        if action != "warn":   # a warned change is still to apply: warned again next time
-            self.gateway_listen = glob.gateway.listen
+            self.sockets = SocketsInLine(self.bus, self.config_dir)
+        await self.sockets.align()
 
     def _follow_probe(self) -> None:
         """A load gave up waiting for the engine's probe: plan again when it ends."""
@@ -541,7 +536,7 @@ class Daemon:
             if self.watcher is not None:
                 self.background.spawn(self.telemetry.replay(),
                                       "reading the running engines' figures again")
-            self.background.spawn(self._align_gateway(), "aligning the gateway's socket")
+            self.background.spawn(self._align_sockets(), "aligning the sockets")
         import os
 
         from ..core.config import PRESETS_DIR
