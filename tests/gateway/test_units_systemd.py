@@ -179,3 +179,76 @@ def test_a_reload_brings_the_socket_in_line_with_lokid_toml(lk: LokidSystem) -> 
     journal = ct.journal("lokid.service", since_cursor=cursor)
     assert "no [gateway] listen any more" in journal, journal[-2000:]
     assert "Traceback" not in journal
+
+
+STREAMER = r'''
+import http.client, json, sys, threading, time
+port, tokens = int(sys.argv[1]), int(sys.argv[2])
+out = {}
+
+def post(model, body, key):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/completion", json.dumps({"model": model, **body}),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    last, events = None, 0
+    for line in r:
+        if line.startswith(b"data: "):
+            events += 1
+            last = json.loads(line[6:])
+    data = r.read() if last is None else b""
+    out[key] = {"status": r.status, "end": time.monotonic(), "events": events,
+                "last": last if last is not None else json.loads(data or b"{}")}
+
+long = threading.Thread(target=post, args=("alpha", {"prompt": "Once", "n_predict": tokens,
+    "ignore_eos": True, "stream": True, "temperature": 1.0}, "alpha"))
+long.start()
+time.sleep(0.5)
+post("beta", {"prompt": "Hello", "n_predict": 4}, "beta")
+long.join()
+print(json.dumps(out))
+'''
+
+
+def test_a_group_swap_waits_for_the_stream_then_the_idle_stop_follows(lk: LokidSystem
+                                                                       ) -> None:
+    """Under real systemd, through the socket-activated gateway: a request for beta while a
+    long stream to alpha (same group) is in flight; the stream completes in full, then
+    alpha is stopped and beta started; beta, with idle_stop, is stopped after it."""
+    import time
+
+    ct = lk.ct
+    port = lk.gateway_port  # type: ignore[attr-defined]
+    group = '[serve]\non_demand = true\ngroup = "gpu0"\n'
+    lk.preset("alpha", f'model = "llama.gguf"\n{group}', reload=False)
+    lk.preset("beta", f'model = "llama.gguf"\n{group}idle_stop = "5s"\n', reload=False)
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  f"engine = {json.dumps(lk.engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
+                  f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
+    ct.systemctl("start", "lokid.service")
+    ct.systemctl("daemon-reload")
+    _wait_socket(ct, "active")
+    cursor = ct.cursor()
+    ct.systemctl("start", unit("alpha"), timeout=120)
+    ct.write_file("/tmp/streamer.py", STREAMER.encode())
+    r = ct.run(["python3", "/tmp/streamer.py", str(port), "1500"], timeout=300)
+    out = json.loads(r.stdout)
+    alpha, beta = out["alpha"], out["beta"]
+    assert alpha["status"] == 200 and beta["status"] == 200, \
+        (out, ct.journal(SERVICE, since_cursor=cursor)[-3000:])
+    assert alpha["last"]["tokens_predicted"] == 1500, alpha["last"]   # not cut by the swap
+    assert beta["end"] > alpha["end"], out     # beta waited for alpha's stream to end
+    assert ct.show(unit("alpha"), "ActiveState")["ActiveState"] == "inactive"
+    assert ct.show(unit("beta"), "ActiveState")["ActiveState"] == "active"
+    journal = ct.journal(SERVICE, since_cursor=cursor)
+    assert "swapping alpha out for beta" in journal, journal[-2000:]
+
+    deadline = time.monotonic() + 30   # idle_stop 5s, then the ordinary stop
+    while ct.show(unit("beta"), "ActiveState")["ActiveState"] != "inactive":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    daemon = ct.journal("lokid.service", since_cursor=cursor)
+    assert "preset beta: stopped after 5s without a request (serve.idle_stop)" in daemon, \
+        daemon[-2000:]
+    assert "Traceback" not in journal + daemon
+    ct.systemctl("stop", SOCKET, SERVICE, check=False)
