@@ -53,7 +53,7 @@ def keep_ready(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     if plancache.reusable(runtime_dir, name, environ) is not None:
         return False
     planned_at = time.time_ns()
-    inputs = gather(config_dir, name, environ, for_unit=for_unit)
+    inputs = gather(config_dir, name, environ, for_unit=for_unit, state_dir=state_dir)
     with StateReader(state_dir) as db:
         plan, mark, found = decide(inputs, db, cleared=read_cleared(runtime_dir, name))
     rp = RuntimePlan.of(plan, mark)

@@ -14,7 +14,8 @@ aiohttp parses HTTP (no parser of ours). Routes:
 Refusals, in OpenAI's error shape: a body that is not a JSON object (400), no model and
 no ``default_model`` (400), a model no preset has (404, naming the known ones), a body
 over ``max_body`` (413, before it is read whole), a missing or wrong key when
-``api_keys_file`` is set (401; ``/health`` needs none).
+``api_keys_file`` is set (401; ``/health`` needs none), a head that does not end in
+time (408, :mod:`lokid.gateway.headtimeout`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 import logging
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -33,17 +34,21 @@ from aiohttp import web
 
 from ..core.external import EXTERNAL
 from .groups import Groups
+from .headtimeout import HEAD_TIMEOUT, Connections, DeadlineSite
 from .ondemand import Starter
 from .presets import Presets
 from .relay import relay, session
 from .replies import UNAVAILABLE, GatewayError, model_entry
 from .report import PRESET_KEY, Report
 from .settings import Settings
+from .slots import SlotCache
 from .upstream import external_target, read_key, with_model
 
 log = logging.getLogger("lokid.gateway")
 
 KNOWN_SHOWN = 20   # models named in a 404, at most
+KEEPALIVE = 75.0   # seconds an idle keep-alive connection stays open (aiohttp 3.8's, nginx's)
+BACKLOG = 1024     # connections waiting to be accepted (a burst of clients, not refused)
 MODELS_PATHS = ("/v1/models", "/models")
 
 
@@ -52,14 +57,16 @@ class Gateway:
         self.settings = settings
         self.presets = presets
         self.starter = Starter(presets)
-        self.groups = Groups(presets, self.starter)
+        self.groups = Groups(presets, self.starter, slots=SlotCache(lambda: self.client))
         self.keys = tuple(k.encode() for k in keys)
         self.client: aiohttp.ClientSession | None = None
         self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
+        self.connections = Connections()   # each with its head's deadline
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
-                              middlewares=[self.report.middleware])
+                              middlewares=[self.connections.middleware,
+                                           self.report.middleware])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
@@ -187,23 +194,49 @@ class Gateway:
 
 def runner_kwargs() -> dict[str, Any]:
     """aiohttp 3.9 made handler cancellation (a client gone cancels its request) an
-    option, off by default; 3.8 (Debian 12) always cancels and knows no such option."""
+    option, off by default; 3.8 (Debian 12) always cancels and knows no such option.
+    An idle keep-alive connection is closed after KEEPALIVE in both (3.14's default is
+    an hour: a thousand idle clients would hold their sockets that long)."""
     major, minor = (int(x) for x in aiohttp.__version__.split(".")[:2])
-    return {"handler_cancellation": True} if (major, minor) >= (3, 9) else {}
+    kwargs: dict[str, Any] = {"keepalive_timeout": KEEPALIVE}
+    if (major, minor) >= (3, 9):
+        kwargs["handler_cancellation"] = True
+    return kwargs
 
 
-async def start_sites(gateway: Gateway, sockets: Sequence[socket.socket] = ()
-                      ) -> web.AppRunner:
+async def start_sites(gateway: Gateway, sockets: Sequence[socket.socket] = (),
+                      head_timeout: float = HEAD_TIMEOUT) -> web.AppRunner:
     """Serve on ``sockets`` (systemd's, already listening) when given, else bind
-    ``settings.listen``."""
+    ``settings.listen``; a request whose head does not end in ``head_timeout`` seconds
+    is answered 408 (:mod:`lokid.gateway.headtimeout`)."""
     runner = web.AppRunner(gateway.app(), access_log=None, **runner_kwargs())
     await runner.setup()
-    for sock in sockets:
-        await web.SockSite(runner, sock).start()
     if not sockets:
-        for host, port in gateway.settings.listen:
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        sockets = [socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                        else socket.AF_INET, backlog=BACKLOG)
+                   for host, port in gateway.settings.listen]
+    for sock in sockets:
+        await DeadlineSite(runner, sock, head_timeout, gateway.connections).start()
     return runner
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run(main)``, on uvloop's event loop where uvloop is installed (Debian's
+    python3-uvloop, a Recommends): every chunk of a stream the gateway relays is a read
+    and a write of the loop, which uvloop does in C. Without it, asyncio's own loop:
+    the same behaviour, a little more CPU per chunk."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    # the policy, not uvloop.run(): Debian 12's 0.17 has no run(), and Python 3.11's
+    # asyncio.run() takes no loop factory
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        asyncio.run(main)
+    finally:
+        asyncio.set_event_loop_policy(None)
 
 
 async def serve(settings: Settings, bus_type: str, bus_address: str | None,
