@@ -215,12 +215,11 @@ def cmd_daemon(config_dir: str, bus: str, bus_address: str | None, runner: str) 
 
 def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
                 listen: list[str] | None) -> int:
-    import asyncio
     import logging
 
     from .core import config as cfg
     from .gateway import settings as gws
-    from .gateway.server import serve
+    from .gateway.server import run, serve
 
     # loki-gateway.socket's sockets, unless --listen says otherwise (tests, by hand)
     sockets = [] if listen else gws.inherited_sockets()
@@ -229,7 +228,7 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
     configured = settings.api_keys_file
     keys = gws.read_keys(gws.keys_path(configured), configured) if configured else frozenset()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    asyncio.run(serve(settings, bus, bus_address, keys, sockets))
+    run(serve(settings, bus, bus_address, keys, sockets))   # on uvloop where installed
     return 0
 
 
