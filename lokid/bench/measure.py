@@ -86,7 +86,7 @@ def started_here(runtime_dir: str, name: str) -> RuntimePlan | None:
 
 def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInputs]:
     """The plan of the preset's running start (blocking: files, the engine's --help)."""
-    inputs = gather(config_dir, name)
+    inputs = gather(config_dir, name, state_dir=state_dir)   # as its start planned it
     with StateDB(state_dir) as db:
         plan, _, _ = decide(inputs, db)
     return plan, inputs

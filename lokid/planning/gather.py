@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..core import access, conflicts, paths, secrets
+from ..core import access, conflicts, secrets
 from ..core import config as cfg
 from ..core.attempt import Mark, Verdict
 from ..core.errors import ConfigError, EngineError, ExternalPresetError, ModelError
@@ -248,7 +248,8 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     ``preset``: the preset to plan, already parsed (an edit not yet written,
     :func:`lokid.core.config.parse_preset_text`), instead of its file.
     ``state_dir``: lokid's state directory, where a group member's engine saves its
-    slots (None: the one ``environ`` names, :func:`lokid.core.paths.state_dir`).
+    slots for the gateway's swaps; None where no gateway swaps it (``lokid run``, a
+    check of an edit): no ``--slot-save-path`` is planned then.
 
     Raises ConfigError (preset or lokid.toml invalid, model missing),
     NotFoundError (no such preset), ModelError (the model is not a readable
@@ -298,7 +299,7 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
         auto_blocked=auto_blocked,
         credentials_dir=credentials_dir,
         loose_secrets=loose,
-        slot_dir=os.path.join(state_dir or paths.state_dir(env), "slots", preset.name),
+        slot_dir=os.path.join(state_dir, "slots", preset.name) if state_dir else "",
     )
 
 
