@@ -9,6 +9,9 @@ Rules, each for a failure it prevents:
 - bytes pass as they are (no decompression, no re-encoding of the JSON), and an answer
   that streams (server-sent events, or no length) is written on chunk by chunk as it
   comes: a client sees each token when the engine sends it;
+- the engine's connection that carried a stream is closed, never pooled: the engine
+  closes it itself, and a request handed it meanwhile would fail; a request whose pooled
+  connection was closed before it was sent goes once more on a new one (:data:`STALE`);
 - a client that goes away ends the upstream request: leaving the ``async with`` closes
   the engine's connection unread, and the engine frees the slot;
 - an engine that dies mid-answer ends the client's answer too, never a hang: a stream
@@ -35,6 +38,13 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "content-length"})
 # Failures of the engine's side of a request (aiohttp's client errors).
 UPSTREAM_ERRORS = (aiohttp.ClientError, OSError)
+# The connection closed before any answer: llama-server closes a kept-alive connection
+# after a stream (and after its keep-alive timeout), a moment after the last byte, and the
+# pool may hand it out in that moment. To one of our engines the request is sent once more,
+# on a new connection: it did not reach the engine, or reached one that went away before
+# answering (a request to an engine changes nothing to repeat). Never to an external API
+# (a second request may cost twice), nor for a refused connect: those are answered 502.
+STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 def session() -> aiohttp.ClientSession:
@@ -62,17 +72,27 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
     the URL when it is not ``url`` and the client's path (an external preset's);
     ``what``: how errors name the other side."""
+    local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, keep_auth and key is None)
     if key is not None:   # forwarded() dropped the client's
         headers["Authorization"] = f"Bearer {key}"
     side = what or f"the engine at {url}"
-    try:
-        upstream = await client.request(request.method, target, data=body or None,
-                                        headers=headers, allow_redirects=False)
-    except UPSTREAM_ERRORS as e:
-        raise GatewayError(502, f"{side} did not answer: {e or type(e).__name__}",
-                           SERVER, "upstream_unreachable") from None
+    for attempt in range(2):
+        try:
+            upstream = await client.request(request.method, target, data=body or None,
+                                            headers=headers, allow_redirects=False)
+            break
+        except STALE as e:
+            if attempt == 0 and local and not isinstance(e, aiohttp.ClientConnectorError):
+                # a pooled connection the engine closed meanwhile: a new one
+                log.debug("%s closed a kept-alive connection: %s; once more", side, e)
+                continue
+            raise GatewayError(502, f"{side} did not answer: {e or type(e).__name__}",
+                               SERVER, "upstream_unreachable") from None
+        except UPSTREAM_ERRORS as e:
+            raise GatewayError(502, f"{side} did not answer: {e or type(e).__name__}",
+                               SERVER, "upstream_unreachable") from None
     async with upstream:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
         streams = upstream.content_type == "text/event-stream" or upstream.content_length is None
@@ -83,6 +103,10 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                 raise GatewayError(502, f"{side} failed while answering: "
                                    f"{e or type(e).__name__}", SERVER, "upstream_failed") from None
             return web.Response(status=upstream.status, body=data, headers=headers)
+        if upstream.connection is not None and upstream.connection.protocol is not None:
+            # llama-server closes its side after a stream: not pooled, it is handed to no
+            # other request (aiohttp gives it back at the stream's end, before that close)
+            upstream.connection.protocol.force_close()
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         try:
