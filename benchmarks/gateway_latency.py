@@ -31,7 +31,9 @@ tokens/s. Two runs each, --requests 300 --rounds 5, other helpers' tests beside 
 (load 2-3): asyncio's loop 43 and 41 us a token, uvloop 0.23 39 and 33 us (~15 % less);
 streams at 73 % and 89 % of direct on asyncio, 88 % and 80 % on uvloop, first token
 +8 / +129 ms and +23 / -0.2 ms: on this machine the ratios are the load's more than the
-gateway's. What is left per token is one read from the engine's connection and one
+gateway's. Three pairs more, after the relay stopped pooling streams' connections
+(--requests 50 --rounds 6): asyncio 55, 47, 46 us a token; uvloop 44, 39, 41. What is
+left per token is one read from the engine's connection and one
 write to the client's (two system calls: under cProfile a send took 35 us here, a recv
 7 us), in aiohttp's C parser and writer: no JSON is parsed per chunk, and chunks already
 buffered are read as one.
