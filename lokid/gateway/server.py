@@ -57,7 +57,8 @@ class Gateway:
         self.settings = settings
         self.presets = presets
         self.starter = Starter(presets)
-        self.groups = Groups(presets, self.starter, slots=SlotCache(lambda: self.client))
+        self.groups = Groups(presets, self.starter,
+                             slots=SlotCache(lambda: self.client, self._engine_key))
         self.keys = tuple(k.encode() for k in keys)
         self.client: aiohttp.ClientSession | None = None
         self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
@@ -115,6 +116,12 @@ class Gateway:
         async with self.groups.turn(preset) as url:   # its group's turn, its engine started
             return await relay(self.client, request, url, body, keep_auth=not self.keys,
                                key=key)
+
+    def _engine_key(self, name: str) -> str | None:
+        """The preset's own key for its engine (its api_key_file), as its requests get it."""
+        preset = self.presets.presets.get(name)
+        return read_key(name, preset.key_file) if preset is not None and preset.key_file \
+            else None
 
     def _check_key(self, request: web.Request) -> None:
         if not self.keys:

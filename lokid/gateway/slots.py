@@ -39,11 +39,13 @@ from typing import Any
 
 import aiohttp
 
+from .replies import GatewayError
+
 log = logging.getLogger("lokid.gateway")
 
 SAVE_TIMEOUT = 20.0      # seconds for all the slots of one engine; then the stop goes on
 RESTORE_TIMEOUT = 30.0   # seconds; then the waiting requests go on with a cold cache
-FAILURES = (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError)
+FAILURES = (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError, GatewayError)
 
 
 def _tokens(slot: dict[str, Any]) -> int:
@@ -60,8 +62,10 @@ def slot_file(slot_id: int, model_path: str, build: str, n_ctx: int) -> str:
 class SlotCache:
     """Save a preset's slots before its swap's stop; restore them at its next start."""
 
-    def __init__(self, client: Callable[[], aiohttp.ClientSession | None]):
+    def __init__(self, client: Callable[[], aiohttp.ClientSession | None],
+                 key: Callable[[str], str | None] = lambda _preset: None):
         self.client = client
+        self.key = key   # the preset's own API key for its engine (its api_key_file), if any
         self.saved: dict[str, dict[int, str]] = {}   # preset → slot id → file name
         self.pending: set[str] = set()               # presets whose next start restores
         self.restoring: dict[str, asyncio.Task[None]] = {}
@@ -95,30 +99,36 @@ class SlotCache:
 
     # --- the engine's side -------------------------------------------------------------
 
-    async def _get(self, url: str, path: str) -> Any:
+    def _headers(self, preset: str) -> dict[str, str]:
+        key = self.key(preset)   # GatewayError: the key file unusable (logged where read)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def _get(self, preset: str, url: str, path: str) -> Any:
         client = self.client()
         if client is None:
             raise ValueError("the gateway is shutting down")
-        async with client.get(url + path) as r:
+        async with client.get(url + path, headers=self._headers(preset)) as r:
             if r.status != 200:
                 raise ValueError(f"GET {path} answered {r.status}")
             return await r.json(content_type=None)
 
-    async def _action(self, url: str, slot_id: int, action: str, name: str) -> dict[str, Any]:
+    async def _action(self, preset: str, url: str, slot_id: int, action: str,
+                      name: str) -> dict[str, Any]:
         client = self.client()
         if client is None:
             raise ValueError("the gateway is shutting down")
         async with client.post(f"{url}/slots/{slot_id}?action={action}",
-                               json={"filename": name}) as r:
+                               json={"filename": name}, headers=self._headers(preset)) as r:
             data = await r.json(content_type=None)
             if r.status != 200:
                 error = data.get("error", {}) if isinstance(data, dict) else {}
                 raise _Refused(r.status, str(error.get("message") or data))
             return data if isinstance(data, dict) else {}
 
-    async def _files(self, url: str) -> tuple[list[dict[str, Any]], Callable[[int, int], str]]:
-        slots = await self._get(url, "/slots")
-        props = await self._get(url, "/props")
+    async def _files(self, preset: str, url: str
+                     ) -> tuple[list[dict[str, Any]], Callable[[int, int], str]]:
+        slots = await self._get(preset, url, "/slots")
+        props = await self._get(preset, url, "/props")
         model, build = str(props.get("model_path", "")), str(props.get("build_info", ""))
         if not isinstance(slots, list):
             raise ValueError("GET /slots did not answer a list")
@@ -126,7 +136,7 @@ class SlotCache:
 
     async def _save(self, preset: str, url: str) -> None:
         started = time.monotonic()
-        slots, name_of = await self._files(url)
+        slots, name_of = await self._files(preset, url)
         saved = self.saved.setdefault(preset, {})
         count = tokens = 0
         for slot in slots:
@@ -135,7 +145,7 @@ class SlotCache:
                 continue   # busy (its save would wait for its request), or empty
             name = name_of(slot_id, int(slot.get("n_ctx", 0)))
             try:
-                done = await self._action(url, slot_id, "save", name)
+                done = await self._action(preset, url, slot_id, "save", name)
             except _Refused as e:
                 log.warning("%s: slot %d not saved: %s", preset, slot_id, e)
                 if e.status == 501:   # no --slot-save-path: no other slot will do better
@@ -162,14 +172,14 @@ class SlotCache:
 
     async def _restore(self, preset: str, url: str) -> None:
         started = time.monotonic()
-        slots, name_of = await self._files(url)
+        slots, name_of = await self._files(preset, url)
         fits = {slot["id"]: name_of(slot["id"], int(slot.get("n_ctx", 0))) for slot in slots}
         count = tokens = 0
         for slot_id, name in sorted(self.saved.get(preset, {}).items()):
             if fits.get(slot_id) != name:
                 continue   # another model, build or context now: that cache is not its own
             try:
-                done = await self._action(url, slot_id, "restore", name)
+                done = await self._action(preset, url, slot_id, "restore", name)
             except _Refused as e:
                 log.warning("%s: slot %d not restored: %s", preset, slot_id, e)
                 continue

@@ -27,12 +27,20 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 LONG = "".join(f"turn {i}: the user asks, the model answers at length. " for i in range(48))
 
 
-@pytest.fixture
-def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> Path:
+@pytest.fixture(params=["open", "keyed"])
+def config(request: pytest.FixtureRequest, tmp_path: Path, engine: str, models: Any,
+           ports: dict[str, int]) -> Path:
+    """The two presets; "keyed": each engine with its own API key (api_key_file), which
+    the gateway must send to the slot endpoints too."""
     assert Path(models.llama).name == "llama.gguf"   # written on first use
     config = write_config(tmp_path, engine, [models.dir])
+    key = ""
+    if request.param == "keyed":
+        (tmp_path / "engine.key").write_text("sk-engine-only\n")
+        (tmp_path / "engine.key").chmod(0o600)
+        key = f'api_key_file = "{tmp_path / "engine.key"}"\n'
     for name, port in ports.items():
-        write_preset(config, name, f'model = "llama.gguf"\nctx = 8192\nport = {port}\n'
+        write_preset(config, name, f'model = "llama.gguf"\nctx = 8192\nport = {port}\n{key}'
                      'extra_args = ["-np", "2"]\n'
                      '[serve]\non_demand = true\ngroup = "gpu0"\ndrain = "2min"\n')
     return config
