@@ -172,11 +172,12 @@ async def measure(direct: str, gateway: str, requests: int, rounds: int, tokens:
 
 def loop_name() -> str:
     """The event loop ``lokid gateway`` runs on here (lokid.gateway.server.run)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        import uvloop
-    except ImportError:
+        return f"uvloop {version('uvloop')}"
+    except PackageNotFoundError:
         return "asyncio's own, uvloop not installed"
-    return f"uvloop {uvloop.__version__}"
 
 
 def main() -> int:
