@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -63,77 +62,27 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
+from support.openai_load import STREAMS, chat, concurrent, cpu_seconds, one, pct  # noqa: E402
 
 PRESET = "tiny"
-STREAMS = 16
-
-
-def chat(max_tokens: int, stream: bool = False) -> dict[str, object]:
-    return {"model": PRESET, "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": max_tokens, "temperature": 0, "seed": 1, "stream": stream,
-            "ignore_eos": True}
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
-async def one(session: aiohttp.ClientSession, url: str) -> float:
-    t = time.perf_counter()
-    async with session.post(url + "/v1/chat/completions", json=chat(1)) as r:
-        await r.read()
-        assert r.status == 200, r.status
-    return time.perf_counter() - t
-
-
-async def stream(session: aiohttp.ClientSession, url: str, tokens: int) -> tuple[int, float]:
-    """Tokens carried (content events) and the time to the first one."""
-    t = time.perf_counter()
-    first, count = 0.0, 0
-    async with session.post(url + "/v1/chat/completions", json=chat(tokens, True)) as r:
-        assert r.status == 200, r.status
-        async for line in r.content:
-            if not line.startswith(b"data: {"):
-                continue
-            delta = json.loads(line[6:])["choices"]
-            if delta and delta[0]["delta"].get("content") is not None:
-                count += 1
-                if not first:
-                    first = time.perf_counter() - t
-    return count, first
-
-
-async def concurrent(session: aiohttp.ClientSession, url: str,
-                     tokens: int) -> tuple[float, float]:
-    t = time.perf_counter()
-    got = await asyncio.gather(*(stream(session, url, tokens) for _ in range(STREAMS)))
-    wall = time.perf_counter() - t
-    return sum(n for n, _ in got) / wall, statistics.median(f for _, f in got)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(direct: str, gateway: str, requests: int, rounds: int, tokens: int,
                   pid: int) -> None:
     async with aiohttp.ClientSession() as session:
         t = time.perf_counter()
-        async with session.post(gateway + "/v1/chat/completions", json=chat(1)) as r:
+        async with session.post(gateway + "/v1/chat/completions", json=chat(1, model=PRESET)) as r:
             await r.read()
             assert r.status == 200, await r.text()
         print(f"first request through the gateway (on-demand start included): "
               f"{(time.perf_counter() - t) * 1000:.0f} ms")
         for _ in range(20):   # warm both paths (connections, the prompt cache)
-            await one(session, direct)
-            await one(session, gateway)
+            await one(session, direct, PRESET)
+            await one(session, gateway, PRESET)
         sides: dict[str, list[float]] = {"direct": [], "gateway": []}
         for _ in range(requests):
-            sides["direct"].append(await one(session, direct))
-            sides["gateway"].append(await one(session, gateway))
+            sides["direct"].append(await one(session, direct, PRESET))
+            sides["gateway"].append(await one(session, gateway, PRESET))
         d, g = sides["direct"], sides["gateway"]
         print(f"\none request at a time, {requests} pairs interleaved (chat, 1 token):")
         for name, v in sides.items():
@@ -145,12 +94,12 @@ async def measure(direct: str, gateway: str, requests: int, rounds: int, tokens:
 
         rate: dict[str, list[float]] = {"direct": [], "gateway": []}
         ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
-        await concurrent(session, direct, tokens)   # warm the 16 slots
+        await concurrent(session, direct, tokens, PRESET)   # warm the 16 slots
         cpu = 0.0
         for _ in range(rounds):
             for name, url in (("direct", direct), ("gateway", gateway)):
                 before = cpu_seconds(pid)
-                tps, first = await concurrent(session, url, tokens)
+                tps, first = await concurrent(session, url, tokens, PRESET)
                 if name == "gateway":
                     cpu += cpu_seconds(pid) - before
                 rate[name].append(tps)

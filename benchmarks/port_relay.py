@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -57,52 +56,9 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 from support.enginekit import engine_binary, free_port  # noqa: E402
 from support.models import write_llama  # noqa: E402
+from support.openai_load import STREAMS, chat, concurrent, one, pct  # noqa: E402
 
-STREAMS = 16
 PROXYD = ("/usr/lib/systemd/systemd-socket-proxyd", "/lib/systemd/systemd-socket-proxyd")
-
-
-def chat(max_tokens: int, stream: bool = False) -> dict[str, object]:
-    return {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": max_tokens,
-            "temperature": 0, "seed": 1, "stream": stream, "ignore_eos": True}
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
-async def one(session: aiohttp.ClientSession, url: str) -> float:
-    t = time.perf_counter()
-    async with session.post(url + "/v1/chat/completions", json=chat(1)) as r:
-        await r.read()
-        assert r.status == 200, r.status
-    return time.perf_counter() - t
-
-
-async def stream(session: aiohttp.ClientSession, url: str, tokens: int) -> tuple[int, float]:
-    """Tokens carried (content events) and the time to the first one."""
-    t = time.perf_counter()
-    first, count = 0.0, 0
-    async with session.post(url + "/v1/chat/completions", json=chat(tokens, True)) as r:
-        assert r.status == 200, r.status
-        async for line in r.content:
-            if not line.startswith(b"data: {"):
-                continue
-            delta = json.loads(line[6:])["choices"]
-            if delta and delta[0]["delta"].get("content") is not None:
-                count += 1
-                if not first:
-                    first = time.perf_counter() - t
-    return count, first
-
-
-async def concurrent(session: aiohttp.ClientSession, url: str,
-                     tokens: int) -> tuple[float, float]:
-    t = time.perf_counter()
-    got = await asyncio.gather(*(stream(session, url, tokens) for _ in range(STREAMS)))
-    wall = time.perf_counter() - t
-    return sum(n for n, _ in got) / wall, statistics.median(f for _, f in got)
 
 
 async def wait_health(session: aiohttp.ClientSession, url: str, what: str) -> None:
