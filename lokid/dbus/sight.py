@@ -189,9 +189,11 @@ class Sight:
         view = self.host.registry.presets.get(name)
         if view is None:
             return ""
+        state = self.host.engine_state(name).state
+        if view.plan is None and state == INACTIVE:
+            return ""   # broken: a request is refused with its reason, none starts it
         return on_demand_state(view.serve.on_demand, view.serve.idle_stop is not None,
-                               self.host.engine_state(name).state, name in self.for_request,
-                               name in self.idle_stopped)
+                               state, name in self.for_request, name in self.idle_stopped)
 
     def holder(self, name: str) -> str:
         """GroupHolder: the member of the preset's group whose engine runs (ready first,

@@ -44,6 +44,9 @@ SYSTEMD_PATH = "/org/freedesktop/systemd1"
 MANAGER = SYSTEMD + ".Manager"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 LIVE = ("active", "activating", "reloading")
+# StopUnit of a socket that a reload left without ListenStream= and that stopped since:
+# systemd has unloaded it
+NO_SUCH_UNIT = SYSTEMD + ".NoSuchUnit"
 
 
 def addresses(listen: tuple[str, ...]) -> set[str]:
@@ -116,6 +119,8 @@ async def align(bus: MessageBus, listen: tuple[str, ...],
     try:
         await call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, member, "ss", [SOCKET, "replace"])
     except DBusError as e:
+        if action == "stop" and e.type == NO_SUCH_UNIT:
+            return action   # stopped meanwhile (a reload after another), and unloaded
         log.warning("%s: cannot %s it: %s", SOCKET, action, e.text)
         return ""
     return action

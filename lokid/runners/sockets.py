@@ -22,8 +22,15 @@ class SocketsInLine:
         self.config_dir = config_dir
         self.gateway: tuple[str, ...] | None = None   # the listen the socket was aligned to
         self.ports: dict[str, str] | None = None      # preset → its port socket's address
+        # one alignment at a time: a reload of lokid's own (a changed file) and the
+        # operator's daemon-reload come together, and each reads what the other changes
+        self.lock = asyncio.Lock()
 
     async def align(self) -> None:
+        async with self.lock:
+            await self._align()
+
+    async def _align(self) -> None:
         from ..core.config import load_global
         from .gatewaysocket import align as align_gateway
         from .portsockets import align as align_ports

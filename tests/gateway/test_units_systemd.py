@@ -15,27 +15,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import REPO
 from support.enginekit import free_port
-from support.lokid_install import CONFIG_DIR, MODEL_DIR, LokidSystem, install, unit
+from support.lokid_install import CONFIG_DIR, MODEL_DIR, LokidSystem, curl, install, unit
 from support.systemd_harness import Container
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
 SOCKET, SERVICE = "loki-gateway.socket", "loki-gateway.service"
-SYSTEM_UNITS = "/usr/lib/systemd/system"   # where the package installs them
 
 
 @pytest.fixture(scope="module")
 def lk(systemd_container: Container, container_engine: str, models: Any
        ) -> Iterator[LokidSystem]:
     ct = systemd_container
-    system = install(ct, container_engine, [models.llama])
-    for name in (SOCKET, SERVICE):
-        ct.write_file(f"{SYSTEM_UNITS}/{name}", (REPO / "units" / name).read_bytes())
-        system.track_path(f"{SYSTEM_UNITS}/{name}")
-    system.track_unit(SERVICE)
-    system.track_unit(SOCKET)
+    system = install(ct, container_engine, [models.llama], gateway=True)
     system.preset("lazy", 'model = "llama.gguf"\n[serve]\non_demand = true\n', reload=False)
     system.preset("steady", 'model = "llama.gguf"\n', reload=False)
     system.gateway_port = free_port()  # type: ignore[attr-defined]
@@ -46,14 +39,6 @@ def lk(systemd_container: Container, container_engine: str, models: Any
     system.cleanup()
 
 
-def curl(ct: Container, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    args = ["curl", "-sS", "--max-time", "150", "-o", "/dev/stdout", "-w", "\n%{http_code}"]
-    if body is not None:
-        args += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
-    r = ct.run([*args, url], timeout=180, check=False)
-    text, _, code = r.stdout.rpartition("\n")
-    assert code.isdigit(), (r.stdout, r.stderr)
-    return int(code), json.loads(text) if text.strip().startswith(("{", "[")) else text
 
 
 def test_the_socket_starts_the_gateway_which_starts_an_on_demand_engine(lk: LokidSystem
@@ -251,4 +236,24 @@ def test_a_group_swap_waits_for_the_stream_then_the_idle_stop_follows(lk: LokidS
     assert "preset beta: stopped after 5s without a request (serve.idle_stop)" in daemon, \
         daemon[-2000:]
     assert "Traceback" not in journal + daemon
+    ct.systemctl("stop", SOCKET, SERVICE, check=False)
+
+
+def test_restarts_by_hand_are_not_limited(lk: LokidSystem) -> None:
+    """An operator restarting the gateway while tuning: systemd's default start limit (5
+    in 10 s) failed the service and its socket at the sixth restart, and nothing
+    listened (the operator walk)."""
+    ct = lk.ct
+    port = lk.gateway_port  # type: ignore[attr-defined]
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  f"engine = {json.dumps(lk.engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
+                  f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
+    ct.systemctl("start", "lokid.service")
+    ct.systemctl("daemon-reload")
+    _wait_socket(ct, "active")
+    for _ in range(8):
+        ct.systemctl("restart", SERVICE)
+        assert _answers(ct, port)
+    assert ct.show(SERVICE, "ActiveState")["ActiveState"] == "active"
+    assert ct.show(SOCKET, "ActiveState")["ActiveState"] == "active"
     ct.systemctl("stop", SOCKET, SERVICE, check=False)
