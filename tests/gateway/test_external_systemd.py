@@ -16,16 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import REPO
 from support.enginekit import free_port
-from support.lokid_install import CONFIG_DIR, MODEL_DIR, LokidSystem, install, unit
+from support.lokid_install import CONFIG_DIR, MODEL_DIR, LokidSystem, curl, install, unit
 from support.systemd_harness import Container
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
 SOCKET, SERVICE = "loki-gateway.socket", "loki-gateway.service"
 UPSTREAM = "lokid-test-upstream.service"
-SYSTEM_UNITS = "/usr/lib/systemd/system"
 SECRET = "sk-container-upstream-93be"
 KEY_FILE = "/etc/loki/keys/remote.key"
 
@@ -34,12 +32,7 @@ KEY_FILE = "/etc/loki/keys/remote.key"
 def lk(systemd_container: Container, container_engine: str, models: Any
        ) -> Iterator[LokidSystem]:
     ct = systemd_container
-    system = install(ct, container_engine, [models.llama])
-    for name in (SOCKET, SERVICE):
-        ct.write_file(f"{SYSTEM_UNITS}/{name}", (REPO / "units" / name).read_bytes())
-        system.track_path(f"{SYSTEM_UNITS}/{name}")
-    system.track_unit(SERVICE)
-    system.track_unit(SOCKET)
+    system = install(ct, container_engine, [models.llama], gateway=True)
     ct.run(["mkdir", "-p", "/etc/loki/keys"])
     ct.write_file(KEY_FILE, SECRET + "\n", mode=0o600)
     system.track_path(KEY_FILE)
@@ -50,14 +43,6 @@ def lk(systemd_container: Container, container_engine: str, models: Any
     system.cleanup()
 
 
-def curl(ct: Container, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    args = ["curl", "-sS", "--max-time", "150", "-o", "/dev/stdout", "-w", "\n%{http_code}"]
-    if body is not None:
-        args += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
-    r = ct.run([*args, url], timeout=180, check=False)
-    text, _, code = r.stdout.rpartition("\n")
-    assert code.isdigit(), (r.stdout, r.stderr)
-    return int(code), json.loads(text) if text.strip().startswith(("{", "[")) else text
 
 
 def test_an_external_api_reached_through_the_socket_activated_gateway(lk: LokidSystem) -> None:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import REPO
 from support.enginekit import free_port
 from support.lokid_install import CONFIG_DIR, INSIDE_REPO, MODEL_DIR, LokidSystem, install, unit
 from support.systemd_harness import Container
@@ -23,19 +22,13 @@ from support.systemd_harness import Container
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
 SOCKET, SERVICE = "loki-gateway.socket", "loki-gateway.service"
-SYSTEM_UNITS = "/usr/lib/systemd/system"
 
 
 @pytest.fixture(scope="module")
 def lk(systemd_container: Container, container_engine: str, models: Any
        ) -> Iterator[LokidSystem]:
     ct = systemd_container
-    system = install(ct, container_engine, [models.llama])
-    for name in (SOCKET, SERVICE):
-        ct.write_file(f"{SYSTEM_UNITS}/{name}", (REPO / "units" / name).read_bytes())
-        system.track_path(f"{SYSTEM_UNITS}/{name}")
-    system.track_unit(SERVICE)
-    system.track_unit(SOCKET)
+    system = install(ct, container_engine, [models.llama], gateway=True)
     system.preset("lazy", 'model = "llama.gguf"\n[serve]\non_demand = true\n', reload=False)
     system.gateway_port = free_port()  # type: ignore[attr-defined]
     yield system

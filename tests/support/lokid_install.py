@@ -46,6 +46,7 @@ GENERATOR_DIR = "/etc/systemd/system-generators"
 GENERATED_DIR = "/run/systemd/generator"
 TEMPLATE = "loki-engine@.service"
 PORT_TEMPLATES = ("loki-port@.socket", "loki-port@.service")
+GATEWAY_UNITS = ("loki-gateway.socket", "loki-gateway.service")
 PACKAGE_UNIT_DIR = "/usr/lib/systemd/system"
 GENERATOR = "lokid-engine-generator"
 DAEMON_UNIT = "lokid.service"
@@ -278,10 +279,30 @@ class LokidSystem:
             time.sleep(0.1)
 
 
-def install(ct: Container, engine: str, models: Iterable[str] = ()) -> LokidSystem:
-    """lokid installed in ``ct`` with ``models`` (host paths) in its model directory."""
+def install(ct: Container, engine: str, models: Iterable[str] = (), *,
+            gateway: bool = False) -> LokidSystem:
+    """lokid installed in ``ct`` with ``models`` (host paths) in its model directory;
+    ``gateway``: with loki-gateway.socket and .service where the package puts them
+    (removed and stopped by cleanup())."""
     system = LokidSystem(ct, engine)
     system.install()
     for path in models:
         system.add_model(path)
+    if gateway:
+        for name in GATEWAY_UNITS:
+            ct.write_file(f"{PACKAGE_UNIT_DIR}/{name}", (REPO / "units" / name).read_bytes())
+            system.track_path(f"{PACKAGE_UNIT_DIR}/{name}")
+            system.track_unit(name)
     return system
+
+
+def curl(ct: Container, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """One request from inside the container: its HTTP status (0: no answer) and its
+    body, as JSON where it is some."""
+    args = ["curl", "-sS", "--max-time", "150", "-o", "/dev/stdout", "-w", "\n%{http_code}"]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
+    r = ct.run([*args, url], timeout=180, check=False)
+    text, _, code = r.stdout.rpartition("\n")
+    assert code.isdigit(), (r.stdout, r.stderr)
+    return int(code), json.loads(text) if text.strip().startswith(("{", "[")) else text
