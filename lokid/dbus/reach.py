@@ -16,7 +16,9 @@ Rules, each for a failure it prevents:
 - one check in flight per preset, bounded by :data:`TIMEOUT`: a host that never
   answers holds nothing but one task for two seconds;
 - a change is announced (``PropertiesChanged``), so the gateway and ``lokictl`` need not
-  poll; a URL changed by a reload is checked again at once;
+  poll; a URL changed by a reload is checked again at once; a read that finds the last
+  result due for a check gets it with its age ("…, checked 95 s ago: checking again"),
+  not as if it were current (an API stopped since was otherwise shown reachable);
 - the text says what was seen (an HTTP status, or why nothing answered), never a body:
   an API's answer is not the daemon's to repeat.
 
@@ -74,13 +76,18 @@ class Reachability:
         if url != self.url:
             self.url, self.text, self.checked = url, NOT_CHECKED, float("-inf")
         busy = self.task is not None and not self.task.done()
-        if not busy and time.monotonic() - self.checked >= CHECK_EVERY:
+        age = time.monotonic() - self.checked
+        if not busy and age >= CHECK_EVERY:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:   # read outside the daemon's loop (introspection): no check
                 return self.text
             self.checked = time.monotonic()
             self.task = loop.create_task(self._check(url))
+            if self.text != NOT_CHECKED:
+                # what a reader gets now is that old: said, not passed off as current
+                # (the new result is announced when it comes)
+                return f"{self.text}, checked {age:.0f} s ago: checking again"
         return self.text
 
     async def _check(self, url: str) -> None:

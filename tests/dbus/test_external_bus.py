@@ -148,6 +148,12 @@ async def announced(running: Running) -> None:
         assert changes[-1] == f"reachable (GET {url}/models: HTTP 200)"
     finally:
         await runner.cleanup()
+    # a read once the last result is due for a check: that result, with its age
+    await asyncio.sleep(0.3)
+    stale = str(await gone.get_reachable())
+    assert stale.startswith(f"reachable (GET {url}/models: HTTP 200), checked "), stale
+    assert stale.endswith("ago: checking again"), stale
+    await until(down)
 
 
 async def _true(value: bool) -> bool:
