@@ -127,6 +127,12 @@ async def align(bus: MessageBus, wanted: Mapping[str, str],
         except DBusError as e:
             log.warning("%s: cannot read its state: %s", socket, e.text)
             continue
+        # A socket running that no alignment started (by hand, by its engine's Wants=,
+        # or between a reload and this) bound what the generator wrote last: what is
+        # wanted now. Taken as "nothing", it was restarted, and a client's connection
+        # found the port closed for that moment.
+        if name in wanted and name not in holds:
+            holds[name] = wanted[name]
         action, why = decide(wanted.get(name, ""), holds.get(name, ""), *states)
         if action == "warn":
             log.warning("%s: %s", socket, why)
