@@ -104,6 +104,46 @@ def test_the_units_are_under_usr_on_every_release(build: Build) -> None:
             assert unit in files, (deb.name, unit)
 
 
+COCKPIT_PAGE = ("index.html", "lokid.css", "lokid.js", "manifest.json")
+
+
+def test_the_build_yields_cockpit_lokid_with_the_page_and_nothing_else(
+        build: Build, tmp_path: Path) -> None:
+    """The second binary package: Cockpit's page for lokid, the four files of
+    cockpit/lokid/ as they are in the tree, beside Debian's copyright and changelog;
+    it needs Cockpit's bridge and the lokid of the same build."""
+    deb = build.deb.parent / f"cockpit-lokid_{build.version}_all.deb"
+    assert deb.is_file(), sorted(p.name for p in build.deb.parent.iterdir())
+    files = package_files(deb)
+    page = "/usr/share/cockpit/lokid"
+    docs = "/usr/share/doc/cockpit-lokid"
+    shipped = sorted(f for f in files if f.startswith(page + "/"))
+    assert shipped == [f"{page}/{name}" for name in COCKPIT_PAGE]
+    others = [f for f in files if not f.startswith((page, docs + "/"))]
+    assert sorted(others) == ["/", "/usr", "/usr/share", "/usr/share/cockpit",
+                              "/usr/share/doc", docs]
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
+    for name in COCKPIT_PAGE:
+        assert (tmp_path / page.lstrip("/") / name).read_bytes() == \
+            (build.smoke.parents[2] / "cockpit" / "lokid" / name).read_bytes(), name
+    fields = subprocess.run(["dpkg-deb", "-f", str(deb), "Architecture", "Depends"],
+                            check=True, capture_output=True, text=True).stdout
+    assert "Architecture: all" in fields
+    assert "cockpit-bridge" in fields and f"lokid (= {build.version})" in fields, fields
+
+
+def test_lokid_keeps_its_python_package_and_commands_and_not_the_page(build: Build
+                                                                      ) -> None:
+    """With two binary packages dh_auto_install stages in debian/tmp unless told
+    otherwise: lokid's .deb would then lose its Python package and commands."""
+    files = package_files(build.deb)
+    for path in ("/usr/bin/lokid", "/usr/bin/lokictl",
+                 "/usr/lib/python3/dist-packages/lokid/__init__.py",
+                 "/usr/share/dbus-1/interfaces/org.lokid.Lokid1.xml"):
+        assert path in files, path
+    assert [f for f in files if "cockpit" in f] == []
+
+
 def not_empty_warnings(apt_output: str) -> list[str]:
     """dpkg's "directory '…' not empty so not removed" lines about systemd's directories."""
     return [line for line in apt_output.splitlines()
