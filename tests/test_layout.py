@@ -223,3 +223,14 @@ def test_a_stale_readme_row_is_caught() -> None:
     rows = layout_rows("| `lokid/gone/` | x | `state.py` |\n| `lokid/core/` | y | z |\n")
     assert set(rows) == {"lokid/gone/", "lokid/core/"}
     assert not (PACKAGE.parent / "lokid/gone/").exists()
+
+
+def test_no_test_module_imports_a_conftest_by_name() -> None:
+    """``from conftest import X`` finds whichever conftest.py pytest imported last: with
+    tests/cockpit/conftest.py collected before tests/core, make test stopped at
+    collection. Shared helpers live in tests/support/."""
+    tests = Path(__file__).resolve().parent
+    found = [str(p.relative_to(tests)) for p in sorted(tests.rglob("*.py"))
+             if re.search(r"^\s*(from conftest import|import conftest\b)", p.read_text(),
+                          re.MULTILINE)]
+    assert found == []

@@ -14,10 +14,10 @@ from typing import Any
 
 import gguf
 import pytest
-from conftest import Models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import models as gen
+from support.modelset import Models
 
 from lokid.core import modelinfo
 from lokid.core.errors import ModelError

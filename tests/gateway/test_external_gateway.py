@@ -17,11 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import gateway_on
 from dbus_fast import Message, MessageType
 from support.daemonkit import Running
 from support.enginekit import Engine, free_port, write_config, write_preset
 from support.enginekit import running as engine_running
+from support.gatewaykit import gateway_on
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE
 from lokid.gateway.server import Gateway

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import gateway_on
 from support.enginekit import free_port, write_config, write_preset
+from support.gatewaykit import gateway_on
 
 from lokid.gateway.server import Gateway
 
