@@ -33,16 +33,13 @@ from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 
 from ..core.serve import split_listen
-from ..host.buscall import call, plain
+from .systemd_runner import SYSTEMD
+from .unitcalls import queue, unit_properties
 
 log = logging.getLogger("lokid.systemd")
 
 SOCKET = "loki-gateway.socket"
 SERVICE = "loki-gateway.service"
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = SYSTEMD + ".Manager"
-PROPERTIES = "org.freedesktop.DBus.Properties"
 LIVE = ("active", "activating", "reloading")
 # StopUnit of a socket that a reload left without ListenStream= and that stopped since:
 # systemd has unloaded it
@@ -78,29 +75,18 @@ def decide(listen: set[str], socket_state: str, socket_listens: set[str],
     return "restart", why
 
 
-async def _unit_properties(bus: MessageBus, unit: str, interface: str,
-                           names: tuple[str, ...]) -> dict[str, object]:
-    (path,) = await call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "LoadUnit", "s", [unit])
-    out = {}
-    for name in names:
-        (value,) = await call(bus, SYSTEMD, str(path), PROPERTIES, "Get", "ss",
-                              [SYSTEMD + "." + interface, name])
-        out[name] = plain(value)
-    return out
-
-
 async def align(bus: MessageBus, listen: tuple[str, ...],
                 before: tuple[str, ...] | None) -> str:
     """Bring the socket in line with ``listen`` (``before``: the listen it was last aligned
     to, None for the one it holds); what was done ("" for nothing)."""
     wanted = addresses(listen)
     try:
-        sock = await _unit_properties(bus, SOCKET, "Unit", ("ActiveState", "LoadState"))
+        sock = await unit_properties(bus, SOCKET, "Unit", ("ActiveState", "LoadState"))
         # not installed: nothing to align; "bad-setting" is a loaded socket whose
         # ListenStream= lines the reload just took away, which may still be running
         if sock["LoadState"] in ("not-found", "masked"):
             return ""
-        service = await _unit_properties(bus, SERVICE, "Unit", ("ActiveState",))
+        service = await unit_properties(bus, SERVICE, "Unit", ("ActiveState",))
     except DBusError as e:
         log.warning("%s: cannot read its state: %s", SOCKET, e.text)
         return ""
@@ -113,11 +99,10 @@ async def align(bus: MessageBus, listen: tuple[str, ...],
         return action
     if not action:
         return ""
-    member = {"start": "StartUnit", "stop": "StopUnit", "restart": "RestartUnit"}[action]
     log.info("%s: %s, because %s", SOCKET,
              {"start": "starting", "stop": "stopping", "restart": "restarting"}[action], why)
     try:
-        await call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, member, "ss", [SOCKET, "replace"])
+        await queue(bus, action, SOCKET)
     except DBusError as e:
         if action == "stop" and e.type == NO_SUCH_UNIT:
             return action   # stopped meanwhile (a reload after another), and unloaded

@@ -38,14 +38,10 @@ from dbus_fast.aio import MessageBus
 
 from ..core.names import engine_unit
 from ..core.portunit import PORT_UNIT_PREFIX, port_service, port_socket
-from ..host.buscall import call, plain
+from .unitcalls import active_state, queue, units_matching
 
 log = logging.getLogger("lokid.systemd")
 
-SYSTEMD = "org.freedesktop.systemd1"
-SYSTEMD_PATH = "/org/freedesktop/systemd1"
-MANAGER = SYSTEMD + ".Manager"
-PROPERTIES = "org.freedesktop.DBus.Properties"
 LIVE = ("active", "activating", "reloading", "deactivating")
 
 
@@ -93,18 +89,10 @@ def wanted_ports(config_dir: str) -> dict[str, str]:
     return held_ports(glob, presets, quiet=True)
 
 
-async def _state(bus: MessageBus, unit: str) -> str:
-    (path,) = await call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "LoadUnit", "s", [unit])
-    (value,) = await call(bus, SYSTEMD, str(path), PROPERTIES, "Get", "ss",
-                          [SYSTEMD + ".Unit", "ActiveState"])
-    return str(plain(value))
-
-
 async def _loaded_sockets(bus: MessageBus) -> set[str]:
     """The presets whose port socket systemd has loaded (listed by its units)."""
-    (units,) = await call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, "ListUnitsByPatterns",
-                          "asas", [[], [f"{PORT_UNIT_PREFIX}*.socket"]])
-    return {str(u[0])[len(PORT_UNIT_PREFIX):-len(".socket")] for u in units}
+    units = await units_matching(bus, f"{PORT_UNIT_PREFIX}*.socket")
+    return {u[len(PORT_UNIT_PREFIX):-len(".socket")] for u in units}
 
 
 async def align(bus: MessageBus, wanted: Mapping[str, str],
@@ -122,7 +110,7 @@ async def align(bus: MessageBus, wanted: Mapping[str, str],
     for name in sorted(names):
         socket = port_socket(name)
         try:
-            states = [await _state(bus, u) for u in (socket, port_service(name),
+            states = [await active_state(bus, u) for u in (socket, port_service(name),
                                                       engine_unit(name))]
         except DBusError as e:
             log.warning("%s: cannot read its state: %s", socket, e.text)
@@ -138,10 +126,9 @@ async def align(bus: MessageBus, wanted: Mapping[str, str],
             log.warning("%s: %s", socket, why)
         if action in ("", "warn"):
             continue
-        member = {"start": "StartUnit", "stop": "StopUnit", "restart": "RestartUnit"}[action]
         log.info("%s: %s, because %s", socket, action, why)
         try:
-            await call(bus, SYSTEMD, SYSTEMD_PATH, MANAGER, member, "ss", [socket, "replace"])
+            await queue(bus, action, socket)
         except DBusError as e:
             log.warning("%s: cannot %s it: %s", socket, action, e.text)
             continue
