@@ -9,9 +9,12 @@ error here: the callers decide what a fault gives theirs.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from . import schema
 
@@ -71,6 +74,29 @@ def inode_of(path: str) -> int | None:
         return os.stat(path).st_ino
     except OSError:
         return None
+
+
+@contextmanager
+def dir_lock(state_dir: str, exclusive: bool) -> Iterator[None]:
+    """A lock on the state directory: shared while a process opens (and may create) the
+    database, exclusive while one moves a damaged database aside.
+
+    Without it a helper starting a moment later made the new database, and its -wal, in
+    the instant between the mover's renames of state.db and of state.db-wal: the mover
+    then carried the newcomer's live WAL aside with the damaged file, and the token the
+    newcomer wrote there was lost. Best effort: a directory that cannot be opened for
+    reading is not locked.
+    """
+    try:
+        fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def create_for_dir_owner(path: str, state_dir: str) -> None:

@@ -76,6 +76,7 @@ from .sqlfile import (
     DB_FILE,
     cause,
     create_for_dir_owner,
+    dir_lock,
     file_system_fault,
     inode_of,
     is_damaged,
@@ -301,7 +302,7 @@ class StateDB(_Store):
                 # of a file deletes the -wal and -shm of that name, which must go aside
                 # with it (and must not be the new database's).
                 ok = not moved and self._set_aside(damaged)
-                self.close()
+                self.close()  # _set_aside closed it, unless it did not run
                 if not ok:
                     error: BaseException = damaged
                     break
@@ -331,16 +332,18 @@ class StateDB(_Store):
 
     def _open_rw(self) -> None:
         """``self._db``, read-write and migrated; on an error it stays open for the caller
-        (see :meth:`_open`)."""
-        if os.geteuid() == 0:
-            create_for_dir_owner(self.path, self.state_dir)
-        self._ino = inode_of(self.path)
-        self._db = db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
-                                        isolation_level=None)
-        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        use_wal(db)
-        db.execute("PRAGMA synchronous = NORMAL")
-        self._migrate(db)
+        (see :meth:`_open`). Under the directory's shared lock: never while another
+        process moves a damaged file aside (:meth:`_set_aside`)."""
+        with dir_lock(self.state_dir, exclusive=False):
+            if os.geteuid() == 0:
+                create_for_dir_owner(self.path, self.state_dir)
+            self._ino = inode_of(self.path)
+            self._db = db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
+                                            isolation_level=None)
+            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            use_wal(db)
+            db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate(db)
 
     def _migrate(self, db: sqlite3.Connection) -> None:
         """Bring the schema up to date (:mod:`lokid.store.schema`); a current one, or a
@@ -349,46 +352,46 @@ class StateDB(_Store):
 
     def _set_aside(self, e: BaseException) -> bool:
         """Move the damaged database (with its -wal and -shm) to ``state.db.damaged-<UTC
-        time>``; whether a new one may be made in its place.
+        time>``, and close this connection to it; whether a new one may be made in its
+        place.
 
-        Under a lock on the directory, and only when the file there is still the one this
-        connection opened: two helpers finding the same damage at once (two presets
+        Under the directory's exclusive lock (no process is opening the database
+        meanwhile: see :meth:`_open_rw`), and only when the file there is still the one
+        this connection opened: two helpers finding the same damage at once (two presets
         starting at boot) set it aside once, and the second opens the first one's new
-        database rather than moving it away too.
+        database rather than moving it away too. The connection is closed before the
+        lock is released: SQLite removes the -wal and -shm of the name it opened, which
+        must have gone aside by then, and must not yet be the new database's.
         """
         try:
-            fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as oe:
-            self.unwritable = f"the state database {self.path} is damaged ({e}) and " \
-                              f"cannot be moved aside ({oe.strerror})"
-            return False
-        import fcntl
-
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if inode_of(self.path) != self._ino:
-                return True  # set aside already, by another process
-            aside = self.path + DAMAGED_SUFFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            n = 1
-            while os.path.lexists(aside + (f".{n}" if n > 1 else "")):
-                n += 1
-            aside += f".{n}" if n > 1 else ""
-            os.rename(self.path, aside)
-            for suffix in ("-wal", "-shm"):
+            with dir_lock(self.state_dir, exclusive=True):
                 try:
-                    os.rename(self.path + suffix, aside + suffix)
-                except FileNotFoundError:
-                    pass
+                    if inode_of(self.path) != self._ino:
+                        return True  # set aside already, by another process
+                    aside = self._aside_name()
+                    os.rename(self.path, aside)
+                    for suffix in ("-wal", "-shm"):
+                        try:
+                            os.rename(self.path + suffix, aside + suffix)
+                        except FileNotFoundError:
+                            pass
+                finally:
+                    self.close()
         except OSError as oe:
             self.unwritable = f"the state database {self.path} is damaged ({e}) and " \
                               f"cannot be moved aside ({oe.strerror})"
             return False
-        finally:
-            os.close(fd)
         journal_log("", f"the state database {self.path} is damaged ({e}): moved aside to "
                     f"{aside}, and a new one started (the attempt tokens, failure verdicts "
                     "and benchmark results it held are lost)", priority=4)
         return True
+
+    def _aside_name(self) -> str:
+        aside = self.path + DAMAGED_SUFFIX + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        n = 1
+        while os.path.lexists(aside + (f".{n}" if n > 1 else "")):
+            n += 1
+        return aside + (f".{n}" if n > 1 else "")
 
     def _damage(self, e: BaseException) -> bool:
         if self.unwritable:

@@ -369,9 +369,15 @@ def test_every_method_works_on_a_database_damaged_under_it(tmp_path: Path) -> No
 
 
 OPENER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from lokid.store.state import Mark, StateDB, Verdict
-    state, preset, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    state, preset, start, pause = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+    rename = os.rename
+    def slow_rename(src, dst):  # the mover held up between moving state.db and its -wal
+        rename(src, dst)
+        if src.endswith("state.db"):
+            time.sleep(pause)
+    os.rename = slow_rename
     time.sleep(max(0, start - time.time()))
     with StateDB(state) as db:
         mark = Mark(preset, "/e", 1)
@@ -379,16 +385,23 @@ OPENER = textwrap.dedent("""
 """)
 
 
-def test_helpers_finding_the_same_damage_at_once_set_it_aside_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pause,stagger", [(0, 0), (0.5, 0.1)], ids=["together", "one-by-one"])
+def test_helpers_finding_the_same_damage_at_once_set_it_aside_once(
+        tmp_path: Path, pause: float, stagger: float) -> None:
     """Presets starting together at boot on a damaged database: one of them moves it aside,
-    and the others use its new database (not move that one away too, losing its token)."""
+    and the others use its new database (not move that one away too, losing its token).
+
+    one-by-one: each helper starts a little after the one before, and the mover pauses
+    between moving state.db and its -wal; a helper opening in that pause made the new
+    database there, and the mover carried its live WAL (and its token) aside (CI, once)."""
     for round_ in range(3):
         state = tmp_path / str(round_)
         state.mkdir()
         (state / "state.db").write_bytes(os.urandom(8192))
         start = time.time() + 0.4
         procs = [subprocess.Popen([sys.executable, "-c", OPENER, str(state), f"p{i}",
-                                   str(start)], stderr=subprocess.PIPE, text=True,
+                                   str(start + i * stagger), str(pause)],
+                                  stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
                  for i in range(6)]
         for p in procs:
