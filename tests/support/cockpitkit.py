@@ -240,6 +240,32 @@ class Browser:
                                      f"{self.log()}")
             time.sleep(0.1)
 
+    def wait_js(self, script: str, *args: object, timeout: float | None = None,
+                what: str = "") -> object:
+        """Wait until ``script`` (a function body run in the current frame, ``return …``,
+        with ``args`` as ``arguments``) returns something truthy; that value. On a timeout, a screenshot and
+        AssertionError naming ``what`` (or the script), with the browser's log."""
+        wait = timeout or self.wait
+        deadline = time.monotonic() + wait
+        while True:
+            value = self.driver.execute_script(script, *args)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                shot = self.screenshot(f"timeout-js-{(what or script)[:40]}")
+                raise AssertionError(f"{what or script!r} not true after {wait:.0f} s; "
+                                     f"screenshot {shot}; browser log:\n{self.log()}")
+            time.sleep(0.05)
+
+    def login_to_page(self, user: str, password: str, path: str = "lokid") -> float:
+        """Log in, wait for the shell, and open ``path`` in its frame; the time.monotonic()
+        at which the shell appeared (a page's first paint is measured from there)."""
+        self.login(user, password)
+        self.find(SHELL_NAV, timeout=60)
+        shell = time.monotonic()
+        self.open_page(path)
+        return shell
+
     def top(self) -> None:
         """Back to the shell from a page's frame."""
         self.driver.switch_to.default_content()

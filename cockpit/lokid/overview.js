@@ -1,85 +1,79 @@
 /*
- * lokid's Cockpit page, the overview: every preset lokid.service serves (and
- * each broken one with its reason) with its state, model, URL, the speculation
- * its engine uses and why, its on-demand state and a pending restart; Start and
- * Stop call the daemon's StartPreset and StopPreset.
+ * The overview: every preset lokid.service serves (and each broken one with
+ * its reason) with its state, model, URL, uptime, requests per minute,
+ * prefill and decode speed, draft acceptance, GPU memory, the speculation its
+ * engine uses and why, its on-demand state and a pending restart; Start and
+ * Stop call the daemon's StartPreset and StopPreset; a preset's name opens its
+ * own view.
  *
  * Everything shown is a documented D-Bus fact (data/dbus/org.lokid.Lokid1.xml),
- * read through cockpit.dbus on the system bus with the logged-in user's rights:
- * polkit decides what they may do, the page decides nothing and shows a refusal
- * in the daemon's own words. It follows the daemon's PropertiesChanged and
- * signals (EngineStateChanged, JobFinished) and never polls. No build step,
- * nothing fetched from the network: Cockpit's cockpit.js is the only library.
+ * followed through PropertiesChanged and the Manager's signals
+ * (EngineStateChanged, JobFinished); nothing polls.
  */
 "use strict";
 
 (function () {
-    const BUS_NAME = "org.lokid.Lokid1";
-    const MANAGER_PATH = "/org/lokid/Lokid1";
-    const MANAGER = "org.lokid.Lokid1.Manager";
-    const PRESET = "org.lokid.Lokid1.Preset";
+    const { manager, $, el, unwrap, act } = lokid;
     const RUNNING = ["loading", "ready", "stopping"];
-
-    const client = cockpit.dbus(BUS_NAME, { bus: "system" });
-    const manager = client.proxy(MANAGER, MANAGER_PATH);
-    // One proxy per preset object path, kept once made: cockpit.js has no way to
-    // drop a proxy's watch, and a path reappears after a rename back or a reload.
-    const proxies = {};
+    const COLUMNS = ["name", "state", "model", "url", "uptime", "rpm", "speed", "draft",
+        "memory", "spec", "ondemand", "actions"];
     const rows = {};            // preset name -> its row's elements
     const details = {};         // preset name -> the last EngineStateChanged {state, detail}
-    let scheduled = false;
 
-    const $ = id => document.getElementById(id);
-
-    function el(tag, cls, text) {
-        const e = document.createElement(tag);
-        if (cls)
-            e.className = cls;
-        if (text !== undefined)
-            e.textContent = text;
-        return e;
+    function number(x, digits) {
+        return typeof x === "number" && isFinite(x) ? x.toFixed(digits) : "";
     }
 
-    // a{sv} values arrive as {t: signature, v: value}.
-    function unwrap(variant) {
-        return variant && typeof variant === "object" && "v" in variant ? variant.v : variant;
+    function duration(seconds) {
+        if (typeof seconds !== "number" || !isFinite(seconds))
+            return "";
+        const s = Math.floor(seconds);
+        if (s < 60)
+            return s + " s";
+        if (s < 3600)
+            return Math.floor(s / 60) + " min";
+        if (s < 86400)
+            return Math.floor(s / 3600) + " h " + Math.floor(s % 3600 / 60) + " min";
+        return Math.floor(s / 86400) + " d " + Math.floor(s % 86400 / 3600) + " h";
     }
 
-    function showError(title, text) {
-        $("lk-alert-title").textContent = title;
-        $("lk-alert-text").textContent = text;
-        $("lk-alert").hidden = false;
+    // Stats' a{sv} as plain values, one level down too (prefill_tps, draft, ...).
+    function stats(p) {
+        const out = {};
+        for (const [key, value] of Object.entries((p && p.Stats) || {})) {
+            const v = unwrap(value);
+            if (v && typeof v === "object" && !Array.isArray(v)) {
+                out[key] = {};
+                for (const [k, x] of Object.entries(v))
+                    out[key][k] = unwrap(x);
+            } else {
+                out[key] = v;
+            }
+        }
+        return out;
     }
 
-    // The daemon's errors carry a message written for the operator (polkit's
-    // refusal included); a transport problem has only Cockpit's problem code.
-    function describe(ex) {
-        if (ex && ex.message)
-            return ex.message;
-        if (ex && ex.problem)
-            return cockpit.message(ex.problem);
-        return String(ex);
-    }
-
-    function act(verb, name, button) {
-        button.disabled = true;
-        manager.call(verb, [name])
-                .catch(ex => {
-                    const refused = ex && ex.name === "org.lokid.Lokid1.Error.PermissionDenied";
-                    showError((refused ? "Not permitted: " : "") + verb + " " + name + " failed.",
-                              describe(ex));
-                })
-                .finally(() => schedule());
+    function memory(s) {
+        const parts = Object.entries(s.memory_mib || {}).map(([where, mib]) =>
+            where + " " + number(mib / 1024, 1) + " GiB");
+        return parts.join(", ") || s.memory_note || "";
     }
 
     function newRow(name) {
         const tr = el("tr");
+        tr.dataset.preset = name;
         const cells = {};
-        for (const key of ["name", "state", "model", "url", "spec", "ondemand", "actions"]) {
+        for (const key of COLUMNS) {
             cells[key] = el("td", "lk-cell-" + key);
             tr.appendChild(cells[key]);
         }
-        cells.name.appendChild(el("span", "lk-name", name));
+        const link = el("a", "lk-name", name);
+        link.href = "#/preset/" + encodeURIComponent(name);
+        link.addEventListener("click", ev => {
+            ev.preventDefault();
+            cockpit.location.go(["preset", name]);
+        });
+        cells.name.appendChild(link);
         cells.pending = el("span", "lk-label lk-label-warning", "restart pending");
         cells.pending.title = "The engine runs an older command line than the preset's file asks for";
         cells.name.appendChild(cells.pending);
@@ -89,12 +83,12 @@
         cells.start = el("button", "lk-btn lk-btn-secondary", "Start");
         cells.stop = el("button", "lk-btn lk-btn-secondary", "Stop");
         cells.start.type = cells.stop.type = "button";
-        cells.start.addEventListener("click", () => act("StartPreset", name, cells.start));
-        cells.stop.addEventListener("click", () => act("StopPreset", name, cells.stop));
+        cells.start.addEventListener("click", () => act("StartPreset", [name], cells.start));
+        cells.stop.addEventListener("click", () => act("StopPreset", [name], cells.stop));
         cells.actions.append(cells.start, cells.stop);
         const err = el("tr", "lk-error-row");
         cells.error = el("td", "lk-error");
-        cells.error.colSpan = 7;
+        cells.error.colSpan = COLUMNS.length;
         err.appendChild(cells.error);
         return { tr, err, cells };
     }
@@ -110,8 +104,20 @@
         const last = details[name];
         c.detail.textContent = last && last.state === state ? last.detail : (p ? p.Status : "");
         c.pending.hidden = !(p && p.PendingRestart);
+        const s = stats(p);
+        const running = RUNNING.includes(state);
         c.model.textContent = p ? (external ? p.UpstreamModel : p.Model) : "";
-        c.url.textContent = p ? (external ? p.Url : unwrap((p.Stats || {}).url) || "") : "";
+        c.url.textContent = p ? (external ? p.Url : s.url || "") : "";
+        c.uptime.textContent = running ? duration(s.uptime_seconds) : "";
+        c.rpm.textContent = running ? number(s.requests_per_min, 1) : "";
+        const prefill = (s.prefill_tps || {})["1m"];
+        const decode = (s.decode_tps || {})["1m"];
+        c.speed.textContent = running && (prefill !== undefined || decode !== undefined)
+            ? number(prefill, 0) + " / " + number(decode, 1) : "";
+        const acceptance = (s.draft || {}).acceptance;
+        c.draft.textContent = running && acceptance !== undefined
+            ? number(100 * acceptance, 0) + " %" : "";
+        c.memory.textContent = running ? memory(s) : "";
         if (p) {
             const active = p.SpecActive || [];
             // Why: the configured mode, and a recorded failure that cut auto.
@@ -124,7 +130,6 @@
             c.spec.replaceChildren();
         }
         c.ondemand.textContent = p && p.OnDemandState ? p.OnDemandState : "";
-        const running = RUNNING.includes(state);
         c.start.hidden = c.stop.hidden = !p || external;
         c.start.disabled = running;
         c.stop.disabled = !running;
@@ -133,7 +138,8 @@
     }
 
     function render() {
-        scheduled = false;
+        if ($("lk-overview").hidden)
+            return;
         if (!manager.valid) {
             $("lk-table").hidden = true;
             $("lk-status").hidden = false;
@@ -142,12 +148,7 @@
         }
         $("lk-version").textContent = "lokid " + manager.Version;
         const broken = manager.BrokenPresets || {};
-        const byName = {};
-        for (const path of manager.Presets || []) {
-            const p = proxies[path];
-            if (p && p.valid)
-                byName[p.Name] = p;
-        }
+        const byName = lokid.presets();
         // A preset file that cannot be read has no object: its row is its error.
         const names = Array.from(new Set(Object.keys(byName).concat(Object.keys(broken)))).sort();
         const body = $("lk-presets");
@@ -169,38 +170,17 @@
         $("lk-status").textContent = "No presets: lokid reads them from /etc/loki/presets/NAME.toml.";
     }
 
-    // Stats changes every second per running engine: one render per frame at most.
-    function schedule() {
-        if (!scheduled) {
-            scheduled = true;
-            window.requestAnimationFrame(render);
-        }
-    }
-
-    function follow() {
-        for (const path of manager.Presets || []) {
-            if (!proxies[path]) {
-                proxies[path] = client.proxy(PRESET, path);
-                proxies[path].addEventListener("changed", schedule);
-                proxies[path].wait(schedule);
-            }
-        }
-        schedule();
-    }
-
-    manager.addEventListener("changed", follow);
     manager.addEventListener("EngineStateChanged", (event, name, state, detail) => {
         details[name] = { state, detail };
-        schedule();
+        lokid.changed();
     });
     manager.addEventListener("JobFinished", (event, name, job, verb, result, state, detail) => {
         if (result !== "done")
-            showError(verb + " " + name + ": " + result + ".", detail);
+            lokid.showError(verb + " " + name + ": " + result + ".", detail);
     });
-    client.addEventListener("close", (event, options) => {
-        showError("The connection to the system bus closed.",
-                  options && options.problem ? cockpit.message(options.problem) : "");
-    });
-    $("lk-alert-close").addEventListener("click", () => { $("lk-alert").hidden = true });
-    manager.wait(follow);
+    lokid.onChange(render);
+    lokid.renderOverview = render;
+    lokid.stats = stats;
+    lokid.duration = duration;
+    lokid.number = number;
 }());

@@ -1,0 +1,149 @@
+/*
+ * What every part of lokid's Cockpit page shares: the connection to
+ * lokid.service on the system bus (cockpit.dbus, with the logged-in user's
+ * rights), one proxy per preset object, the page's alert, and the registry
+ * the preset view's sections (plan, journal, editor, benchmark, chat) join.
+ *
+ * Loaded first, after Cockpit's cockpit.js; each other file adds to the one
+ * global `lokid` and draws only in its own elements. Nothing here decides a
+ * right: a refusal is the daemon's (polkit's) own words, shown as they come.
+ */
+"use strict";
+
+window.lokid = (function () {
+    const BUS_NAME = "org.lokid.Lokid1";
+    const MANAGER_PATH = "/org/lokid/Lokid1";
+    const MANAGER = "org.lokid.Lokid1.Manager";
+    const PRESET = "org.lokid.Lokid1.Preset";
+    const PERMISSION_DENIED = "org.lokid.Lokid1.Error.PermissionDenied";
+
+    const client = cockpit.dbus(BUS_NAME, { bus: "system" });
+    const manager = client.proxy(MANAGER, MANAGER_PATH);
+    // One proxy per preset object path, kept once made: cockpit.js has no way to
+    // drop a proxy's watch, and a path reappears after a rename back or a reload.
+    const proxies = {};
+    const listeners = [];
+    let scheduled = false;
+
+    const $ = id => document.getElementById(id);
+
+    function el(tag, cls, text) {
+        const e = document.createElement(tag);
+        if (cls)
+            e.className = cls;
+        if (text !== undefined && text !== null)
+            e.textContent = text;
+        return e;
+    }
+
+    // a{sv} values arrive as {t: signature, v: value}; nested ones too.
+    function unwrap(variant) {
+        return variant && typeof variant === "object" && "v" in variant && "t" in variant
+            ? variant.v : variant;
+    }
+
+    function showError(title, text) {
+        $("lk-alert-title").textContent = title;
+        $("lk-alert-text").textContent = text || "";
+        $("lk-alert").hidden = false;
+    }
+
+    function clearError() {
+        $("lk-alert").hidden = true;
+    }
+
+    function refused(ex) {
+        return !!ex && ex.name === PERMISSION_DENIED;
+    }
+
+    // The daemon's errors carry a message written for the operator (polkit's
+    // refusal included); a transport problem has only Cockpit's problem code.
+    function describe(ex) {
+        if (ex && ex.message)
+            return ex.message;
+        if (ex && ex.problem)
+            return cockpit.message(ex.problem);
+        return String(ex);
+    }
+
+    // A verb of the Manager on a preset, its failure in the alert ("Not
+    // permitted:" first when polkit said no); the reply, or null on a failure.
+    function act(verb, args, button) {
+        if (button)
+            button.disabled = true;
+        return manager.call(verb, args)
+                .catch(ex => {
+                    showError((refused(ex) ? "Not permitted: " : "") + verb + " " + args[0] +
+                              " failed.", describe(ex));
+                    return null;
+                })
+                .finally(() => {
+                    if (button)
+                        button.disabled = false;
+                    changed();
+                });
+    }
+
+    // The preset objects now valid, by name.
+    function presets() {
+        const byName = {};
+        for (const path of manager.Presets || []) {
+            const p = proxies[path];
+            if (p && p.valid)
+                byName[p.Name] = p;
+        }
+        return byName;
+    }
+
+    // Every part redraws at most once a frame, whatever changed (Stats moves
+    // every second for each running engine).
+    function changed() {
+        if (!scheduled) {
+            scheduled = true;
+            window.requestAnimationFrame(() => {
+                scheduled = false;
+                for (const fn of listeners)
+                    fn();
+            });
+        }
+    }
+
+    function follow() {
+        for (const path of manager.Presets || []) {
+            if (!proxies[path]) {
+                proxies[path] = client.proxy(PRESET, path);
+                proxies[path].addEventListener("changed", changed);
+                proxies[path].wait(changed);
+            }
+        }
+        changed();
+    }
+
+    manager.addEventListener("changed", follow);
+    client.addEventListener("close", (event, options) => {
+        showError("The connection to the system bus closed.",
+                  options && options.problem ? cockpit.message(options.problem) : "");
+    });
+    manager.wait(follow);
+
+    return {
+        BUS_NAME,
+        client,
+        manager,
+        $,
+        el,
+        unwrap,
+        describe,
+        refused,
+        showError,
+        clearError,
+        act,
+        presets,
+        onChange: fn => listeners.push(fn),
+        changed,
+        // The preset view's sections: {id, title, order, mount(box, view)}, where
+        // view.name is the preset, view.proxy() its proxy now (null while it has
+        // none) and mount returns {update(), unmount()} (update on every change).
+        sections: [],
+    };
+}());

@@ -1,0 +1,297 @@
+/*
+ * One preset's view (#/preset/NAME): its state with Start, Stop and Restart,
+ * then one card per section of lokid.sections in their order. Three sections
+ * are here: the plan (the engine's command line and each note saying why,
+ * from the Argv, Notes and RunningArgv properties and Plan()), the last
+ * minutes of its Stats as small charts (a bounded window, sampled as
+ * PropertiesChanged brings them), and the recorded failures of automatic
+ * speculation with Clear (ClearFailures).
+ */
+"use strict";
+
+(function () {
+    const { $, el, act } = lokid;
+    const RUNNING = ["loading", "ready", "stopping"];
+    const WINDOW_SECONDS = 600;         // the charts' window: the last ten minutes
+    let view = null;                    // {name, mounted: [{update, unmount}]}
+
+    function proxyOf(name) {
+        return lokid.presets()[name] || null;
+    }
+
+    // --- the header: state and the verbs ---------------------------------------
+
+    function header(name) {
+        const box = $("lk-preset-head");
+        box.replaceChildren();
+        const back = el("a", "lk-back", "All presets");
+        back.href = "#/";
+        back.addEventListener("click", ev => {
+            ev.preventDefault();
+            cockpit.location.go([]);
+        });
+        const title = el("h2", "lk-preset-title", name);
+        title.id = "lk-preset-name";
+        const badge = el("span", "lk-state");
+        const detail = el("span", "lk-muted");
+        const buttons = {};
+        const verbs = el("span", "lk-actions");
+        for (const [label, verb] of [["Start", "StartPreset"], ["Stop", "StopPreset"],
+            ["Restart", "RestartPreset"]]) {
+            const b = el("button", "lk-btn lk-btn-secondary", label);
+            b.type = "button";
+            b.id = "lk-preset-" + label.toLowerCase();
+            b.addEventListener("click", () => act(verb, [name], b));
+            buttons[label] = b;
+            verbs.appendChild(b);
+        }
+        box.append(back, el("div", "lk-title-line", undefined));
+        box.lastChild.append(title, badge, verbs);
+        box.append(detail);
+        return {
+            update() {
+                const p = proxyOf(name);
+                const broken = (lokid.manager.BrokenPresets || {})[name];
+                const state = p ? p.State : (broken ? "broken" : "gone");
+                badge.textContent = state;
+                badge.className = "lk-state lk-state-" + state;
+                detail.textContent = broken || (p ? p.Status : "No preset of this name.");
+                const running = RUNNING.includes(state);
+                const external = p && p.Kind === "external";
+                buttons.Start.disabled = !p || external || running;
+                buttons.Stop.disabled = !p || external || !running;
+                buttons.Restart.disabled = !p || external;
+            },
+            unmount() {},
+        };
+    }
+
+    // --- the plan -------------------------------------------------------------
+
+    function argvText(argv) {
+        // Shown, never run: quoting only so that a word with a space reads as one.
+        return (argv || []).map(a => /^[\w@%+=:,./-]+$/.test(a) ? a : JSON.stringify(a))
+                .join(" ");
+    }
+
+    function mountPlan(box, v) {
+        const argv = el("pre", "lk-argv");
+        argv.id = "lk-plan-argv";
+        const running = el("div");
+        const notes = el("ul", "lk-notes");
+        notes.id = "lk-plan-notes";
+        const env = el("div", "lk-small lk-muted");
+        box.append(argv, running, notes, env);
+        let asked = null;       // the Argv that Plan() was last called for
+
+        function planExtras(p) {
+            // Plan() adds what the properties lack: the environment lokid adds and the
+            // secrets (their source, never a value: *** without the right to edit).
+            const key = JSON.stringify(p.Argv || []);
+            if (key === asked)
+                return;
+            asked = key;
+            p.call("Plan", [])
+                    .then(([plan]) => {
+                        const envs = lokid.unwrap(plan.env) || {};
+                        const secrets = (lokid.unwrap(plan.secrets) || []).map(s =>
+                            lokid.unwrap(s.target) + " from " + lokid.unwrap(s.source));
+                        const words = Object.entries(envs).map(([k, x]) => k + "=" + x);
+                        env.textContent = [words.length ? "Environment: " + words.join(" ") : "",
+                            secrets.length ? "Secrets: " + secrets.join(", ") : ""]
+                                .filter(Boolean).join(" · ");
+                    })
+                    .catch(ex => { env.textContent = lokid.describe(ex) });
+        }
+
+        return {
+            update() {
+                const p = v.proxy();
+                if (!p) {
+                    argv.textContent = "";
+                    notes.replaceChildren();
+                    return;
+                }
+                argv.textContent = argvText(p.Argv);
+                notes.replaceChildren(...(p.Notes || []).map(n => el("li", "", n)));
+                const now = p.RunningArgv || [];
+                running.replaceChildren();
+                if (p.PendingRestart && now.length) {
+                    running.append(el("div", "lk-label lk-label-warning",
+                                      "The engine runs an older command line; a restart applies the one above:"),
+                                   el("pre", "lk-argv lk-muted", argvText(now)));
+                }
+                planExtras(p);
+            },
+            unmount() {},
+        };
+    }
+
+    // --- the charts -------------------------------------------------------------
+
+    const SERIES = [
+        ["rpm", "Requests per minute", s => s.requests_per_min],
+        ["prefill", "Prefill tok/s (1 min)", s => (s.prefill_tps || {})["1m"]],
+        ["decode", "Decode tok/s (1 min)", s => (s.decode_tps || {})["1m"]],
+        ["draft", "Draft acceptance %", s => {
+            const a = (s.draft || {}).acceptance;
+            return typeof a === "number" ? 100 * a : undefined;
+        }],
+    ];
+    const SVG = "http://www.w3.org/2000/svg";
+
+    function chart(points, now) {
+        const w = 240, h = 48;
+        const svg = document.createElementNS(SVG, "svg");
+        svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+        svg.setAttribute("class", "lk-chart");
+        const values = points.map(p => p[1]);
+        const top = Math.max(1, ...values);
+        const line = document.createElementNS(SVG, "polyline");
+        line.setAttribute("points", points.map(([t, x]) =>
+            (w * (1 - (now - t) / WINDOW_SECONDS)).toFixed(1) + "," +
+            (h - 2 - (h - 4) * x / top).toFixed(1)).join(" "));
+        svg.appendChild(line);
+        return svg;
+    }
+
+    function mountCharts(box, v) {
+        const samples = [];     // [time, stats] within the window, oldest first
+        const grid = el("div", "lk-charts");
+        const cells = {};
+        for (const [key, label] of SERIES) {
+            const cell = el("figure", "lk-chart-cell");
+            cell.id = "lk-chart-" + key;
+            const caption = el("figcaption", "lk-small", label);
+            const value = el("span", "lk-chart-value");
+            caption.append(" ", value);
+            cell.append(caption);
+            cells[key] = { cell, value };
+            grid.appendChild(cell);
+        }
+        const note = el("p", "lk-muted lk-small",
+                        "Sampled while this page is open, the last " +
+                        WINDOW_SECONDS / 60 + " minutes.");
+        box.append(grid, note);
+        let lastStats = null;
+        return {
+            update() {
+                const p = v.proxy();
+                if (p && p.Stats !== lastStats) {
+                    lastStats = p.Stats;
+                    const now = Date.now() / 1000;
+                    samples.push([now, lokid.stats(p)]);
+                    while (samples.length && samples[0][0] < now - WINDOW_SECONDS)
+                        samples.shift();
+                }
+                const now = Date.now() / 1000;
+                for (const [key, , pick] of SERIES) {
+                    const points = samples.map(([t, s]) => [t, pick(s)])
+                            .filter(([, x]) => typeof x === "number" && isFinite(x));
+                    const last = points.length ? points[points.length - 1][1] : undefined;
+                    cells[key].value.textContent = last === undefined ? "–" : lokid.number(last, 1);
+                    const old = cells[key].cell.querySelector("svg");
+                    if (old)
+                        old.remove();
+                    cells[key].cell.appendChild(chart(points, now));
+                }
+            },
+            unmount() {},
+        };
+    }
+
+    // --- failures of automatic speculation ------------------------------------
+
+    function mountFailures(box, v) {
+        const text = el("p");
+        text.id = "lk-failures-text";
+        const clear = el("button", "lk-btn lk-btn-secondary", "Clear");
+        clear.type = "button";
+        clear.id = "lk-failures-clear";
+        const result = el("span", "lk-muted lk-small");
+        clear.addEventListener("click", () => {
+            const p = v.proxy();
+            if (!p)
+                return;
+            clear.disabled = true;
+            p.call("ClearFailures", [])
+                    .then(([count]) => {
+                        result.textContent = count === 1 ? "1 failure forgotten." : count + " failures forgotten.";
+                    })
+                    .catch(ex => lokid.showError((lokid.refused(ex) ? "Not permitted: " : "") +
+                                                 "ClearFailures " + v.name + " failed.",
+                                                 lokid.describe(ex)))
+                    .finally(() => { clear.disabled = false });
+        });
+        box.append(text, clear, result);
+        return {
+            update() {
+                const p = v.proxy();
+                const verdict = p ? lokid.stats(p).verdict : undefined;
+                const blocked = p ? p.AutoSpecBlocked : "";
+                text.textContent = blocked || verdict ||
+                    "No failure recorded: automatic speculation is tried where it is safe.";
+            },
+            unmount() {},
+        };
+    }
+
+    lokid.sections.push({ id: "plan", title: "Plan", order: 10, mount: mountPlan });
+    lokid.sections.push({ id: "charts", title: "Activity", order: 20, mount: mountCharts });
+    lokid.sections.push({ id: "failures", title: "Failures of automatic speculation",
+        order: 60, mount: mountFailures });
+
+    // --- the view ------------------------------------------------------------
+
+    function show(name) {
+        hide();
+        const box = $("lk-sections");
+        box.replaceChildren();
+        const v = { name, proxy: () => proxyOf(name) };
+        const mounted = [header(name)];
+        for (const s of lokid.sections.slice().sort((a, b) => a.order - b.order)) {
+            const card = el("section", "lk-card");
+            card.id = "lk-section-" + s.id;
+            card.appendChild(el("h3", "lk-card-title", s.title));
+            const inner = el("div");
+            card.appendChild(inner);
+            box.appendChild(card);
+            try {
+                mounted.push(s.mount(inner, v));
+            } catch (ex) {
+                inner.textContent = String(ex);
+            }
+        }
+        view = { name, mounted };
+        update();
+    }
+
+    function update() {
+        if (!view)
+            return;
+        for (const m of view.mounted) {
+            try {
+                m.update();
+            } catch (ex) {
+                console.error("lokid section", ex);
+            }
+        }
+    }
+
+    function hide() {
+        if (!view)
+            return;
+        for (const m of view.mounted) {
+            try {
+                m.unmount();
+            } catch (ex) {
+                console.error("lokid section", ex);
+            }
+        }
+        view = null;
+    }
+
+    lokid.onChange(update);
+    lokid.showPreset = show;
+    lokid.hidePreset = hide;
+}());

@@ -1,0 +1,132 @@
+"""The page's overview and a preset's view in a real browser, logged into the real Cockpit
+as a member of group loki and as a user outside it, over the real lokid.service, systemd
+and engine of the container (tests/cockpit/conftest.py).
+
+What an operator does there: the overview lists every preset (a broken one with its
+reason) and follows a start made from a shell, without a reload; Start on the page
+starts the unit; a non-member's Start is refused in polkit's words and nothing starts;
+a preset's view shows its plan, its journal and its state. Screenshots are kept in
+test-artifacts/ (tests/support/cockpitkit.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from support.cockpitkit import Browser
+from support.lokid_install import unit
+
+pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
+
+MODEL = 'model = "llama.gguf"\n'
+
+
+def row_state(b: Browser, name: str) -> str:
+    return str(b.driver.execute_script(
+        "const r = document.querySelector(`tr[data-preset='${arguments[0]}'] .lk-state`);"
+        "return r ? r.textContent : '';", name))
+
+
+def wait_state(b: Browser, name: str, states: tuple[str, ...], timeout: float) -> float:
+    """Wait until the row of ``name`` shows one of ``states``; when (time.monotonic())."""
+    b.wait_js("const r = document.querySelector(`tr[data-preset='${arguments[0]}'] .lk-state`);"
+              "return r && arguments[1].includes(r.textContent);", name, list(states),
+              timeout=timeout, what=f"{name} shows {states}")
+    return time.monotonic()
+
+
+def click_in_row(b: Browser, name: str, label: str) -> None:
+    for button in b.driver.find_elements("css selector", f"tr[data-preset='{name}'] button"):
+        if button.text == label:
+            button.click()
+            return
+    raise AssertionError(f"no {label} button in the row of {name}")
+
+
+def active(lokid, name: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = lokid.show(name, "ActiveState")["ActiveState"]
+        if state == "active" or time.monotonic() > deadline:
+            return state
+        time.sleep(0.5)
+
+
+def test_the_overview_lists_every_preset_and_follows_a_start_from_a_shell(
+        cockpit_site, lokid, capsys):
+    lokid.preset("alpha", MODEL, reload=False)
+    lokid.preset("beta", MODEL, reload=False)
+    lokid.write_preset_text("broken", "ctx = [not toml\n")
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
+        shown = b.wait_text("beta")
+        assert "alpha" in shown and "broken" in shown
+        assert row_state(b, "alpha") == "inactive"
+        # the broken preset's row is its reason, as the daemon words it
+        b.wait_js("return [...document.querySelectorAll('.lk-error')]"
+                  ".some(e => e.textContent.includes('broken.toml'))",
+                  what="the broken preset's reason")
+        b.screenshot("overview-member")
+
+        # From a shell: the row follows without a reload (signals, never a poll).
+        cockpit_site.ct.systemctl("start", "--no-block", unit("alpha"))
+        asked = time.monotonic()
+        seen = wait_state(b, "alpha", ("loading", "ready"), timeout=10)
+        with capsys.disabled():
+            print(f"\n[cockpit] systemctl start -> the row's state moved in "
+                  f"{seen - asked:.2f} s")
+        wait_state(b, "alpha", ("ready",), timeout=120)
+        b.wait_js("const r = document.querySelector(\"tr[data-preset='alpha'] .lk-cell-url\");"
+                  "return r && r.textContent.startsWith('http')", what="alpha's URL")
+        b.screenshot("overview-alpha-ready")
+        assert row_state(b, "beta") == "inactive"
+
+
+def test_a_member_starts_a_preset_from_the_page(cockpit_site, lokid):
+    lokid.preset("gamma", MODEL)
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
+        b.wait_text("gamma")
+        click_in_row(b, "gamma", "Start")
+        assert active(lokid, "gamma", timeout=120) == "active"
+        wait_state(b, "gamma", ("ready",), timeout=30)
+        b.screenshot("overview-member-started")
+
+
+def test_a_non_member_sees_the_presets_and_their_start_is_refused_in_words(cockpit_site, lokid):
+    lokid.preset("delta", MODEL)
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.outsider.user, cockpit_site.outsider.password)
+        b.wait_text("delta")
+        click_in_row(b, "delta", "Start")
+        alert = b.find("#lk-alert")
+        b.wait_js("return document.getElementById('lk-alert-title').textContent"
+                  ".startsWith('Not permitted')", what="the refusal")
+        b.screenshot("overview-outsider-refused")
+        assert "StartPreset delta" in alert.text
+        time.sleep(1)
+        assert lokid.show("delta", "ActiveState")["ActiveState"] == "inactive"
+
+
+def test_a_presets_view_shows_its_plan_journal_and_state(cockpit_site, lokid):
+    lokid.preset("epsilon", MODEL)
+    cockpit_site.ct.systemctl("start", unit("epsilon"), timeout=180)
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
+        b.wait_text("epsilon")
+        b.driver.find_element("css selector", "tr[data-preset='epsilon'] a.lk-name").click()
+        b.find("#lk-preset-name")
+        argv = b.find("#lk-plan-argv").text
+        assert "-m /var/lib/loki-models/llama.gguf" in argv and "--port" in argv, argv
+        assert b.driver.find_elements("css selector", "#lk-plan-notes li")
+        b.wait_js("return document.querySelector('#lk-preset-head .lk-state')"
+                  ".textContent === 'ready'", what="the view's state")
+        # The member is not in adm or systemd-journal: the daemon's ReadLogs (polkit,
+        # group loki) gives the unit's journal, with the engine's own lines in it.
+        b.wait_js("return document.getElementById('lk-journal').textContent"
+                  ".includes('llama-server')", timeout=20, what="the engine's journal lines")
+        assert "ReadLogs" in b.find("#lk-journal-source").text
+        b.screenshot("preset-epsilon-member")
+        # The shell's URL names the view: a link to it opens it again.
+        assert "#/preset/epsilon" in b.driver.execute_script("return window.location.href")
