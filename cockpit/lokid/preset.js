@@ -83,6 +83,7 @@
         const env = el("div", "lk-small lk-muted");
         box.append(argv, running, notes, env);
         let asked = null;       // the Argv that Plan() was last called for
+        let planned = null;     // Plan()'s argv: the caller's own view of secrets
 
         function planExtras(p) {
             // Plan() adds what the properties lack: the environment lokid adds and the
@@ -91,8 +92,11 @@
             if (key === asked)
                 return;
             asked = key;
+            planned = null;
             p.call("Plan", [])
                     .then(([plan]) => {
+                        planned = lokid.unwrap(plan.argv) || null;
+                        argv.textContent = argvText(planned);
                         const envs = lokid.unwrap(plan.env) || {};
                         const secrets = (lokid.unwrap(plan.secrets) || []).map(s =>
                             lokid.unwrap(s.target) + " from " + lokid.unwrap(s.source));
@@ -112,7 +116,9 @@
                     notes.replaceChildren();
                     return;
                 }
-                argv.textContent = argvText(p.Argv);
+                // The property's secret values are *** for everyone (it comes with
+                // every preset's, in one read); Plan() shows them to who may edit.
+                argv.textContent = argvText(planned || p.Argv);
                 notes.replaceChildren(...(p.Notes || []).map(n => el("li", "", n)));
                 const now = p.RunningArgv || [];
                 running.replaceChildren();

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 from support import REPO
-from support.cockpitkit import COCKPIT_PACKAGES, Cockpit, add_user, start_cockpit
+from support.cockpitkit import COCKPIT_SUITES, Cockpit, add_user, cockpit_packages, start_cockpit
 from support.enginekit import engine_binary
 from support.lokid_install import LokidSystem, install
 from support.modelset import Models
@@ -43,13 +43,17 @@ class CockpitSite:
         return self.cockpit.url
 
 
-@pytest.fixture(scope="session")
-def cockpit_site() -> Iterator[CockpitSite]:
-    """Fails (never skips) when it cannot boot: CI must run the browser tests."""
+@pytest.fixture(scope="session", params=COCKPIT_SUITES)
+def cockpit_site(request: pytest.FixtureRequest) -> Iterator[CockpitSite]:
+    """Debian 13's Cockpit, and 12's: every test that uses it runs on both, unless its
+    module narrows it (``pytest.mark.parametrize("cockpit_site", ["trixie"],
+    indirect=True)``). Fails (never skips) when it cannot boot: CI must run the browser
+    tests."""
+    suite: str = request.param
     try:
         ct = Container(binds={"/opt/lokid": str(REPO),
                               ENGINE_DIR: os.path.dirname(engine_binary())},
-                       packages=COCKPIT_PACKAGES)
+                       packages=cockpit_packages(suite), suite=suite)
         ct.start()
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         pytest.fail(f"cannot boot a real systemd with Cockpit for the tests: {e}")

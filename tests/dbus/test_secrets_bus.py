@@ -2,8 +2,8 @@
 
 A caller without the edit right (here: the manage group is ``users``; the container
 test checks group ``loki`` with the real polkitd) reads a preset's secret flag values
-and env values masked in Plan, the Argv property, GetAll and PropertiesChanged; a
-member reads them in clear; DraftCandidates lists nothing of a directory its caller
+and env values masked in Plan, the Argv property, GetAll, GetManagedObjects (what the
+Cockpit page reads) and PropertiesChanged; a member reads them in clear; DraftCandidates lists nothing of a directory its caller
 cannot list.
 """
 
@@ -70,6 +70,12 @@ async def test_secret_values_only_for_callers_with_the_edit_right(
                                  PRESET_INTERFACE)["data"],
                 "plan": busctl_as(open_bus_address, groups, "call", BUS_NAME, PATH,
                                   PRESET_INTERFACE, "Plan")["data"],
+                # what the Cockpit page reads every preset through (one watch of the
+                # preset path namespace): dbus-fast answers it itself
+                "managed": busctl_as(open_bus_address, groups, "call", BUS_NAME,
+                                     "/org/lokid/Lokid1/preset",
+                                     "org.freedesktop.DBus.ObjectManager",
+                                     "GetManagedObjects")["data"],
             }
 
         outsider = await asyncio.to_thread(read, "")
@@ -80,6 +86,7 @@ async def test_secret_values_only_for_callers_with_the_edit_right(
         plan = outsider["plan"][0]
         assert plan["env"]["data"] == {"HF_TOKEN": "***", "GGML_SCHED_MAX_COPIES": "***"}
         assert "***" in plan["argv"]["data"]
+        assert outsider["managed"][0][PATH][PRESET_INTERFACE]["Argv"]["data"] == argv
         assert KEY not in flat(outsider) and TOKEN not in flat(outsider)
 
         member = await asyncio.to_thread(read, "users")

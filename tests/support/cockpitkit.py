@@ -53,9 +53,19 @@ from selenium.webdriver.support.ui import WebDriverWait
 from .enginekit import free_port
 from .systemd_harness import PACKAGES, Container
 
-# Debian bookworm: cockpit 287. cockpit-system ships the shell (/usr/share/cockpit/shell):
-# without it a login ends on an empty frame with no navigation.
-COCKPIT_PACKAGES = (*PACKAGES, "cockpit-ws", "cockpit-bridge", "cockpit-system")
+# Debian bookworm: cockpit 287; trixie: cockpit 337. cockpit-system ships the shell
+# (/usr/share/cockpit/shell): without it a login ends on an empty frame with no navigation.
+COCKPIT = ("cockpit-ws", "cockpit-bridge", "cockpit-system")
+COCKPIT_PACKAGES = (*PACKAGES, *COCKPIT)
+COCKPIT_SUITES = ("trixie", "bookworm")   # Debian 13 first: the release operators install
+
+
+def cockpit_packages(suite: str) -> tuple[str, ...]:
+    """The systemd tests' packages plus Cockpit, under ``suite``'s names (trixie's
+    OpenSSL library is libssl3t64, its 64-bit time_t name)."""
+    names = tuple("libssl3t64" if suite == "trixie" and p == "libssl3" else p
+                  for p in PACKAGES)
+    return (*names, *COCKPIT)
 
 ARTIFACTS = Path(os.environ.get("LOKID_TEST_ARTIFACTS",
                                 Path(__file__).resolve().parents[2] / "test-artifacts"))
@@ -243,8 +253,9 @@ class Browser:
     def wait_js(self, script: str, *args: object, timeout: float | None = None,
                 what: str = "") -> object:
         """Wait until ``script`` (a function body run in the current frame, ``return …``,
-        with ``args`` as ``arguments``) returns something truthy; that value. On a timeout, a screenshot and
-        AssertionError naming ``what`` (or the script), with the browser's log."""
+        with ``args`` as ``arguments``) returns something truthy; that value. On a timeout,
+        a screenshot and AssertionError naming ``what`` (or the script), with the browser's
+        log."""
         wait = timeout or self.wait
         deadline = time.monotonic() + wait
         while True:
