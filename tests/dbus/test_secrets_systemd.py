@@ -101,11 +101,17 @@ def test_over_the_bus_only_group_loki_reads_secret_values(lk: LokidSystem) -> No
         return {"argv": busctl_as(ct, user, "get-property", BUS, path, PRESET, "Argv"),
                 "plan": busctl_as(ct, user, "call", BUS, path, PRESET, "Plan")[0],
                 "all": busctl_as(ct, user, "call", BUS, path,
-                                 "org.freedesktop.DBus.Properties", "GetAll", "s", PRESET)[0]}
+                                 "org.freedesktop.DBus.Properties", "GetAll", "s", PRESET)[0],
+                # the Cockpit page's one read of every preset: the shipped bus policy
+                # lets anyone send it, and dbus-fast answers it with masked getters
+                "managed": busctl_as(ct, user, "call", BUS, "/org/lokid/Lokid1/preset",
+                                     "org.freedesktop.DBus.ObjectManager",
+                                     "GetManagedObjects")[0]}
 
     outsider = seen("nobody")
     assert outsider["argv"][outsider["argv"].index("--api-key") + 1] == "***"
     assert outsider["plan"]["env"]["data"] == {"LLAMA_ARG_THREADS": "***"}
+    assert outsider["managed"][path][PRESET]["Argv"]["data"] == outsider["argv"]
     assert TYPED not in json.dumps(outsider)
     member = seen("gpuops")   # group loki: the shipped polkit rules
     assert member["argv"][member["argv"].index("--api-key") + 1] == TYPED
