@@ -15,8 +15,9 @@
 (function () {
     const { manager, $, el, unwrap, act } = lokid;
     const RUNNING = ["loading", "ready", "stopping"];
-    const COLUMNS = ["name", "state", "model", "url", "uptime", "rpm", "speed", "draft",
-        "memory", "spec", "ondemand", "actions"];
+    const COLUMNS = ["name", "state", "url", "uptime", "rpm", "speed", "draft", "memory",
+        "spec", "ondemand", "actions"];
+    const TICK_MS = 10000;      // uptimes move on screen without the daemon saying so
     const rows = {};            // preset name -> its row's elements
     const details = {};         // preset name -> the last EngineStateChanged {state, detail}
 
@@ -74,9 +75,10 @@
             cockpit.location.go(["preset", name]);
         });
         cells.name.appendChild(link);
+        cells.model = el("div", "lk-muted lk-small lk-model");
         cells.pending = el("span", "lk-label lk-label-warning", "restart pending");
         cells.pending.title = "The engine runs an older command line than the preset's file asks for";
-        cells.name.appendChild(cells.pending);
+        cells.name.append(cells.pending, cells.model);
         cells.badge = el("span", "lk-state");
         cells.detail = el("div", "lk-muted lk-small");
         cells.state.append(cells.badge, cells.detail);
@@ -108,7 +110,9 @@
         const running = RUNNING.includes(state);
         c.model.textContent = p ? (external ? p.UpstreamModel : p.Model) : "";
         c.url.textContent = p ? (external ? p.Url : s.url || "") : "";
-        c.uptime.textContent = running ? duration(s.uptime_seconds) : "";
+        // From the start's own time: Stats only changes when the engine logs something.
+        c.uptime.textContent = running && typeof s.started === "number"
+            ? duration(Date.now() / 1000 - s.started) : "";
         c.rpm.textContent = running ? number(s.requests_per_min, 1) : "";
         const prefill = (s.prefill_tps || {})["1m"];
         const decode = (s.decode_tps || {})["1m"];
@@ -178,7 +182,13 @@
         if (result !== "done")
             lokid.showError(verb + " " + name + ": " + result + ".", detail);
     });
+    function tick() {
+        render();
+        window.setTimeout(tick, TICK_MS);
+    }
+
     lokid.onChange(render);
+    window.setTimeout(tick, TICK_MS);
     lokid.renderOverview = render;
     lokid.stats = stats;
     lokid.duration = duration;
