@@ -18,8 +18,9 @@ side in one run, from systemd's accounting (``CPUUsageNSec``):
    DevTools protocol) and its DOM node count, sampled every --every seconds.
 
 Goals (issue 23): the daemon's CPU with the page open within 2 %; the page's memory
-flat (the last sample within 10 % of the first after the first minute). Exits 1 when one
-is missed.
+flat: the last sample within 10 % of the first one taken once the charts' ten-minute
+window is full (before that, it fills by design); with --minutes 11 or less, of the first
+after one minute. Exits 1 when one is missed.
 
     .venv/bin/python benchmarks/cockpit_page.py [--rate 50] [--seconds 30] [--minutes 30]
         [--every 30] [--suite trixie]
@@ -152,7 +153,8 @@ def main() -> int:
     ratio = paged[0] / max(bare[0], 1e-9)
     print(f"lokid.service with the page open / without: {ratio:.2f}; goal <= 2 % CPU "
           f"(it was {paged[0]:.2f} %)")
-    after_first = [s for s in samples if s[0] >= 60] or samples
+    full = 660 if samples[-1][0] >= 720 else 60   # the charts' window is ten minutes
+    after_first = [s for s in samples if s[0] >= full] or samples
     growth = after_first[-1][1] / max(after_first[0][1], 1) - 1
     print(f"page memory over {samples[-1][0] / 60:.1f} min: {after_first[0][1] / 2**20:.2f} "
           f"-> {after_first[-1][1] / 2**20:.2f} MiB ({growth * 100:+.1f} %), DOM nodes "

@@ -162,7 +162,7 @@
     }
 
     function mountCharts(box, v) {
-        const samples = [];     // [time, stats] within the window, oldest first
+        const samples = [];     // [time, [figure per SERIES]] within the window, oldest first
         const grid = el("div", "lk-charts");
         const cells = {};
         for (const [key, label] of SERIES) {
@@ -186,13 +186,15 @@
                 if (p && p.Stats !== lastStats) {
                     lastStats = p.Stats;
                     const now = Date.now() / 1000;
-                    samples.push([now, lokid.stats(p)]);
+                    // only the charted figures: the window holds one per second
+                    const st = lokid.stats(p);
+                    samples.push([now, SERIES.map(([, , pick]) => pick(st))]);
                     while (samples.length && samples[0][0] < now - WINDOW_SECONDS)
                         samples.shift();
                 }
                 const now = Date.now() / 1000;
-                for (const [key, , pick] of SERIES) {
-                    const points = samples.map(([t, s]) => [t, pick(s)])
+                for (const [i, [key]] of SERIES.entries()) {
+                    const points = samples.map(([t, xs]) => [t, xs[i]])
                             .filter(([, x]) => typeof x === "number" && isFinite(x));
                     const last = points.length ? points[points.length - 1][1] : undefined;
                     cells[key].value.textContent = last === undefined ? "–" : lokid.number(last, 1);
