@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from support.cockpitkit import Browser
 from support.lokid_install import LokidSystem, unit
+from support.modelset import Models
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
@@ -103,12 +104,15 @@ def test_an_invalid_value_is_shown_at_its_line_and_the_file_is_unchanged(
 
 
 def test_a_members_edit_through_the_form_is_a_one_line_diff(
-        cockpit_site: Any, lokid: LokidSystem) -> None:
+        cockpit_site: Any, lokid: LokidSystem, models: Models) -> None:
     lokid.preset("ed-form", "# the operator's note stays\n" + MODEL + "\n[chat]\ntop_k = 40\n")
-    # a second model file: the draft picker offers it, never the preset's own model
+    # the draft picker's files: a copy of the model (a draft model to the daemon) and an
+    # MTP head published apart, which the daemon puts first; never the model's own file
     cockpit_site.ct.run(["cp", "/var/lib/loki-models/llama.gguf",
                          "/var/lib/loki-models/ed-draft.gguf"])
     lokid.track_path("/var/lib/loki-models/ed-draft.gguf")
+    head = lokid.add_model(models.mtp_head)
+    lokid.track_path(f"/var/lib/loki-models/{head}")
     before = file_bytes(cockpit_site, "ed-form").decode()
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
@@ -120,7 +124,7 @@ def test_a_members_edit_through_the_form_is_a_one_line_diff(
         offered = b.driver.execute_script(
             "return [...document.querySelectorAll('#lk-edit-key-spec-draft option')]"
             ".map(o => o.value)")
-        assert "llama.gguf" not in offered and "/var/lib/loki-models/llama.gguf" not in offered
+        assert offered == ["", head, "ed-draft.gguf"], offered
 
         set_value(b, "#lk-edit-key-ctx", "4096")
         b.find("#lk-edit-apply").click()
