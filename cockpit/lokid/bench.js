@@ -74,10 +74,14 @@
                     rate(d.draft));
             add("Cache reuse", typeof d.reuse === "number" ? lokid.number(100 * d.reuse, 0) + " %"
                 : "n/a", d.reuse_note);
-            for (const note of [d.partial, d.hint])
-                add("Note", note);
+            if (d.partial)
+                add("Depth", "partial", d.partial);
+            if (d.hint)
+                add("Hint", "possible thrash", d.hint);
         }
-        add("Slot", r.slot_note);
+        if (r.slot_note || typeof r.slot === "number")
+            add("Slot", typeof r.slot === "number" ? r.slot + (r.slots ? " of " + r.slots : "")
+                : "the engine's choice", r.slot_note);
         add("KV cache", r.kv, r.kv_quantized ? "quantized: a grey zone against lossless caches" : "");
         add("Engine", r.engine);
         add("Total", typeof r.elapsed === "number" ? lokid.number(r.elapsed, 2) + " s" : "");
