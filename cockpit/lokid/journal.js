@@ -28,7 +28,9 @@
         source.id = "lk-journal-source";
         const list = el("pre", "lk-journal");
         list.id = "lk-journal";
-        box.append(source, list);
+        const none = el("p", "lk-muted lk-small", "No lines yet: the unit has not run.");
+        none.hidden = true;
+        box.append(source, none, list);
         const unit = "loki-engine@" + view.name + ".service";
         let proc = null;
         let timer = null;
@@ -46,6 +48,8 @@
             }
             while (list.childElementCount > LINES)
                 list.firstElementChild.remove();
+            none.hidden = list.childElementCount > 0;
+            list.hidden = !none.hidden;
             if (stick)
                 list.scrollTop = list.scrollHeight;
         }
