@@ -101,10 +101,12 @@
         const external = p && p.Kind === "external";
         c.badge.textContent = external ? "external" : state;
         c.badge.className = "lk-state lk-state-" + (external ? "external" : state);
-        // The signal's detail says why it came to this state; once the state
-        // moves on, the supervisor's Status line is the fresher word.
+        // The signal's detail says why a run ended (a job result, an exit status);
+        // while one loads or serves, the supervisor's Status line is the live word (the
+        // detail of "ready" was still the last line of loading: seen in the walk).
         const last = details[name];
-        c.detail.textContent = last && last.state === state ? last.detail : (p ? p.Status : "");
+        const ended = last && last.state === state && !["loading", "ready"].includes(state);
+        c.detail.textContent = ended ? last.detail : (p ? p.Status : "");
         c.pending.hidden = !(p && p.PendingRestart);
         const s = stats(p);
         const running = RUNNING.includes(state);

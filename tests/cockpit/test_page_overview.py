@@ -77,6 +77,11 @@ def test_the_overview_lists_every_preset_and_follows_a_start_from_a_shell(
             print(f"\n[cockpit] systemctl start -> the row's state moved in "
                   f"{seen - asked:.2f} s")
         wait_state(b, "alpha", ("ready",), timeout=120)
+        # under the state, the engine's live status ("ready: alpha (llama.gguf) at …"),
+        # not the last word of its loading
+        b.wait_js("const d = document.querySelector(\"tr[data-preset='alpha'] .lk-cell-state "
+                  ".lk-muted\"); return d && d.textContent.startsWith('ready: alpha')",
+                  what="alpha's status line")
         b.wait_js("const r = document.querySelector(\"tr[data-preset='alpha'] .lk-cell-url\");"
                   "return r && r.textContent.startsWith('http')", what="alpha's URL")
         b.screenshot("overview-alpha-ready")
