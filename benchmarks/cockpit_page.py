@@ -104,8 +104,11 @@ def main() -> int:
                 return int(ct.show(name, "CPUUsageNSec")["CPUUsageNSec"]) / 1e9
 
             def bridge() -> float:
-                r = ct.run(["ps", "-C", "cockpit-bridge", "-o", "cputimes="], check=False)
-                return sum(float(x) for x in r.stdout.split())
+                # utime + stime of every cockpit-bridge (ps rounds to whole seconds)
+                r = ct.run(["sh", "-c", "for p in $(pgrep -x cockpit-bridge); do "
+                            "cut -d' ' -f14,15 /proc/$p/stat; done"], check=False)
+                ticks = os.sysconf("SC_CLK_TCK")
+                return sum(int(x) for x in r.stdout.split()) / ticks
 
             def load() -> tuple[float, float, float, float, int]:
                 d0, e0, b0, t0 = cpu("lokid.service"), cpu(unit("tiny")), bridge(), \

@@ -3,8 +3,8 @@
 A caller without the edit right (here: the manage group is ``users``; the container
 test checks group ``loki`` with the real polkitd) reads a preset's secret flag values
 and env values masked in Plan, the Argv property, GetAll, GetManagedObjects (what the
-Cockpit page reads) and PropertiesChanged; a member reads them in clear; DraftCandidates lists nothing of a directory its caller
-cannot list.
+Cockpit page reads) and PropertiesChanged; a member reads them in clear;
+DraftCandidates lists nothing of a directory its caller cannot list.
 """
 
 from __future__ import annotations

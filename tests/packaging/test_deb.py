@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import REPO
 from support.debpkg import (
     PYTHON,
     SUITES,
@@ -34,7 +35,6 @@ from support.debpkg import (
     not_ignored,
     runtime_packages,
 )
-from support import REPO
 from support.enginekit import engine_binary, free_port
 from support.systemd_harness import Container, _say
 
