@@ -136,9 +136,9 @@
             c.spec.replaceChildren();
         }
         c.ondemand.textContent = p && p.OnDemandState ? p.OnDemandState : "";
-        c.start.hidden = c.stop.hidden = !p || external;
-        c.start.disabled = running;
-        c.stop.disabled = !running;
+        // the one verb that applies: the column stays narrow enough for a laptop
+        c.start.hidden = !p || external || running;
+        c.stop.hidden = !p || external || !running;
         c.error.textContent = broken || "";
         row.err.hidden = !broken;
     }
