@@ -40,30 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-LOAD = r'''
-import asyncio, sys, time
-import httpx
-
-async def main(rate, seconds, port):
-    ok = 0
-    async with httpx.AsyncClient(timeout=60) as client:
-        async def one(i):
-            nonlocal ok
-            r = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": f"Hi {i}"}], "max_tokens": 4,
-                "temperature": 0})
-            ok += r.status_code == 200
-        tasks, start = [], time.perf_counter()
-        for i in range(int(rate * seconds)):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
-        await asyncio.gather(*tasks)
-    print(ok)
-
-asyncio.run(main(float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])))
-'''
+from daemon_load_systemd import LOAD  # noqa: E402  (the same client, rate and request)
 
 HEAP = "return [performance.memory.usedJSHeapSize, document.getElementsByTagName('*').length]"
 
