@@ -117,8 +117,9 @@ window.lokid = (function () {
         showError("The connection to the system bus closed.",
                   options && options.problem ? cockpit.message(options.problem) : "");
     });
-    manager.wait(changed);
-    proxies.wait(changed);
+    // performance marks: when the daemon's objects arrived (the browser test reports them)
+    manager.wait(() => { performance.mark("lokid-manager"); changed() });
+    proxies.wait(() => { performance.mark("lokid-presets"); changed() });
 
     return {
         BUS_NAME,

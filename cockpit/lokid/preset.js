@@ -217,6 +217,7 @@
         clear.type = "button";
         clear.id = "lk-failures-clear";
         const result = el("span", "lk-muted lk-small");
+        result.id = "lk-failures-result";
         clear.addEventListener("click", () => {
             const p = v.proxy();
             if (!p)

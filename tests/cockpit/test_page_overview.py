@@ -11,6 +11,7 @@ test-artifacts/ (tests/support/cockpitkit.py).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -138,40 +139,90 @@ def test_a_presets_view_shows_its_plan_journal_and_state(cockpit_site, lokid):
 
 
 def test_the_overview_of_fifty_presets_is_drawn_after_login(cockpit_site, lokid, capsys):
-    """The issue's figure: the overview's first paint with 50 presets, from the moment the
-    browser asks for the page (the shell logged in) to the 50th row drawn with its state.
+    """The issue's figure: the overview's first paint with 50 presets, from the click on
+    *LLM engines* in the menu of the logged-in shell to the 50th row drawn with its state.
     Printed and kept in test-artifacts/ for the closing note; the machines are shared and
     noisy, so the test asserts the rows, not the time."""
     names = [f"p{i:02d}" for i in range(50)]
     for name in names:
         lokid.preset(name, MODEL, reload=False)
     lokid.reload()
+    # The daemon plans the 50 after the reload: the figure is the page's, once it has.
+    deadline = time.monotonic() + 120
+    while True:
+        r = cockpit_site.ct.run(["busctl", "--json=short", "get-property", "org.lokid.Lokid1",
+                                 "/org/lokid/Lokid1", "org.lokid.Lokid1.Manager", "Presets"],
+                                check=False)
+        if r.returncode == 0 and len(json.loads(r.stdout)["data"]) == 50:
+            break
+        assert time.monotonic() < deadline, r.stdout + r.stderr
+        time.sleep(0.5)
     with Browser(cockpit_site.url) as b:
         b.login(cockpit_site.member.user, cockpit_site.member.password)
-        b.find("#host-apps", timeout=60)
+        nav = b.find("#host-apps", timeout=60)
+        link = next(a for a in nav.find_elements("css selector", "a")
+                    if a.text.strip() == "LLM engines")
+        # As an operator opens it: logged in, Cockpit's own Overview drawn first (its
+        # start keeps the session's bridge busy: clicking at once measured 1.6-2.3 s, most
+        # of it that), then LLM engines in the menu.
+        b.find('iframe[name="cockpit1:localhost/system"]', timeout=60)
+        time.sleep(3)
         asked_epoch_ms = time.time() * 1000
-        asked = time.monotonic()
-        b.open_page("lokid")
-        # performance.now() in the page's frame counts from that frame's own start: the
-        # page's part of the wait, apart from the shell's (loading, then making the frame).
-        page_ms = b.wait_js(
-            "return document.querySelectorAll('#lk-presets tr[data-preset]').length >= 50 && "
-            "[...document.querySelectorAll('#lk-presets .lk-state')]"
-            ".every(s => s.textContent === 'inactive') && "
-            "[performance.now(), performance.timeOrigin]", timeout=30,
-            what="50 rows, each with its state")
-        painted = time.monotonic() - asked
-        assert isinstance(page_ms, list)
-        in_page, frame_origin = float(page_ms[0]), float(page_ms[1])
+        link.click()
+        b.driver.switch_to.frame(b.find('iframe[name="cockpit1:localhost/lokid"]'))
+        b.wait_js("return document.querySelectorAll('#lk-presets tr[data-preset]').length "
+                  ">= 50 && [...document.querySelectorAll('#lk-presets .lk-state')]"
+                  ".every(s => s.textContent === 'inactive')", timeout=30,
+                  what="50 rows, each with its state")
         shown = [r.get_attribute("data-preset") for r in
                  b.driver.find_elements("css selector", "#lk-presets tr[data-preset]")]
         assert shown == names
+        # The page marks its first paint with every preset (performance.mark, in ms from
+        # the frame's own start; the frame's start is in ms since the epoch).
+        first, origin, objects = b.driver.execute_script(
+            "const m = performance.getEntriesByName('lokid-overview')[0];"
+            "const o = performance.getEntriesByName('lokid-presets')[0];"
+            "return [m.startTime, performance.timeOrigin, o.startTime]")
         b.screenshot("overview-50-presets")
-    figure = (f"[cockpit {cockpit_site.ct.suite}] 50 presets: the overview drawn "
-              f"{painted:.2f} s after the page was asked for: the shell made the page's "
-              f"frame after {(frame_origin - asked_epoch_ms) / 1000:.2f} s, the page drew "
-              f"its 50 rows {in_page / 1000:.2f} s after its frame started")
+    frame = (origin - asked_epoch_ms) / 1000
+    figure = (f"[cockpit {cockpit_site.ct.suite}] 50 presets: the overview's first paint "
+              f"{frame + first / 1000:.2f} s after the click in Cockpit's menu (the shell "
+              f"made the page's frame after {frame:.2f} s; in the frame, every preset's "
+              f"properties came at {objects / 1000:.2f} s and the 50 rows were drawn at "
+              f"{first / 1000:.2f} s)")
     with capsys.disabled():
         print("\n" + figure)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / f"first-paint-{cockpit_site.ct.suite}.txt").write_text(figure + "\n")
+
+
+def test_restart_and_clear_from_a_presets_view_and_a_non_members_clear_refused(
+        cockpit_site, lokid):
+    lokid.preset("zeta", MODEL)
+    cockpit_site.ct.systemctl("start", unit("zeta"), timeout=180)
+    first = lokid.show("zeta", "InvocationID")["InvocationID"]
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
+        b.wait_text("zeta")
+        b.driver.find_element("css selector", "tr[data-preset='zeta'] a.lk-name").click()
+        b.find("#lk-preset-restart").click()
+        deadline = time.monotonic() + 120
+        while lokid.show("zeta", "InvocationID")["InvocationID"] == first:
+            assert time.monotonic() < deadline, "Restart on the page did not restart the unit"
+            time.sleep(0.5)
+        assert active(lokid, "zeta", timeout=120) == "active"
+        b.wait_js("return document.querySelector('#lk-preset-head .lk-state')"
+                  ".textContent === 'ready'", timeout=60, what="ready after the restart")
+        b.find("#lk-failures-clear").click()
+        b.wait_js("return document.getElementById('lk-failures-result').textContent"
+                  ".includes('forgotten')", what="ClearFailures' count")
+        assert b.find("#lk-failures-result").text == "0 failures forgotten."
+        b.screenshot("preset-zeta-restarted")
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.outsider.user, cockpit_site.outsider.password)
+        b.wait_text("zeta")
+        b.driver.find_element("css selector", "tr[data-preset='zeta'] a.lk-name").click()
+        b.find("#lk-failures-clear").click()
+        b.wait_js("return document.getElementById('lk-alert-title').textContent"
+                  ".startsWith('Not permitted: ClearFailures zeta')", what="the refusal")
+        b.screenshot("preset-zeta-outsider-clear-refused")
