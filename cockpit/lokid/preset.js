@@ -180,10 +180,16 @@
                         WINDOW_SECONDS / 60 + " minutes.");
         box.append(grid, note);
         let lastStats = null;
+        let drawnAt = 0;
         return {
             update() {
                 const p = v.proxy();
-                if (p && p.Stats !== lastStats) {
+                const fresh = p && p.Stats !== lastStats;
+                // a new sample, or the time axis moved on: not every change of the preset
+                if (!fresh && Date.now() - drawnAt < 1000)
+                    return;
+                drawnAt = Date.now();
+                if (fresh) {
                     lastStats = p.Stats;
                     const now = Date.now() / 1000;
                     // only the charted figures: the window holds one per second
