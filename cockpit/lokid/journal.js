@@ -74,7 +74,7 @@
                 }
             }
             if (entries.length) {
-                source.textContent = "journalctl -u " + unit + ", as " + "you";
+                source.textContent = "journalctl -u " + unit + ", with your own journal rights";
                 add(entries);
             }
         }

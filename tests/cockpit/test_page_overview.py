@@ -226,3 +226,31 @@ def test_restart_and_clear_from_a_presets_view_and_a_non_members_clear_refused(
         b.wait_js("return document.getElementById('lk-alert-title').textContent"
                   ".startsWith('Not permitted: ClearFailures zeta')", what="the refusal")
         b.screenshot("preset-zeta-outsider-clear-refused")
+
+
+def test_a_user_the_journal_lets_read_gets_it_through_journalctl_live(cockpit_site, lokid):
+    """A member who is also in systemd-journal reads the unit's journal with their own
+    rights (journalctl as them, through the bridge), and follows it: a line the engine
+    writes after the view opened appears without a reload."""
+    port = lokid.preset("eta", MODEL)
+    cockpit_site.ct.systemctl("start", unit("eta"), timeout=180)
+    user = cockpit_site.member.user
+    cockpit_site.ct.run(["usermod", "-aG", "systemd-journal", user])
+    try:
+        with Browser(cockpit_site.url) as b:
+            b.login_to_page(user, cockpit_site.member.password)   # groups read at login
+            b.wait_text("eta")
+            b.driver.find_element("css selector", "tr[data-preset='eta'] a.lk-name").click()
+            b.wait_js("return document.getElementById('lk-journal-source').textContent"
+                      ".startsWith('journalctl -u loki-engine@eta.service')",
+                      what="the journal read through journalctl")
+            b.wait_js("return document.getElementById('lk-journal').textContent"
+                      ".includes('llama-server')", what="the engine's lines")
+            # a request after the view opened: the engine logs it; the card follows
+            assert "prompt eval time" not in b.find("#lk-journal").text
+            lokid.chat(port, "Hi", max_tokens=2)
+            b.wait_js("return document.getElementById('lk-journal').textContent"
+                      ".includes('prompt eval time')", what="the request's timing line")
+            b.screenshot("preset-eta-journalctl")
+    finally:
+        cockpit_site.ct.run(["gpasswd", "-d", user, "systemd-journal"], check=False)
