@@ -204,17 +204,22 @@ class Run:
         self.ready = threading.Event()
         threading.Thread(target=self._pump, daemon=True).start()
 
+    # lokid's line and the engine's share one stderr: the engine writes a line's time
+    # prefix apart from its text, so "lokid: ready at" may land after that prefix
+    # ("0.00.017.632 I lokid: ready at …", seen once in make test)
+    READY = "lokid: ready at "
+
     def _pump(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.lines.append(line)
-            if line.startswith("lokid: ready at "):
+            if self.READY in line:
                 self.ready.set()
 
     def url(self) -> str:
         for line in self.lines:
-            if line.startswith("lokid: ready at "):
-                return line.split("ready at ", 1)[1].strip()
+            if self.READY in line:
+                return line.split(self.READY, 1)[1].strip()
         raise AssertionError("".join(self.lines))
 
     def text(self) -> str:
