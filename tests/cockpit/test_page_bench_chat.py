@@ -25,12 +25,6 @@ MODEL = 'model = "llama.gguf"\n'
 # by name (tests/test_layout.py): Any here.
 
 
-def open_view(b: Browser, name: str) -> None:
-    b.wait_text(name)
-    b.driver.find_element("css selector", f"tr[data-preset='{name}'] a.lk-name").click()
-    b.find("#lk-preset-name")
-
-
 def wait_ready(b: Browser) -> None:
     b.wait_js("return document.querySelector('#lk-preset-head .lk-state')"
               ".textContent === 'ready'", timeout=60, what="the view's state ready")
@@ -54,7 +48,7 @@ def test_the_benchmark_shows_its_progress_then_the_result_and_the_stored_one(
     lokid.preset("bench1", MODEL)
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
-        open_view(b, "bench1")
+        b.open_preset("bench1")
         b.find("#lk-bench-run")
         # Nothing stored for this configuration yet.
         b.wait_js("return document.getElementById('lk-bench-stored')"
@@ -105,7 +99,7 @@ def test_a_non_members_benchmark_is_refused_in_words(cockpit_site: Any,
     lokid.preset("bench2", MODEL)
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.outsider.user, cockpit_site.outsider.password)
-        open_view(b, "bench2")
+        b.open_preset("bench2")
         b.find("#lk-bench-run").click()
         b.wait_js("return document.getElementById('lk-bench-status')"
                   ".textContent.startsWith('Not permitted')", what="the refusal")
@@ -124,7 +118,7 @@ def test_the_chat_box_streams_a_reply_of_the_real_engine_with_its_timings(
     cockpit_site.ct.systemctl("start", unit("chat1"), timeout=180)
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
-        open_view(b, "chat1")
+        b.open_preset("chat1")
         wait_ready(b)
         b.wait_js("return !document.getElementById('lk-chat-send').disabled",
                   what="Send enabled on a ready preset")
@@ -172,7 +166,7 @@ def test_the_chat_box_says_it_cannot_send_an_engines_api_key(cockpit_site: Any,
     ct.systemctl("start", unit("chat2"), timeout=180)
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
-        open_view(b, "chat2")
+        b.open_preset("chat2")
         wait_ready(b)
         b.wait_js("return document.getElementById('lk-chat-note').textContent"
                   ".includes('cannot read it')", what="the note on the key")

@@ -58,8 +58,7 @@ def text_of(b: Browser, css: str) -> str:
 def open_editor(b: Browser, name: str, *, readable: bool = True) -> None:
     """From the overview to ``name``'s view, its Edit card loaded (the file's text in the
     editor when ``readable``; else the daemon's refusal said)."""
-    b.wait_text(name)
-    b.driver.find_element("css selector", f"tr[data-preset='{name}'] a.lk-name").click()
+    b.open_preset(name)
     b.find("#lk-section-editor #lk-edit-source")
     if readable:
         b.wait_js("return document.getElementById('lk-edit-source').value.includes('model')",

@@ -120,9 +120,7 @@ def test_a_presets_view_shows_its_plan_journal_and_state(cockpit_site, lokid):
     cockpit_site.ct.systemctl("start", unit("epsilon"), timeout=180)
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
-        b.wait_text("epsilon")
-        b.driver.find_element("css selector", "tr[data-preset='epsilon'] a.lk-name").click()
-        b.find("#lk-preset-name")
+        b.open_preset("epsilon")
         argv = b.find("#lk-plan-argv").text
         assert "-m /var/lib/loki-models/llama.gguf" in argv and "--port" in argv, argv
         assert b.driver.find_elements("css selector", "#lk-plan-notes li")
@@ -203,8 +201,7 @@ def test_restart_and_clear_from_a_presets_view_and_a_non_members_clear_refused(
     first = lokid.show("zeta", "InvocationID")["InvocationID"]
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
-        b.wait_text("zeta")
-        b.driver.find_element("css selector", "tr[data-preset='zeta'] a.lk-name").click()
+        b.open_preset("zeta")
         b.find("#lk-preset-restart").click()
         deadline = time.monotonic() + 120
         while lokid.show("zeta", "InvocationID")["InvocationID"] == first:
@@ -220,8 +217,7 @@ def test_restart_and_clear_from_a_presets_view_and_a_non_members_clear_refused(
         b.screenshot("preset-zeta-restarted")
     with Browser(cockpit_site.url) as b:
         b.login_to_page(cockpit_site.outsider.user, cockpit_site.outsider.password)
-        b.wait_text("zeta")
-        b.driver.find_element("css selector", "tr[data-preset='zeta'] a.lk-name").click()
+        b.open_preset("zeta")
         b.find("#lk-failures-clear").click()
         b.wait_js("return document.getElementById('lk-alert-title').textContent"
                   ".startsWith('Not permitted: ClearFailures zeta')", what="the refusal")
@@ -239,8 +235,7 @@ def test_a_user_the_journal_lets_read_gets_it_through_journalctl_live(cockpit_si
     try:
         with Browser(cockpit_site.url) as b:
             b.login_to_page(user, cockpit_site.member.password)   # groups read at login
-            b.wait_text("eta")
-            b.driver.find_element("css selector", "tr[data-preset='eta'] a.lk-name").click()
+            b.open_preset("eta")
             b.wait_js("return document.getElementById('lk-journal-source').textContent"
                       ".startsWith('journalctl -u loki-engine@eta.service')",
                       what="the journal read through journalctl")

@@ -277,6 +277,13 @@ class Browser:
         self.open_page(path)
         return shell
 
+    def open_preset(self, name: str) -> None:
+        """From the lokid page's overview to preset ``name``'s view, as a click on its name
+        does, once its view's header is drawn."""
+        self.wait_text(name)
+        self.driver.find_element("css selector", f"tr[data-preset='{name}'] a.lk-name").click()
+        self.find("#lk-preset-name")
+
     def top(self) -> None:
         """Back to the shell from a page's frame."""
         self.driver.switch_to.default_content()
