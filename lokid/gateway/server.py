@@ -34,13 +34,14 @@ from aiohttp import web
 
 from ..core.external import EXTERNAL
 from .groups import Groups
-from .headtimeout import HEAD_TIMEOUT, Connections, DeadlineSite
+from .headtimeout import HEAD_TIMEOUT, Connections
 from .ondemand import Starter
 from .presets import Presets
 from .relay import relay, session
 from .replies import UNAVAILABLE, GatewayError, model_entry
 from .report import PRESET_KEY, Report
 from .settings import Settings
+from .shutdown import Draining, StoppableSite
 from .slots import SlotCache
 from .upstream import external_target, read_key, with_model
 
@@ -212,18 +213,23 @@ def runner_kwargs() -> dict[str, Any]:
 
 
 async def start_sites(gateway: Gateway, sockets: Sequence[socket.socket] = (),
-                      head_timeout: float = HEAD_TIMEOUT) -> web.AppRunner:
+                      head_timeout: float = HEAD_TIMEOUT,
+                      draining: Draining | None = None) -> web.AppRunner:
     """Serve on ``sockets`` (systemd's, already listening) when given, else bind
     ``settings.listen``; a request whose head does not end in ``head_timeout`` seconds
-    is answered 408 (:mod:`lokid.gateway.headtimeout`)."""
-    runner = web.AppRunner(gateway.app(), access_log=None, **runner_kwargs())
+    is answered 408 (:mod:`lokid.gateway.headtimeout`). ``draining``: the requests in
+    flight counted for a graceful stop (:mod:`lokid.gateway.shutdown`)."""
+    app = gateway.app()
+    if draining is not None:
+        draining.attach(app)
+    runner = web.AppRunner(app, access_log=None, **runner_kwargs())
     await runner.setup()
     if not sockets:
         sockets = [socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
                                         else socket.AF_INET, backlog=BACKLOG)
                    for host, port in gateway.settings.listen]
     for sock in sockets:
-        await DeadlineSite(runner, sock, head_timeout, gateway.connections).start()
+        await StoppableSite(runner, sock, head_timeout, gateway.connections).start()
     return runner
 
 
@@ -263,18 +269,34 @@ async def serve(settings: Settings, bus_type: str, bus_address: str | None,
     presets = Presets(bus)
     await presets.attach()
     gateway = Gateway(settings, presets, keys)
-    runner = await start_sites(gateway, sockets)
+
+    def drain_of(name: str) -> float | None:
+        preset = presets.presets.get(name)
+        return preset.drain if preset is not None else None
+
+    draining = Draining(drain_of)
+    runner = await start_sites(gateway, sockets, draining=draining)
     log.info("gateway listening on %s%s", "systemd's sockets " if sockets else "",
              ", ".join(f"{h}:{p}" for h, p in settings.listen))
     notifier = Notifier()
     notifier.send("READY=1")
     done = asyncio.Event()
+
+    def asked_to_stop() -> None:
+        if done.is_set():
+            draining.hurry()   # a second signal: end the requests in flight now
+        done.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, done.set)
+        loop.add_signal_handler(sig, asked_to_stop)
     try:
         await done.wait()
     finally:
-        notifier.send("STOPPING=1")
+        notifier.send("STOPPING=1", f"STATUS=stopping: {len(draining.flights)} request(s) "
+                      "in flight end first")
+        # accepting stops, the requests in flight end within their bounds (the presets'
+        # drain, capped): then aiohttp's cleanup has nothing left to wait for
+        await draining.stop(runner)
         await runner.cleanup()
         bus.disconnect()
