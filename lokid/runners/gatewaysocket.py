@@ -22,6 +22,11 @@ the listen the daemon last aligned it to (kept by the caller; at the daemon's st
 lokid.toml's as then, taken as what the socket holds). A listen edited while the
 daemon was down and reloaded before it came back is not noticed as a change.
 
+With listen unset, a socket systemd has not loaded is not running: nothing to stop, and
+nothing is asked of it. Asked (``LoadUnit``), systemd loads the shipped socket, which
+has no address, and logs "Unit has no Listen setting … Refusing." each time: ten such
+warnings at an install, before any listen was set (issue 28, item 17).
+
 Each decision is :func:`decide`, pure; :func:`align` asks systemd and acts.
 """
 
@@ -34,7 +39,7 @@ from dbus_fast.aio import MessageBus
 
 from ..core.serve import split_listen
 from .systemd_runner import SYSTEMD
-from .unitcalls import queue, unit_properties
+from .unitcalls import queue, unit_properties, units_matching
 
 log = logging.getLogger("lokid.systemd")
 
@@ -81,6 +86,8 @@ async def align(bus: MessageBus, listen: tuple[str, ...],
     to, None for the one it holds); what was done ("" for nothing)."""
     wanted = addresses(listen)
     try:
+        if not wanted and SOCKET not in await units_matching(bus, SOCKET):
+            return ""   # not loaded, so not running: loading it would only warn
         sock = await unit_properties(bus, SOCKET, "Unit", ("ActiveState", "LoadState"))
         # not installed: nothing to align; "bad-setting" is a loaded socket whose
         # ListenStream= lines the reload just took away, which may still be running
