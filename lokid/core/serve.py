@@ -31,7 +31,8 @@ from .timespec import span_seconds
 from .tomlread import Checker, tname
 
 SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain")
-GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model")
+GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
+                "first_byte_timeout", "stream_idle_timeout")
 
 DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
@@ -41,6 +42,13 @@ DEFAULT_MAX_BODY = 64 * 1024 * 1024
 # written by the generator): the gateway's user never reads the operator's file itself.
 KEYS_CREDENTIAL = "gateway-api-keys"
 MAX_BODY_RANGE = (1024, 1024 * 1024 * 1024)
+# How long the gateway waits for an engine's first byte, and for the next one mid-stream
+# (issue 28, item 3). A long answer that is not streamed comes whole at its end, and a
+# long prompt on a slow GPU is read before the first token: the bounds are minutes, and
+# a hung engine is told apart sooner by its /health (lokid.gateway.silence).
+DEFAULT_FIRST_BYTE_TIMEOUT = 600.0
+DEFAULT_STREAM_IDLE_TIMEOUT = 300.0
+TIMEOUT_RANGE = (1.0, 86400.0)
 SPAN_FORMS = 'a systemd time span such as "15min", "90s" or "1h 30min" (a number alone is seconds)'
 
 
@@ -65,6 +73,10 @@ class GatewayConfig:
     api_keys_file: str = ""
     max_body: int = DEFAULT_MAX_BODY
     default_model: str = ""          # for a request without "model" ("" = 400)
+    # the web origins whose pages may call the gateway ("*": any); none by default
+    cors_origins: tuple[str, ...] = ()
+    first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
+    stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
 
 
 # --- spans ------------------------------------------------------------------------
@@ -199,6 +211,34 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
         raise t.error("default_model", f"{model!r} is not a model name (a preset's name or "
                       "alias: up to 256 printable characters, no spaces), or \"\" to refuse "
                       "a request without a model")
+    origins = t.string_list("cors_origins")
+    for origin in origins:
+        problem = origin_problem(origin)
+        if problem:
+            raise t.error("cors_origins", problem)
+    lo_t, hi_t = TIMEOUT_RANGE
+    first = _span(t, "first_byte_timeout", lo_t, hi_t, "1s to 1d")
+    idle = _span(t, "stream_idle_timeout", lo_t, hi_t, "1s to 1d")
     return GatewayConfig(listen=tuple(item.strip() for item in listen), api_keys_file=keys,
                          max_body=DEFAULT_MAX_BODY if max_body is None else max_body,
-                         default_model=model)
+                         default_model=model, cors_origins=tuple(origins),
+                         first_byte_timeout=DEFAULT_FIRST_BYTE_TIMEOUT if first is None
+                         else first,
+                         stream_idle_timeout=DEFAULT_STREAM_IDLE_TIMEOUT if idle is None
+                         else idle)
+
+
+def origin_problem(origin: str) -> str:
+    """Why ``origin`` is not a web origin as browsers send it in ``Origin:``
+    (``scheme://host`` or ``scheme://host:port``, no path), or "" when it is one
+    (``"*"``: any page at all)."""
+    if origin == "*":
+        return ""
+    scheme, sep, rest = origin.partition("://")
+    host = rest.rsplit(":", 1)[0] if rest.rsplit(":", 1)[-1].isdigit() else rest
+    if (not sep or scheme not in ("http", "https") or not host or origin != origin.strip()
+            or any(ch in rest for ch in "/?#@ ") or not origin.isprintable()):
+        return (f"{origin[:80]!r} is not a web origin: write it as a browser sends it, "
+                "such as \"https://chat.example.org\" or \"http://127.0.0.1:3000\" "
+                "(scheme, host, port if not the default, no path), or \"*\" for any page")
+    return ""

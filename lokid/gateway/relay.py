@@ -13,7 +13,13 @@ Rules, each for a failure it prevents:
   closes it itself, and a request handed it meanwhile would fail; a request whose pooled
   connection was closed before it was sent goes once more on a new one (:data:`STALE`);
 - a client that goes away ends the upstream request: leaving the ``async with`` closes
-  the engine's connection unread, and the engine frees the slot;
+  the engine's connection unread, and the engine frees the slot; it is no error of
+  the gateway's (no traceback), counted 499 (:class:`ClientGone`);
+- an engine's silence is bounded, and a hung one told apart from a slow one by its
+  ``/health`` (:mod:`lokid.gateway.silence`): 504 before the answer's head, a last
+  error event mid-stream;
+- a client is not told the other side's address (502 and 504 name the preset's engine
+  or API; the address is in the gateway's log);
 - an engine that dies mid-answer ends the client's answer too, never a hang: a stream
   of events gets a last event holding the error; any other answer is cut off (the
   connection closed before its end), which a client reads as an error;
@@ -23,13 +29,16 @@ Rules, each for a failure it prevents:
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
 
 from .replies import SERVER, GatewayError, sse_error
+from .silence import EngineSilent, Patience, StreamWatch, within
 
 log = logging.getLogger("lokid.gateway")
 
@@ -45,83 +54,179 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, OSError)
 # answering (a request to an engine changes nothing to repeat). Never to an external API
 # (a second request may cost twice), nor for a refused connect: those are answered 502.
 STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+# Seconds a connection rests in a pool before it is closed rather than used: below the
+# other side's own keep-alive, so that the pool never hands out one it is closing.
+# llama-server (cpp-httplib) closes an idle one after 5 s, as uvicorn does; gunicorn after
+# 2 s. An external API's request is never sent twice (it may cost twice), so its pool
+# keeps its connections shorter than any of them: 1 in 300-500 requests failed with
+# "Server disconnected" when they rested 15 s (aiohttp's default).
+LOCAL_KEEPALIVE = 4.0
+EXTERNAL_KEEPALIVE = 1.5
 
 
-def session() -> aiohttp.ClientSession:
-    """The pool of connections to the engines (kept alive, one pool for every engine)."""
+def session(keepalive: float = LOCAL_KEEPALIVE) -> aiohttp.ClientSession:
+    """A pool of connections (kept alive ``keepalive`` seconds at most between requests)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, force_close=False),
+        connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=keepalive),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
 
-def forwarded(headers: Mapping[str, str], keep_auth: bool) -> dict[str, str]:
+def forwarded(headers: Mapping[str, str], keep_auth: bool, local: bool = True) -> dict[str, str]:
+    """The client's headers for the other side: no hop-by-hop one, no Content-Encoding
+    (the body sent is the inflated one, :mod:`lokid.gateway.body`), the client's key only
+    when ``keep_auth``; to an external API no Accept-Encoding either (its answer is read
+    to name the model as the preset, :class:`Renamer`)."""
     out = {}
     for key, value in headers.items():
         low = key.lower()
-        if low in HOP_BY_HOP or (low == "authorization" and not keep_auth):
+        if low in HOP_BY_HOP or low == "content-encoding" or (
+                low == "authorization" and not keep_auth) or (
+                low == "accept-encoding" and not local):
             continue
         out[key] = value
     return out
 
 
+class Renamer:
+    """An external API's answer naming the preset, not the API's model: each
+    ``"model": "<upstream_model>"`` becomes ``"model": "<preset>"`` (the API's JSON, as
+    it wrote it otherwise). A stream is rewritten line by line (an event's JSON holds no
+    raw newline); the bytes after its last newline wait for the next chunk."""
+
+    def __init__(self, upstream_model: str, preset: str):
+        name = json.dumps(upstream_model)[1:-1].encode()
+        self.pattern = re.compile(rb'("model"\s*:\s*)"' + re.escape(name) + rb'"')
+        self.replacement = rb"\1" + json.dumps(preset).encode().replace(b"\\", b"\\\\")
+        self.rest = b""
+
+    def whole(self, data: bytes) -> bytes:
+        return self.pattern.sub(self.replacement, data)
+
+    def chunk(self, data: bytes) -> bytes:
+        data = self.rest + data
+        cut = data.rfind(b"\n") + 1
+        self.rest = data[cut:]
+        return self.whole(data[:cut])
+
+    def end(self) -> bytes:
+        rest, self.rest = self.rest, b""
+        return self.whole(rest)
+
+
+def _streams(answer: aiohttp.ClientResponse) -> bool:
+    """Whether an answer streams (events, or no length): relayed chunk by chunk."""
+    return answer.content_type == "text/event-stream" or answer.content_length is None
+
+
+def _gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
 async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
-                keep_auth: bool, *, key: str | None = None, target: str = "",
-                what: str = "") -> web.StreamResponse:
+                keep_auth: bool, patience: Patience, *, key: str | None = None,
+                target: str = "", what: str = "",
+                renamer: Renamer | None = None) -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
     what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
     the URL when it is not ``url`` and the client's path (an external preset's);
-    ``what``: how errors name the other side."""
+    ``what``: how errors name the other side (to the client: no address of it);
+    ``patience``: how long its silence is borne (:mod:`lokid.gateway.silence`);
+    ``renamer``: an external API's model named as the preset in its answer."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
-    headers = forwarded(request.headers, keep_auth and key is None)
+    headers = forwarded(request.headers, keep_auth and key is None, local)
     if key is not None:   # forwarded() dropped the client's
         headers["Authorization"] = f"Bearer {key}"
-    side = what or f"the engine at {url}"
+    side = what or "the engine"
+
+    async def send() -> aiohttp.ClientResponse:
+        answer = await client.request(request.method, target, data=body or None,
+                                      headers=headers, allow_redirects=False)
+        if _streams(answer) and answer.connection is not None \
+                and answer.connection.protocol is not None:
+            # llama-server closes its side after a stream: not pooled, it is handed to no
+            # other request. Here, in the step its head arrived: a short stream may be
+            # whole already, and aiohttp gives the connection back to the pool before
+            # any other task runs
+            answer.connection.protocol.force_close()
+        return answer
+
     for attempt in range(2):
         try:
-            upstream = await client.request(request.method, target, data=body or None,
-                                            headers=headers, allow_redirects=False)
+            upstream = await within(send(), patience, side)
             break
+        except EngineSilent as e:
+            raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
         except STALE as e:
             if attempt == 0 and local and not isinstance(e, aiohttp.ClientConnectorError):
                 # a pooled connection the engine closed meanwhile: a new one
                 log.debug("%s closed a kept-alive connection: %s; once more", side, e)
                 continue
-            raise GatewayError(502, f"{side} did not answer: {e or type(e).__name__}",
-                               SERVER, "upstream_unreachable") from None
+            raise _unreachable(side, url, e) from None
         except UPSTREAM_ERRORS as e:
-            raise GatewayError(502, f"{side} did not answer: {e or type(e).__name__}",
-                               SERVER, "upstream_unreachable") from None
+            raise _unreachable(side, url, e) from None
     async with upstream:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        streams = upstream.content_type == "text/event-stream" or upstream.content_length is None
-        if not streams:
+        if not _streams(upstream):
             try:
-                data = await upstream.read()
+                data = await within(upstream.read(), patience, side)
+            except EngineSilent as e:
+                raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
             except UPSTREAM_ERRORS as e:
+                log.warning("%s at %s failed while answering: %s", side, url,
+                            e or type(e).__name__)
                 raise GatewayError(502, f"{side} failed while answering: "
-                                   f"{e or type(e).__name__}", SERVER, "upstream_failed") from None
+                                   f"{type(e).__name__}", SERVER, "upstream_failed") from None
+            if renamer is not None and "content-encoding" not in {k.lower() for k in headers}:
+                data = renamer.whole(data)
             return web.Response(status=upstream.status, body=data, headers=headers)
-        if upstream.connection is not None and upstream.connection.protocol is not None:
-            # llama-server closes its side after a stream: not pooled, it is handed to no
-            # other request (aiohttp gives it back at the stream's end, before that close)
-            upstream.connection.protocol.force_close()
+        if renamer is not None and "content-encoding" in {k.lower() for k in headers}:
+            renamer = None
         response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
+        watch = StreamWatch(upstream.content, patience, side)
         try:
+            await response.prepare(request)
             async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+                watch.touch()
+                await response.write(renamer.chunk(chunk) if renamer else chunk)
+            if renamer is not None:
+                await response.write(renamer.end())
+            await response.write_eof()
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError,
-                aiohttp.ClientOSError) as e:
-            if request.transport is None or request.transport.is_closing():
-                raise   # the client went away: nothing to tell it
-            log.warning("%s failed mid-answer: %s", side, e or type(e).__name__)
+                aiohttp.ClientOSError, EngineSilent) as e:
+            if isinstance(e, ConnectionResetError) or _gone(request):
+                raise ClientGone(response) from None   # the client went away: nothing to tell it
+            log.warning("%s at %s failed mid-answer: %s", side, url, e or type(e).__name__)
             if upstream.content_type == "text/event-stream":
-                await response.write(sse_error(f"the engine failed mid-answer: "
-                                               f"{e or type(e).__name__}"))
+                reason = str(e) if isinstance(e, EngineSilent) else \
+                    f"{side} failed mid-answer: {type(e).__name__}"
+                try:
+                    await response.write(sse_error(reason))
+                    await response.write_eof()
+                except ConnectionResetError:
+                    raise ClientGone(response) from None
             else:
+                assert request.transport is not None
                 request.transport.close()   # cut off: the client sees an incomplete answer
-                return response
-        await response.write_eof()
+        except ConnectionResetError:
+            raise ClientGone(response) from None   # a write to a client that went away
+        finally:
+            watch.close()
         return response
+
+
+def _unreachable(side: str, url: str, e: BaseException) -> GatewayError:
+    """502 for an engine or API that took no request: its address for the log only."""
+    log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)
+    return GatewayError(502, f"{side} did not answer ({type(e).__name__})", SERVER,
+                        "upstream_unreachable")
+
+
+class ClientGone(Exception):
+    """The client went away mid-answer: nothing to answer, counted as 499. ``response``:
+    its answer, already under way (aiohttp ends it quietly)."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__("the client went away")
+        self.response = response

@@ -8,6 +8,7 @@ gateway says there what to do; :class:`GatewayError` carries one to the route th
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 # OpenAI's error types
@@ -47,3 +48,17 @@ def model_entry(name: str, state: str, on_demand: bool, status: str) -> dict[str
     """One preset as ``GET /v1/models`` lists it; lokid's own facts under ``lokid``."""
     return {"id": name, "object": "model", "created": 0, "owned_by": "lokid",
             "lokid": {"state": state, "on_demand": on_demand, "status": status}}
+
+
+# An absolute path (not a URL's: not after a word character, ':' or '/'), and a URL.
+_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s'\"(),;:/]+)+/?")
+_URL = re.compile(r"\b(?:https?|unix)://[^\s'\"(),;]+")
+
+
+def public(text: str) -> str:
+    """``text`` (a reason of the daemon's, an engine's Status) as a client may read it:
+    a server path is shown by its last part only (``/srv/models/x.gguf`` → ``x.gguf``),
+    an address as ``<address>``. The whole text stays for the operator: lokictl, the
+    journal (issue 28, item 12)."""
+    text = _URL.sub("<address>", text)
+    return _PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "/", text)

@@ -42,6 +42,10 @@ MAX_KEPT = 4096           # (preset, code) pairs kept while the daemon does not 
 # them (3.12; a plain string warns there), the string on Debian's 3.8 and 3.10.
 PRESET_KEY: Any = web.RequestKey("lokid_preset", str) if hasattr(web, "RequestKey") \
     else "lokid_preset"
+# The status a request is counted with when it is not its answer's (a client gone
+# mid-stream: its answer went out 200, it is counted CLIENT_GONE).
+STATUS_KEY: Any = web.RequestKey("lokid_status", int) if hasattr(web, "RequestKey") \
+    else "lokid_status"
 CLIENT_GONE = 499
 # A daemon older than StartForRequest, or a bus policy that does not list it yet (the
 # policy file is reread by the bus, not by lokid): the plain StartPreset then.
@@ -72,7 +76,7 @@ class Report:
         except Exception:
             self.count(request, 500)
             raise
-        self.count(request, response.status)
+        self.count(request, request.get(STATUS_KEY, response.status))
         return response
 
     def count(self, request: web.Request, status: int) -> None:

@@ -3,19 +3,29 @@
 aiohttp parses HTTP (no parser of ours). Routes:
 
 - ``GET /health``: the gateway answers (200), and says whether lokid is reachable;
-- ``GET /v1/models`` (and ``/models``, ``/v1/models/<id>``): every preset, running or
-  not, in OpenAI's shape, its state under ``lokid`` (``external`` for an API elsewhere,
-  its status then whether the daemon saw it answer);
+- ``GET /v1/models`` (and ``/models``, ``/v1/models/<id>``): every preset that can
+  answer, running or not, in OpenAI's shape, its state under ``lokid`` (``external``
+  for an API elsewhere, its status then whether the daemon saw it answer;
+  ``unresponsive`` for an engine whose /health did not answer). A broken preset is not
+  listed (a model picker would offer what cannot answer); asked by name, it is shown
+  with its reason;
 - a request for an external preset goes to its ``url`` with its ``upstream_model`` and
-  its key (:mod:`lokid.gateway.upstream`): no start, no group;
-- anything else goes to an engine, chosen by the JSON body's ``model`` (a request
-  without a body, such as ``GET /props``, by ``?model=``), or ``default_model``.
+  its key (:mod:`lokid.gateway.upstream`), on OpenAI's inference routes only: no
+  start, no group; its answers name the preset, not the API's model;
+- a request on an inference route (:mod:`lokid.gateway.routes`) goes to an engine,
+  chosen by the JSON body's ``model`` (found without parsing the body,
+  :mod:`lokid.gateway.bodyscan`; a request without a body, such as ``GET /props``, by
+  ``?model=``), or ``default_model``.
 
-Refusals, in OpenAI's error shape: a body that is not a JSON object (400), no model and
-no ``default_model`` (400), a model no preset has (404, naming the known ones), a body
-over ``max_body`` (413, before it is read whole), a missing or wrong key when
-``api_keys_file`` is set (401; ``/health`` needs none), a head that does not end in
-time (408, :mod:`lokid.gateway.headtimeout`).
+Refusals, in OpenAI's error shape: a route the gateway does not offer (404; 405 for
+another method), a page's origin not in ``cors_origins`` (403, :mod:`lokid.gateway
+.cors`), a body that is not a JSON object (400), no model and no ``default_model``
+(400), a model no preset has (404, naming the known ones), a body over ``max_body``
+once inflated (413), one that comes too slowly (408, :mod:`lokid.gateway.body`), a
+missing or wrong key when ``api_keys_file`` is set (401; ``/health`` needs none), a
+head that does not end in time (408, :mod:`lokid.gateway.headtimeout`). What a client
+reads names no server path or address (:func:`lokid.gateway.replies.public`); the
+gateway's log has them, one rate-limited line per refusal (:mod:`lokid.gateway.faults`).
 """
 
 from __future__ import annotations
@@ -33,17 +43,23 @@ import aiohttp
 from aiohttp import web
 
 from ..core.external import EXTERNAL
+from .body import SlowBody, read_body
+from .bodyscan import BodyError, Scan, walk, with_model
+from .cors import Cors
+from .faults import Faults
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, Connections
 from .ondemand import Starter
-from .presets import Presets
-from .relay import relay, session
-from .replies import UNAVAILABLE, GatewayError, model_entry
-from .report import PRESET_KEY, Report
+from .presets import Preset, Presets
+from .relay import EXTERNAL_KEEPALIVE, LOCAL_KEEPALIVE, ClientGone, Renamer, relay, session
+from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, model_entry, public
+from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
+from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
 from .settings import Settings
 from .shutdown import Draining, StoppableSite
+from .silence import Liveness, Patience
 from .slots import SlotCache
-from .upstream import external_target, read_key, with_model
+from .upstream import read_key
 
 log = logging.getLogger("lokid.gateway")
 
@@ -51,6 +67,7 @@ KNOWN_SHOWN = 20   # models named in a 404, at most
 KEEPALIVE = 75.0   # seconds an idle keep-alive connection stays open (aiohttp 3.8's, nginx's)
 BACKLOG = 1024     # connections waiting to be accepted (a burst of clients, not refused)
 MODELS_PATHS = ("/v1/models", "/models")
+UNRESPONSIVE = "unresponsive"   # a ready engine whose /health did not answer (silence)
 
 
 class Gateway:
@@ -61,62 +78,133 @@ class Gateway:
         self.groups = Groups(presets, self.starter,
                              slots=SlotCache(lambda: self.client, self._engine_key))
         self.keys = tuple(k.encode() for k in keys)
-        self.client: aiohttp.ClientSession | None = None
+        self.client: aiohttp.ClientSession | None = None     # to the engines
+        self.external: aiohttp.ClientSession | None = None   # to external APIs
         self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
         self.connections = Connections()   # each with its head's deadline
+        self.cors = Cors(settings.cors_origins)
+        self.liveness = Liveness(lambda: self.client)
+        self.faults = Faults()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
                               middlewares=[self.connections.middleware,
-                                           self.report.middleware])
+                                           self.report.middleware, self.cors.middleware])
         app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_response_prepare.append(self.cors.on_prepare)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
 
     async def _open(self, _app: web.Application) -> None:
-        self.client = session()
+        self.client = session(LOCAL_KEEPALIVE)
+        self.external = session(EXTERNAL_KEEPALIVE)
         self.report.start()
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
-        if self.client is not None:
-            await self.client.close()
+        for client in (self.client, self.external):
+            if client is not None:
+                await client.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._route(request)
         except GatewayError as e:
+            if e.status < 500:
+                self.faults.client(e.status, e.code, request.method, request.path, e.message)
             headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-            return web.json_response(e.body(), status=e.status, headers=headers)
+            response = web.json_response(e.body(), status=e.status, headers=headers)
+            if isinstance(e, SlowBody):
+                response.force_close()   # what is left of its body is not read
+            return response
+        except ClientGone as e:
+            request[STATUS_KEY] = CLIENT_GONE
+            return e.response
+        except Exception as e:   # a defect of ours: a 500 in OpenAI's shape, a line
+            self.faults.defect(e, request.method, request.path)
+            return web.json_response(error_body(f"the gateway failed: {type(e).__name__}",
+                                                SERVER, "gateway_error"), status=500)
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         if path == "/health" and request.method == "GET":
             return web.json_response({"status": "ok",
-                                      "lokid": self.presets.unreachable or "reachable"})
+                                      "lokid": "unreachable" if self.presets.unreachable
+                                      else "reachable"})
         self._check_key(request)
         if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
             return self._models(path)
-        body = await self._body(request)
-        name = self._model_of(request, body)
+        raw_path = request.raw_path.partition("?")[0]
+        if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
+            route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
+        body = await read_body(request, self.settings.max_body)
+        scan = await self._scan(body)
+        name = self._model_of(request, scan)
         preset = self.presets.presets.get(name)
         if preset is None or name in self.presets.broken:
             raise self._unknown(name)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
-        assert self.client is not None
         # the preset's own key, never the client's (lokid.gateway.upstream)
         key = read_key(name, preset.key_file) if preset.key_file else None
         if preset.kind == EXTERNAL:   # an API elsewhere: no start, no group
-            return await relay(self.client, request, preset.upstream,
-                               with_model(body, preset.upstream_model), keep_auth=False,
-                               key=key, target=external_target(name, preset.upstream,
-                                                               request.path,
-                                                               request.query_string),
-                               what=f"preset {name!r} (the external API at {preset.upstream})")
+            assert self.external is not None
+            if raw_path not in EXTERNAL_ROUTES:
+                raise GatewayError(404, f"preset {name!r} is an external API: only the OpenAI "
+                                   "inference routes (such as /v1/chat/completions) reach "
+                                   f"it, not {raw_path[:64]}", code="route_not_supported")
+            route(request.method, raw_path, EXTERNAL_ROUTES)
+            target = preset.upstream + external_path(raw_path) + (
+                f"?{request.query_string}" if request.query_string else "")
+            patience = Patience(self.settings.first_byte_timeout,
+                                self.settings.stream_idle_timeout)
+            return await relay(self.external, request, preset.upstream,
+                               with_model(body, scan, preset.upstream_model)
+                               if scan is not None else body,
+                               keep_auth=False, patience=patience, key=key, target=target,
+                               what=f"the external API of preset {name!r}",
+                               renamer=Renamer(preset.upstream_model, name)
+                               if preset.upstream_model else None)
+        route(request.method, raw_path, ENGINE_ROUTES)
+        assert self.client is not None
         async with self.groups.turn(preset) as url:   # its group's turn, its engine started
+            await self.liveness.check(name, url)
+            patience = self.liveness.patience(name, url, self.settings.first_byte_timeout,
+                                              self.settings.stream_idle_timeout)
+            if raw_path == "/props":
+                return await self._props(request, url, key, patience)
             return await relay(self.client, request, url, body, keep_auth=not self.keys,
-                               key=key)
+                               patience=patience, key=key,
+                               what=f"the engine of preset {name!r}")
+
+    async def _props(self, request: web.Request, url: str, key: str | None,
+                     patience: Patience) -> web.StreamResponse:
+        """GET /props, without what is the server's (lokid.gateway.routes)."""
+        assert self.client is not None
+        response = await relay(self.client, request, url, b"", keep_auth=not self.keys,
+                               patience=patience, key=key, what="the engine")
+        if not isinstance(response, web.Response) or response.status != 200 \
+                or response.body is None:
+            return response
+        try:
+            props = json.loads(bytes(response.body))  # type: ignore[arg-type]
+        except ValueError:
+            return response
+        return web.json_response(public_props(props), status=200)
+
+    async def _scan(self, body: bytes) -> Scan | None:
+        """Where the body's model is (lokid.gateway.bodyscan), the event loop served
+        between steps of a long walk; None for no body."""
+        if not body:
+            return None
+        try:
+            for result in walk(body):
+                if result is not None:
+                    return result
+                await asyncio.sleep(0)
+        except BodyError as e:
+            raise GatewayError(e.status, str(e), code=e.code) from None
+        raise AssertionError("walk() ended without its scan")
 
     def _engine_key(self, name: str) -> str | None:
         """The preset's own key for its engine (its api_key_file), as its requests get it."""
@@ -136,47 +224,33 @@ class Gateway:
                                "Bearer <key>`", "authentication_error", "invalid_api_key")
 
     def _models(self, path: str) -> web.Response:
+        """Every preset a client can ask for; a broken one only by its name (a model
+        picker does not offer what cannot answer: /v1/models/<name> says why)."""
         broken = self.presets.broken
-        entries = {name: model_entry(name, "broken", p.on_demand, broken[name])
-                   if name in broken else model_entry(name, EXTERNAL, False, p.reachable)
-                   if p.kind == EXTERNAL else model_entry(name, p.state, p.on_demand, p.status)
+        entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
+                   if name in broken else model_entry(name, EXTERNAL, False, public(p.reachable))
+                   if p.kind == EXTERNAL else self._entry(p)
                    for name, p in sorted(self.presets.presets.items())}
         if path.startswith("/v1/models/"):
             name = path[len("/v1/models/"):]
             if name not in entries:
                 raise self._unknown(name)
             return web.json_response(entries[name])
-        return web.json_response({"object": "list", "data": list(entries.values())})
+        return web.json_response({"object": "list", "data": [
+            e for name, e in entries.items() if name not in broken]})
 
-    async def _body(self, request: web.Request) -> bytes:
-        limit = self.settings.max_body
-        too_big = GatewayError(413, f"the request body is over the gateway's max_body "
-                               f"({limit} bytes)", code="request_too_large")
-        if request.content_length is not None and request.content_length > limit:
-            raise too_big
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            parts.append(chunk)
-        return b"".join(parts)
+    def _entry(self, p: Preset) -> dict[str, Any]:
+        self.liveness.forget(p.name, p.state)
+        unresponsive = self.liveness.state(p.name)
+        if unresponsive:
+            return model_entry(p.name, UNRESPONSIVE, p.on_demand, public(unresponsive))
+        return model_entry(p.name, p.state, p.on_demand, public(p.status))
 
-    def _model_of(self, request: web.Request, body: bytes) -> str:
-        model: Any = None
-        if body:
-            try:
-                data = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise GatewayError(400, f"the request body is not valid JSON: {e}",
-                                   code="invalid_json") from None
-            if not isinstance(data, dict):
-                raise GatewayError(400, "the request body must be a JSON object",
-                                   code="invalid_json")
-            model = data.get("model")
-        else:
-            model = request.query.get("model")
+    def _model_of(self, request: web.Request, scan: Scan | None) -> str:
+        model: Any = scan.model if scan is not None else request.query.get("model")
+        if scan is not None and scan.model_kind:
+            raise GatewayError(400, f"\"model\" must be a string (a preset's name), not "
+                               f"{scan.model_kind[len('not '):]}", code="model_required")
         if model is None or model == "":
             model = self.settings.default_model
         if not isinstance(model, str) or not model:
@@ -185,16 +259,18 @@ class Gateway:
         return model
 
     def _known(self) -> str:
-        names = sorted(self.presets.presets)
+        names = sorted(n for n in self.presets.presets if n not in self.presets.broken)
         shown = ", ".join(names[:KNOWN_SHOWN]) + (", ..." if len(names) > KNOWN_SHOWN else "")
-        return shown or "none: lokid has no preset"
+        return shown or "none: lokid has no preset that can answer"
 
     def _unknown(self, name: str) -> GatewayError:
         if self.presets.unreachable and not self.presets.presets:
-            return GatewayError(503, self.presets.unreachable, UNAVAILABLE, "lokid_unreachable")
+            return GatewayError(503, "lokid is not reachable (lokid.service); the gateway's "
+                                "log says why", UNAVAILABLE, "lokid_unreachable")
         shown = name if len(name) <= 64 else name[:64] + "..."
         if name in self.presets.broken:
-            return GatewayError(503, f"preset {shown!r} is broken: {self.presets.broken[name]}",
+            return GatewayError(503, f"preset {shown!r} is broken: "
+                                f"{public(self.presets.broken[name])}",
                                 UNAVAILABLE, "model_broken")
         return GatewayError(404, f"no model {shown!r}: the known ones are {self._known()}",
                             code="model_not_found")
@@ -206,7 +282,9 @@ def runner_kwargs() -> dict[str, Any]:
     An idle keep-alive connection is closed after KEEPALIVE in both (3.14's default is
     an hour: a thousand idle clients would hold their sockets that long)."""
     major, minor = (int(x) for x in aiohttp.__version__.split(".")[:2])
-    kwargs: dict[str, Any] = {"keepalive_timeout": KEEPALIVE}
+    # auto_decompress=False: the gateway inflates a body itself, bounded
+    # (lokid.gateway.body); aiohttp inflated each chunk whole before any bound
+    kwargs: dict[str, Any] = {"keepalive_timeout": KEEPALIVE, "auto_decompress": False}
     if (major, minor) >= (3, 9):
         kwargs["handler_cancellation"] = True
     return kwargs

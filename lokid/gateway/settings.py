@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 from ..core.errors import ConfigError
 from ..core.secrets import CREDENTIALS_DIR_ENV
-from ..core.serve import DEFAULT_MAX_BODY, KEYS_CREDENTIAL, GatewayConfig, loopback, split_listen
+from ..core.serve import (
+    DEFAULT_FIRST_BYTE_TIMEOUT,
+    DEFAULT_MAX_BODY,
+    DEFAULT_STREAM_IDLE_TIMEOUT,
+    KEYS_CREDENTIAL,
+    GatewayConfig,
+    loopback,
+    split_listen,
+)
 
 MAX_KEYS_FILE = 1024 * 1024
 
@@ -36,6 +44,9 @@ class Settings:
     api_keys_file: str = ""
     max_body: int = DEFAULT_MAX_BODY
     default_model: str = ""
+    cors_origins: tuple[str, ...] = ()
+    first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
+    stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
 
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None) -> Settings:
@@ -56,7 +67,8 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None) -> Sett
         raise ConfigError(f"the gateway would listen beyond loopback ({', '.join(wide)}) "
                           "without client keys: set [gateway] api_keys_file", key="listen")
     return Settings(tuple(parsed), gateway.api_keys_file, gateway.max_body,
-                    gateway.default_model)
+                    gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
+                    gateway.stream_idle_timeout)
 
 
 def inherited_sockets() -> list[socket.socket]:

@@ -16,14 +16,15 @@ Rules, each for a failure it prevents:
   the request is not sent without its key (the API would answer 401 and hide why);
 - the key is read at each request (a few microseconds: a small file), so a key file
   fixed is used at once; it appears in no log line and no reply;
-- an external preset takes the OpenAI routes only (``/v1/...``, the ``url`` holding
-  ``/v1``), with ``model`` rewritten to its ``upstream_model``: llama.cpp's own routes
-  (``/completion``, ``/tokenize``) mean nothing to another API.
+- an external preset takes OpenAI's inference routes only, matched whole
+  (:mod:`lokid.gateway.routes`: no client path reaches another path of its host), with
+  ``model`` rewritten to its ``upstream_model`` in the bytes
+  (:func:`lokid.gateway.bodyscan.with_model`): llama.cpp's own routes (``/completion``,
+  ``/tokenize``) mean nothing to another API.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -33,9 +34,6 @@ from ..core.secrets import CREDENTIALS_DIR_ENV, MAX_SECRET_BYTES
 from .replies import UNAVAILABLE, GatewayError
 
 log = logging.getLogger("lokid.gateway")
-
-OPENAI_PREFIX = "/v1"
-
 
 def key_path(preset: str, configured: str, env: Mapping[str, str] = os.environ) -> str:
     """Where ``preset``'s key is read: systemd's copy under loki-gateway.service, else
@@ -70,23 +68,3 @@ def read_key(preset: str, configured: str, env: Mapping[str, str] = os.environ) 
         raise GatewayError(503, f"preset {preset!r}: its api_key_file cannot be used (the "
                            "gateway's log says why)", UNAVAILABLE, "model_key_missing")
     return key
-
-
-def external_target(preset: str, url: str, path: str, query: str) -> str:
-    """The URL an external preset's request goes to: ``url`` (its base, /v1 included)
-    and what follows ``/v1`` in the client's path."""
-    if path != OPENAI_PREFIX and not path.startswith(OPENAI_PREFIX + "/"):
-        raise GatewayError(404, f"preset {preset!r} is an external API: only the OpenAI "
-                           f"routes (/v1/...) reach it, not {path[:64]}",
-                           code="route_not_supported")
-    return url + path[len(OPENAI_PREFIX):] + (f"?{query}" if query else "")
-
-
-def with_model(body: bytes, model: str) -> bytes:
-    """``body`` (a JSON object, checked by the route) asking for ``model``; an empty body
-    stays empty."""
-    if not body:
-        return body
-    data = json.loads(body)
-    data["model"] = model
-    return json.dumps(data, ensure_ascii=False).encode("utf-8")

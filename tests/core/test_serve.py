@@ -241,4 +241,6 @@ def test_the_annotated_lokid_toml_documents_every_gateway_key() -> None:
     t = Checker(str(GLOBAL_EXAMPLE), text, data["gateway"], "gateway")
     assert serve.parse_gateway(t) == serve.GatewayConfig(
         listen=("127.0.0.1:8000",), api_keys_file="/etc/loki/keys/gateway.keys",
-        max_body=64 * 1024 * 1024, default_model="qwen")
+        max_body=64 * 1024 * 1024, default_model="qwen",
+        cors_origins=("https://chat.example.org",), first_byte_timeout=600.0,
+        stream_idle_timeout=300.0)

@@ -5,14 +5,13 @@ URL and model."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import pytest
 
 from lokid.gateway.replies import GatewayError
-from lokid.gateway.upstream import external_target, key_path, read_key, with_model
+from lokid.gateway.upstream import key_path, read_key
 
 
 def test_under_the_unit_the_key_is_systemds_copy_else_the_file(tmp_path: Path) -> None:
@@ -45,16 +44,3 @@ def test_a_credential_not_loaded_yet_says_to_reload(tmp_path: Path,
     with caplog.at_level(logging.WARNING, "lokid.gateway"), pytest.raises(GatewayError):
         read_key("remote", "/etc/loki/keys/r.key", {"LOKI_CREDENTIALS_DIR": str(tmp_path)})
     assert "systemctl daemon-reload" in caplog.text and "preset-key.remote" in caplog.text
-
-
-def test_an_external_preset_takes_the_openai_routes_with_its_model() -> None:
-    url = "http://10.0.0.7:8000/v1"
-    assert external_target("r", url, "/v1/chat/completions", "") == url + "/chat/completions"
-    assert external_target("r", url, "/v1/models", "a=1") == url + "/models?a=1"
-    with pytest.raises(GatewayError) as e:
-        external_target("r", url, "/completion", "")
-    assert e.value.status == 404 and "only the OpenAI routes" in e.value.message
-    body = json.dumps({"model": "r", "messages": [], "stream": True}).encode()
-    assert json.loads(with_model(body, "big")) == {"model": "big", "messages": [],
-                                                  "stream": True}
-    assert with_model(b"", "big") == b""

@@ -1,0 +1,73 @@
+"""The gateway's own CORS policy: which web pages may call it (issue 28, item 8).
+
+llama-server answers any ``Origin`` with ``Access-Control-Allow-Origin`` set to it, and
+the gateway relayed that header: a ``text/plain`` POST from a page at
+``http://evil.example`` (a "simple" request, sent without a preflight) was served and
+its answer readable, so any site a user visits could chat, start engines and force swaps
+through a keyless gateway on loopback. Rules:
+
+- no engine's or external API's ``Access-Control-*`` header reaches a client
+  (:meth:`Cors.on_prepare`, on every answer, streamed ones too);
+- a request with an ``Origin`` (a browser's, from a page) is served only when the origin
+  is in ``[gateway] cors_origins`` (``"*"``: any); any other is refused, 403 in OpenAI's
+  shape, before it is routed: a page's request must not start an engine even if the
+  page cannot read the answer. Clients that are not browsers send no ``Origin`` and are
+  not concerned;
+- an allowed origin gets ``Access-Control-Allow-Origin`` (itself, with ``Vary: Origin``),
+  and its preflight (``OPTIONS`` with ``Access-Control-Request-Method``) is answered by
+  the gateway, 204, for GET and POST with the headers asked (``Authorization``,
+  ``Content-Type``...); credentials (cookies) are never allowed: the gateway's keys are
+  bearer keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from .replies import error_body
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PREFLIGHT_MAX_AGE = "600"
+ALLOWED_METHODS = "GET, POST, OPTIONS"
+
+
+class Cors:
+    def __init__(self, origins: tuple[str, ...]):
+        self.any = "*" in origins
+        self.origins = frozenset(o for o in origins if o != "*")
+
+    def allows(self, origin: str) -> bool:
+        return self.any or origin in self.origins
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return await handler(request)
+        if not self.allows(origin):
+            shown = origin if len(origin) <= 80 else origin[:80] + "..."
+            return web.json_response(error_body(
+                f"requests from web pages at {shown} are not allowed here: the operator "
+                "lists the pages that may call this gateway in lokid.toml's [gateway] "
+                "cors_origins", "permission_error", "origin_not_allowed"), status=403)
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return web.Response(status=204)   # its headers: on_prepare()
+        return await handler(request)
+
+    async def on_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every answer, before its head is sent: the other side's CORS headers gone, the
+        gateway's own for an allowed origin."""
+        for key in [k for k in response.headers if k.lower().startswith("access-control-")]:
+            del response.headers[key]
+        origin = request.headers.get("Origin")
+        if origin is not None and self.allows(origin):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers.add("Vary", "Origin")
+            if request.method == "OPTIONS":
+                response.headers["Access-Control-Allow-Methods"] = ALLOWED_METHODS
+                response.headers["Access-Control-Max-Age"] = PREFLIGHT_MAX_AGE
+                asked = request.headers.get("Access-Control-Request-Headers")
+                if asked:
+                    response.headers["Access-Control-Allow-Headers"] = asked[:1024]
