@@ -1,8 +1,8 @@
-"""Which preset of a GPU group runs next, and when the swap may happen (issue 22, item 2).
+"""Which preset of a GPU group runs next, and when the swap may happen (issues 22 and 28).
 
 A group (``serve.group``) runs at most one preset at a time: its *holder*. Requests for
 the holder go to it; requests for another preset of the group wait, and the holder is
-swapped out for them. The rules, each against a failure seen in other tools:
+swapped out for them. The rules, each against a failure seen in other tools or in ours:
 
 - a swap never cuts a request: the holder is stopped only once it has no request in
   flight (the gateway's and those straight to its port alike), or once its ``drain``
@@ -11,6 +11,17 @@ swapped out for them. The rules, each against a failure seen in other tools:
 - waiting requests are grouped by preset, and the holder's own requests go first: six
   requests A B A A C B with A running are served A A A, then B B, then C (2 swaps),
   where a FIFO order swaps back and forth 4 times (llama-swap's issue #612);
+- a swap is worth its cost: it costs the load of the preset swapped in (its measured
+  cold start, the caller's ``costs``; :data:`DEFAULT_COST` before one was measured), so
+  the holder keeps the group for at least that long after its READY, unless the
+  request the swap is for has already waited longer than that (it paid the cost in
+  waiting). So a swap costs at most as much GPU time as the holder had since its READY
+  or its request waited (issue 28: 8 clients over two presets made 72 to 127 swaps in
+  3 minutes, three within 0.9 s);
+- a pause between a client's requests is no end of its holder's turn: the holder is
+  idle only once it has had no request in flight for :data:`PAUSE`. A client at work
+  sends its next request a few milliseconds after its answer, and the holder used to be
+  swapped out in that gap (issue 28 again);
 - no preset starves: the holder takes new requests of its own ahead of the others for
   at most :data:`MAX_WAIT` (or its ``drain``, if shorter) once another preset's request
   waits; then its new requests wait their turn too;
@@ -21,22 +32,36 @@ swapped out for them. The rules, each against a failure seen in other tools:
 - a start is never cut for its drain: its requests wait for it (a start is bounded by
   the gateway's own start timeout).
 
-So a request waits, for each turn ahead of it, at most the holder's drain and a start.
+So a request waits, for each turn ahead of it, at most the longer of the holder's drain
+and the cost of its own swap, and a start.
 
 :func:`decide` is the rule, pure (times are the caller's monotonic clock); the gateway's
 :mod:`lokid.gateway.groups` runs it at every change (a request arriving, leaving or
-ending, an engine's state, its ``RequestsInFlight``) and does what it says.
+ending, an engine's state, its ``RequestsInFlight``) and does what it says, logging each
+swap with :attr:`Decision.why` and what it costs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .serve import span_text
 
 # Seconds the holder keeps taking its own new requests ahead of another preset's waiting
 # ones: long enough to batch a burst, short enough that a chat of the other model is not
 # held up by a busy one for more than this plus the holder's requests already in flight.
 MAX_WAIT = 30.0
+# Seconds a swap is taken to cost before the load of the preset swapped in was measured:
+# a model of a few GB loads in a few seconds from the page cache and in tens from a disk
+# on a GPU server. Too short, and the first swaps to a big model thrash; too long, and
+# the first swap to a small one waits for nothing; the first start measures it.
+DEFAULT_COST = 10.0
+# Seconds without a request in flight after which the holder is idle: longer than the
+# gap between a client's answer and its next request (milliseconds for a program, an
+# agent's next turn), shorter than a person's.
+PAUSE = 1.0
+NEVER = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -57,6 +82,9 @@ class Holder:
     since: float      # when it got its turn
     in_flight: int    # its requests in flight: the gateway's and those straight to its port
     drain: float      # its serve.drain (seconds)
+    ready_since: float = NEVER   # when it became ready (NEVER: before the caller knew)
+    idle_since: float = NEVER    # when its last request in flight ended, or it became
+    #                              ready if later (read when in_flight is 0)
 
 
 @dataclass(frozen=True)
@@ -65,24 +93,38 @@ class Decision:
     swap_to: str = ""                # stop the holder (every other running one), start this
     cut: bool = False                # the swap does not wait for the holder's requests
     again_at: float | None = None    # decide again then, if nothing changed before
+    why: str = field(default="", compare=False)   # a swap's reason, in words, for its log
 
 
 def _first(waiting: Iterable[Waiting]) -> Waiting:
     return min(waiting, key=lambda w: (w.since, w.key))
 
 
+def cost_of(preset: str, costs: Mapping[str, float] | None) -> float:
+    """The seconds a swap to ``preset`` costs: its measured load, else DEFAULT_COST."""
+    got = (costs or {}).get(preset)
+    return DEFAULT_COST if got is None or got < 0 else got
+
+
 def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
-           max_wait: float = MAX_WAIT) -> Decision:
-    """What the group does now, given its holder (None: no preset of it has run yet) and
-    the requests waiting."""
+           max_wait: float = MAX_WAIT, costs: Mapping[str, float] | None = None,
+           pause: float = PAUSE) -> Decision:
+    """What the group does now, given its holder (None: no preset of it has run yet), the
+    requests waiting and what a swap to each preset costs (seconds, by preset:
+    :func:`cost_of`). With every cost and ``pause`` 0, this is issue 22's rule."""
     if holder is None:
-        return Decision(swap_to=_first(waiting).preset) if waiting else Decision()
+        if not waiting:
+            return Decision()
+        first = _first(waiting)
+        return Decision(swap_to=first.preset, why="no preset of the group runs, and "
+                        f"{first.preset}'s request waited longest")
     mine = tuple(w.key for w in sorted(waiting, key=lambda w: (w.since, w.key))
                  if w.preset == holder.preset)
     others = [w for w in waiting if w.preset != holder.preset]
     if not others:
         return Decision(admit=mine)
     first = _first(others)
+    chosen = f"{first.preset}'s request waited longest ({now - first.since:.1f} s)"
     # the others' wait counts against this turn from its beginning only: the next
     # holder's own requests, waiting since before, are its turn's reason
     opened = max(first.since, holder.since)
@@ -91,13 +133,31 @@ def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
     if not holder.ready:
         if mine or holder.in_flight:
             return Decision(admit=mine)
-        return Decision(swap_to=first.preset)
+        return Decision(swap_to=first.preset,
+                        why=f"{holder.preset} is starting for no request; {chosen}")
+    # the swap's cost: no swap within it of the holder's READY, unless the request it is
+    # for has waited longer than it already
+    cost = cost_of(first.preset, costs)
+    worth = min(holder.ready_since, first.since) + cost
+    if now < worth:
+        return Decision(admit=mine, again_at=worth)
     if mine and now < closes:
         return Decision(admit=mine, again_at=closes)
     if holder.in_flight <= 0:
-        return Decision(swap_to=first.preset)
+        if now >= closes:
+            return Decision(swap_to=first.preset, why=f"{holder.preset}'s turn is over (its "
+                            f"head start of {span_text(min(max_wait, holder.drain))}) and it has "
+                            f"drained; {chosen}")
+        if now >= holder.idle_since + pause:
+            idle = "since it became ready" if holder.idle_since == holder.ready_since \
+                else f"for {now - holder.idle_since:.1f} s"
+            return Decision(swap_to=first.preset, why=f"{holder.preset} has had no request "
+                            f"{idle}; {chosen}")
+        return Decision(again_at=min(closes, holder.idle_since + pause))
     if now >= cuts:
-        return Decision(swap_to=first.preset, cut=True)
+        return Decision(swap_to=first.preset, cut=True,
+                        why=f"{holder.preset}'s drain ({span_text(holder.drain)}) is over with "
+                        f"{holder.in_flight} requests in flight; {chosen}")
     return Decision(again_at=cuts)
 
 
