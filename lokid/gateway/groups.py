@@ -1,5 +1,5 @@
-"""GPU groups at the gateway: one preset of a ``serve.group`` runs at a time, and a swap
-never cuts a request (issue 22, item 2).
+"""GPU groups at the gateway: one preset of a ``serve.group`` runs at a time, a swap
+never cuts a request (issue 22, item 2), and each swap is worth its cost (issue 28, item 2).
 
 The rule is :func:`lokid.core.swaps.decide` (pure, table-tested); this is its edge. A
 request for a preset of a group enters its group's queue (:meth:`Groups.turn`) and goes
@@ -9,6 +9,15 @@ request arriving, leaving or ending, a member's state or ``RequestsInFlight`` (t
 daemon's count of the requests the engine serves, from its log: those straight to its
 port too; the gateway takes the larger of it and its own count, since the engine logs a
 request a moment after the gateway sends it), and the times the rule gives.
+
+What a swap costs is the load of the preset swapped in, as the daemon measured it and
+says in the preset's ``Stats`` (which the gateway follows anyway): its last cold start's
+wait from the ask to READY (``cold_start_last_wait_seconds``, what a waiting request
+pays), else its engine's last load (``load_seconds``), else the rule's default. The
+holder's idle time counts from its last request in flight (the gateway's, or the
+daemon's count moving to 0) or its READY. Each swap's log line says why it happened,
+what the load costs and where the figure comes from, and how many requests waited for
+it and how long.
 
 A swap, in this order, each step for a failure it prevents:
 
@@ -41,8 +50,7 @@ from dataclasses import dataclass
 
 from dbus_fast import DBusError
 
-from ..core.serve import span_text
-from ..core.swaps import MAX_WAIT, Decision, Holder, Waiting, decide
+from ..core.swaps import MAX_WAIT, NEVER, Decision, Holder, Waiting, cost_of, decide
 from .ondemand import LOADING, READY, STOPPING, Starter
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
@@ -75,6 +83,7 @@ class Group:
         self.max_wait = max_wait
         self.waiting: list[_Waiter] = []
         self.own: Counter[str] = Counter()   # the gateway's requests in flight, by preset
+        self.active_at: dict[str, float] = {}   # when each last had one in flight (monotonic)
         self.turn = ""          # the preset the group was last given to
         self.since = 0.0        # when (monotonic)
         self.swaps = 0
@@ -98,7 +107,16 @@ class Group:
             self.turn, self.since = held.name, now
         ready = held.state == READY and bool(held.url)
         in_flight = max(self.own[held.name], held.in_flight if ready else 0)
-        return Holder(held.name, ready, self.since, in_flight, held.drain)
+        if in_flight > 0:
+            self.active_at[held.name] = now
+        idle_since = max(self.active_at.get(held.name, NEVER), held.ready_at,
+                         held.in_flight_at if ready else NEVER)
+        return Holder(held.name, ready, self.since, in_flight, held.drain,
+                      held.ready_at if ready else NEVER, idle_since)
+
+    def costs(self) -> dict[str, float]:
+        """What a swap to each member costs, where it was measured (seconds)."""
+        return {p.name: got for p in self.members() if (got := measured(p)[0]) is not None}
 
     # --- the requests' side ------------------------------------------------------------
 
@@ -127,6 +145,7 @@ class Group:
         self.own[preset] -= 1
         if self.own[preset] <= 0:
             del self.own[preset]
+            self.active_at[preset] = time.monotonic()
         self._poke()
 
     # --- the scheduler -----------------------------------------------------------------
@@ -143,7 +162,7 @@ class Group:
         if self.swapping:
             return Decision()
         d = decide(self.holder(now), [Waiting(w.key, w.preset, w.since) for w in self.waiting],
-                   now, self.max_wait)
+                   now, self.max_wait, self.costs())
         for key in d.admit:
             waiter = next(w for w in self.waiting if w.key == key)
             self.waiting.remove(waiter)
@@ -166,7 +185,7 @@ class Group:
             if d.swap_to:
                 self.swapping = True
                 try:
-                    await self._swap(d.swap_to, d.cut)
+                    await self._swap(d)
                 finally:
                     self.swapping = False
             elif not d.admit:
@@ -190,18 +209,15 @@ class Group:
             for m in members:
                 m.waiters.discard(fut)
 
-    async def _swap(self, to: str, cut: bool) -> None:
+    async def _swap(self, d: Decision) -> None:
+        to = d.swap_to
         previous, previous_since = self.turn, self.since
         self.turn, self.since = to, time.monotonic()
         old = [m for m in self.members() if m.name != to and m.state in ACTIVE]
+        if old:
+            self._say_swap(d, old)
         for m in old:
             self.starter.cancel(m.name)
-            if cut:
-                log.warning("group %s: swapping %s out for %s with %d requests in flight: its "
-                            "drain (%s) is over", self.name, m.name, to,
-                            max(self.own[m.name], m.in_flight), span_text(m.drain))
-            else:
-                log.info("group %s: swapping %s out for %s", self.name, m.name, to)
             if m.state == STOPPING:
                 continue
             if m.state == READY and m.url:   # its users' caches, for its next turn
@@ -226,12 +242,38 @@ class Group:
         if old:
             self.swaps += 1
 
+    def _say_swap(self, d: Decision, old: list[Preset]) -> None:
+        """The swap's log line: why now, what it costs, who waited for it and how long."""
+        to = self.presets.presets.get(d.swap_to)
+        got, source = measured(to) if to is not None else (None, "")
+        cost = cost_of(d.swap_to, {d.swap_to: got} if got is not None else None)
+        now = time.monotonic()
+        waits = [now - w.since for w in self.waiting if w.preset == d.swap_to]
+        names = ", ".join(m.name for m in old)
+        in_flight = sum(max(self.own[m.name], m.in_flight) for m in old)
+        log.log(logging.WARNING if d.cut else logging.INFO,
+                "group %s: swapping %s out for %s%s: %s; loading %s costs %.1f s (%s); "
+                "%d requests waited for it, the longest %.1f s", self.name, names,
+                d.swap_to, f" with {in_flight} requests in flight" if d.cut else "",
+                d.why or "the rule's choice", d.swap_to, cost, source or "not measured yet: "
+                "the default", len(waits), max(waits, default=0.0))
+
     def _refuse(self, preset: str, reason: str) -> None:
         log.warning("group %s: %s", self.name, reason)
         for waiter in [w for w in self.waiting if w.preset == preset]:
             self.waiting.remove(waiter)
             waiter.admitted.set_exception(GatewayError(503, reason, UNAVAILABLE,
                                                        "model_swap_failed"))
+
+
+def measured(preset: Preset) -> tuple[float | None, str]:
+    """The preset's load as the daemon measured it (seconds), and where the figure comes
+    from; None before any measurement."""
+    if preset.cold_start_wait is not None:
+        return preset.cold_start_wait, "measured: its last cold start, from the ask to READY"
+    if preset.load_seconds is not None:
+        return preset.load_seconds, "measured: its engine's last load"
+    return None, ""
 
 
 class Groups:

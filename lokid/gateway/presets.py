@@ -8,13 +8,21 @@ daemon leaving or coming back on the bus (``NameOwnerChanged``) likewise.
 
 Faults: the daemon absent or failing a read leaves :attr:`Presets.unreachable` set to
 the reason, which the routes answer with (503); the last known presets stay, so
-an engine that runs keeps being reached while ``lokid.service`` restarts.
+an engine that runs keeps being reached while ``lokid.service`` restarts. Each change
+of the daemon's owner on the bus counts in :attr:`Presets.generation` and wakes every
+waiter: a start asked of a daemon that went away is no start that failed
+(:mod:`lokid.gateway.ondemand`).
+
+What a GPU group's swap rule reads (:mod:`lokid.gateway.groups`) is kept here too: when
+a preset became ready and when its ``RequestsInFlight`` last moved (the gateway's
+monotonic clock), and its last cold start's wait and last load from its ``Stats``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +50,7 @@ MATCHES = (
     f"type='signal',sender='{DBUS}',member='NameOwnerChanged',arg0='{BUS_NAME}'",
 )
 JOBS_KEPT = 256   # job results remembered for a waiting start (a bound: signals from outside)
+NEVER = float("-inf")   # a time before the gateway knew
 
 
 @dataclass
@@ -59,12 +68,21 @@ class Preset:
     upstream_model: str = ""   # UpstreamModel: the model asked for there
     key_file: str = ""         # KeyFile: where its key is (a path; lokid.gateway.upstream)
     reachable: str = ""        # Reachable: whether the daemon saw its API answer
+    ready_at: float = NEVER        # when its state became ready (monotonic)
+    in_flight_at: float = NEVER    # when RequestsInFlight last moved (monotonic)
+    cold_start_wait: float | None = None   # Stats cold_start_last_wait_seconds
+    load_seconds: float | None = None      # Stats load_seconds (its engine's last load)
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
 
+    def set_state(self, state: str) -> None:
+        if state == "ready" and self.state != "ready":
+            self.ready_at = time.monotonic()
+        self.state = state
+
     def update(self, props: dict[str, Any]) -> None:
         if "State" in props:
-            self.state = str(props["State"])
+            self.set_state(str(props["State"]))
         if "Status" in props:
             self.status = str(props["Status"])
         if "OnDemand" in props:
@@ -74,6 +92,8 @@ class Preset:
         if "Drain" in props:
             self.drain = float(props["Drain"])
         if "RequestsInFlight" in props:
+            if int(props["RequestsInFlight"]) != self.in_flight:
+                self.in_flight_at = time.monotonic()
             self.in_flight = int(props["RequestsInFlight"])
         for prop, attr in (("Kind", "kind"), ("Url", "upstream"),
                            ("UpstreamModel", "upstream_model"), ("KeyFile", "key_file"),
@@ -83,6 +103,13 @@ class Preset:
         stats = props.get("Stats")
         if isinstance(stats, dict) and stats.get("url"):
             self.url = str(stats["url"])
+        if isinstance(stats, dict):
+            for key, attr in (("cold_start_last_wait_seconds", "cold_start_wait"),
+                              ("load_seconds", "load_seconds")):
+                value = stats.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and value >= 0:
+                    setattr(self, attr, float(value))
 
 
 class Presets:
@@ -94,6 +121,7 @@ class Presets:
         self.broken: dict[str, str] = {}
         self.unreachable = "the gateway has not read lokid's presets yet"
         self.jobs: OrderedDict[str, str] = OrderedDict()   # job id → result
+        self.generation = 0   # the daemon's changes of owner on the bus (it left, it came)
         self._reading: asyncio.Task[None] | None = None
         self._again = False
 
@@ -116,8 +144,12 @@ class Presets:
                     continue
                 (one,) = await call(self.bus, BUS_NAME, str(path), PROPERTIES, "GetAll", "s",
                                     [PRESET_INTERFACE])
-                preset = self.presets.get(name) or Preset(name)
+                preset = self.presets.get(name)
+                fresh = preset is None
+                preset = preset or Preset(name)
                 preset.update(plain(one))
+                if fresh:
+                    preset.ready_at = NEVER   # ready, if it is, since before the gateway
                 found[name] = preset
         except DBusError as e:
             self.unreachable = f"lokid is not reachable on the bus: {e.text}"
@@ -153,15 +185,18 @@ class Presets:
         body = msg.body
         if msg.member == "NameOwnerChanged" and msg.interface == DBUS:
             if body and body[0] == BUS_NAME:
+                self.generation += 1
                 if body[2]:
                     self._read_soon()
                 else:
                     self.unreachable = "lokid left the bus (lokid.service is not running)"
+                    for known in self.presets.values():
+                        self._wake(known)
             return
         if msg.interface == MANAGER_INTERFACE and msg.member == "EngineStateChanged":
             preset = self.presets.get(str(body[0]))
             if preset is not None:
-                preset.state = str(body[1])
+                preset.set_state(str(body[1]))
                 self._wake(preset)
         elif msg.interface == MANAGER_INTERFACE and msg.member == "JobFinished":
             self.jobs[str(body[1])] = str(body[3])

@@ -4,11 +4,16 @@ runner starts on a private bus: two on-demand presets in one group, the first ru
 A request for the second waits while a stream to the first is in flight, whether the
 stream came through the gateway or straight to the first's port (the daemon's
 RequestsInFlight, from the engine's log): the stream completes in full, then the first
-is stopped, then the second starts and answers."""
+is stopped, then the second starts and answers.
+
+Eight clients at work, four on each preset (issue 28, item 2): the group swaps once,
+where issue 22's rule swapped back and forth in the gaps between a client's answer and
+its next request; the swap's log line says what it cost."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -123,3 +128,38 @@ async def test_a_request_straight_to_the_port_defers_the_swap(
         beta, answered = await beta_after(c)
         text, ended, events = await stream
     check_swap(running, gateway, text, ended, events, beta, answered)
+
+
+ROUNDS = 12  # requests each client sends, one after the other
+
+
+async def at_work(c: httpx.AsyncClient, model: str) -> list[int]:
+    """A client at work: its next request as soon as it has its answer."""
+    codes = []
+    for _ in range(ROUNDS):
+        r = await c.post("/v1/chat/completions",
+                         json={"model": model, "messages": [{"role": "user", "content": "Hi"}],
+                               "max_tokens": 4, "temperature": 0})
+        codes.append(r.status_code)
+    return codes
+
+
+async def test_clients_at_work_on_both_presets_swap_once(
+        running: Running, gateway: Gateway, caplog: pytest.LogCaptureFixture) -> None:
+    await alpha_running(running, gateway)
+    caplog.set_level(logging.INFO, logger="lokid.gateway")
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        codes = await asyncio.gather(*(at_work(c, ("alpha", "beta")[i % 2]) for i in range(8)))
+    assert codes == [[200] * ROUNDS] * 8
+    group = gateway.groups.groups["gpu0"]
+    starts = [ev[0] for ev in running.events if ev[1] == "loading"]
+    # alpha served its four clients to the end, then beta its four: issue 22's rule
+    # swapped whenever the four of one side were between two requests at once
+    assert group.swaps == 1, starts
+    assert starts == ["alpha", "beta"], starts
+    said = [m for r in caplog.records if "swapping alpha out for beta" in (m := r.getMessage())]
+    assert len(said) == 1, said
+    # why now, what the swap costs (beta never loaded: the default), who waited for it
+    assert "alpha has had no request for" in said[0] or "alpha's turn is over" in said[0]
+    assert "loading beta costs 10.0 s (not measured yet: the default)" in said[0], said
+    assert "4 requests waited for it, the longest" in said[0], said
