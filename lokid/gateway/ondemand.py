@@ -11,6 +11,14 @@ Rules, each for a failure it prevents:
 - a start that fails answers every waiting request with the preset's own reason (its
   Status), and so does every request for :data:`FAILED_HOLD` seconds after: a client
   retrying in a loop does not restart a broken engine in a loop;
+- a start that lokid's restart interrupted is no start that failed (issue 28, item 4:
+  kill -9 of the daemon during a cold start held the preset at "failed to start:
+  inactive" for 30 s after it was back). When the daemon leaves the bus, or its owner on
+  the bus changed since the start was asked (:attr:`Presets.generation`), the waiting
+  requests wait up to :data:`DAEMON_BACK` for it to come back; then the start goes on if
+  the engine is still loading (systemd kept it), or is asked again once if it is not. A
+  daemon not back in time answers 503 ``lokid_unreachable``, and holds nothing: the
+  next request starts the preset;
 - a preset not on demand is never started by a request: the reply says
   ``lokictl start <preset>``;
 - no wait is endless: :data:`START_TIMEOUT` bounds a start.
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import NoReturn
 
 from dbus_fast import DBusError
 
@@ -30,6 +39,13 @@ from .report import start_for_request
 READY, LOADING, FAILED, INACTIVE, STOPPING = "ready", "loading", "failed", "inactive", "stopping"
 START_TIMEOUT = 600.0
 FAILED_HOLD = 30.0
+# Seconds a start waits for lokid to come back on the bus: its unit restarts it after
+# RestartSec=2s, and it owns the bus name once its presets are loaded (a few seconds
+# with hundreds of them).
+DAEMON_BACK = 60.0
+# What the bus answers a call to a name nobody owns, or whose owner left before it replied
+GONE = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",
+        "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Disconnected")
 
 
 class Starter:
@@ -77,14 +93,10 @@ class Starter:
                        f"{START_TIMEOUT:.0f} s ({preset.status or preset.state})")
 
     async def _until_ready(self, preset: Preset) -> None:
-        job = ""
+        generation = self.presets.generation
+        job: str | None = ""
         if preset.state in (INACTIVE, FAILED) or (preset.state == STOPPING and preset.on_demand):
-            while preset.state == STOPPING:   # a stop under way: start after it
-                await self.presets.changed(preset, 5.0)
-            try:
-                job = await start_for_request(self.presets, preset.name)   # a cold start
-            except DBusError as e:
-                self._fail(preset, f"preset {preset.name!r} cannot start: {e.text}")
+            job = await self._ask(preset)
             seen_loading = False
         else:
             seen_loading = True
@@ -92,6 +104,18 @@ class Starter:
             if preset.state == READY and preset.url:
                 self.failed.pop(preset.name, None)
                 return
+            if job is None or self.presets.unreachable or self.presets.generation != generation:
+                # lokid left (and maybe came back) since the start was asked: its engine
+                # may have gone with it, and the job is gone; not the preset's failure
+                await self._daemon_back(preset, generation)
+                generation = self.presets.generation
+                if preset.state == READY and preset.url:
+                    continue
+                if preset.state in (INACTIVE, FAILED):
+                    job, seen_loading = await self._ask(preset), False
+                else:   # the start went on without the daemon (systemd's unit)
+                    job, seen_loading = "", True
+                continue
             if preset.state == LOADING:
                 seen_loading = True
             result = self.presets.jobs.get(job) if job else None
@@ -103,6 +127,35 @@ class Starter:
                 self._fail(preset, f"preset {preset.name!r} failed to start: {reason}")
             await self.presets.changed(preset, 5.0)
 
-    def _fail(self, preset: Preset, reason: str) -> None:
+    async def _ask(self, preset: Preset) -> str | None:
+        """StartForRequest after any stop under way: the job, or None when lokid is not
+        on the bus to take it (GatewayError for a refusal: the preset's failure)."""
+        while preset.state == STOPPING:   # a stop under way: start after it
+            await self.presets.changed(preset, 5.0)
+        try:
+            return await start_for_request(self.presets, preset.name)   # a cold start
+        except DBusError as e:
+            if self.presets.unreachable or e.type in GONE:
+                return None
+            self._fail(preset, f"preset {preset.name!r} cannot start: {e.text}")
+
+    async def _daemon_back(self, preset: Preset, generation: int) -> None:
+        """Until lokid is on the bus again and its presets are read; a 503 that holds
+        nothing when it is not back within DAEMON_BACK."""
+        deadline = time.monotonic() + DAEMON_BACK
+        if not self.presets.unreachable and self.presets.generation == generation:
+            # a call said lokid is gone before the bus's signal of it came: wait for that
+            # (or a second, for a daemon that only did not answer in time)
+            await self.presets.changed(preset, 1.0)
+        while self.presets.unreachable:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GatewayError(503, f"preset {preset.name!r} was starting when lokid left "
+                                   f"the bus, and lokid is not back after {DAEMON_BACK:.0f} s "
+                                   "(lokid.service): try again once it runs", UNAVAILABLE,
+                                   "lokid_unreachable")
+            await self.presets.changed(preset, min(left, 5.0))
+
+    def _fail(self, preset: Preset, reason: str) -> NoReturn:
         self.failed[preset.name] = (time.monotonic() + FAILED_HOLD, reason)
         raise GatewayError(503, reason, UNAVAILABLE, "model_start_failed")
