@@ -249,6 +249,20 @@ def test_apt_installs_it_with_its_dependencies_from_debian(system: System) -> No
         "disabled", "indirect")
 
 
+def test_the_install_says_nothing_of_a_gateway_it_did_not_set_up(system: System) -> None:
+    """Without [gateway] listen nothing loads loki-gateway.socket (issue 28, item 17): the
+    daemon's alignment after each start and reload asked for it, and systemd loaded the
+    shipped socket without an address, warning "Unit has no Listen setting ... Refusing."
+    ten times during an install."""
+    ct = system.ct
+    ct.systemctl("daemon-reload")   # and the daemon aligns the sockets after it
+    time.sleep(2)
+    said = ct.run(["journalctl", "-b", "--no-pager", "-q", "-o", "cat"]).stdout
+    assert ct.systemctl("is-active", "lokid.service").stdout.strip() == "active"
+    warned = [line for line in said.splitlines() if "has no Listen setting" in line]
+    assert warned == [], warned
+
+
 def test_the_autopkgtest_smoke_test_passes_on_the_installed_package(system: System) -> None:
     ct = system.ct
     smoke = system.build.smoke.read_text()
@@ -338,9 +352,66 @@ def test_an_upgrade_restarts_the_daemon_and_leaves_the_engine_running(system: Sy
     assert health(ct, system.port) == 200
 
 
+# Every process of lokid's: its commands (the daemon, the gateway, an engine's supervisor
+# and helpers run /usr/bin/lokid), the engines, the ports' relays.
+LOKID_PROCESSES = re.compile(r"/usr/bin/lokid |(^|/)llama-server( |$)|systemd-socket-proxyd")
+
+
+def lokid_processes(ct: Container) -> list[str]:
+    out = ct.run(["ps", "-eo", "pid=,args="]).stdout
+    return [line.strip() for line in out.splitlines()
+            if LOKID_PROCESSES.search(line.strip().split(None, 1)[-1])]
+
+
+CLIENT = ("while :; do curl -s -o /dev/null -m 20 -H 'Content-Type: application/json' "
+          "--data-binary '{{\"model\": \"lazy\", \"prompt\": \"x\", \"n_predict\": 2}}' "
+          "{url}/completion; sleep 0.05; done")
+
+
+def test_remove_with_clients_at_work_leaves_no_lokid_process(system: System) -> None:
+    """Issue 28, item 15: apt remove while clients keep asking through the gateway and an
+    on-demand port. The prerm stopped the engines first, while the gateway and the ports
+    still accepted: a request started one again (or cancelled its stop job), and it ran
+    on after the package was gone (2 of 2 tries). Now what accepts requests stops first,
+    then the daemon, then the engines: nothing of lokid's runs after, though the clients
+    go on asking."""
+    ct = system.ct
+    gateway, lazy = free_port(), free_port()
+    engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
+    ct.write_file("/etc/loki/lokid.toml",
+                  f"engine = {json.dumps(engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
+                  f'[gateway]\nlisten = ["127.0.0.1:{gateway}"]\n')
+    ct.write_file("/etc/loki/presets/lazy.toml",
+                  f'model = "llama.gguf"\nctx = 2048\nport = {lazy}\n'
+                  "[serve]\non_demand = true\n")
+    ct.systemctl("daemon-reload")
+    ct.systemctl("start", "sockets.target")
+    for socket in ("loki-gateway.socket", "loki-port@lazy.socket"):
+        ct.wait_for(socket, "active", timeout=60)
+    clients = [ct.popen(["sh", "-c", CLIENT.format(url=f"http://127.0.0.1:{port}")])
+               for port in (gateway, lazy)]
+    try:
+        ct.wait_for("loki-engine@lazy.service", "active", timeout=120)
+        time.sleep(1)
+        assert health(ct, system.port) == 200   # demo, started by hand, runs too
+        apt(ct, "remove", "lokid")
+        assert status(ct) == "rc"
+        time.sleep(5)   # the clients still at it
+        left = lokid_processes(ct)
+    finally:
+        for client in clients:
+            client.stop()
+    assert left == [], left
+    assert lokid_processes(ct) == []
+    for port in (gateway, lazy):
+        assert health(ct, port) == 0   # nothing listens
+    ct.run(["rm", "-f", "/etc/loki/presets/lazy.toml"])
+
+
 def test_remove_stops_everything_and_keeps_config_and_state(system: System) -> None:
     ct = system.ct
-    apt(ct, "remove", "lokid")
+    if status(ct) == "ii":   # the test above did not run (selected alone)
+        apt(ct, "remove", "lokid")
     assert status(ct) == "rc"
     assert ct.systemctl("is-active", "lokid.service", check=False).stdout.strip() != "active"
     assert ct.systemctl("is-active", "loki-engine@demo.service",
@@ -356,8 +427,14 @@ def test_remove_stops_everything_and_keeps_config_and_state(system: System) -> N
 def test_purge_removes_config_and_state_and_leaves_the_operators_files(system: System
                                                                        ) -> None:
     ct = system.ct
+    # a prompt cache the gateway or an engine saved (--slot-save-path, a group's swap):
+    # a user's conversation, which must not outlive the package (issue 28, item 15)
+    ct.run(["install", "-d", "-o", "loki", "-g", "loki", "-m", "0750",
+            "/var/lib/loki/slots/demo"])
+    ct.write_file("/var/lib/loki/slots/demo/lokid-swap-0.bin", b"a user's prompt")
     out = apt(ct, "purge", "lokid")
     assert status(ct) == ""
+    assert lokid_processes(ct) == []
     # Debian 12 only: its systemd 252 ships the system's generators in
     # /lib/systemd/system-generators, the same directory as lokid's /usr/lib one through
     # usrmerge's /lib symlink, which dpkg does not know; so dpkg, taking the /usr/lib
@@ -368,7 +445,7 @@ def test_purge_removes_config_and_state_and_leaves_the_operators_files(system: S
         if system.build.suite == "bookworm" else []
     assert not_empty_warnings(out) in ([], known), out[-3000:]
     for path in ("/etc/loki/lokid.toml", "/etc/loki/presets/example.toml",
-                 "/var/lib/loki/state.db", "/run/loki",
+                 "/var/lib/loki/state.db", "/var/lib/loki/slots", "/run/loki",
                  "/usr/lib/systemd/system-generators/lokid-engine-generator",
                  "/usr/lib/systemd/system/loki-engine@.service"):
         assert not exists(ct, path), path
