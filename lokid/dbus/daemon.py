@@ -3,8 +3,11 @@
 asyncio and dbus-fast, on the system bus (``--bus session`` for development
 and tests). Readiness means ready: READY=1 goes to systemd only once the
 presets are loaded, the engines' state is known and the bus name is owned.
-WATCHDOG=1 is sent from the event loop itself, so a blocked loop stops the
-pings. ``Reload()`` and SIGHUP read the presets again (a broken file is
+WATCHDOG=1 means serving on the bus: each ping follows a round trip through
+the bus that says the name is still this daemon's (:mod:`lokid.dbus.serving`),
+so a blocked loop or a lost bus stops the pings; a connection that ends, or a
+name that is no longer ours, ends the daemon with exit status 1, for systemd to
+start it again. ``Reload()`` and SIGHUP read the presets again (a broken file is
 reported and skipped, the others stay served) and, under systemd, rerun the
 generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
 stop the daemon.
@@ -36,7 +39,6 @@ import sys
 from typing import Any
 
 from dbus_fast import BusType
-from dbus_fast.aio import MessageBus
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core import access
@@ -62,6 +64,7 @@ from .logs import Logs
 from .readyplans import ReadyPlans
 from .registry import Registry
 from .reveal import Revealer
+from .serving import Serving
 from .telemetry import Telemetry
 from .unload import Unloads
 from .wire import SafeMessageBus
@@ -95,7 +98,7 @@ class Daemon:
         self.bus_address = bus_address
         self.runner_kind = runner   # "systemd" or "local" ("auto" decided above)
         self.manage_group = manage_group
-        self.bus: MessageBus | None = None
+        self.bus: SafeMessageBus | None = None
         self.authority: Authority | None = None
         self.runner: Runner | None = None
         self.manager = ManagerInterface(self)
@@ -488,12 +491,28 @@ class Daemon:
         return self.telemetry.stats(name)
 
     async def _watchdog(self) -> None:
+        """WATCHDOG=1 while the bus says the name is ours (:mod:`lokid.dbus.serving`)."""
         interval = self.notifier.watchdog_interval
-        if not interval:
+        if not interval or self.bus is None:
             return
-        while not self.stopping.is_set():
-            self.notifier.send("WATCHDOG=1")
-            await asyncio.sleep(interval / 3)
+        await Serving(self.bus, BUS_NAME, interval / 3,
+                      ping=lambda: self.notifier.send("WATCHDOG=1"),
+                      lose=self.bus.lose).run()
+
+    async def _serve(self) -> str | None:
+        """Until SIGTERM/SIGINT (None) or the end of the bus connection (why it ended)."""
+        assert self.bus is not None
+        loop = asyncio.get_running_loop()
+        lost = loop.create_task(self.bus.lost())
+        stopped = loop.create_task(self.stopping.wait())
+        try:
+            await asyncio.wait((lost, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            lost.cancel()
+        if self.stopping.is_set() or not lost.done() or lost.cancelled():
+            return None
+        return lost.result()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -551,8 +570,12 @@ class Daemon:
                  self.bus_type.name.lower(), self.runner.kind, how, self.status())
         watchdog = loop.create_task(self._watchdog())
         publisher = loop.create_task(self.telemetry.publish())
+        why_lost: str | None = None
         try:
-            await self.stopping.wait()
+            why_lost = await self._serve()
+            if why_lost is not None:
+                log.error("lost the bus, and with it %s: %s; exiting with status 1 for "
+                          "systemd to start the daemon again", BUS_NAME, why_lost)
         finally:
             self.notifier.send("STOPPING=1")
             self.editor.close()   # an edit still in its worker thread ends before it writes
@@ -568,7 +591,7 @@ class Daemon:
             self.bus.disconnect()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
-        return 0
+        return 0 if why_lost is None else 1
 
 
 def main(config_dir: str, state_dir: str, runtime_dir: str, bus: str,

@@ -18,6 +18,10 @@ Two things no D-Bus string may hold are escaped on every dbus-fast: a NUL
 character, and a lone surrogate (what Python makes of a file name that is not
 UTF-8, such as a preset file ``\xff.toml`` listed as broken). dbus-fast would
 raise while marshalling, and the daemon with it.
+
+It also writes through :mod:`lokid.dbus.buswriter` (a full socket buffer is a wait,
+not the end of the connection), and says why it was lost (:meth:`SafeMessageBus.lost`):
+a daemon without its bus is no daemon, and exits for systemd to start it again.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 
 from dbus_fast import Message, Variant
 from dbus_fast.aio import MessageBus
+
+from . import buswriter
 
 LOOKALIKES = {
     "→": "->", "←": "<-", "…": "...", "—": "-", "–": "-", "×": "x", "·": "-", "≤": "<=",
@@ -80,8 +86,34 @@ def ascii_value(value: Any, ascii_only: bool = True) -> Any:
 
 
 class SafeMessageBus(MessageBus):
-    """dbus-fast's asyncio bus, writing message bodies in ASCII where it must (above)."""
+    """dbus-fast's asyncio bus, writing message bodies in ASCII where it must (above),
+    waiting out a full socket buffer, and saying why it ends."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.why_lost: str | None = None
+        buswriter.adopt(getattr(self, "_writer", None), self.lose)   # dbus-fast < 5
+
+    async def connect(self) -> SafeMessageBus:
+        await super().connect()
+        buswriter.adopt(self._writer, self.lose)   # dbus-fast 5 makes its writer here
+        return self
 
     def send(self, msg: Message) -> Any:
         msg.body = ascii_value(msg.body, not marshals_utf8_by_bytes())
         return super().send(msg)
+
+    def lose(self, why: str) -> None:
+        """End the connection for ``why`` (the first reason given is kept)."""
+        if self.why_lost is None:
+            self.why_lost = why
+        self.disconnect()
+
+    async def lost(self) -> str:
+        """Wait until the connection ends, for whatever reason (this process's
+        :meth:`disconnect` included); then say why, in words."""
+        try:
+            await self.wait_for_disconnect()  # type: ignore[no-untyped-call]
+        except Exception as e:
+            return self.why_lost or f"the connection failed: {type(e).__name__}: {e}"
+        return self.why_lost or "the bus closed the connection"
