@@ -19,9 +19,12 @@ swapped out for them. The rules, each against a failure seen in other tools or i
   or its request waited (issue 28: 8 clients over two presets made 72 to 127 swaps in
   3 minutes, three within 0.9 s);
 - a pause between a client's requests is no end of its holder's turn: the holder is
-  idle only once it has had no request in flight for :data:`PAUSE`. A client at work
-  sends its next request a few milliseconds after its answer, and the holder used to be
-  swapped out in that gap (issue 28 again);
+  idle only once it has had no request in flight for :data:`PAUSE`, or for the swap's
+  cost if shorter (waiting for its clients to come back is worth no more than the swap
+  costs: with a fast load and every client waiting for the other preset, a second of
+  pause cost two thirds of the requests served). A client at work sends its next
+  request a few milliseconds after its answer, and the holder used to be swapped out in
+  that gap (issue 28 again);
 - no preset starves: the holder takes new requests of its own ahead of the others for
   at most :data:`MAX_WAIT` (or its ``drain``, if shorter) once another preset's request
   waits; then its new requests wait their turn too;
@@ -83,8 +86,9 @@ class Holder:
     in_flight: int    # its requests in flight: the gateway's and those straight to its port
     drain: float      # its serve.drain (seconds)
     ready_since: float = NEVER   # when it became ready (NEVER: before the caller knew)
-    idle_since: float = NEVER    # when its last request in flight ended, or it became
-    #                              ready if later (read when in_flight is 0)
+    # when its last request in flight ended, or when it became ready if that is later
+    # (read when in_flight is 0)
+    idle_since: float = NEVER
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,7 @@ def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
     if mine and now < closes:
         return Decision(admit=mine, again_at=closes)
     if holder.in_flight <= 0:
+        pause = min(pause, cost)
         if now >= closes:
             return Decision(swap_to=first.preset, why=f"{holder.preset}'s turn is over (its "
                             f"head start of {span_text(min(max_wait, holder.drain))}) and it has "

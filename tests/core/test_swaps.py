@@ -168,6 +168,10 @@ def ready_holder(ready_since: float, idle_since: float, in_flight: int = 0,
     (ready_holder(-100.0, 19.99), [Waiting(1, "B", 0.0)], 20.0, Decision(again_at=20.99)),
     # ...one of a second is
     (ready_holder(-100.0, 19.0), [Waiting(1, "B", 0.0)], 20.0, Decision(swap_to="B")),
+    # ...and one as long as B's load, when that is shorter (waiting longer for A's
+    # clients would cost more than the swap)
+    (ready_holder(-100.0, 19.5), [Waiting(1, "B", 0.0)], 20.0, Decision(swap_to="B")),
+    (ready_holder(-100.0, 19.75), [Waiting(1, "B", 0.0)], 20.0, Decision(again_at=20.25)),
     # A's head start over (30 s from B's wait), a drained A goes at once, paused or not
     (ready_holder(-100.0, 29.99), [Waiting(1, "B", 0.0)], MAX_WAIT, Decision(swap_to="B")),
     # a load longer than A's head start still holds the swap after A's READY: A's own new
@@ -177,7 +181,7 @@ def ready_holder(ready_since: float, idle_since: float, in_flight: int = 0,
 ])
 def test_a_swap_is_worth_its_cost(held: Holder, waiting: list[Waiting], now: float,
                                   expected: Decision) -> None:
-    costs = {"B": 60.0 if now == 40.0 else COST}
+    costs = {"B": 60.0 if now == 40.0 else 0.5 if held.idle_since in (19.5, 19.75) else COST}
     assert decide(held, waiting, now, costs=costs) == expected
 
 
@@ -225,11 +229,12 @@ def test_a_b_a_a_c_b_costs_two_swaps_where_fifo_costs_four() -> None:
     assert swaps == 2 == changes("A", [p for p, _, _ in served])
     assert changes("A", order) == 4
     # no request cut: each swap waited for the requests in flight (asserted in simulate)
-    # each swap also waited PAUSE after the holder's last answer, in case its clients were
-    # at work (they were not: nothing more came)
+    # each swap also waited a pause after the holder's last answer (PAUSE, or the swap's
+    # cost if shorter), in case its clients were at work (they were not: nothing came)
+    pause = min(PAUSE, START)
     waits = {p: begin - at for p, at, begin in served}
-    assert waits["A"] == 0 and waits["B"] == pytest.approx(SERVE + PAUSE + START, abs=0.01)
-    assert waits["C"] == pytest.approx(2 * (SERVE + PAUSE + START), abs=0.01)
+    assert waits["A"] == 0 and waits["B"] == pytest.approx(SERVE + pause + START, abs=0.01)
+    assert waits["C"] == pytest.approx(2 * (SERVE + pause + START), abs=0.01)
 
 
 def test_a_flooded_preset_does_not_starve_another() -> None:
