@@ -76,6 +76,10 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
 
+# How long the daemon, its bus lost, may take to close its parts before it exits
+# (systemd restarts it at once after; TimeoutStopSec would wait 90 s).
+CLOSE_AFTER_LOSS = 10.0
+
 
 class Daemon:
     def __init__(self, config_dir: str, state_dir: str, runtime_dir: str, bus_type: BusType,
@@ -499,6 +503,15 @@ class Daemon:
                       ping=lambda: self.notifier.send("WATCHDOG=1"),
                       lose=self.bus.lose).run()
 
+    async def _close_parts(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.runner is not None
+        await self.background.close()  # before the bus they may still use is closed
+        await self.unloads.close()
+        await self.telemetry.close()
+        if self.watcher is not None:
+            self.watcher.detach(loop)
+        await self.runner.close()
+
     async def _serve(self) -> str | None:
         """Until SIGTERM/SIGINT (None) or the end of the bus connection (why it ended)."""
         assert self.bus is not None
@@ -582,12 +595,16 @@ class Daemon:
             watchdog.cancel()
             publisher.cancel()
             self.dirwatch.detach()
-            await self.background.close()  # before the bus they may still use is closed
-            await self.unloads.close()
-            await self.telemetry.close()
-            if self.watcher is not None:
-                self.watcher.detach(loop)
-            await self.runner.close()
+            if why_lost is None:
+                await self._close_parts(loop)
+            else:
+                # Nothing that waits for the bus may hold the exit systemd waits for
+                # (the calls fail at once on a lost bus, wire.py; this is the bound).
+                try:
+                    await asyncio.wait_for(self._close_parts(loop), CLOSE_AFTER_LOSS)
+                except Exception as e:   # the exit goes on, said in a line
+                    log.warning("closing after the loss of the bus: %s",
+                                f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
             self.bus.disconnect()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)

@@ -26,6 +26,7 @@ a daemon without its bus is no daemon, and exits for systemd to start it again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -99,9 +100,28 @@ class SafeMessageBus(MessageBus):
         buswriter.adopt(self._writer, self.lose)   # dbus-fast 5 makes its writer here
         return self
 
+    @property
+    def ended(self) -> bool:
+        """Whether the connection has ended (dbus-fast resolved its disconnect future)."""
+        return bool(self._disconnect_future.done())
+
     def send(self, msg: Message) -> Any:
+        if self.ended:
+            # dbus-fast before 5 goes on writing to a connection it ended (its socket
+            # stays open): a message sent now goes nowhere, and says so by nothing.
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         msg.body = ascii_value(msg.body, not marshals_utf8_by_bytes())
         return super().send(msg)
+
+    async def call(self, msg: Message) -> Message:
+        """As dbus-fast's, but refused at once once the connection has ended: dbus-fast
+        before 5 would wait for ever for a reply no one reads (a daemon's last
+        Unsubscribe to systemd held its exit until systemd killed it)."""
+        if self.ended:
+            raise ConnectionError(f"not connected to the bus ({self.why_lost or 'ended'})")
+        return await super().call(msg)
 
     def lose(self, why: str) -> None:
         """End the connection for ``why`` (the first reason given is kept)."""
