@@ -184,7 +184,7 @@ class Telemetry:
                     log.warning("GPU memory from the NVIDIA driver: %s: %s", type(e).__name__, e)
             while self.meters.blind:
                 blind = self.meters.blind.pop(0)
-                log.warning("preset %s: its engine took %d requests and lokid read the figures "
+                log.warning("preset %s: its engine finished %d requests and lokid read the figures "
                             "of none: the engine's log format may have changed, its Stats are "
                             "blind", blind, BLIND_AFTER)
             figures = {name: self.stats(name) for name in self.meters.take_dirty()

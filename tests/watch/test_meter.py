@@ -57,18 +57,54 @@ def test_a_new_start_replaces_the_figures_of_the_old_one(tmp_path: Path) -> None
     assert again["invocation"] == "second" and again["requests"] == 0
 
 
+LAUNCH = "slot launch_slot_: id  {} | task {} | processing task, is_child = 0"
+RELEASE = "slot      release: id  {} | task {} | stop processing: n_tokens = 122, truncated = 0"
+
+
 def test_requests_served_and_none_read_flag_the_start_once(tmp_path: Path) -> None:
     meters = Meters(str(tmp_path))
-    launch = "slot launch_slot_: id  {} | task {} | processing task, is_child = 0"
     for i in range(BLIND_AFTER + 2):
-        meters.feed("p", "inv", launch.format(i % 4, i), 1.0)
-        meters.feed("p", "inv", "slot print_timing: id  0 | task 0 | a format lokid never saw", 1.0)
+        meters.feed("p", "inv", LAUNCH.format(i % 4, i), 1.0)
+        meters.feed("p", "inv", f"slot print_timing: id  {i % 4} | task {i} | a format lokid "
+                    "never saw", 1.0)
+        meters.feed("p", "inv", RELEASE.format(i % 4, i), 1.0)
     assert meters.blind == ["p"]
+    # launch lines of a format the parser cannot read (never in flight): ended at once
+    other = Meters(str(tmp_path))
+    for i in range(BLIND_AFTER):
+        other.feed("p", "inv", f"slot launch: slot {i}, task {i}: processing task", 1.0)
+    assert other.blind == ["p"]
     # a start whose requests are read is never flagged
     ok = Meters(str(tmp_path))
     for line in lines("b11434-cpu-A_full_mtp.log") * 4:
         ok.feed("q", "inv", line, 1.0)
     assert ok.blind == []
+
+
+def test_a_swap_s_queued_clients_launched_at_once_are_not_blindness(tmp_path: Path) -> None:
+    """An engine started by a swap takes its queued clients together, one per slot: four
+    launches before the first timing line. They are read at their ends (issue 28, item
+    17: 'Stats are blind' logged at 66 to 112 such starts in 3 minutes)."""
+    one = [line for line in lines("b11434-cpu-A_full_mtp.log") if "| task 0 |" in line]
+    launch, rest = one[0], one[1:]
+    assert "processing task" in launch and "release" in rest[-1]
+    meters = Meters(str(tmp_path))
+    tasks = [(slot, slot + 10) for slot in range(4)]
+    for slot, task in tasks:
+        meters.feed("p", "inv", launch.replace("id  3 | task 0", f"id  {slot} | task {task}"), 1.0)
+    assert meters.blind == []
+    for slot, task in tasks:
+        for line in rest:
+            meters.feed("p", "inv", line.replace("id  3 | task 0", f"id  {slot} | task {task}"),
+                        2.0)
+    assert meters.blind == []
+    assert meters.snapshot("p", now=3.0)["requests"] == 4
+    # and an engine stopped with its clients in flight (the swap after): not blind either
+    cut = Meters(str(tmp_path))
+    for slot, task in tasks:
+        cut.feed("p", "inv", launch.replace("id  3 | task 0", f"id  {slot} | task {task}"), 1.0)
+    cut.feed("p", "inv", "srv    operator(): operator(): cleaning up before exit...", 2.0)
+    assert cut.blind == []
 
 
 def fifty_requests() -> list[str]:
