@@ -98,10 +98,11 @@ async def _preset_rows(c: Client) -> list[dict[str, Any]]:
     return rows
 
 
-async def cmd_presets(c: Client, as_json: bool) -> int:
-    """Every preset, the broken ones too: a file that does not parse (no object) and a
-    preset whose next start cannot be planned (BrokenPresets has both): state "broken"
-    unless its engine runs, and the error."""
+async def _shown_rows(c: Client) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Every preset object's properties, with the broken ones marked: a preset whose next
+    start cannot be planned gets its ``Error`` and, unless its engine runs, the state
+    "broken" (the bus's State is its engine's: inactive). Also the broken files that
+    have no object (they do not parse): name → error. BrokenPresets has both."""
     rows = await _preset_rows(c)
     props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
     broken = dict(props.get("BrokenPresets", {}))
@@ -110,6 +111,14 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
             r["Error"] = broken.pop(r["Name"])
             if r["State"] in ("inactive", "failed"):
                 r["State"] = "broken"
+    return rows, broken
+
+
+async def cmd_presets(c: Client, as_json: bool) -> int:
+    """Every preset, the broken ones too: a file that does not parse (no object) and a
+    preset whose next start cannot be planned (BrokenPresets has both): state "broken"
+    unless its engine runs, and the error."""
+    rows, broken = await _shown_rows(c)
     if as_json:
         _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
                             for name, error in sorted(broken.items())])
@@ -171,7 +180,11 @@ async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
     from . import stats as ctlstats
 
     async def rows() -> list[dict[str, Any]]:
-        return [ctlstats.row(r) for r in await _preset_rows(c)]
+        # what each is: an external API and a broken preset are not "inactive" engines
+        shown, broken = await _shown_rows(c)
+        return [ctlstats.row(r) for r in shown] + [
+            ctlstats.row({"Name": name, "State": "broken", "Error": error})
+            for name, error in sorted(broken.items())]
 
     if as_json:
         _print_json(await rows())
@@ -312,9 +325,12 @@ class Spinner:
 
 
 def _next_step(name: str, verb: str, result: str) -> str:
-    """What to run after a job ended badly."""
+    """What to run after a job ended badly (an external preset never gets a job: the
+    daemon refuses its verbs with what it is)."""
     if result == "canceled":
         return "another start, stop or restart replaced it"
+    if verb in ("stop", "unload"):
+        return f"see `lokictl logs {name} -n 30`; `lokictl stop {name}` tries again"
     return (f"see `lokictl logs {name} -n 30`; `lokictl start {name}` tries again once the "
             "cause is fixed")
 

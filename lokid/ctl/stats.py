@@ -66,9 +66,18 @@ def row(props: dict[str, Any]) -> dict[str, Any]:
     draft = stats.get("draft") or {}
     prefill = stats.get("prefill_tps") or {}
     decode = stats.get("decode_tps") or {}
+    external = props.get("Kind") == "external"   # an API elsewhere: where, and its model
+    state = "external" if external else props.get("State")
+    if external:
+        url = props.get("Url") or None
+    else:
+        url = stats.get("url") if live else None
     return {
-        "preset": props.get("Name"), "state": props.get("State"),
-        "url": stats.get("url") if live else None, "model": props.get("Model"),
+        "preset": props.get("Name"), "state": state, "url": url,
+        "model": (props.get("UpstreamModel") or None) if external else props.get("Model"),
+        # what an external API or a broken preset says instead of a verdict
+        "reachable": (props.get("Reachable") or None) if external else None,
+        "error": props.get("Error") or None,
         "uptime_seconds": stats.get("uptime_seconds") if live else None,
         "gpu_memory_mib": gpu_memory(stats.get("memory_mib")) if live else {},
         "memory_source": stats.get("memory_source"),
@@ -113,10 +122,11 @@ def cells(r: dict[str, Any]) -> list[str]:
     state = str(r["state"])
     if r.get("on_demand_state") and r["on_demand_state"] != state:
         state += f" ({r['on_demand_state']})"
-    return [str(r["preset"]), state, r["url"] or "-", str(r["model"]),
+    said = r["verdict"] or r.get("reachable") or r.get("error")
+    return [str(r["preset"]), state, r["url"] or "-", str(r["model"] or "-"),
             duration(r["uptime_seconds"]), gpu_text(r), ",".join(r["offload"]) or "-",
             _num(r["requests_per_min"], "{:.1f}"), _num(r["prefill_tps"]),
-            _num(r["decode_tps"]), draft, r["verdict"] or "-"]
+            _num(r["decode_tps"]), draft, said or "-"]
 
 
 def columns(lines: list[list[str]], width: int | None = None) -> str:

@@ -15,7 +15,10 @@ steps, each for a failure it prevents:
 - the verb returns at once with a job id, and ``JobFinished(preset, job, "unload",
   result, state, detail)`` says how it ended once the engine is stopped; the detail says
   what it waited for ("waited 2.1 s for 1 request in flight to finish"). A second
-  unload of the same preset meanwhile gets the same job.
+  unload of the same preset meanwhile gets the same job;
+- an external preset is refused at once with what it is, as ``StopPreset`` refuses it:
+  nothing runs here. (It used to get a job that failed at its stop, and lokictl then
+  advised its logs and a start, neither of which an external API has.)
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class Unloads:
         """UnloadPreset: the job's id; the stop itself comes once the requests ended."""
         if name in self.jobs:
             return self.jobs[name]
+        view = self.host.registry.presets.get(name)
+        if view is not None and view.external is not None:
+            raise view.failure()   # an external API: nothing runs here to unload, as to stop
         state = self.host.engine_state(name).state
         if state not in LIVE:
             self.host.registry.get(name)   # NotFound for a name neither known nor running

@@ -1,8 +1,9 @@
 """External presets on the real daemon (local runner, a private real dbus-daemon): listed
 with Kind, Url, UpstreamModel and KeyFile; never broken; StartPreset, StopPreset,
-RestartPreset, Plan and Bench refused with the reason (Bench with the seed's); Reachable
-as the daemon sees a real HTTP server answer (401 included) or nothing answer, and
-announced; `lokid plan` and `lokid bench` say the same (issue 22, item 5)."""
+RestartPreset, UnloadPreset (issue 28, item 17), Plan and Bench refused with the reason
+(Bench with the seed's); Reachable as the daemon sees a real HTTP server answer (401
+included) or nothing answer, and announced; `lokid plan` and `lokid bench` say the same
+(issue 22, item 5)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ async def test_an_external_preset_is_listed_never_started_and_its_reach_is_seen(
         assert await remote.get_upstream_model() == "big"
         assert await remote.get_key_file() == "/etc/loki/keys/remote.key"
         assert (await remote.get_notes())[0].startswith(f"external API at {api}: nothing runs")
-        for verb in ("start_preset", "stop_preset", "restart_preset"):
+        for verb in ("start_preset", "stop_preset", "restart_preset", "unload_preset"):
             with pytest.raises(DBusError) as refused:
                 await getattr(m, f"call_{verb}")("remote")
             assert refused.value.type == ENGINE_FAILED
