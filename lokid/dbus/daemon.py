@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -42,6 +43,7 @@ from dbus_fast import BusType
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core import access
+from ..core.config import PRESETS_DIR
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.iosample import IOSampler
 from ..core.lasterror import LastErrors
@@ -53,6 +55,7 @@ from ..host.notify import Notifier
 from ..planning.gather import user_of
 from ..runners.background import Background
 from ..runners.runner import LIVE, LOADING, READY, STOPPING, EngineState, Runner
+from ..store.dirwatch import DirWatch
 from ..store.runtimedir import read_runtime_plan
 from ..store.state import StateDB
 from .authz import MANAGE_GROUP, Authority, current_call
@@ -64,7 +67,7 @@ from .logs import Logs
 from .readyplans import ReadyPlans
 from .registry import Registry
 from .reveal import Revealer
-from .serving import Serving
+from .serving import Serving, close_parts, serve_until_lost
 from .telemetry import Telemetry
 from .unload import Unloads
 from .wire import SafeMessageBus
@@ -75,10 +78,6 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
-
-# How long the daemon, its bus lost, may take to close its parts before it exits
-# (systemd restarts it at once after; TimeoutStopSec would wait 90 s).
-CLOSE_AFTER_LOSS = 10.0
 
 
 class Daemon:
@@ -512,21 +511,6 @@ class Daemon:
             self.watcher.detach(loop)
         await self.runner.close()
 
-    async def _serve(self) -> str | None:
-        """Until SIGTERM/SIGINT (None) or the end of the bus connection (why it ended)."""
-        assert self.bus is not None
-        loop = asyncio.get_running_loop()
-        lost = loop.create_task(self.bus.lost())
-        stopped = loop.create_task(self.stopping.wait())
-        try:
-            await asyncio.wait((lost, stopped), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            lost.cancel()
-        if self.stopping.is_set() or not lost.done() or lost.cancelled():
-            return None
-        return lost.result()
-
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -569,11 +553,6 @@ class Daemon:
                 self.background.spawn(self.telemetry.replay(),
                                       "reading the running engines' figures again")
             self.background.spawn(self._align_sockets(), "aligning the sockets")
-        import os
-
-        from ..core.config import PRESETS_DIR
-        from ..store.dirwatch import DirWatch
-
         self.dirwatch = DirWatch([self.config_dir, os.path.join(self.config_dir, PRESETS_DIR)],
                                  self._files_changed)
         how = self.dirwatch.attach(loop)
@@ -585,7 +564,7 @@ class Daemon:
         publisher = loop.create_task(self.telemetry.publish())
         why_lost: str | None = None
         try:
-            why_lost = await self._serve()
+            why_lost = await serve_until_lost(self.bus, self.stopping)
             if why_lost is not None:
                 log.error("lost the bus, and with it %s: %s; exiting with status 1 for "
                           "systemd to start the daemon again", BUS_NAME, why_lost)
@@ -595,16 +574,7 @@ class Daemon:
             watchdog.cancel()
             publisher.cancel()
             self.dirwatch.detach()
-            if why_lost is None:
-                await self._close_parts(loop)
-            else:
-                # Nothing that waits for the bus may hold the exit systemd waits for
-                # (the calls fail at once on a lost bus, wire.py; this is the bound).
-                try:
-                    await asyncio.wait_for(self._close_parts(loop), CLOSE_AFTER_LOSS)
-                except Exception as e:   # the exit goes on, said in a line
-                    log.warning("closing after the loss of the bus: %s",
-                                f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            await close_parts(self._close_parts(loop), bounded=why_lost is not None)
             self.bus.disconnect()
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 loop.remove_signal_handler(sig)

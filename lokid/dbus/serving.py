@@ -17,6 +17,10 @@ the gateway answered 503 until an operator did. The rules:
   daemon exits non-zero, for ``Restart=on-failure`` to start it again (with no start
   limit in lokid.service, for this reason).
 
+:func:`serve_until_lost` is the daemon's life: until SIGTERM/SIGINT, or until the
+connection ends; :func:`close_parts` bounds what the daemon closes after a loss
+(:data:`CLOSE_AFTER_LOSS`), so nothing that waits for the lost bus holds the exit.
+
 Without systemd's watchdog (``lokid daemon`` by hand, the tests) nothing is pinged and
 nothing is asked: the end of the connection alone says the bus is lost.
 """
@@ -25,12 +29,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from .wire import SafeMessageBus
+
 log = logging.getLogger("lokid.daemon")
+
+# How long the daemon, its bus lost, may take to close its parts before it exits
+# (systemd restarts it at once after; TimeoutStopSec would wait 90 s).
+CLOSE_AFTER_LOSS = 10.0
 
 
 def owner_query(name: str) -> Message:
@@ -89,3 +99,32 @@ class Serving:
                 return
             await asyncio.sleep(max(0.0, self.every - (asyncio.get_running_loop().time()
                                                        - started)))
+
+
+async def serve_until_lost(bus: SafeMessageBus, stopping: asyncio.Event) -> str | None:
+    """Until ``stopping`` is set (None) or the end of the bus connection (why it ended)."""
+    loop = asyncio.get_running_loop()
+    lost = loop.create_task(bus.lost())
+    stopped = loop.create_task(stopping.wait())
+    try:
+        await asyncio.wait((lost, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        lost.cancel()
+    if stopping.is_set() or not lost.done() or lost.cancelled():
+        return None
+    return lost.result()
+
+
+async def close_parts(closing: Awaitable[None], bounded: bool) -> None:
+    """Awaits ``closing``; ``bounded`` (the bus is lost): for CLOSE_AFTER_LOSS at most,
+    and a failure is a line, for the exit systemd waits for goes on."""
+    if not bounded:
+        await closing
+        return
+    # The calls fail at once on a lost bus (wire.py); this is the bound.
+    try:
+        await asyncio.wait_for(closing, CLOSE_AFTER_LOSS)
+    except Exception as e:
+        log.warning("closing after the loss of the bus: %s",
+                    f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
