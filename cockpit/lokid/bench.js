@@ -1,6 +1,7 @@
 /*
  * The benchmark of a preset's view: Run calls the daemon's Bench (quick or
- * full, the predicted and prompt tokens asked, 0 for the daemon's defaults),
+ * full, the predicted and prompt tokens asked, filled in with the daemon's
+ * defaults, 300 and 2000; an empty box sends 0, which means the same),
  * its progress comes live from the BenchProgress signal (the phase and a bar
  * of step over steps), then the outcome's figures in a small table, and beside
  * it the stored result of this very configuration (the LastBench property,
@@ -112,22 +113,23 @@
             o.value = value;
             mode.appendChild(o);
         }
-        const number = (id, label, title) => {
+        // The daemon's defaults (lokid.core.benchrules: DEFAULT_PREDICT, DEFAULT_PROMPT;
+        // lokictl bench's too) written in, so the form shows what a run measures; an
+        // emptied box still asks for them (0 on the bus).
+        const number = (id, label, value) => {
             const input = el("input");
             input.type = "number";
-            input.min = "0";
+            input.min = "1";
             input.max = "131072";
-            input.value = "0";
+            input.value = String(value);
             input.id = id;
-            input.title = title;
+            input.title = "Empty: the daemon's default, " + value;
             const l = el("label", "lk-small", label + " ");
             l.appendChild(input);
             return [l, input];
         };
-        const [predictLabel, predict] = number("lk-bench-predict", "Generated tokens",
-                                               "0: the daemon's default, 300");
-        const [promptLabel, prompt] = number("lk-bench-prompt", "Prompt tokens",
-                                             "0: the daemon's default, 2000");
+        const [predictLabel, predict] = number("lk-bench-predict", "Generated tokens", 300);
+        const [promptLabel, prompt] = number("lk-bench-prompt", "Prompt tokens", 2000);
         const run = el("button", "lk-btn lk-btn-secondary", "Run");
         run.type = "button";
         run.id = "lk-bench-run";
@@ -244,5 +246,6 @@
         };
     }
 
-    lokid.sections.push({ id: "bench", title: "Benchmark", order: 50, mount });
+    // An engine's only: the daemon refuses to benchmark an external API or a broken preset.
+    lokid.sections.push({ id: "bench", title: "Benchmark", order: 50, kinds: ["engine"], mount });
 }());

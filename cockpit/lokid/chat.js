@@ -13,6 +13,15 @@
  * API key (KeyFile) cannot be tried from here: the page never reads the key,
  * and says so rather than failing silently on the engine's 401.
  *
+ * The box never goes through the gateway: the page knows neither where it
+ * listens (lokid.toml, not the bus) nor a client key it may want. So a stopped
+ * on-demand preset can be asked from here only where systemd holds its port
+ * (loki-port@NAME.socket: its Argv then has the engine on a UNIX socket, --host
+ * /run/loki/NAME.sock): the question's connection starts the engine and waits
+ * in the socket's backlog until it is ready. Elsewhere (the local runner, a
+ * host that is a name, --host in extra_args) nothing listens on the port while
+ * the engine is stopped, and the box says to start it or to ask the gateway.
+ *
  * Only the last few turns are sent and kept: a try, not a conversation.
  */
 "use strict";
@@ -40,6 +49,14 @@
             tls: u.protocol === "https:",
             path: u.pathname.replace(/\/+$/, "") + "/v1/chat/completions",
         };
+    }
+
+    // systemd holds the port (lokid.core.portunit): the plan puts the engine on a UNIX
+    // socket, and the port in Stats' url is the socket unit's, which starts it.
+    function portStartsIt(p) {
+        const argv = p.Argv || [];
+        const at = argv.indexOf("--host");
+        return !!p.OnDemand && at >= 0 && /\.sock$/.test(argv[at + 1] || "");
     }
 
     function timingsText(t) {
@@ -121,7 +138,8 @@
             keepLast();
             prompt.value = "";
             timings.className = "lk-small";
-            timings.textContent = "…";
+            timings.textContent = p.State === "ready" ? "…"
+                : "Starting " + view.name + " for this question (the reply comes once it has loaded)…";
             const sent = messages.concat([{ role: "user", content: text }]);
             const options = { address: where.address };
             if (where.tls)
@@ -242,10 +260,20 @@
             update() {
                 const p = view.proxy();
                 const external = p && p.Kind === "external";
-                ready = !!p && !external && p.State === "ready";
+                const woken = !!p && !external && ["inactive", "loading"].includes(p.State) &&
+                    portStartsIt(p);
+                ready = !!p && !external && (p.State === "ready" || woken);
                 send.disabled = !ready || !!request;
                 if (external)
                     note.textContent = "An external API: try it with its own client.";
+                else if (woken)
+                    note.textContent = "On demand: systemd holds this preset's port (" +
+                        (lokid.stats(p).url || "its url") + "), so a question sent from here " +
+                        "starts its engine; the reply comes once it has loaded.";
+                else if (!ready && p && p.OnDemand)
+                    note.textContent = "On demand, but this box talks to the engine's own port, " +
+                        "not to the gateway, and nothing listens there while it is stopped: " +
+                        "start it, or ask through the gateway, which starts it.";
                 else if (!ready)
                     note.textContent = "Start the preset to try it: the box talks to its running engine.";
                 else if (p.KeyFile)
@@ -259,5 +287,6 @@
         };
     }
 
-    lokid.sections.push({ id: "chat", title: "Try it", order: 45, mount });
+    lokid.sections.push({ id: "chat", title: "Try it", order: 45, kinds: ["engine", "external"],
+        mount });
 }());

@@ -16,6 +16,7 @@ window.lokid = (function () {
     const MANAGER = "org.lokid.Lokid1.Manager";
     const PRESET = "org.lokid.Lokid1.Preset";
     const PERMISSION_DENIED = "org.lokid.Lokid1.Error.PermissionDenied";
+    const RUNNING = ["loading", "ready", "stopping"];     // an engine's states while it runs
 
     const client = cockpit.dbus(BUS_NAME, { bus: "system" });
     const manager = client.proxy(MANAGER, MANAGER_PATH);
@@ -97,6 +98,20 @@ window.lokid = (function () {
         return byName;
     }
 
+    // What the page shows a preset as: "external" (Kind external: an API elsewhere,
+    // nothing runs here, so no engine verbs, keys or benchmark), "broken" (in
+    // BrokenPresets and not running: it cannot start as it is, with an object or
+    // without; a running one stays an engine, whose next start is what is broken),
+    // "engine", or "gone" (nothing of this name, or not read yet).
+    // p: its proxy, when the caller holds it already (the overview, for every row).
+    function kindOf(name, p = presets()[name]) {
+        if (p && p.Kind === "external")
+            return "external";
+        if ((manager.BrokenPresets || {})[name] && !(p && RUNNING.includes(p.State)))
+            return "broken";
+        return p ? "engine" : "gone";
+    }
+
     // Every part redraws at most four times a second, whatever changed: a busy
     // engine's properties change about eight times a second (Stats, LastRequestAt,
     // RequestsInFlight), and drawing each cost the browser 13 % of a CPU for one
@@ -146,11 +161,15 @@ window.lokid = (function () {
         clearError,
         act,
         presets,
+        kindOf,
+        RUNNING,
         onChange: fn => listeners.push(fn),
         changed,
         // The preset view's sections: {id, title, order, mount(box, view)}, where
         // view.name is the preset, view.proxy() its proxy now (null while it has
-        // none) and mount returns {update(), unmount()} (update on every change).
+        // none) and mount returns {update(), unmount()} (update on every change);
+        // kinds, when given, lists the kindOf() values the card is shown for (hidden,
+        // and not updated, for the others).
         sections: [],
     };
 }());

@@ -7,7 +7,9 @@
  *   names a line ("…/NAME.toml:LINE: key: why") that line is marked beside the
  *   text. The daemon writes nothing it refuses, so the file stays as it was;
  * - a form for the common keys (model, ctx, gpus, port, [spec] mode and draft,
- *   the [chat] defaults) sends only the keys changed, through SetPresetKeys (the
+ *   the [chat] defaults; for an external preset, kind = "external" in its file,
+ *   its url, upstream_model and api_key_file instead: the daemon refuses an
+ *   engine's key there) sends only the keys changed, through SetPresetKeys (the
  *   file's comments and layout kept), and a field emptied through UnsetPresetKeys;
  * - the draft picker lists DraftCandidates as the daemon orders them (a model
  *   with its own MTP head first, then MTP heads, then draft models; never the
@@ -34,10 +36,14 @@
     const AT_LINE = /\.toml:(\d+):\s*/;
     const SPEC_MODES = ["off", "auto", "mtp", "ngram", "mtp+ngram"];
     const EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh"];
-    // [key, label, kind]; kind says how a field's text becomes a D-Bus value (the types
-    // SetPresetKeys takes: s, x, d, b, as, ax). A value the field cannot read as its
-    // kind is sent as text: the daemon then says what would be valid.
+    // [key, label, kind, preset]; kind says how a field's text becomes a D-Bus value (the
+    // types SetPresetKeys takes: s, x, d, b, as, ax). A value the field cannot read as its
+    // kind is sent as text: the daemon then says what would be valid. preset: the kind of
+    // preset the key belongs to (lokid.core.external's EXTERNAL_KEYS), engine when absent.
     const FIELDS = [
+        ["url", "URL (/v1 included)", "s", "external"],
+        ["upstream_model", "Upstream model", "s", "external"],
+        ["api_key_file", "API key file", "s", "external"],
         ["model", "Model", "s"],
         ["ctx", "Context (tokens)", "x"],
         ["gpus", "GPUs", "gpus"],
@@ -191,8 +197,10 @@
         const form = el("div", "lk-edit-form");
         form.id = "lk-edit-form";
         const inputs = {};
-        for (const [key, label, kind] of FIELDS) {
+        for (const [key, label, kind, preset] of FIELDS) {
             const row = el("label", "lk-edit-field");
+            row.dataset.preset = preset || "engine";
+            row.hidden = row.dataset.preset !== "engine";   // until the file says
             row.append(el("span", "lk-edit-field-label", label));
             let input;
             if (Array.isArray(kind) || kind === "draft") {
@@ -205,7 +213,7 @@
             }
             input.id = fieldId(key);
             input.dataset.key = key;
-            inputs[key] = { input, kind };
+            inputs[key] = { input, kind, row };
             row.append(input);
             form.append(row);
         }
@@ -277,8 +285,16 @@
             drawGutter();
         }
 
+        // the file says what the preset is (the object, when the file cannot be read)
+        function external() {
+            return keys.kind === "external";
+        }
+
         function fill(known) {
             keys = known;
+            const which = external() ? "external" : "engine";
+            for (const { row } of Object.values(inputs))
+                row.hidden = row.dataset.preset !== which;
             for (const [key, { input, kind }] of Object.entries(inputs)) {
                 const value = keys[key] === undefined ? "" : String(keys[key]);
                 if (Array.isArray(kind))
@@ -286,7 +302,10 @@
                 else if (kind !== "draft")
                     input.value = value;
             }
-            drafts();
+            if (external())
+                draftNote.textContent = "";
+            else
+                drafts();
         }
 
         function drafts() {
@@ -351,6 +370,11 @@
                         // what the preset's object tells anyone, for the form to start from
                         const p = view.proxy();
                         const known = {};
+                        if (p && p.Kind === "external") {
+                            known.kind = "external";
+                            known.url = p.Url;
+                            known.upstream_model = p.UpstreamModel;
+                        }
                         if (p && p.Model)
                             known.model = p.Model;
                         if (p && p.SpecMode && p.SpecMode !== "off")
@@ -417,7 +441,9 @@
             status.hidden = true;
             const set = {};
             const unset = [];
-            for (const [key, { input, kind }] of Object.entries(inputs)) {
+            for (const [key, { input, kind, row }] of Object.entries(inputs)) {
+                if (row.hidden)
+                    continue;
                 const was = keys[key] === undefined ? "" : String(keys[key]);
                 const now = input.value.trim();
                 if (now === was.trim())

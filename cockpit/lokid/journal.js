@@ -135,5 +135,7 @@
         };
     }
 
-    lokid.sections.push({ id: "journal", title: "Journal", order: 30, mount });
+    // An external preset has no unit, so no journal.
+    lokid.sections.push({ id: "journal", title: "Journal", order: 30, kinds: ["engine", "broken"],
+        mount });
 }());

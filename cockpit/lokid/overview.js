@@ -13,8 +13,7 @@
 "use strict";
 
 (function () {
-    const { manager, $, el, unwrap, act } = lokid;
-    const RUNNING = ["loading", "ready", "stopping"];
+    const { manager, $, el, unwrap, act, RUNNING } = lokid;
     const COLUMNS = ["name", "state", "url", "uptime", "rpm", "speed", "draft", "memory",
         "spec", "ondemand", "actions"];
     const TICK_MS = 10000;      // uptimes move on screen without the daemon saying so
@@ -97,10 +96,13 @@
 
     function fill(row, name, p, broken) {
         const c = row.cells;
-        const state = p ? p.State : "broken";
-        const external = p && p.Kind === "external";
-        c.badge.textContent = external ? "external" : state;
-        c.badge.className = "lk-state lk-state-" + (external ? "external" : state);
+        // external, broken (a file that cannot be read, or a preset that cannot start as
+        // it is: Start would fail for the reason under the row), else the engine's state
+        const kind = lokid.kindOf(name, p);
+        const external = kind === "external";
+        const state = kind === "engine" ? p.State : kind === "gone" ? "broken" : kind;
+        c.badge.textContent = state;
+        c.badge.className = "lk-state lk-state-" + state;
         // The signal's detail says why a run ended (a job result, an exit status);
         // while one loads or serves, the supervisor's Status line is the live word (the
         // detail of "ready" was still the last line of loading: seen in the walk).
@@ -137,8 +139,8 @@
         }
         c.ondemand.textContent = p && p.OnDemandState ? p.OnDemandState : "";
         // the one verb that applies: the column stays narrow enough for a laptop
-        c.start.hidden = !p || external || running;
-        c.stop.hidden = !p || external || !running;
+        c.start.hidden = kind !== "engine" || running;
+        c.stop.hidden = kind !== "engine" || !running;
         c.error.textContent = broken || "";
         row.err.hidden = !broken;
     }

@@ -1,17 +1,24 @@
 /*
  * One preset's view (#/preset/NAME): its state with Start, Stop and Restart,
- * then one card per section of lokid.sections in their order. Three sections
- * are here: the plan (the engine's command line and each note saying why,
- * from the Argv, Notes and RunningArgv properties and Plan()), the last
- * minutes of its Stats as small charts (a bounded window, sampled as
- * PropertiesChanged brings them), and the recorded failures of automatic
- * speculation with Clear (ClearFailures).
+ * then one card per section of lokid.sections in their order, each shown for
+ * the kinds of preset it applies to (lokid.kindOf). Four sections are here:
+ * the plan (the engine's command line and each note saying why, from the
+ * Argv, Notes and RunningArgv properties and Plan()), the last minutes of its
+ * Stats as small charts (a bounded window, sampled as PropertiesChanged brings
+ * them), the recorded failures of automatic speculation with Clear
+ * (ClearFailures), and, for an external preset, what it is (Url,
+ * UpstreamModel, KeyFile, Reachable).
+ *
+ * An external preset runs nothing here: its header says "external" and has no
+ * verbs (the daemon refuses them), and the engine's cards are not shown. A
+ * broken preset (BrokenPresets, not running) says "broken" and why, without
+ * Start: the start would fail for that very reason; its file can be fixed in
+ * the Edit card.
  */
 "use strict";
 
 (function () {
-    const { $, el, act } = lokid;
-    const RUNNING = ["loading", "ready", "stopping"];
+    const { $, el, act, RUNNING } = lokid;
     const WINDOW_SECONDS = 600;         // the charts' window: the last ten minutes
     let view = null;                    // {name, mounted: [{update, unmount}]}
 
@@ -52,15 +59,40 @@
             update() {
                 const p = proxyOf(name);
                 const broken = (lokid.manager.BrokenPresets || {})[name];
-                const state = p ? p.State : (broken ? "broken" : "gone");
+                const kind = lokid.kindOf(name);
+                const state = kind === "engine" ? p.State : kind;
                 badge.textContent = state;
                 badge.className = "lk-state lk-state-" + state;
-                detail.textContent = broken || (p ? p.Status : "No preset of this name.");
+                if (kind === "external")
+                    detail.textContent = "An OpenAI-compatible API elsewhere: the gateway " +
+                        "relays this preset's requests to it; nothing runs here.";
+                else
+                    detail.textContent = broken || (p ? p.Status : "No preset of this name.");
+                // The verbs of an engine only: the daemon refuses them for an external
+                // preset, and a broken one's start fails for the reason shown.
+                verbs.hidden = kind !== "engine";
                 const running = RUNNING.includes(state);
-                const external = p && p.Kind === "external";
-                buttons.Start.disabled = !p || external || running;
-                buttons.Stop.disabled = !p || external || !running;
-                buttons.Restart.disabled = !p || external;
+                buttons.Start.disabled = running;
+                buttons.Stop.disabled = !running;
+            },
+            unmount() {},
+        };
+    }
+
+    // --- an external preset: what it is ------------------------------------------
+
+    function mountExternal(box, v) {
+        const list = el("dl", "lk-facts");
+        list.id = "lk-external";
+        box.append(list);
+        return {
+            update() {
+                const p = v.proxy();
+                const facts = [["URL", p.Url], ["Upstream model", p.UpstreamModel],
+                    ["API key", p.KeyFile ? "from " + p.KeyFile : "none"],
+                    ["Reachable", p.Reachable || "not checked yet"]];
+                list.replaceChildren(...facts.flatMap(([label, value]) =>
+                    [el("dt", "", label), el("dd", "", value)]));
             },
             unmount() {},
         };
@@ -111,9 +143,10 @@
         return {
             update() {
                 const p = v.proxy();
-                if (!p) {
+                if (!p) {       // a file that cannot be read: its reason is in the header
                     argv.textContent = "";
                     notes.replaceChildren();
+                    env.textContent = "No plan: the preset's file cannot be read.";
                     return;
                 }
                 // The property's secret values are *** for everyone (it comes with
@@ -251,10 +284,15 @@
         };
     }
 
-    lokid.sections.push({ id: "plan", title: "Plan", order: 10, mount: mountPlan });
-    lokid.sections.push({ id: "charts", title: "Activity", order: 20, mount: mountCharts });
+    lokid.sections.push({ id: "external", title: "External API", order: 10,
+        kinds: ["external"], mount: mountExternal });
+    // A broken preset's Notes are its reason, and Plan() says it too.
+    lokid.sections.push({ id: "plan", title: "Plan", order: 10, kinds: ["engine", "broken"],
+        mount: mountPlan });
+    lokid.sections.push({ id: "charts", title: "Activity", order: 20, kinds: ["engine"],
+        mount: mountCharts });
     lokid.sections.push({ id: "failures", title: "Failures of automatic speculation",
-        order: 60, mount: mountFailures });
+        order: 60, kinds: ["engine"], mount: mountFailures });
 
     // --- the view ------------------------------------------------------------
 
@@ -263,7 +301,7 @@
         const box = $("lk-sections");
         box.replaceChildren();
         const v = { name, proxy: () => proxyOf(name) };
-        const mounted = [header(name)];
+        const mounted = [{ part: header(name) }];
         for (const s of lokid.sections.slice().sort((a, b) => a.order - b.order)) {
             const card = el("section", "lk-card");
             card.id = "lk-section-" + s.id;
@@ -272,7 +310,7 @@
             card.appendChild(inner);
             box.appendChild(card);
             try {
-                mounted.push(s.mount(inner, v));
+                mounted.push({ part: s.mount(inner, v), card, kinds: s.kinds });
             } catch (ex) {
                 inner.textContent = String(ex);
             }
@@ -284,9 +322,15 @@
     function update() {
         if (!view)
             return;
-        for (const m of view.mounted) {
+        const kind = lokid.kindOf(view.name);
+        for (const { part, card, kinds } of view.mounted) {
+            const shown = !kinds || kinds.includes(kind);
+            if (card)
+                card.hidden = !shown;
+            if (!shown)
+                continue;
             try {
-                m.update();
+                part.update();
             } catch (ex) {
                 console.error("lokid section", ex);
             }
@@ -296,9 +340,9 @@
     function hide() {
         if (!view)
             return;
-        for (const m of view.mounted) {
+        for (const { part } of view.mounted) {
             try {
-                m.unmount();
+                part.unmount();
             } catch (ex) {
                 console.error("lokid section", ex);
             }

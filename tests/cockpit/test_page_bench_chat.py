@@ -18,6 +18,8 @@ import pytest
 from support.cockpitkit import Browser
 from support.lokid_install import LokidSystem, unit
 
+from lokid.core.benchrules import DEFAULT_PREDICT, DEFAULT_PROMPT
+
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
 MODEL = 'model = "llama.gguf"\n'
@@ -179,3 +181,46 @@ def test_the_chat_box_says_it_cannot_send_an_engines_api_key(cockpit_site: Any,
         assert "cannot read" in said, said
         assert key not in str(b.driver.execute_script("return document.body.innerText"))
         shot(b, "chat", "chat-api-key-refused")
+
+
+def test_the_benchmarks_token_fields_start_at_the_daemons_defaults(
+        cockpit_site: Any, lokid: LokidSystem) -> None:
+    """The form says what a run measures: lokid's own defaults (those of Bench's 0 and of
+    `lokictl bench`), not 0 (issue 28, item 17)."""
+    lokid.preset("bench3", MODEL)
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
+        b.open_preset("bench3")
+        assert b.find("#lk-bench-predict").get_attribute("value") == str(DEFAULT_PREDICT)
+        assert b.find("#lk-bench-prompt").get_attribute("value") == str(DEFAULT_PROMPT)
+
+
+def test_a_stopped_on_demand_presets_chat_box_starts_it_through_its_port(
+        cockpit_site: Any, lokid: LokidSystem) -> None:
+    """An on-demand preset whose port systemd holds (loki-port@NAME.socket) is started by
+    the first connection to it: the box talks to that port, so its Send works while the
+    engine is stopped, says so, and the question starts the engine (issue 28, item 17).
+    Before, Send stayed disabled until the preset was started by hand."""
+    lokid.preset("chat3", f"{MODEL}[serve]\non_demand = true\n")
+    cockpit_site.ct.wait_for("loki-port@chat3.socket", "active", timeout=30)
+    with Browser(cockpit_site.url) as b:
+        b.login_to_page(cockpit_site.member.user, cockpit_site.member.password)
+        b.open_preset("chat3")
+        b.wait_js("return document.querySelector('#lk-preset-head .lk-state')"
+                  ".textContent === 'inactive'", what="the view's state inactive")
+        b.wait_js("return !document.getElementById('lk-chat-send').disabled",
+                  what="Send enabled on a stopped on-demand preset")
+        note = b.find("#lk-chat-note").text
+        assert "starts its engine" in note and "systemd holds" in note, note
+        max_tokens = b.find("#lk-chat-max")
+        max_tokens.clear()
+        max_tokens.send_keys("8")
+        b.find("#lk-chat-prompt").send_keys("Hello")
+        b.find("#lk-chat-send").click()
+        b.wait_js("const r = document.querySelector('#lk-chat-log .lk-chat-reply');"
+                  "return r && r.dataset.done", timeout=180, what="the reply's end")
+        timings = b.find("#lk-chat-timings").text
+        assert re.search(r"reply \d+ tokens at", timings), timings
+        assert lokid.show("chat3", "ActiveState")["ActiveState"] == "active"
+        wait_ready(b)
+        shot(b, "chat", "chat-on-demand-started")
