@@ -51,9 +51,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -150,14 +151,16 @@ def main() -> int:
 
 
 @contextmanager
-def gateway_process(config: Path, bus_address: str, port: int
+def gateway_process(config: Path, bus_address: str, port: int, *,
+                    head: Sequence[str] = (), stderr: IO[bytes] | int = subprocess.DEVNULL
                     ) -> Iterator[subprocess.Popen[bytes]]:
     """``lokid gateway`` on 127.0.0.1:``port`` for the daemon at ``bus_address``, from when
-    it answers /health (the process); terminated at the end."""
+    it answers /health (the process); terminated at the end. ``head``: the command before
+    lokid's arguments (``python -m lokid.cli`` unless told); ``stderr``: where its log goes."""
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "lokid.cli", "--config-dir", str(config), "gateway",
+        [*(head or (sys.executable, "-m", "lokid.cli")), "--config-dir", str(config), "gateway",
          "--bus", "session", "--bus-address", bus_address, "--listen", f"127.0.0.1:{port}"],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=stderr)
     try:
         asyncio.run(wait_health(f"http://127.0.0.1:{port}"))
         yield gateway

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import subprocess
@@ -65,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 from dbus_fast import Message, MessageType  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
-from gateway_latency import gateway_process, wait_health  # noqa: E402
+from gateway_latency import gateway_process  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import (  # noqa: E402
     engine_binary,
@@ -168,19 +167,10 @@ def gateway_with(rule: str, config: Path, bus_address: str, port: int, log: Path
                  ) -> Iterator[subprocess.Popen[bytes]]:
     """``lokid gateway`` as gateway_latency runs it, by ``rule`` ("old": issue 22's), its
     log in ``log``."""
-    head = [sys.executable, "-c", OLD_RULE] if rule == "old" else \
-        [sys.executable, "-m", "lokid.cli"]
-    with log.open("wb") as out:
-        gateway = subprocess.Popen(
-            [*head, "--config-dir", str(config), "gateway", "--bus", "session",
-             "--bus-address", bus_address, "--listen", f"127.0.0.1:{port}"],
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=out)
-    try:
-        asyncio.run(wait_health(f"http://127.0.0.1:{port}"))
+    head = [sys.executable, "-c", OLD_RULE] if rule == "old" else []
+    with log.open("wb") as out, gateway_process(config, bus_address, port, head=head,
+                                                stderr=out) as gateway:
         yield gateway
-    finally:
-        gateway.terminate()
-        gateway.wait(30)
 
 
 def team_config(root: Path, load_delay: float) -> Path:
