@@ -82,6 +82,7 @@ class LokidSystem:
         self.ct = ct
         self.engine = engine
         self._presets: set[str] = set()
+        self._ports: set[int] = set()    # drawn by preset() for this test's presets
         self._units: set[str] = set()
         self._files: set[str] = set()
         self._engine_changed = False
@@ -147,8 +148,15 @@ class LokidSystem:
 
     def preset(self, name: str, body: str, *, port: int | None = None,
                reload: bool = True) -> int:
-        """Write presets/<name>.toml (a free port, ctx 2048, then ``body``); its port."""
-        port = free_port() if port is None else port
+        """Write presets/<name>.toml (a free port, ctx 2048, then ``body``); its port.
+
+        The free port is one no other preset of this test was given: the kernel hands
+        out a port it just gave again (of 50 presets, two shared one often enough that
+        one of them was broken by the port conflict and a CI run failed)."""
+        while port is None:
+            port = free_port()
+            port = None if port in self._ports else port
+        self._ports.add(port)
         self.write_preset_text(name, f"port = {port}\nctx = 2048\n{body}", reload=reload)
         return port
 
@@ -205,6 +213,7 @@ class LokidSystem:
         if self._presets or self._files:
             self.reload()
         self._presets.clear()
+        self._ports.clear()
         self._units.clear()
         self._files.clear()
 
