@@ -364,8 +364,17 @@ def lokid_processes(ct: Container) -> list[str]:
 
 
 CLIENT = ("while :; do curl -s -o /dev/null -m 20 -H 'Content-Type: application/json' "
-          "--data-binary '{{\"model\": \"lazy\", \"prompt\": \"x\", \"n_predict\": 2}}' "
+          "--data-binary '{{\"model\": \"{model}\", \"prompt\": \"x\", \"n_predict\": 2}}' "
           "{url}/completion; sleep 0.05; done")
+ON_DEMAND_IN_A_GROUP = '[serve]\non_demand = true\ngroup = "g"\n'
+
+
+def loki_units_up(ct: Container) -> list[str]:
+    """Units of lokid's that are not inactive (loaded or not: a socket whose unit file
+    went with the package still listens, shown as not-found)."""
+    r = ct.run(["systemctl", "list-units", "--all", "--plain", "--no-legend",
+                "--state=active,activating,deactivating,reloading", "loki*"], check=False)
+    return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 
 
 def test_remove_with_clients_at_work_leaves_no_lokid_process(system: System) -> None:
@@ -374,38 +383,49 @@ def test_remove_with_clients_at_work_leaves_no_lokid_process(system: System) -> 
     still accepted: a request started one again (or cancelled its stop job), and it ran
     on after the package was gone (2 of 2 tries). Now what accepts requests stops first,
     then the daemon, then the engines: nothing of lokid's runs after, though the clients
-    go on asking."""
+    go on asking.
+
+    With two on-demand presets in one group, the gateway swaps between them all along: a
+    request it still carried while it drained had the daemon start the other engine,
+    which wants its port socket, and that socket listened on after the package was gone
+    (the Debian 13 walk of benchmarks/gateway_team_systemd.py --deb): the engines and
+    their ports are stopped last together, once nothing is left to start one."""
     ct = system.ct
-    gateway, lazy = free_port(), free_port()
+    gateway, lazy, idle = free_port(), free_port(), free_port()
     engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
     ct.write_file("/etc/loki/lokid.toml",
                   f"engine = {json.dumps(engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
                   f'[gateway]\nlisten = ["127.0.0.1:{gateway}"]\n')
-    ct.write_file("/etc/loki/presets/lazy.toml",
-                  f'model = "llama.gguf"\nctx = 2048\nport = {lazy}\n'
-                  "[serve]\non_demand = true\n")
+    for name, port in (("lazy", lazy), ("idle", idle)):
+        ct.write_file(f"/etc/loki/presets/{name}.toml",
+                      f'model = "llama.gguf"\nctx = 2048\nport = {port}\n'
+                      + ON_DEMAND_IN_A_GROUP)
     ct.systemctl("daemon-reload")
     ct.systemctl("start", "sockets.target")
-    for socket in ("loki-gateway.socket", "loki-port@lazy.socket"):
+    for socket in ("loki-gateway.socket", "loki-port@lazy.socket", "loki-port@idle.socket"):
         ct.wait_for(socket, "active", timeout=60)
-    clients = [ct.popen(["sh", "-c", CLIENT.format(url=f"http://127.0.0.1:{port}")])
-               for port in (gateway, lazy)]
+    asks = [(gateway, "lazy"), (gateway, "idle"), (lazy, "lazy")]
+    clients = [ct.popen(["sh", "-c", CLIENT.format(url=f"http://127.0.0.1:{port}",
+                                                   model=model)])
+               for port, model in asks]
     try:
         ct.wait_for("loki-engine@lazy.service", "active", timeout=120)
-        time.sleep(1)
+        time.sleep(3)   # a few swaps
         assert health(ct, system.port) == 200   # demo, started by hand, runs too
         apt(ct, "remove", "lokid")
         assert status(ct) == "rc"
         time.sleep(5)   # the clients still at it
         left = lokid_processes(ct)
+        up = loki_units_up(ct)
     finally:
         for client in clients:
             client.stop()
     assert left == [], left
+    assert up == [], up
     assert lokid_processes(ct) == []
-    for port in (gateway, lazy):
+    for port in (gateway, lazy, idle):
         assert health(ct, port) == 0   # nothing listens
-    ct.run(["rm", "-f", "/etc/loki/presets/lazy.toml"])
+    ct.run(["rm", "-f", "/etc/loki/presets/lazy.toml", "/etc/loki/presets/idle.toml"])
 
 
 def test_remove_stops_everything_and_keeps_config_and_state(system: System) -> None:
