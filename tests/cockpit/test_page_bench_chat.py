@@ -39,6 +39,17 @@ def shot(b: Browser, section: str, name: str) -> None:
     b.screenshot(name)
 
 
+def ask(b: Browser, prompt: str, max_tokens: int, *, timeout: float) -> None:
+    """Ask the chat box ``prompt`` for at most ``max_tokens`` and wait for the reply's end."""
+    box = b.find("#lk-chat-max")
+    box.clear()
+    box.send_keys(str(max_tokens))
+    b.find("#lk-chat-prompt").send_keys(prompt)
+    b.find("#lk-chat-send").click()
+    b.wait_js("const r = document.querySelector('#lk-chat-log .lk-chat-reply');"
+              "return r && r.dataset.done", timeout=timeout, what="the reply's end")
+
+
 def bench_events(b: Browser) -> list[str]:
     text = b.driver.execute_script(
         "return document.querySelector('#lk-section-bench > div').dataset.events || ''")
@@ -124,13 +135,7 @@ def test_the_chat_box_streams_a_reply_of_the_real_engine_with_its_timings(
         wait_ready(b)
         b.wait_js("return !document.getElementById('lk-chat-send').disabled",
                   what="Send enabled on a ready preset")
-        max_tokens = b.find("#lk-chat-max")
-        max_tokens.clear()
-        max_tokens.send_keys("64")
-        b.find("#lk-chat-prompt").send_keys("Say something")
-        b.find("#lk-chat-send").click()
-        b.wait_js("const r = document.querySelector('#lk-chat-log .lk-chat-reply');"
-                  "return r && r.dataset.done", timeout=60, what="the reply's end")
+        ask(b, "Say something", 64, timeout=60)
         reply = b.driver.execute_script(
             "const r = document.querySelector('#lk-chat-log .lk-chat-reply');"
             "return [Number(r.dataset.chunks), Number(r.dataset.firstLength),"
@@ -212,13 +217,7 @@ def test_a_stopped_on_demand_presets_chat_box_starts_it_through_its_port(
                   what="Send enabled on a stopped on-demand preset")
         note = b.find("#lk-chat-note").text
         assert "starts its engine" in note and "systemd holds" in note, note
-        max_tokens = b.find("#lk-chat-max")
-        max_tokens.clear()
-        max_tokens.send_keys("8")
-        b.find("#lk-chat-prompt").send_keys("Hello")
-        b.find("#lk-chat-send").click()
-        b.wait_js("const r = document.querySelector('#lk-chat-log .lk-chat-reply');"
-                  "return r && r.dataset.done", timeout=180, what="the reply's end")
+        ask(b, "Hello", 8, timeout=180)
         timings = b.find("#lk-chat-timings").text
         assert re.search(r"reply \d+ tokens at", timings), timings
         assert lokid.show("chat3", "ActiveState")["ActiveState"] == "active"
