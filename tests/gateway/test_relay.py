@@ -175,12 +175,16 @@ async def test_a_client_gone_mid_stream_frees_the_engine_slot(
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:  # type: ignore[attr-defined]
         async with c.stream("POST", "/completion", json=long_stream("alpha")) as s:
             assert s.status_code == 200
-            got = 0
+            got, text = 0, b""
             async for chunk in s.aiter_raw():
                 got += chunk.count(b"data: ")
+                text = (text + chunk)[-4096:]
                 if got >= 20:
                     break
-            assert await slots_busy(engine) == 1
+            # the premise: the engine still generates (on a busy machine a /slots reply
+            # came back 0 once in a full run: asked again, with what the stream said)
+            busy = [await slots_busy(engine) for _ in range(3)]
+            assert 1 in busy, (busy, got, text[-300:])
         # the connection is closed here, the answer unread
     gone = time.monotonic()
     while await slots_busy(engine):
