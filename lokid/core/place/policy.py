@@ -1,0 +1,437 @@
+"""Where an engine starts, and which idle engines make room for it (issue 29, item 4).
+
+The figures are bytes per device (``GPU0``…, ``host``): each device's total, the
+operator's reserve and what processes lokid does not manage hold (``others``); each
+running engine's footprint (measured where it was, estimated before); each waiting
+preset's need. :func:`decide` answers, for every preset whose requests wait, one of:
+
+- **start** it now, on the devices named (best fit: the device whose room is the
+  smallest that holds it, so big rooms stay whole for big models);
+- **evict** idle engines first, then start it (the next decision, once they stopped);
+- **hold** its requests: it could fit, but not now (an engine in the way has requests
+  in flight, or is younger than its own load, or memory is held by others); the reason
+  names the figures, and ``again_at`` says when the answer may change by time alone;
+- **refuse** it: it cannot fit on this host at all, even with every engine stopped
+  ("needs 82.0 GiB on one GPU; the largest has 80.0 GiB").
+
+The rules, each against a failure seen in the peers or in lokid's groups:
+
+- no start that cannot fit: a preset starts only into room its footprint fits (Ollama
+  starts on a wrong estimate and fails out of memory, its #16830);
+- never evict an engine marked ``keep``, nor one with requests in flight, nor one
+  starting; an engine whose requests keep it busy is *closed* once the oldest waiting
+  request has waited ``min(max_wait, its drain)``: the edge stops giving it new
+  requests, so it drains; once its whole drain has passed, it is evicted anyway
+  (``cut``), as a group's holder is (:mod:`lokid.core.swaps`);
+- an eviction is worth its cost: no engine is evicted while it is younger (since its
+  READY) than its own measured load, unless the request it is evicted for has waited
+  longer than that; and not within :data:`PAUSE` of its last request (the gap between
+  a client's answer and its next request): 8 clients over two presets made 72–127
+  swaps in 3 minutes when each change of model cost a swap;
+- least recently used first; among devices, the one that needs the fewest evictions,
+  then the least memory evicted;
+- waiting requests are batched per preset (one start for all), and the preset whose
+  request waited longest is placed first: a younger preset may start only on devices
+  the older one's plan does not need, so the oldest is never starved by small ones.
+
+Pure: times are the caller's monotonic clock; the gateway runs it at every change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..swaps import DEFAULT_COST, MAX_WAIT, NEVER, PAUSE
+
+HOST = "host"
+GIB = 2**30
+
+
+def size_text(n: float) -> str:
+    """Bytes for a person: GiB with one decimal from 1 GiB, else MiB."""
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / 2**20:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A place engines take memory from: a GPU, or the host (RAM)."""
+
+    name: str
+    total: int           # bytes
+    reserve: int = 0     # headroom the operator keeps free (lokid.toml)
+    others: int = 0      # held by processes lokid does not manage (the driver's figure)
+
+    @property
+    def usable(self) -> int:
+        """What lokid's engines may hold together on it, at most."""
+        return max(0, self.total - self.reserve - self.others)
+
+    @property
+    def capacity(self) -> int:
+        """What lokid's engines could hold with every other process gone: what a
+        refusal is judged on (memory others hold may be freed; the reserve is not)."""
+        return max(0, self.total - self.reserve)
+
+    @property
+    def gpu(self) -> bool:
+        return self.name != HOST
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a start of a preset needs: bytes on named devices (explicit ``gpus``, the
+    host's share) and, for ``gpus = "auto"``, ``per_gpu`` bytes on each of ``count``
+    GPUs lokid chooses."""
+
+    preset: str
+    fixed: Mapping[str, int] = field(default_factory=dict)
+    per_gpu: int = 0
+    count: int = 0
+    cost: float | None = None   # its measured load, seconds (None: not measured yet)
+
+
+@dataclass(frozen=True)
+class Resident:
+    """An engine that runs, or starts."""
+
+    preset: str
+    held: Mapping[str, int]     # bytes per device
+    in_flight: int = 0
+    ready_since: float = NEVER  # when it became ready
+    idle_since: float = NEVER   # when its last request in flight ended (or its READY)
+    last_used: float = NEVER    # when it last had a request
+    cost: float | None = None   # its own measured load, seconds
+    drain: float = 120.0        # serve.drain, seconds
+    keep: bool = False          # serve.keep: never evicted
+    starting: bool = False      # its load is under way
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The requests waiting for one preset to start: its need, and since when the
+    oldest of them waits."""
+
+    need: Need
+    since: float
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Start:
+    preset: str
+    devices: tuple[str, ...]    # the GPUs chosen for per_gpu (() when none are)
+    why: str
+
+
+@dataclass(frozen=True)
+class Evict:
+    preset: str                 # the engine to stop
+    to_make_room_for: str
+    cut: bool                   # its drain is over: stopped with requests in flight
+    why: str
+
+
+@dataclass(frozen=True)
+class Hold:
+    preset: str
+    why: str
+    closing: tuple[str, ...] = ()   # engines that take no new request until they drain
+
+
+@dataclass(frozen=True)
+class Refuse:
+    preset: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    starts: tuple[Start, ...] = ()
+    evictions: tuple[Evict, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    refusals: tuple[Refuse, ...] = ()
+    again_at: float | None = None   # decide again then, if nothing changed before
+
+    @property
+    def closing(self) -> frozenset[str]:
+        return frozenset(name for h in self.holds for name in h.closing)
+
+
+def cost_of(cost: float | None) -> float:
+    return DEFAULT_COST if cost is None or cost < 0 else cost
+
+
+def never_fits(need: Need, devices: Sequence[Device]) -> str:
+    """Why ``need`` cannot fit on these devices even with every engine stopped and the
+    reserves kept, "" when it can: for ``lokid plan`` and the gateway's refusal at once.
+    What other processes hold is no reason to refuse (they may free it): a start it is
+    in the way of waits, and its hold says so."""
+    by_name = {d.name: d for d in devices}
+    for name, nbytes in need.fixed.items():
+        d = by_name.get(name)
+        if d is None:
+            return f"needs {size_text(nbytes)} on {name}, which this host does not have"
+        if nbytes > d.capacity:
+            return f"needs {size_text(nbytes)} on {name}; it has {size_text(d.capacity)}" + \
+                _usable_note(d)
+    if need.count > 0:
+        gpus = sorted((d for d in devices if d.gpu and d.name not in need.fixed),
+                      key=lambda d: -d.capacity)
+        big = [d for d in gpus if d.capacity >= need.per_gpu]
+        if len(big) < need.count:
+            where = "one GPU" if need.count == 1 else f"each of {need.count} GPUs"
+            if not gpus:
+                return f"needs {size_text(need.per_gpu)} on {where}; this host has no GPU"
+            largest = gpus[0]
+            return (f"needs {size_text(need.per_gpu)} on {where}; "
+                    + (f"the largest has {size_text(largest.capacity)}"
+                       + _usable_note(largest) if need.count == 1 or not big else
+                       f"only {len(big)} of {len(gpus)} GPUs have that much"))
+    return ""
+
+
+def _usable_note(d: Device) -> str:
+    return f" of {size_text(d.total)} ({size_text(d.reserve)} reserved)" if d.reserve else ""
+
+
+def decide(devices: Sequence[Device], residents: Sequence[Resident],
+           waiting: Sequence[Waiting], now: float, *, max_wait: float = MAX_WAIT,
+           pause: float = PAUSE) -> Plan:
+    """What to do now for the presets whose requests wait (see the module docstring)."""
+    room = {d.name: d.usable for d in devices}
+    for r in residents:
+        for name, nbytes in r.held.items():
+            if name in room:
+                room[name] -= nbytes
+    running = {r.preset for r in residents}
+    claimed: set[str] = set()     # engines an older waiting preset's plan will evict
+    blocked: set[str] = set()     # devices an older waiting preset's plan needs
+    starts: list[Start] = []
+    evictions: list[Evict] = []
+    holds: list[Hold] = []
+    refusals: list[Refuse] = []
+    again: list[float] = []
+    for w in sorted(waiting, key=lambda w: (w.since, w.need.preset)):
+        need = w.need
+        if need.preset in running:
+            continue   # it runs or starts: its requests go to it
+        why = never_fits(need, devices)
+        if why:
+            refusals.append(Refuse(need.preset, f"preset {need.preset!r} {why}"))
+            continue
+        chosen = _place(need, room, blocked)
+        if chosen is not None:
+            _take(room, need, chosen)
+            starts.append(Start(need.preset, chosen, _start_why(need, chosen, room)))
+            continue
+        victims_pool = [r for r in residents if r.preset not in claimed and not r.keep
+                        and not r.starting]
+        waited = now - w.since
+        plan = _evict_plan(need, room, blocked, victims_pool,
+                           _Evictable(now, waited, pause))
+        if plan is None:
+            holds.append(Hold(need.preset, _cannot_make_room(need, room, residents, blocked,
+                                                             devices)))
+            continue
+        devices_used, victims = plan
+        blocked.update(devices_used)
+        claimed.update(v.preset for v in victims)
+        for v in victims:
+            for name, nbytes in v.held.items():
+                if name in room:
+                    room[name] += nbytes
+        chosen_devices = tuple(d for d in devices_used if d not in need.fixed)
+        _take(room, need, chosen_devices)
+        blockers = [v for v in victims if not _evictable(v, now, waited, pause)]
+        if not blockers:
+            for v in victims:
+                evictions.append(Evict(v.preset, need.preset, False,
+                                       _evict_why(v, need, w, now)))
+            continue
+        # something in the way: it drains, or it is too young to be worth evicting yet
+        closing: list[str] = []
+        reasons: list[str] = []
+        cuts: set[str] = set()
+        for v in blockers:
+            if v.in_flight > 0:
+                if waited >= v.drain:
+                    cuts.add(v.preset)
+                    continue
+                opens = min(max_wait, v.drain)
+                if waited >= opens:
+                    closing.append(v.preset)
+                again.append(w.since + (v.drain if waited >= opens else opens))
+                reasons.append(f"{v.preset} has {v.in_flight} requests in flight"
+                               + (" (it takes no new one until they end)"
+                                  if v.preset in closing else ""))
+            else:
+                at = _evictable_at(v, w.since, pause)
+                again.append(at)
+                reasons.append(f"{v.preset} is worth keeping {max(0.0, at - now):.1f} s more "
+                               f"(its load costs {cost_of(v.cost):.1f} s)")
+        if reasons:   # a cut only when it completes the room: never for nothing
+            holds.append(Hold(need.preset, f"preset {need.preset!r} {_need_text(need)}: "
+                              f"waits, because {'; '.join(reasons)}", tuple(closing)))
+            continue
+        for v in victims:
+            why = _evict_why(v, need, w, now)
+            if v.preset in cuts:
+                why = (f"{v.preset}'s drain ({v.drain:.0f} s) is over with {v.in_flight} "
+                       f"requests in flight; {why}")
+            evictions.append(Evict(v.preset, need.preset, v.preset in cuts, why))
+    return Plan(tuple(starts), tuple(evictions), tuple(holds), tuple(refusals),
+                min((t for t in again if t > now), default=None))
+
+
+# --- placing ---------------------------------------------------------------------------
+
+def _place(need: Need, room: Mapping[str, int], blocked: Iterable[str]
+           ) -> tuple[str, ...] | None:
+    """The GPUs chosen for ``need`` without evicting anything (best fit), () when it
+    chooses none; None when it does not fit now."""
+    blocked = set(blocked)
+    for name, nbytes in need.fixed.items():
+        if name in blocked or room.get(name, -1) < nbytes:
+            return None
+    if need.count <= 0:
+        return ()
+    fits = sorted((left, name) for name, left in room.items()
+                  if name != HOST and name not in need.fixed and name not in blocked
+                  and left >= need.per_gpu)
+    if len(fits) < need.count:
+        return None
+    return tuple(sorted(name for _, name in fits[:need.count]))
+
+
+def _take(room: dict[str, int], need: Need, chosen: Iterable[str]) -> None:
+    for name, nbytes in need.fixed.items():
+        room[name] = room.get(name, 0) - nbytes
+    for name in chosen:
+        room[name] = room.get(name, 0) - need.per_gpu
+
+
+def _evict_plan(need: Need, room: Mapping[str, int], blocked: set[str],
+                pool: Sequence[Resident], evictable_now: Callable[[Resident], bool]
+                ) -> tuple[tuple[str, ...], list[Resident]] | None:
+    """The devices and the engines to evict so that ``need`` fits: for each device in
+    question, engines on it least recently used first (those evictable now before the
+    others); among the GPUs for ``per_gpu``, those that cost the fewest evictions, then
+    the least memory. None when even every engine of the pool would not make room."""
+    def order(r: Resident) -> tuple[bool, float, str]:
+        return (not evictable_now(r), r.last_used, r.preset)
+
+    pool = sorted(pool, key=order)
+
+    def victims_for(name: str, nbytes: int, already: list[Resident]) -> list[Resident] | None:
+        left = room.get(name, 0) + sum(v.held.get(name, 0) for v in already)
+        chosen: list[Resident] = []
+        for r in pool:
+            if left >= nbytes:
+                break
+            if r in already or r.held.get(name, 0) <= 0:
+                continue
+            chosen.append(r)
+            left += r.held[name]
+        return chosen if left >= nbytes else None
+
+    victims: list[Resident] = []
+    used: list[str] = []
+    for name, nbytes in need.fixed.items():
+        if name in blocked:
+            return None
+        more = victims_for(name, nbytes, victims)
+        if more is None:
+            return None
+        victims += more
+        used.append(name)
+    if need.count > 0:
+        options: list[tuple[int, int, str, list[Resident]]] = []
+        for name in room:
+            if name == HOST or name in need.fixed or name in blocked:
+                continue
+            more = victims_for(name, need.per_gpu, victims)
+            if more is not None:
+                options.append((len(more), sum(v.held.get(name, 0) for v in more), name, more))
+        options.sort(key=lambda o: o[:3])
+        if len(options) < need.count:
+            return None
+        for _, _, name, more in options[:need.count]:
+            victims += [v for v in more if v not in victims]
+            used.append(name)
+    return tuple(used), victims
+
+
+def _evictable(r: Resident, now: float, waited: float, pause: float) -> bool:
+    """Whether ``r`` may be evicted now for a request that has waited ``waited``."""
+    if r.in_flight > 0 or r.keep or r.starting:
+        return False
+    cost = cost_of(r.cost)
+    if now - r.idle_since < min(pause, cost):
+        return False
+    return now - r.ready_since >= cost or waited >= cost
+
+
+@dataclass(frozen=True)
+class _Evictable:
+    now: float
+    waited: float
+    pause: float
+
+    def __call__(self, r: Resident) -> bool:
+        return _evictable(r, self.now, self.waited, self.pause)
+
+
+def _evictable_at(r: Resident, since: float, pause: float) -> float:
+    """When an idle ``r`` becomes evictable for a request waiting since ``since``."""
+    cost = cost_of(r.cost)
+    worth = min(r.ready_since + cost, since + cost)
+    return max(worth, r.idle_since + min(pause, cost))
+
+
+# --- words -----------------------------------------------------------------------------
+
+def _need_text(need: Need) -> str:
+    parts = [f"{size_text(n)} on {name}" for name, n in need.fixed.items()]
+    if need.count:
+        where = "one GPU" if need.count == 1 else f"each of {need.count} GPUs"
+        parts.append(f"{size_text(need.per_gpu)} on {where}")
+    return "needs " + (" and ".join(parts) or "nothing")
+
+
+def _start_why(need: Need, chosen: Sequence[str], room: Mapping[str, int]) -> str:
+    where = f" on {', '.join(chosen)}" if chosen else ""
+    left = ", ".join(f"{name} {size_text(room[name])}" for name in
+                     (*need.fixed, *chosen) if name in room)
+    return f"{need.preset} {_need_text(need)}: fits{where}; free after it: {left}"
+
+
+def _evict_why(v: Resident, need: Need, w: Waiting, now: float) -> str:
+    used = "never used" if v.last_used == NEVER else f"last used {now - v.last_used:.1f} s ago"
+    freed = ", ".join(f"{size_text(n)} on {name}" for name, n in v.held.items())
+    return (f"evicting {v.preset} ({used}, least recently used; frees {freed}) for "
+            f"{need.preset} ({_need_text(need)}; {w.count} requests waited, the oldest "
+            f"{now - w.since:.1f} s); reloading {v.preset} later costs "
+            f"{cost_of(v.cost):.1f} s")
+
+
+def _cannot_make_room(need: Need, room: Mapping[str, int], residents: Sequence[Resident],
+                      blocked: set[str], devices: Sequence[Device]) -> str:
+    names = [*need.fixed] or sorted(n for n in room if n != HOST)
+    free = ", ".join(f"{name} has {size_text(max(0, room.get(name, 0)))} free" for name in names)
+    kept = [r.preset for r in residents if r.keep]
+    starting = [r.preset for r in residents if r.starting]
+    why = []
+    if kept:
+        why.append(f"{', '.join(kept)} {'is' if len(kept) == 1 else 'are'} kept (serve.keep)")
+    if starting:
+        why.append(f"{', '.join(starting)} {'is' if len(starting) == 1 else 'are'} starting")
+    if blocked:
+        why.append(f"{', '.join(sorted(blocked))} {'is' if len(blocked) == 1 else 'are'} "
+                   "promised to a preset that waited longer")
+    others = [d for d in devices if d.others and d.name in names]
+    if others:
+        why.append("other processes hold " + ", ".join(f"{size_text(d.others)} on {d.name}"
+                                                      for d in others))
+    return (f"preset {need.preset!r} {_need_text(need)}; {free}; even evicting every idle "
+            f"engine would not make room: {'; '.join(why)}")

@@ -1,0 +1,195 @@
+"""The placement rule (lokid.core.place.policy): starts that fit, evictions worth their
+cost, holds with their figures, refusals of what can never fit."""
+
+from __future__ import annotations
+
+from lokid.core.place.policy import (
+    GIB,
+    HOST,
+    Device,
+    Need,
+    Resident,
+    Waiting,
+    decide,
+    never_fits,
+)
+
+G80 = [Device("GPU0", 80 * GIB), Device("GPU1", 80 * GIB)]
+
+
+def need(preset: str, gib: float, cost: float | None = 5.0) -> Need:
+    return Need(preset, per_gpu=int(gib * GIB), count=1, cost=cost)
+
+
+def engine(preset: str, device: str, gib: float, *, ready: float = 0.0, used: float = 0.0,
+           in_flight: int = 0, cost: float | None = 5.0, keep: bool = False,
+           starting: bool = False, drain: float = 120.0) -> Resident:
+    return Resident(preset, {device: int(gib * GIB)}, in_flight=in_flight, ready_since=ready,
+                    idle_since=max(ready, used), last_used=used, cost=cost, keep=keep,
+                    starting=starting, drain=drain)
+
+
+def test_a_preset_that_fits_starts_on_the_gpu_whose_room_fits_it_best():
+    residents = [engine("big", "GPU0", 60)]   # GPU0 has 20 GiB left, GPU1 80
+    plan = decide(G80, residents, [Waiting(need("small", 16), since=100.0)], now=100.0)
+    assert [(s.preset, s.devices) for s in plan.starts] == [("small", ("GPU0",))]
+    assert "fits on GPU0" in plan.starts[0].why and "4.0 GiB" in plan.starts[0].why
+    assert not plan.evictions and not plan.holds
+
+
+def test_two_waiting_presets_take_the_room_in_turn_and_never_overlap():
+    waiting = [Waiting(need("a", 50), since=1.0), Waiting(need("b", 50), since=2.0),
+               Waiting(need("c", 50), since=3.0)]
+    plan = decide(G80, [], waiting, now=3.0)
+    assert sorted(s.devices[0] for s in plan.starts) == ["GPU0", "GPU1"]
+    assert {s.preset for s in plan.starts} == {"a", "b"}
+    # c cannot fit beside them and nothing is worth evicting yet: it waits, no eviction
+    # of the two starting engines (they are not residents yet in this decision)
+    assert [h.preset for h in plan.holds] == ["c"]
+
+
+def test_an_idle_engine_is_evicted_least_recently_used_first():
+    residents = [engine("old", "GPU0", 70, used=10.0), engine("recent", "GPU1", 70, used=50.0)]
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=100.0)], now=100.0)
+    assert [(e.preset, e.cut) for e in plan.evictions] == [("old", False)]
+    why = plan.evictions[0].why
+    assert "least recently used" in why and "frees 70.0 GiB on GPU0" in why
+    assert "reloading old later costs 5.0 s" in why
+    assert not plan.starts   # the start comes once the eviction is done
+
+
+def test_the_device_that_needs_fewer_evictions_is_chosen():
+    residents = [engine("a", "GPU0", 30, used=1.0), engine("b", "GPU0", 30, used=2.0),
+                 engine("c", "GPU1", 70, used=50.0)]
+    plan = decide(G80, residents, [Waiting(need("new", 60), since=100.0)], now=100.0)
+    assert [e.preset for e in plan.evictions] == ["c"]   # one eviction, not two
+
+
+def test_an_engine_with_requests_in_flight_is_never_evicted_and_the_hold_says_why():
+    residents = [engine("busy", "GPU0", 75, in_flight=2, used=99.0),
+                 engine("kept", "GPU1", 75, keep=True)]
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=99.0)], now=100.0)
+    assert not plan.evictions and not plan.starts
+    (hold,) = plan.holds
+    assert "needs 40.0 GiB on one GPU" in hold.why
+    assert "busy has 2 requests in flight" in hold.why
+    assert hold.closing == ()   # it has not waited max_wait yet
+    assert plan.again_at == 99.0 + 30.0
+
+
+def test_a_busy_engine_is_closed_after_max_wait_and_cut_after_its_drain():
+    residents = [engine("busy", "GPU0", 75, in_flight=2, used=130.0, drain=60.0),
+                 engine("kept", "GPU1", 75, keep=True)]
+    waiting = [Waiting(need("new", 40), since=100.0)]
+    closed = decide(G80, residents, waiting, now=131.0)
+    assert closed.closing == {"busy"} and not closed.evictions
+    assert "takes no new one" in closed.holds[0].why
+    assert closed.again_at == 160.0
+    cut = decide(G80, residents, waiting, now=160.0)
+    assert [(e.preset, e.cut) for e in cut.evictions] == [("busy", True)]
+    assert "drain (60 s) is over with 2 requests in flight" in cut.evictions[0].why
+
+
+def test_an_engine_younger_than_its_load_is_kept_unless_the_request_waited_longer():
+    residents = [engine("young", "GPU0", 75, ready=98.0, used=98.0, cost=20.0),
+                 engine("kept", "GPU1", 75, keep=True)]
+    fresh = decide(G80, residents, [Waiting(need("new", 40), since=100.0)], now=100.5)
+    assert not fresh.evictions
+    assert "young is worth keeping 17.5 s more (its load costs 20.0 s)" in fresh.holds[0].why
+    assert fresh.again_at == 118.0
+    # the same engine, for a request that has waited longer than the load
+    waited = decide(G80, residents, [Waiting(need("new", 40), since=70.0)], now=100.5)
+    assert [e.preset for e in waited.evictions] == ["young"]
+
+
+def test_no_eviction_in_the_pause_after_an_engines_last_request():
+    residents = [Resident("a", {"GPU0": 75 * GIB}, ready_since=0.0, idle_since=99.8,
+                          last_used=99.8, cost=5.0),
+                 engine("kept", "GPU1", 75, keep=True)]
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=90.0)], now=100.0)
+    assert not plan.evictions and plan.again_at is not None
+    assert abs(plan.again_at - 100.8) < 1e-9
+    assert [e.preset for e in decide(G80, residents, [Waiting(need("new", 40), since=90.0)],
+                                     now=100.8).evictions] == ["a"]
+
+
+def test_an_unmeasured_engine_costs_the_default():
+    residents = [engine("a", "GPU0", 75, ready=95.0, used=95.0, cost=None),
+                 engine("kept", "GPU1", 75, keep=True)]
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=100.0)], now=100.0)
+    assert "its load costs 10.0 s" in plan.holds[0].why
+
+
+def test_two_presets_that_each_need_a_whole_device_do_not_thrash():
+    one = [Device("GPU0", 80 * GIB)]
+    # a runs; b and c both need the whole GPU: b waited longer and gets the plan; c is
+    # neither started nor allowed to evict for itself
+    residents = [engine("a", "GPU0", 70, used=10.0)]
+    waiting = [Waiting(need("c", 70), since=60.0), Waiting(need("b", 70), since=50.0)]
+    plan = decide(one, residents, waiting, now=100.0)
+    assert [(e.preset, e.to_make_room_for) for e in plan.evictions] == [("a", "b")]
+    assert [h.preset for h in plan.holds] == ["c"]
+    assert "promised to a preset that waited longer" in plan.holds[0].why
+    assert not plan.starts
+
+
+def test_a_younger_preset_does_not_take_the_room_an_older_one_waits_for():
+    residents = [engine("busy", "GPU0", 60, in_flight=1, used=99.0)]
+    one = [Device("GPU0", 80 * GIB)]
+    waiting = [Waiting(need("big", 70), since=90.0), Waiting(need("small", 10), since=95.0)]
+    plan = decide(one, residents, waiting, now=100.0)
+    assert not plan.starts   # small would fit in the 20 GiB left, but big is first
+    assert [h.preset for h in plan.holds] == ["big", "small"]
+
+
+def test_a_preset_that_cannot_fit_at_all_is_refused_with_the_figures():
+    plan = decide(G80, [], [Waiting(need("huge", 82), since=0.0)], now=0.0)
+    assert [r.preset for r in plan.refusals] == ["huge"]
+    assert plan.refusals[0].why == "preset 'huge' needs 82.0 GiB on one GPU; the largest " \
+        "has 80.0 GiB"
+    reserved = [Device("GPU0", 80 * GIB, reserve=2 * GIB, others=4 * GIB)]
+    assert never_fits(need("x", 79), reserved) == (
+        "needs 79.0 GiB on one GPU; the largest has 78.0 GiB of 80.0 GiB (2.0 GiB reserved)")
+    # what others hold may be freed: no refusal for it (a hold, below)
+    assert never_fits(need("x", 78), reserved) == ""
+
+
+def test_refusals_for_fixed_devices_and_hosts_without_gpus():
+    assert never_fits(Need("x", {"GPU3": GIB}), G80) == \
+        "needs 1.0 GiB on GPU3, which this host does not have"
+    assert never_fits(Need("x", {HOST: 3 * GIB}), [Device(HOST, 2 * GIB)]) == \
+        "needs 3.0 GiB on host; it has 2.0 GiB"
+    assert never_fits(need("x", 1), [Device(HOST, 64 * GIB)]) == \
+        "needs 1.0 GiB on one GPU; this host has no GPU"
+    two = Need("x", per_gpu=50 * GIB, count=2)
+    assert never_fits(two, [Device("GPU0", 80 * GIB), Device("GPU1", 40 * GIB)]) == \
+        "needs 50.0 GiB on each of 2 GPUs; only 1 of 2 GPUs have that much"
+
+
+def test_host_memory_is_a_device_like_the_others():
+    host = [Device(HOST, 16 * GIB)]
+    residents = [Resident("a", {HOST: 10 * GIB}, ready_since=0.0, idle_since=0.0,
+                          last_used=0.0, cost=1.0)]
+    plan = decide(host, residents, [Waiting(Need("b", {HOST: 8 * GIB}, cost=1.0),
+                                            since=50.0)], now=50.0)
+    assert [e.preset for e in plan.evictions] == ["a"]
+    fits = decide(host, residents, [Waiting(Need("b", {HOST: 6 * GIB}), since=50.0)], now=50.0)
+    assert [s.preset for s in fits.starts] == ["b"] and fits.starts[0].devices == ()
+
+
+def test_a_split_model_takes_two_gpus_and_evicts_on_both():
+    residents = [engine("a", "GPU0", 50, used=1.0), engine("b", "GPU1", 50, used=2.0)]
+    plan = decide(G80, residents, [Waiting(Need("wide", per_gpu=60 * GIB, count=2),
+                                           since=10.0)], now=10.0)
+    assert sorted(e.preset for e in plan.evictions) == ["a", "b"]
+
+
+def test_memory_held_by_others_counts_and_a_running_preset_is_not_started_twice():
+    busy = [Device("GPU0", 80 * GIB, others=50 * GIB)]
+    plan = decide(busy, [], [Waiting(need("x", 40), since=0.0)], now=0.0)
+    assert not plan.starts and not plan.evictions
+    assert "even evicting every idle engine would not make room" in plan.holds[0].why
+    assert "GPU0 has 30.0 GiB free" in plan.holds[0].why
+    assert "other processes hold 50.0 GiB on GPU0" in plan.holds[0].why
+    running = decide(G80, [engine("x", "GPU0", 10)], [Waiting(need("x", 10), since=0.0)], 1.0)
+    assert running == decide(G80, [engine("x", "GPU0", 10)], [], 1.0)
