@@ -38,6 +38,15 @@ What it reports (see ModelInfo):
     arch from being treated as plain attention by an older lokid. Pure recurrent
     models (mamba, rwkv) write ``attention.head_count = 0``, so the key rule leaves
     them out, as llama.cpp does. In b11434 the two rules agree on every converter.
+  - the shape the memory estimate needs (lokid.core.place.estimate, issue 29): embedding
+    length, heads, key/value head lengths, feed-forward length, the vocabulary (from
+    ``token_embd``'s shape, which is cheaper than counting the token list and is what the
+    engine sizes its logits by), and the tensor bytes already computed for the
+    partial-download check, summed: per block ``blk.N.*`` (indexed by N), token_embd,
+    the rest outside blocks (output, output_norm...), and the largest block tensor.
+    Per-layer arrays (``head_count_kv = [8, 0, 8, ...]`` in hybrids, OpenELM's varying
+    heads) keep both the maximum and the per-layer tuple: the maximum answers "how big
+    can one layer be", the tuple makes the KV estimate exact where layers differ.
 """
 
 from __future__ import annotations
@@ -66,6 +75,22 @@ class ModelInfo:
     has_nextn_tensor: bool         # tensor blk.{block_count-1}.nextn.eh_proj(.weight) is present
     hybrid: bool                   # attention + recurrent (SSM/linear-attention) layers
     tensor_count: int
+    # The shape, for the memory estimate (0 / () when the file does not say).
+    n_embd: int = 0                # <arch>.embedding_length
+    n_ff: int = 0                  # <arch>.feed_forward_length, max over layers
+    n_vocab: int = 0               # token_embd's second dimension
+    head_count: int = 0            # <arch>.attention.head_count, max over layers
+    head_count_kv: int = 0         # <arch>.attention.head_count_kv, max over layers
+    head_count_kv_per_layer: tuple[int, ...] = ()   # only when the file stores an array
+    key_length: int = 0            # <arch>.attention.key_length, else n_embd / head_count
+    value_length: int = 0          # <arch>.attention.value_length, else n_embd / head_count
+    # Tensor data bytes (types this reader knows; a newer type counts 0).
+    weight_bytes: int = 0          # every tensor
+    block_bytes: tuple[int, ...] = ()   # blk.N.* summed, index N
+    token_embd_bytes: int = 0      # token_embd.weight (llama.cpp keeps it on the host)
+    output_bytes: int = 0          # every other tensor outside blocks: output, output_norm...
+    output_tied: bool = False      # no output.weight: the engine copies token_embd there
+    max_block_tensor_bytes: int = 0   # largest single tensor in a block
 
 
 # llm_arch_is_hybrid() in src/llama-arch.cpp, llama.cpp b11434, by GGUF arch name.
@@ -126,6 +151,9 @@ _GGML_BLOCKS: dict[int, tuple[int, int]] = {
     40: (64, 36), 41: (128, 18), 42: (64, 18),
 }
 
+# Per-layer integer keys (scalar or array), kept as max and, for arrays, per layer.
+_PER_LAYER_SUFFIXES = (".attention.head_count", ".attention.head_count_kv",
+                       ".feed_forward_length")
 # Keys whose string values we keep; every other string is skipped unread.
 _WANTED_STRINGS = frozenset({"general.architecture", "general.name"})
 
@@ -392,7 +420,8 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
     # for the few keys the plan reads (the arch is not known until its key is read).
     ints: dict[str, int] = {}
     strs: dict[str, str] = {}
-    head_counts: dict[str, int] = {}   # "<arch>.attention.head_count" -> max over layers
+    head_counts: dict[str, int] = {}   # "<arch>.attention.head_count(_kv)" -> max over layers
+    per_layer: dict[str, tuple[int, ...]] = {}   # the same keys, when stored as an array
     keys: list[str] = []
     seen: set[str] = set()
     for i in range(n_kv):
@@ -405,7 +434,7 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
         seen.add(key)
         keys.append(key)
         vtype = cur.u32(f"value type of key {shown}")
-        is_head_count = key.endswith(".attention.head_count")
+        is_head_count = key.endswith(_PER_LAYER_SUFFIXES)
         keep = (vtype in _INTEGER_TYPES or key in _WANTED_STRINGS
                 or (vtype == _ARRAY and is_head_count))
         value = _read_value(cur, vtype, shown, keep)
@@ -420,6 +449,7 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
                 head_counts[key] = value
             elif isinstance(value, list):
                 head_counts[key] = max((int(v) for v in value), default=0)
+                per_layer[key] = tuple(int(v) for v in value)
 
     arch = strs.get("general.architecture", "")
     block_count = ints.get(f"{arch}.block_count", 0)
@@ -435,6 +465,8 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
     )
     has_nextn = False
     names: set[bytes] = set()
+    blocks: dict[int, int] = {}        # N -> bytes of blk.N.*
+    token_embd = outside = largest = n_vocab = 0
     extents: list[tuple[int, int, str]] = []   # (offset, end, label), in the data section
     for i in range(n_tensors):
         what = f"tensor info #{i}"
@@ -463,9 +495,25 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
             for d in dims[1:]:
                 elements *= d
             ne0 = dims[0] if dims else 1
-            extents.append((offset, offset + -(-ne0 // block[0]) * block[1] * elements, label))
+            nbytes = -(-ne0 // block[0]) * block[1] * elements
+            extents.append((offset, offset + nbytes, label))
         else:
+            nbytes = 0
             extents.append((offset, offset, label))   # size unknown: only its start counts
+        if name.startswith(b"blk."):
+            dot = name.find(b".", 4)
+            digits = name[4:dot] if dot > 4 else b""
+            if digits.isdigit() and len(digits) <= 4:   # no model has 10,000 blocks
+                n = int(digits)
+                blocks[n] = blocks.get(n, 0) + nbytes
+                largest = max(largest, nbytes)
+            else:
+                outside += nbytes      # "blk.x.y": not a block llama.cpp would place
+        elif name == b"token_embd.weight":
+            token_embd = nbytes
+            n_vocab = dims[1] if len(dims) > 1 else 0
+        else:
+            outside += nbytes
 
     # The data section. Tensors may be stored in any order but never overlap: an
     # overlap means a shape or offset field is garbage, which must not pass for a
@@ -492,6 +540,11 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
         k.startswith(prefix) and k[len(prefix):].startswith(_RECURRENT_KEY_PREFIXES)
         for k in keys)
     attention = head_counts.get(f"{prefix}attention.head_count", 0) > 0
+    n_embd = ints.get(f"{prefix}embedding_length", 0)
+    n_head = head_counts.get(f"{prefix}attention.head_count", 0)
+    head_len = n_embd // n_head if n_head > 0 else 0
+    n_ff = head_counts.get(f"{prefix}feed_forward_length", 0)
+    weights = sum(blocks.values()) + token_embd + outside
     return ModelInfo(
         path=path,
         file_size=size,
@@ -503,6 +556,20 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
         has_nextn_tensor=has_nextn,
         hybrid=arch in _HYBRID_ARCHS or (recurrent_keys and attention),
         tensor_count=n_tensors,
+        n_embd=n_embd,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        head_count=n_head,
+        head_count_kv=head_counts.get(f"{prefix}attention.head_count_kv", n_head),
+        head_count_kv_per_layer=per_layer.get(f"{prefix}attention.head_count_kv", ()),
+        key_length=ints.get(f"{prefix}attention.key_length", head_len),
+        value_length=ints.get(f"{prefix}attention.value_length", head_len),
+        weight_bytes=weights,
+        block_bytes=tuple(blocks.get(n, 0) for n in range(max(blocks) + 1)) if blocks else (),
+        token_embd_bytes=token_embd,
+        output_bytes=outside,
+        output_tied=b"output.weight" not in names,
+        max_block_tensor_bytes=largest,
     )
 
 

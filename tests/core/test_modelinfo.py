@@ -41,7 +41,24 @@ def reader_view(path: str | Path) -> dict[str, Any]:
     blocks = _field(r, f"{arch}.block_count", 0)
     names = {t.name for t in r.tensors}
     last = blocks - 1
+    per_block: dict[int, int] = {}
+    for t in r.tensors:
+        part = t.name.split(".")
+        if part[0] == "blk" and part[1].isdigit():
+            per_block[int(part[1])] = per_block.get(int(part[1]), 0) + int(t.n_bytes)
+    embd = [t for t in r.tensors if t.name == "token_embd.weight"]
+    kv_heads = r.get_field(f"{arch}.attention.head_count_kv")
+    per_layer = (tuple(int(v) for v in kv_heads.contents())
+                 if kv_heads is not None and kv_heads.types[0] == gguf.GGUFValueType.ARRAY
+                 else ())
     return {
+        "n_embd": _field(r, f"{arch}.embedding_length", 0),
+        "n_vocab": int(embd[0].shape[1]) if embd and len(embd[0].shape) > 1 else 0,
+        "head_count_kv_per_layer": per_layer,
+        "weight_bytes": sum(int(t.n_bytes) for t in r.tensors),
+        "block_bytes": tuple(per_block.get(n, 0) for n in range(max(per_block, default=-1) + 1)),
+        "token_embd_bytes": int(embd[0].n_bytes) if embd else 0,
+        "output_tied": "output.weight" not in names,
         "file_size": os.path.getsize(path),
         "arch": arch,
         "name": _field(r, "general.name", ""),
@@ -57,7 +74,9 @@ def reader_view(path: str | Path) -> dict[str, Any]:
 def probe_view(info: ModelInfo) -> dict[str, Any]:
     return {k: getattr(info, k) for k in (
         "file_size", "arch", "name", "block_count", "context_length",
-        "nextn_predict_layers", "has_nextn_tensor", "tensor_count")}
+        "nextn_predict_layers", "has_nextn_tensor", "tensor_count", "n_embd", "n_vocab",
+        "head_count_kv_per_layer", "weight_bytes", "block_bytes", "token_embd_bytes",
+        "output_tied")}
 
 
 VALID = [
@@ -355,3 +374,33 @@ def test_a_file_that_is_not_gguf_never_shows_its_bytes(tmp_path: Path, content: 
     message = str(exc.value)[len(str(path)):]
     for leak in ("root", "s3cr3t", "secret", "ro'", "se'", "\\x00", "\\x01"):
         assert leak not in message, message
+
+
+def test_shape_for_the_memory_estimate(tmp_path: Path) -> None:
+    # Per-layer head_count_kv keeps the max and the tuple; explicit key/value lengths
+    # win over n_embd / head_count; blocks are summed by N, the rest outside them.
+    path = gen.write_meta(tmp_path / "m.gguf", "llama", {
+        "llama.block_count": 3, "llama.embedding_length": 64,
+        "llama.attention.head_count": 4, "llama.attention.head_count_kv": [2, 0, 4],
+        "llama.attention.key_length": 24, "llama.attention.value_length": 8,
+        "llama.feed_forward_length": [96, 128, 64],
+    }, ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight",
+        "blk.2.ffn_up.weight", "output_norm.weight"])
+    info = probe_model(path)
+    assert (info.head_count, info.head_count_kv, info.head_count_kv_per_layer) == (4, 4, (2, 0, 4))
+    assert (info.key_length, info.value_length, info.n_ff) == (24, 8, 128)
+    assert info.block_bytes == (32, 0, 16)      # 4 f32 per tensor
+    assert (info.token_embd_bytes, info.output_bytes, info.weight_bytes) == (16, 16, 80)
+    assert info.output_tied and info.max_block_tensor_bytes == 16
+
+
+def test_head_lengths_default_to_embd_over_heads(tmp_path: Path) -> None:
+    path = gen.write_meta(tmp_path / "m.gguf", "llama", {
+        "llama.block_count": 1, "llama.embedding_length": 4096,
+        "llama.attention.head_count": 32}, ["blk.7000.x.weight", "blk.x.y", "output.weight"])
+    info = probe_model(path)
+    assert (info.head_count_kv, info.key_length, info.value_length) == (32, 128, 128)
+    assert info.head_count_kv_per_layer == ()
+    # blk.7000 is a block (by N), "blk.x.y" is not one llama.cpp would place.
+    assert len(info.block_bytes) == 7001 and info.output_bytes == 32
+    assert not info.output_tied
