@@ -95,6 +95,17 @@ MIGRATIONS = [
     );
     DROP TABLE bench_last
     """, breaking=False, release="0.2.0"),
+    # 5: footprints (lokid.core.place.footprint): what each preset's engine held per
+    # device, by the key of what changes memory; a new table, additive.
+    Migration("""
+    CREATE TABLE footprint (
+        preset  TEXT NOT NULL,
+        key     TEXT NOT NULL,
+        record  TEXT NOT NULL,
+        at      REAL NOT NULL,
+        PRIMARY KEY (preset, key)
+    )
+    """, breaking=False, release="0.3.0"),
 ]
 
 KNOWN = len(MIGRATIONS)  # the newest version this lokid knows

@@ -70,6 +70,7 @@ from ..core.errors import StateError
 from ..host.journallog import journal_log
 from . import schema
 from .cleared import Token, forget_cleared, note_cleared, read_cleared
+from .footprints import FootprintStore
 from .sqlfile import (
     BUSY_TIMEOUT_MS,
     DAMAGED_SUFFIX,
@@ -257,7 +258,7 @@ class StateReader(_Store):
         self.close()
 
 
-class StateDB(_Store):
+class StateDB(_Store, FootprintStore):
     """The state database of one ``$LOKI_STATE_DIR``, for the processes that write it.
 
     Opening raises StateError only when there is nothing to work with: the directory
@@ -511,7 +512,7 @@ class StateDB(_Store):
 
     # --- a preset deleted or renamed ---------------------------------------------------
 
-    _PER_PRESET = ("attempt", "failed", "bench")  # every table keyed by preset name
+    _PER_PRESET = ("attempt", "failed", "bench", "footprint")  # the tables keyed by preset
 
     def forget_preset(self, preset: str) -> int:
         """A deleted preset: its attempt token, recorded failures and bench result go (a

@@ -56,18 +56,19 @@ def release_010_module() -> types.ModuleType:
 
 
 def test_the_levels_of_the_known_migrations() -> None:
-    assert schema.KNOWN == 4
-    assert [schema.level_of(v) for v in range(5)] == [0, 1, 2, 3, 3]
+    assert schema.KNOWN == 5
+    assert [schema.level_of(v) for v in range(6)] == [0, 1, 2, 3, 3, 3]
     assert not schema.MIGRATIONS[3].breaking   # version 4 is additive: 0.1.0 still reads it
+    assert not schema.MIGRATIONS[4].breaking   # so is 5, the footprints
 
 
 def test_a_new_database_says_its_version_level_and_release(tmp_path: Path) -> None:
     with StateDB(str(tmp_path)) as db:
-        assert db.schema_version == 4
+        assert db.schema_version == 5
     assert user_version(tmp_path / "state.db") == 3   # what release 0.1.0 compares
     with sqlite3.connect(tmp_path / "state.db") as raw:
         assert dict(raw.execute("SELECT key, value FROM schema")) == {
-            "version": "4", "level": "3", "needs": "0.1.0"}
+            "version": "5", "level": "3", "needs": "0.1.0"}
     assert "bench_last" not in tables(tmp_path / "state.db")
 
 
@@ -75,7 +76,7 @@ def test_release_010s_database_is_migrated_with_everything_it_held(tmp_path: Pat
     path = release_010_db(tmp_path)
     assert "bench_last" in tables(path) and user_version(path) == 3
     with StateDB(str(tmp_path)) as db:
-        assert db.schema_version == 4
+        assert db.schema_version == 5
         assert db.attempt("demo") == "fp-demo|/usr/bin/llama-server|11434"
         [failure] = db.failures("qwen")
         assert failure.reason == "the last automatic launch never answered"
@@ -87,7 +88,7 @@ def test_release_010s_database_is_migrated_with_everything_it_held(tmp_path: Pat
 
 def future_additive(state_dir: Path) -> Path:
     """Today's database as a later release would leave it after an additive migration
-    (version 5): a new table, and a new nullable column with a default on bench."""
+    (version 6): a new table, and a new nullable column with a default on bench."""
     with StateDB(str(state_dir)) as db:
         db.settle("p", A, Verdict(), attempt=True)
         db.save_bench(SavedBench("other", {"x": 1}, "m.gguf", "b1", "fo", 1.0))
@@ -97,7 +98,7 @@ def future_additive(state_dir: Path) -> Path:
         raw.execute("INSERT INTO future VALUES ('kept', 'yes')")
         raw.execute("ALTER TABLE bench ADD COLUMN spread REAL DEFAULT 0.5")
         raw.execute("UPDATE bench SET spread = 0.1 WHERE preset = 'other'")
-        raw.execute("UPDATE schema SET value = '5' WHERE key = 'version'")
+        raw.execute("UPDATE schema SET value = '6' WHERE key = 'version'")
     return path
 
 
@@ -107,7 +108,7 @@ def test_a_newer_additive_schema_is_read_and_written_by_todays_code(tmp_path: Pa
         assert not reader.unwritable and not reader.problem
         assert reader.token("p") is not None
     with StateDB(str(tmp_path)) as db:
-        assert db.schema_version == 5                    # not lowered, not migrated
+        assert db.schema_version == 6                    # not lowered, not migrated
         assert not db.unwritable
         assert db.clear("p", A)
         db.record_failure("p", A, "layers in RAM")
@@ -128,10 +129,10 @@ def test_a_breaking_schema_is_refused_naming_the_release_to_run(tmp_path: Path) 
     path = tmp_path / "state.db"
     with sqlite3.connect(path) as raw:
         raw.executemany("UPDATE schema SET value = ? WHERE key = ?",
-                        [("6", "version"), ("6", "level"), ("0.9.0", "needs")])
-        raw.execute("PRAGMA user_version = 6")
-    with pytest.raises(StateError, match=r"schema version 6, which only lokid 0\.9\.0 or "
-                                         r"newer can use .*knows schema versions up to 4"):
+                        [("7", "version"), ("7", "level"), ("0.9.0", "needs")])
+        raw.execute("PRAGMA user_version = 7")
+    with pytest.raises(StateError, match=r"schema version 7, which only lokid 0\.9\.0 or "
+                                         r"newer can use .*knows schema versions up to 5"):
         StateDB(str(tmp_path))
     with StateReader(str(tmp_path)) as reader:
         assert "lokid 0.9.0 or newer" in reader.unwritable
@@ -156,7 +157,7 @@ def test_release_010_keeps_using_todays_database(tmp_path: Path) -> None:
     with StateDB(str(tmp_path)) as db:
         assert db.attempt("p") is None
         assert [f.reason for f in db.failures("q")] == ["the last automatic launch never answered"]
-        assert db.schema_version == 4
+        assert db.schema_version == 5
 
 
 def test_release_010_would_refuse_a_level_it_does_not_know(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ def test_a_learned_effort_translation_is_kept_per_model(db: StateDB) -> None:
 
 
 def test_schema_is_versioned_and_wal(tmp_path: Path, db: StateDB) -> None:
-    assert db.schema_version == schema.KNOWN == 4
+    assert db.schema_version == schema.KNOWN == 5
     raw = sqlite3.connect(db.path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     raw.execute("PRAGMA user_version = 99")
@@ -524,3 +524,33 @@ def test_a_token_noted_as_cleared_excuses_that_token_only(tmp_path: Path, db: St
     assert read_cleared(run, "p") is None  # damaged: none, the safe side
     Path(run, "p.cleared").write_text('{"mark": "m", "since": 1.5}')
     assert read_cleared(run, "p") == Token("m", 1.5)
+
+
+def test_footprints_are_kept_per_key_and_a_damaged_record_is_measured_again(
+        tmp_path: Path) -> None:
+    from lokid.core.place.footprint import CGROUP, NVML, Footprint
+
+    one = Footprint("k1", {"GPU0": 5 << 30, "host": 1 << 30}, {"GPU0": NVML, "host": CGROUP},
+                    {"GPU0": 6 << 30}, 3.5, 100.0)
+    with StateDB(str(tmp_path)) as db:
+        assert db.footprint("p", "k1") is None
+        db.save_footprint("p", one)
+        assert db.footprint("p", "k1") == one
+        assert db.footprint("p", "k2") is None      # another configuration: unknown
+        assert db.footprint("q", "k1") is None
+        for i in range(StateDB.FOOTPRINTS_KEPT + 3):
+            db.save_footprint("p", Footprint(f"n{i}", {"GPU0": i + 1}, {"GPU0": NVML}))
+        rows = sqlite3.connect(tmp_path / "state.db").execute(
+            "SELECT count(*) FROM footprint WHERE preset = 'p'").fetchone()[0]
+        assert rows == StateDB.FOOTPRINTS_KEPT
+        assert db.footprint("p", f"n{StateDB.FOOTPRINTS_KEPT + 2}") is not None
+        db.save_footprint("p", one)
+        with sqlite3.connect(tmp_path / "state.db") as raw:
+            raw.execute("UPDATE footprint SET record = ? WHERE key = 'k1'",
+                        ('{"key": "k1", "held": {"GPU0": -5}}',))
+        assert db.footprint("p", "k1") is None      # damaged: ignored, not an error
+        db.save_footprint("p", one)
+        assert db.move_preset("p", "renamed") >= 1
+        assert db.footprint("renamed", "k1") == one and db.footprint("p", "k1") is None
+        db.forget_preset("renamed")
+        assert db.footprint("renamed", "k1") is None
