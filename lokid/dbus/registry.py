@@ -17,6 +17,7 @@ broken all the same for whoever asks which presets cannot start
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,8 @@ from ..core.errors import (
 )
 from ..core.external import ENGINE, EXTERNAL, External, external_notes, nothing_runs
 from ..core.names import engine_unit
-from ..core.plan import Plan
+from ..core.place.footprint import Footprint, memory_key
+from ..core.plan import Plan, PlanInputs
 from ..core.serve import Serve
 from ..host.probe import Outcome
 from ..planning.gather import decide, gather
@@ -66,6 +68,10 @@ class PresetView:
     # the file of its API key (an engine's api_key_file, or an external API's): the gateway
     # reads it (:mod:`lokid.core.external`); a path, never the key
     key_file: str = ""
+    # what its engine's memory is measured for (lokid.core.place.footprint), "" without a
+    # plan; and the footprint measured for it, if any
+    memory_key: str = ""
+    footprint: Footprint | None = None
 
     @property
     def unit(self) -> str:
@@ -227,9 +233,12 @@ class Registry:
         if saved is not None:
             bench = {"result": saved.result, "model": saved.model, "engine": saved.engine,
                      "at": saved.at}
+        memory = memory_key_of(plan, inputs)
+        footprint = db.footprint(preset.name, memory) if isinstance(db, StateDB) else None
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
                           plan=plan, auto_blocked=found.why, bench=bench,
-                          listen=(plan.host, plan.port))
+                          listen=(plan.host, plan.port), memory_key=memory,
+                          footprint=footprint)
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)
@@ -281,3 +290,15 @@ def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | No
     except ConfigError as e:
         return e
     return None
+
+
+def memory_key_of(plan: Plan, inputs: PlanInputs) -> str:
+    """The footprint key of a plan: its arguments, its model file as it is on disk now
+    (an overwritten file is another model), the engine's build and the GPUs it sees."""
+    try:
+        st = os.stat(inputs.model_path)
+        model = (inputs.model_path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        model = (inputs.model_path, inputs.model.file_size, 0)
+    return memory_key(plan.argv, model, f"{inputs.caps.build}|{inputs.caps.path}|"
+                      f"{plan.env.get('CUDA_VISIBLE_DEVICES', '')}")

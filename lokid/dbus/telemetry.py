@@ -31,6 +31,7 @@ from ..runners.runner import EngineState, Runner
 from ..watch.meter import BLIND_AFTER, Meters
 from ..watch.nvml import GpuMemory
 from ..watch.promfile import Textfile
+from .footprints import Footprints
 from .idle import IdleStops
 from .interfaces import PresetInterface
 from .registry import Registry
@@ -84,6 +85,8 @@ class Telemetry:
         self.replaying: dict[str, tuple[str, float, list[tuple[str, float | None]]]] = {}
         # the driver's figures: preset → (invocation, MiB per device or None, why not)
         self.gpu = GpuMemory()
+        # each ready load's footprint, measured and kept (lokid.dbus.footprints)
+        self.footprints = Footprints(self)
         self.gpu_mib: dict[str, tuple[str, dict[str, float] | None, str]] = {}
         self.gpu_engines: dict[str, bool] = {}  # engine path → has a GPU backend (or unknown)
 
@@ -91,6 +94,7 @@ class Telemetry:
         """An engine's new state: the idle stop's clock, the on-demand state."""
         self.idle.on_state(name, state)
         self.sight.on_state(name, state)
+        self.footprints.on_state(name, state)
 
     def _in_flight_moved(self, name: str) -> None:
         self.idle.announce_in_flight(name)
@@ -113,6 +117,7 @@ class Telemetry:
             out["restarts"] = restarts
         out.update(self.idle.stats(name))
         out.update(self.sight.stats(name))
+        out.update(self.footprints.stats(name))
         got = self.gpu_mib.get(name)
         if got is not None and not out.get("memory_mib") and got[0] == out.get("invocation"):
             if got[1]:
@@ -131,7 +136,7 @@ class Telemetry:
             start = self.meters.starts.get(name)
             view = self.daemon.registry.presets.get(name)
             if start is None or start.log.load.buffers or view is None or view.plan is None \
-                    or not await self._has_gpu(view.plan.argv[0]):
+                    or not await self.has_gpu(view.plan.argv[0]):
                 self.gpu_mib.pop(name, None)
                 continue
             pids = await runner.engine_pids(name)
@@ -143,7 +148,7 @@ class Telemetry:
                 self.gpu_mib[name] = entry
                 self.meters.dirty.add(name)
 
-    async def _has_gpu(self, engine: str) -> bool:
+    async def has_gpu(self, engine: str) -> bool:
         """Whether the engine at this path has a GPU backend, or may have (a static build:
         unknown); read once per path."""
         known = self.gpu_engines.get(engine)
@@ -323,5 +328,6 @@ class Telemetry:
 
     async def close(self) -> None:
         """At the daemon's stop: no stale figures for node_exporter to serve."""
+        self.footprints.close()
         if self.textfile is not None:
             await asyncio.to_thread(self.textfile.close)

@@ -533,6 +533,10 @@ async def test_an_engine_with_a_gpu_backend_but_no_load_lines_gets_the_drivers_a
         await manager.call_start_preset("gpu")
         await running.wait_event("gpu", "ready")
         telemetry = running.daemon.telemetry
+        deadline = time.monotonic() + 10   # READY can come before the engine's lines are read
+        while "invocation" not in (stats := await preset.get_stats()):
+            assert time.monotonic() < deadline, stats
+            await asyncio.sleep(0.05)
         await telemetry.sample_gpu()
         assert await running.daemon.runner.engine_pids("gpu")  # the start's processes
         stats = await preset.get_stats()
@@ -540,9 +544,52 @@ async def test_an_engine_with_a_gpu_backend_but_no_load_lines_gets_the_drivers_a
         assert stats["memory_note"].value == ("the NVIDIA driver did not answer (NVML: NVML "
                                               "Shared Library Not Found)"), stats
         # the real engine here has no GPU backend library: such an engine is not asked about
-        assert await telemetry._has_gpu(engine) is False
+        assert await telemetry.has_gpu(engine) is False
         telemetry.gpu_engines[str(wrapper)] = False
         await telemetry.sample_gpu()
         assert "memory_note" not in await preset.get_stats()
         await manager.call_stop_preset("gpu")
         await running.wait_event("gpu", "inactive")
+
+
+async def test_a_ready_load_is_measured_kept_and_forgotten_when_the_preset_changes(
+        running: Running, config: Path, tmp_path: Path) -> None:
+    """Issue 29: SETTLE seconds after READY, the daemon reads what the engine holds (here
+    the host's share: the engine's resident memory under the local runner), keeps it in
+    the state DB under the preset's memory key, shows it in Stats, and places the next
+    start of the same configuration by it; an edit that changes memory makes it unknown."""
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    preset = await running.iface(preset_object_path("plain"), PRESET_INTERFACE)
+    runner = running.daemon.runner
+    assert isinstance(runner, local_runner.LocalRunner)
+    assert running.daemon.registry.presets["plain"].footprint is None
+    await manager.call_start_preset("plain")
+    await running.wait_event("plain", "ready")
+    proc = runner.engines["plain"].proc
+    assert proc is not None
+    (engine_pid,) = children(proc.pid)
+    deadline = time.monotonic() + 20
+    while "footprint" not in (stats := await preset.get_stats()):
+        assert time.monotonic() < deadline, stats
+        await asyncio.sleep(0.2)
+    footprint = stats["footprint"].value
+    held = footprint["bytes"].value["host"].value
+    rss = resident_kib(engine_pid)
+    assert rss is not None and abs(held - rss * 1024) <= rss * 1024 // 4, (held, rss)
+    assert footprint["sources"].value["host"].value == "measured: the engine's resident memory"
+    assert "host" in footprint["text"].value and "MiB" in footprint["text"].value
+    view = running.daemon.registry.presets["plain"]
+    with StateDB(str(tmp_path / "state")) as db:
+        kept = db.footprint("plain", view.memory_key)
+    assert kept is not None and kept.held["host"] == held
+    seen = len(running.events)
+    await manager.call_stop_preset("plain")
+    await running.wait_event("plain", "inactive", after=seen)
+    await manager.call_reload()   # read again from the state DB: the same configuration
+    again = running.daemon.registry.presets["plain"]
+    assert again.memory_key == view.memory_key and again.footprint == kept
+    text = (config / "presets" / "plain.toml").read_text()
+    (config / "presets" / "plain.toml").write_text(text.replace("ctx = 2048", "ctx = 4096"))
+    await manager.call_reload()   # another context: another footprint, not measured yet
+    edited = running.daemon.registry.presets["plain"]
+    assert edited.memory_key != view.memory_key and edited.footprint is None
