@@ -3,9 +3,14 @@ cost, holds with their figures, refusals of what can never fit."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from lokid.core.place.policy import (
+    DECAY,
     GIB,
     HOST,
+    RENT,
     Device,
     Need,
     Resident,
@@ -15,6 +20,7 @@ from lokid.core.place.policy import (
 )
 
 G80 = [Device("GPU0", 80 * GIB), Device("GPU1", 80 * GIB)]
+PAID = 10_000.0   # seconds of waiting: every eviction's rent paid (tested on its own below)
 
 
 def need(preset: str, gib: float, cost: float | None = 5.0) -> Need:
@@ -50,7 +56,8 @@ def test_two_waiting_presets_take_the_room_in_turn_and_never_overlap():
 
 def test_an_idle_engine_is_evicted_least_recently_used_first():
     residents = [engine("old", "GPU0", 70, used=10.0), engine("recent", "GPU1", 70, used=50.0)]
-    plan = decide(G80, residents, [Waiting(need("new", 40), since=100.0)], now=100.0)
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=100.0, waited=PAID)],
+                  now=100.0)
     assert [(e.preset, e.cut) for e in plan.evictions] == [("old", False)]
     why = plan.evictions[0].why
     assert "least recently used" in why and "frees 70.0 GiB on GPU0" in why
@@ -61,7 +68,8 @@ def test_an_idle_engine_is_evicted_least_recently_used_first():
 def test_the_device_that_needs_fewer_evictions_is_chosen():
     residents = [engine("a", "GPU0", 30, used=1.0), engine("b", "GPU0", 30, used=2.0),
                  engine("c", "GPU1", 70, used=50.0)]
-    plan = decide(G80, residents, [Waiting(need("new", 60), since=100.0)], now=100.0)
+    plan = decide(G80, residents, [Waiting(need("new", 60), since=100.0, waited=PAID)],
+                  now=100.0)
     assert [e.preset for e in plan.evictions] == ["c"]   # one eviction, not two
 
 
@@ -80,12 +88,18 @@ def test_an_engine_with_requests_in_flight_is_never_evicted_and_the_hold_says_wh
 def test_a_busy_engine_is_closed_after_max_wait_and_cut_after_its_drain():
     residents = [engine("busy", "GPU0", 75, in_flight=2, used=130.0, drain=60.0),
                  engine("kept", "GPU1", 75, keep=True)]
-    waiting = [Waiting(need("new", 40), since=100.0)]
+    waiting = [Waiting(need("new", 40), since=100.0, waited=PAID)]
     closed = decide(G80, residents, waiting, now=131.0)
     assert closed.closing == {"busy"} and not closed.evictions
     assert "takes no new one" in closed.holds[0].why
     assert closed.again_at == 160.0
-    cut = decide(G80, residents, waiting, now=160.0)
+    # not cut if the edge did not close it (it took requests until now), nor if it was
+    # closed only just now: its drain counts from its closing
+    assert not decide(G80, residents, waiting, now=160.0).evictions
+    late = [replace(residents[0], closing=True, closed_since=159.0), residents[1]]
+    assert not decide(G80, late, waiting, now=160.0).evictions
+    closed_in_time = [replace(residents[0], closing=True, closed_since=130.0), residents[1]]
+    cut = decide(G80, closed_in_time, waiting, now=160.0)
     assert [(e.preset, e.cut) for e in cut.evictions] == [("busy", True)]
     assert "drain (60 s) is over with 2 requests in flight" in cut.evictions[0].why
 
@@ -93,12 +107,14 @@ def test_a_busy_engine_is_closed_after_max_wait_and_cut_after_its_drain():
 def test_an_engine_younger_than_its_load_is_kept_unless_the_request_waited_longer():
     residents = [engine("young", "GPU0", 75, ready=98.0, used=98.0, cost=20.0),
                  engine("kept", "GPU1", 75, keep=True)]
-    fresh = decide(G80, residents, [Waiting(need("new", 40), since=100.0)], now=100.5)
+    fresh = decide(G80, residents, [Waiting(need("new", 40), since=100.0, waited=PAID)],
+                   now=100.5)
     assert not fresh.evictions
     assert "young is worth keeping 17.5 s more (its load costs 20.0 s)" in fresh.holds[0].why
     assert fresh.again_at == 118.0
     # the same engine, for a request that has waited longer than the load
-    waited = decide(G80, residents, [Waiting(need("new", 40), since=70.0)], now=100.5)
+    waited = decide(G80, residents, [Waiting(need("new", 40), since=70.0, waited=PAID)],
+                    now=100.5)
     assert [e.preset for e in waited.evictions] == ["young"]
 
 
@@ -106,11 +122,13 @@ def test_no_eviction_in_the_pause_after_an_engines_last_request():
     residents = [Resident("a", {"GPU0": 75 * GIB}, ready_since=0.0, idle_since=99.8,
                           last_used=99.8, cost=5.0),
                  engine("kept", "GPU1", 75, keep=True)]
-    plan = decide(G80, residents, [Waiting(need("new", 40), since=90.0)], now=100.0)
+    waiting = [Waiting(need("new", 40), since=90.0, waited=PAID)]
+    plan = decide(G80, residents, waiting, now=100.0)
     assert not plan.evictions and plan.again_at is not None
     assert abs(plan.again_at - 100.8) < 1e-9
-    assert [e.preset for e in decide(G80, residents, [Waiting(need("new", 40), since=90.0)],
-                                     now=100.8).evictions] == ["a"]
+    # at the very time the rule asked for (no rounding edge: 99.8 + 1.0 - 99.8 < 1.0)
+    assert [e.preset for e in decide(G80, residents, waiting, now=plan.again_at).evictions] \
+        == ["a"]
 
 
 def test_an_unmeasured_engine_costs_the_default():
@@ -171,7 +189,7 @@ def test_host_memory_is_a_device_like_the_others():
     residents = [Resident("a", {HOST: 10 * GIB}, ready_since=0.0, idle_since=0.0,
                           last_used=0.0, cost=1.0)]
     plan = decide(host, residents, [Waiting(Need("b", {HOST: 8 * GIB}, cost=1.0),
-                                            since=50.0)], now=50.0)
+                                            since=50.0, waited=PAID)], now=50.0)
     assert [e.preset for e in plan.evictions] == ["a"]
     fits = decide(host, residents, [Waiting(Need("b", {HOST: 6 * GIB}), since=50.0)], now=50.0)
     assert [s.preset for s in fits.starts] == ["b"] and fits.starts[0].devices == ()
@@ -180,7 +198,7 @@ def test_host_memory_is_a_device_like_the_others():
 def test_a_split_model_takes_two_gpus_and_evicts_on_both():
     residents = [engine("a", "GPU0", 50, used=1.0), engine("b", "GPU1", 50, used=2.0)]
     plan = decide(G80, residents, [Waiting(Need("wide", per_gpu=60 * GIB, count=2),
-                                           since=10.0)], now=10.0)
+                                           since=10.0, waited=PAID)], now=10.0)
     assert sorted(e.preset for e in plan.evictions) == ["a", "b"]
 
 
@@ -193,3 +211,59 @@ def test_memory_held_by_others_counts_and_a_running_preset_is_not_started_twice(
     assert "other processes hold 50.0 GiB on GPU0" in plan.holds[0].why
     running = decide(G80, [engine("x", "GPU0", 10)], [Waiting(need("x", 10), since=0.0)], 1.0)
     assert running == decide(G80, [engine("x", "GPU0", 10)], [], 1.0)
+
+
+def test_an_eviction_must_be_paid_for_by_waiting_and_a_popular_engine_costs_most():
+    one = [Device("GPU0", 80 * GIB)]
+    # a team's engine: a request every 2 s, idle 9 s (past its pause and its kept gaps)
+    popular = Resident("team", {"GPU0": 70 * GIB}, ready_since=0.0, idle_since=91.0,
+                       last_used=91.0, cost=10.0, gap=2.0)
+    ask = [Waiting(need("rare", 40), since=99.0, count=1)]
+    held = decide(one, [popular], ask, now=100.0)
+    assert not held.evictions and "worth keeping" in held.holds[0].why
+    rent = RENT * 10.0 * 1.0 * math.exp(-9.0 / (DECAY * 2.0))
+    # one request pays the rent alone, second by second (it has paid 1 s)
+    assert f"team is worth keeping {rent - 1.0:.1f} s more" in held.holds[0].why
+    assert held.again_at == 99.0 + 30.0   # then the plan's engines are closed
+    many = [Waiting(need("rare", 40), since=99.0, count=10, waited=10.0)]
+    sooner = decide(one, [popular], many, now=100.0).holds[0].why
+    assert f"team is worth keeping {(rent - 10.0) / 10:.1f} s more" in sooner
+    paid = [Waiting(need("rare", 40), since=99.0, count=10, waited=rent + 0.1)]
+    assert [e.preset for e in decide(one, [popular], paid, now=100.0).evictions] == ["team"]
+    # an engine whose clients left long ago costs next to nothing to evict
+    deserted = replace(popular, idle_since=0.0, last_used=0.0, ready_since=0.0)
+    quiet = decide(one, [deserted], [Waiting(need("rare", 40), since=99.0)], now=100.0)
+    assert [e.preset for e in quiet.evictions] == ["team"]
+
+
+def test_a_popular_engine_is_kept_for_a_few_of_its_clients_intervals():
+    one = [Device("GPU0", 80 * GIB)]
+    r = Resident("team", {"GPU0": 70 * GIB}, ready_since=0.0, idle_since=99.0,
+                 last_used=99.0, cost=10.0, gap=2.0)
+    plan = decide(one, [r], [Waiting(need("rare", 40), since=50.0, waited=PAID)], now=100.0)
+    assert not plan.evictions and plan.again_at == 99.0 + 4.0 * 2.0   # GAP_FACTOR gaps
+    assert decide(one, [r], [Waiting(need("rare", 40), since=50.0, waited=PAID)],
+                  now=107.0).evictions
+
+
+def test_of_two_devices_the_one_whose_engines_are_worth_less_is_emptied():
+    residents = [Resident("busy-team", {"GPU0": 70 * GIB}, ready_since=0.0, idle_since=50.0,
+                          last_used=50.0, cost=10.0, gap=5.0),
+                 Resident("rarely", {"GPU1": 70 * GIB}, ready_since=0.0, idle_since=40.0,
+                          last_used=40.0, cost=10.0, gap=300.0)]
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=90.0, waited=PAID)],
+                  now=100.0)
+    # LRU alone would pick either by age; the worth of what is lost decides
+    assert [e.preset for e in plan.evictions] == ["rarely"]
+
+
+def test_the_time_a_hold_asks_for_counts_as_reached():
+    # found by benchmarks/placement_sim.py: (7.04 + 1.0) - 7.04 < 1.0 in floating point,
+    # so a decision at its own again_at held again and asked for no later time
+    one = [Device("GPU0", 80 * GIB)]
+    r = Resident("a", {"GPU0": 70 * GIB}, ready_since=0.0, idle_since=7.04, last_used=7.04,
+                 cost=5.0)
+    w = Waiting(Need("b", per_gpu=40 * GIB, count=1, cost=5.0), since=0.0, waited=PAID)
+    first = decide(one, [r], [w], now=7.54)
+    assert first.again_at is not None and not first.evictions
+    assert [e.preset for e in decide(one, [r], [w], now=first.again_at).evictions] == ["a"]

@@ -19,26 +19,44 @@ The rules, each against a failure seen in the peers or in lokid's groups:
 - no start that cannot fit: a preset starts only into room its footprint fits (Ollama
   starts on a wrong estimate and fails out of memory, its #16830);
 - never evict an engine marked ``keep``, nor one with requests in flight, nor one
-  starting; an engine whose requests keep it busy is *closed* once the oldest waiting
-  request has waited ``min(max_wait, its drain)``: the edge stops giving it new
-  requests, so it drains; once its whole drain has passed, it is evicted anyway
-  (``cut``), as a group's holder is (:mod:`lokid.core.swaps`);
-- an eviction is worth its cost: no engine is evicted while it is younger (since its
-  READY) than its own measured load, unless the request it is evicted for has waited
-  longer than that; and not within :data:`PAUSE` of its last request (the gap between
-  a client's answer and its next request): 8 clients over two presets made 72–127
-  swaps in 3 minutes when each change of model cost a swap;
-- least recently used first; among devices, the one that needs the fewest evictions,
-  then the least memory evicted;
+  starting. Once the oldest waiting request has waited ``min(max_wait, drain)``, every
+  engine of its plan is *closed* together (``Plan.closing``: the edge gives them no new
+  request, so they drain; one closed alone drains while the others are busy again).
+  An engine closed for a whole drain but its head start is evicted anyway (``cut``),
+  as a group's holder is (:mod:`lokid.core.swaps`); one the edge did not close never is;
+- an eviction is worth its cost, three ways:
+  - no engine is evicted while it is younger (since its READY) than its own measured
+    load, unless the request it is evicted for has waited longer than that;
+  - nor within :data:`PAUSE` of its last request, or :data:`GAP_FACTOR` of its
+    clients' own interval (``Resident.gap``), at most its load: a team's engine is not
+    evicted in the gap between two of its requests;
+  - the waiting requests must have paid for it (rent or buy): their waits, summed,
+    reach :data:`RENT` times the victim's load, scaled by how likely its clients come
+    back within it (its load over their interval, at most 1) and decaying as it idles
+    (by *e* every :data:`DECAY` intervals). A burst of requests pays at once; a single
+    request for a rare model waits for a busy team's engine, not the other way round;
+- among the engines of a device, the one whose next request is due last first (its
+  last one plus its interval: least recently used where intervals are unknown); among
+  devices, the one whose engines are worth least (their loads over their intervals),
+  then the fewest evictions, then the least memory;
 - waiting requests are batched per preset (one start for all), and the preset whose
   request waited longest is placed first: a younger preset may start only on devices
   the older one's plan does not need, so the oldest is never starved by small ones.
+
+What the constants cost, measured by ``benchmarks/placement_sim.py`` (2 × 80 GiB, 10
+presets, 10,000 requests of a team; seeds 1 and 2): cold starts per 1,000 requests 55.6
+and 51.5 with p50 waits of 4.9 and 5.3 s (llama.cpp's router at ``--models-max 2``: 52.0
+and 48.4 at p50 49.1 and 52.0 s); with RENT 1 and no interval, 127.7 and 123.9 at 3.1
+and 3.8 s. The price is paid by a lone user switching models: a model of 10 s load
+left 60 s ago by a user who asked every 30 s costs the next request for another model
+``16 × 10 × 1/3 × e^(-60/240)`` = 42 s of waiting before the eviction.
 
 Pure: times are the caller's monotonic clock; the gateway runs it at every change.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +64,15 @@ from ..swaps import DEFAULT_COST, MAX_WAIT, NEVER, PAUSE
 
 HOST = "host"
 GIB = 2**30
+# An idle engine whose clients come back every ``gap`` seconds (its recent mean interval
+# between requests) is kept this many gaps after its last request, at most its own load
+# cost: evicting a popular engine in the pause between two of its requests costs a load.
+GAP_FACTOR = 4.0
+# An eviction is paid for by waiting: the waiting requests of the preset it is for must
+# have waited, together, this many times the victim's own load cost (rent or buy).
+RENT = 16.0
+DECAY = 8.0   # the rent falls by e each DECAY intervals of its clients the engine idles
+EPS = 1e-6   # seconds: a time the rule gave as again_at counts as reached at that time
 
 
 def size_text(n: float) -> str:
@@ -102,9 +129,12 @@ class Resident:
     idle_since: float = NEVER   # when its last request in flight ended (or its READY)
     last_used: float = NEVER    # when it last had a request
     cost: float | None = None   # its own measured load, seconds
+    gap: float | None = None    # its recent mean interval between requests (None: unknown)
     drain: float = 120.0        # serve.drain, seconds
     keep: bool = False          # serve.keep: never evicted
     starting: bool = False      # its load is under way
+    closing: bool = False       # the edge gives it no new request (a last plan's Hold)
+    closed_since: float = NEVER  # since when, without a break (the edge's clock)
 
 
 @dataclass(frozen=True)
@@ -115,6 +145,7 @@ class Waiting:
     need: Need
     since: float
     count: int = 1
+    waited: float | None = None   # the waits of its requests, summed (None: the oldest's)
 
 
 @dataclass(frozen=True)
@@ -228,8 +259,8 @@ def decide(devices: Sequence[Device], residents: Sequence[Resident],
         victims_pool = [r for r in residents if r.preset not in claimed and not r.keep
                         and not r.starting]
         waited = now - w.since
-        plan = _evict_plan(need, room, blocked, victims_pool,
-                           _Evictable(now, waited, pause))
+        ready = _Evictable(now, w, pause)
+        plan = _evict_plan(need, room, blocked, victims_pool, ready)
         if plan is None:
             holds.append(Hold(need.preset, _cannot_make_room(need, room, residents, blocked,
                                                              devices)))
@@ -243,33 +274,42 @@ def decide(devices: Sequence[Device], residents: Sequence[Resident],
                     room[name] += nbytes
         chosen_devices = tuple(d for d in devices_used if d not in need.fixed)
         _take(room, need, chosen_devices)
-        blockers = [v for v in victims if not _evictable(v, now, waited, pause)]
+        blockers = [v for v in victims if not ready(v)]
         if not blockers:
             for v in victims:
                 evictions.append(Evict(v.preset, need.preset, False,
                                        _evict_why(v, need, w, now)))
             continue
-        # something in the way: it drains, or it is too young to be worth evicting yet
-        closing: list[str] = []
+        # something in the way: it drains, or it is too young to be worth evicting yet.
+        # Once the oldest request has waited its turn, every engine of the plan is
+        # closed together: one closed alone drains while the others, still taking
+        # requests, are busy again by then, and the plan never completes
+        opened = waited >= min(max_wait, min(v.drain for v in victims))
+        closing = [v.preset for v in blockers if opened]
         reasons: list[str] = []
         cuts: set[str] = set()
         for v in blockers:
             if v.in_flight > 0:
-                if waited >= v.drain:
+                # cut only an engine closed for this plan before: one that took requests
+                # until now gets its drain once closed, not a cut for a wait it had no
+                # part in (the edge says which are closed: Resident.closing)
+                if waited >= v.drain and v.closing \
+                        and now - v.closed_since >= v.drain - min(max_wait, v.drain):
                     cuts.add(v.preset)
                     continue
                 opens = min(max_wait, v.drain)
-                if waited >= opens:
-                    closing.append(v.preset)
-                again.append(w.since + (v.drain if waited >= opens else opens))
+                again.append(w.since + (v.drain if opened else opens) if w.since
+                             + (v.drain if opened else opens) > now else now + v.drain)
                 reasons.append(f"{v.preset} has {v.in_flight} requests in flight"
-                               + (" (it takes no new one until they end)"
-                                  if v.preset in closing else ""))
+                               + (" (it takes no new one until they end)" if opened else ""))
             else:
-                at = _evictable_at(v, w.since, pause)
-                again.append(at)
+                at = _evictable_at(v, w, now, pause)
+                # decide again then, or when the plan's engines are to be closed
+                again.append(at if opened else
+                             min(at, w.since + min(max_wait, min(x.drain for x in victims))))
                 reasons.append(f"{v.preset} is worth keeping {max(0.0, at - now):.1f} s more "
-                               f"(its load costs {cost_of(v.cost):.1f} s)")
+                               f"(its load costs {cost_of(v.cost):.1f} s)"
+                               + (" (it takes no new request)" if opened else ""))
         if reasons:   # a cut only when it completes the room: never for nothing
             holds.append(Hold(need.preset, f"preset {need.preset!r} {_need_text(need)}: "
                               f"waits, because {'; '.join(reasons)}", tuple(closing)))
@@ -318,8 +358,12 @@ def _evict_plan(need: Need, room: Mapping[str, int], blocked: set[str],
     question, engines on it least recently used first (those evictable now before the
     others); among the GPUs for ``per_gpu``, those that cost the fewest evictions, then
     the least memory. None when even every engine of the pool would not make room."""
-    def order(r: Resident) -> tuple[bool, float, str]:
-        return (not evictable_now(r), r.last_used, r.preset)
+    def order(r: Resident) -> tuple[bool, bool, float, str]:
+        # one closed for a plan before stays the plan's: a plan that moves from one busy
+        # engine to another closes each in turn and drains none. Then the one whose next
+        # request is due last: its last request plus its clients' interval (least
+        # recently used, where the interval is unknown or the same)
+        return (not evictable_now(r), not r.closing, _due(r), r.preset)
 
     pool = sorted(pool, key=order)
 
@@ -346,47 +390,97 @@ def _evict_plan(need: Need, room: Mapping[str, int], blocked: set[str],
         victims += more
         used.append(name)
     if need.count > 0:
-        options: list[tuple[int, int, str, list[Resident]]] = []
+        options: list[tuple[float, int, int, str, list[Resident]]] = []
         for name in room:
             if name == HOST or name in need.fixed or name in blocked:
                 continue
             more = victims_for(name, need.per_gpu, victims)
             if more is not None:
-                options.append((len(more), sum(v.held.get(name, 0) for v in more), name, more))
-        options.sort(key=lambda o: o[:3])
+                options.append((sum(_worth(v) for v in more), len(more),
+                                sum(v.held.get(name, 0) for v in more), name, more))
+        options.sort(key=lambda o: o[:4])
         if len(options) < need.count:
             return None
-        for _, _, name, more in options[:need.count]:
+        for _, _, _, name, more in options[:need.count]:
             victims += [v for v in more if v not in victims]
             used.append(name)
     return tuple(used), victims
 
 
-def _evictable(r: Resident, now: float, waited: float, pause: float) -> bool:
-    """Whether ``r`` may be evicted now for a request that has waited ``waited``."""
+def _protected(r: Resident, pause: float) -> float:
+    """Seconds an idle ``r`` is kept after its last request: the pause between a client's
+    answer and its next request, or GAP_FACTOR of its clients' own interval, never longer
+    than its load costs."""
+    cost = cost_of(r.cost)
+    kept = min(pause, cost)
+    if r.gap is not None and r.gap > 0:
+        kept = max(kept, min(cost, GAP_FACTOR * r.gap))
+    return kept
+
+
+def _worth(r: Resident) -> float:
+    """What keeping ``r`` is worth: the seconds of load its clients would wait per second
+    if it were evicted (its reload over their interval; 0 where the interval is unknown)."""
+    return cost_of(r.cost) / r.gap if r.gap is not None and r.gap > 0 else 0.0
+
+
+def _due(r: Resident) -> float:
+    """When ``r``'s next request is expected: its last one plus its clients' interval
+    (unknown: its last one, which orders it least recently used first)."""
+    return r.last_used + (r.gap if r.gap is not None and r.gap > 0 else 0.0)
+
+
+def _rent(r: Resident, now: float) -> float:
+    """The waiting (seconds, summed over the requests that wait) an eviction of ``r``
+    must have been paid with (rent or buy): RENT times its reload, as likely to be needed
+    as its clients are to come back: the share decays with its idle time over their
+    interval (over its reload where the interval is unknown). An engine whose clients
+    left long ago costs nothing to evict; one in the pause of a busy team costs most."""
+    cost = cost_of(r.cost)
+    scale = r.gap if r.gap is not None and r.gap > 0 else cost
+    idle = max(0.0, now - r.idle_since)
+    demand = min(1.0, cost / r.gap) if r.gap is not None and r.gap > 0 else 1.0
+    return RENT * cost * demand * math.exp(-idle / max(DECAY * scale, 1e-3))
+
+
+def _paid(w: Waiting, now: float) -> float:
+    return w.waited if w.waited is not None else now - w.since
+
+
+def _evictable(r: Resident, now: float, w: Waiting, pause: float,
+               max_wait: float = MAX_WAIT) -> bool:
+    """Whether ``r`` may be evicted now for ``w``'s requests."""
     if r.in_flight > 0 or r.keep or r.starting:
         return False
     cost = cost_of(r.cost)
-    if now - r.idle_since < min(pause, cost):
+    # a closed engine gets no request: waiting for its clients to come back is moot
+    kept = min(pause, cost) if r.closing else _protected(r, pause)
+    if now - r.idle_since + EPS < kept:
         return False
-    return now - r.ready_since >= cost or waited >= cost
+    if _paid(w, now) + EPS < _rent(r, now):
+        return False
+    return now - r.ready_since + EPS >= cost or now - w.since + EPS >= cost
 
 
 @dataclass(frozen=True)
 class _Evictable:
     now: float
-    waited: float
+    w: Waiting
     pause: float
 
     def __call__(self, r: Resident) -> bool:
-        return _evictable(r, self.now, self.waited, self.pause)
+        return _evictable(r, self.now, self.w, self.pause)
 
 
-def _evictable_at(r: Resident, since: float, pause: float) -> float:
-    """When an idle ``r`` becomes evictable for a request waiting since ``since``."""
+def _evictable_at(r: Resident, w: Waiting, now: float, pause: float) -> float:
+    """When an idle ``r`` becomes evictable for ``w``'s requests (if nothing changes)."""
     cost = cost_of(r.cost)
-    worth = min(r.ready_since + cost, since + cost)
-    return max(worth, r.idle_since + min(pause, cost))
+    worth = min(r.ready_since + cost, w.since + cost)
+    # when the rent is paid: the waiting grows with the requests that wait, the rent
+    # decays; the oldest request's max_wait bounds it
+    paid = now + max(0.0, _rent(r, now) - _paid(w, now)) / max(1, w.count)
+    kept = min(pause, cost) if r.closing else _protected(r, pause)
+    return max(worth, paid, r.idle_since + kept)
 
 
 # --- words -----------------------------------------------------------------------------
