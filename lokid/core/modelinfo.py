@@ -29,7 +29,7 @@ What it reports (see ModelInfo):
     says 1 but whose head tensors were stripped.
   - hybrid (attention plus recurrent layers) is true when either
       * the architecture is in llama.cpp's own list, ``llm_arch_is_hybrid()`` in
-        ``src/llama-arch.cpp`` of b11434 (copied into _HYBRID_ARCHS below), or
+        ``src/llama-arch.cpp`` of b11434 (copied into HYBRID_ARCHS below), or
       * for an architecture that list does not know yet, the file carries keys of a
         recurrent block (``<arch>.ssm.*``, ``<arch>.wkv.*``, ``<arch>.shortconv.*``,
         ``<arch>.kda.*`` or ``<arch>.full_attention_interval``) together with attention
@@ -58,7 +58,10 @@ import threading
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
+from .archs import HYBRID_ARCHS, RECURRENT_KEY_PREFIXES
 from .errors import ModelError
+from .ggmltypes import GGML_BLOCKS
+from .notgguf import not_gguf
 
 
 @dataclass(frozen=True)
@@ -92,15 +95,6 @@ class ModelInfo:
     output_tied: bool = False      # no output.weight: the engine copies token_embd there
     max_block_tensor_bytes: int = 0   # largest single tensor in a block
 
-
-# llm_arch_is_hybrid() in src/llama-arch.cpp, llama.cpp b11434, by GGUF arch name.
-_HYBRID_ARCHS = frozenset({
-    "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe",
-    "nemotron_h", "nemotron_h_moe", "qwen3next", "kimi-linear", "bailingmoe3",
-    "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp", "deepseek4", "minimax-01",
-})
-# Key families (after "<arch>.") that only recurrent / linear-attention blocks write.
-_RECURRENT_KEY_PREFIXES = ("ssm.", "wkv.", "shortconv.", "kda.", "full_attention_interval")
 
 _MAGIC = b"GGUF"
 _SUPPORTED_VERSIONS = (2, 3)
@@ -137,19 +131,6 @@ _SCALARS: dict[int, struct.Struct] = {
 }
 _INTEGER_TYPES = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
 _UINT32 = 4
-
-# ggml type id -> (elements per block, bytes per block), from ggml's type traits.
-# Used only to find where each tensor's data ends (the partial-download and overlap
-# checks); a type missing here (newer than this table) counts as zero bytes there.
-_GGML_BLOCKS: dict[int, tuple[int, int]] = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
-    8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144),
-    13: (256, 176), 14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74),
-    18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
-    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8),
-    29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17),
-    40: (64, 36), 41: (128, 18), 42: (64, 18),
-}
 
 # Per-layer integer keys (scalar or array), kept as max and, for arrays, per layer.
 _PER_LAYER_SUFFIXES = (".attention.head_count", ".attention.head_count_kv",
@@ -363,30 +344,6 @@ def _read_array(cur: _Cursor, key: str, keep: bool, depth: int) -> object:
     raise cur.corrupt(f"{what} has unknown item type {item_type} (at byte {cur.tell() - 12})")
 
 
-def _not_gguf(path: str, head: bytes) -> ModelError:
-    """Say what a non-GGUF file most likely is: these are the usual wrong downloads.
-
-    Never its bytes: the message reaches ``Notes`` on the bus, which anyone may
-    read, and the file may be one its reader could open and they could not
-    (``model = "/etc/shadow"`` would show the start of a password hash)."""
-    hint = ""
-    if head.startswith(b"version https://git-lfs"):
-        hint = ": a Git LFS pointer, not the model (fetch it with `git lfs pull`)"
-    elif head.lstrip()[:1] == b"<":
-        hint = ": looks like an HTML/XML page (a download error page?)"
-    elif head.startswith(b"PK\x03\x04"):
-        hint = ": a ZIP archive"
-    elif head.startswith(b"\x1f\x8b"):
-        hint = ": a gzip archive"
-    elif head[:4] in (b"lmgg", b"fmgg", b"tjgg", b"algg"):
-        hint = ": a pre-GGUF GGML/GGJT file, convert it to GGUF"
-    elif len(head) >= 10 and head[8:10] == b"{\"":
-        hint = ": looks like a safetensors file, convert it to GGUF"
-    elif head.lstrip()[:1] in (b"{", b"["):
-        hint = ": looks like a JSON document"
-    return ModelError(f"{path}: not a GGUF file (it does not begin with \"GGUF\"){hint}")
-
-
 def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
     cur = _Cursor(f, path, size)
     if size == 0:
@@ -396,7 +353,7 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
     if head[:4] != _MAGIC:
         if size < len(_MAGIC) and _MAGIC.startswith(head):
             raise cur.past_end("GGUF magic", len(_MAGIC))
-        raise _not_gguf(path, head)
+        raise not_gguf(path, head)
     if size < _HEADER.size:
         raise cur.past_end("GGUF header", _HEADER.size)
     _, version, n_tensors, n_kv = _HEADER.unpack_from(cur.buf, 0)
@@ -489,7 +446,7 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
         cur.pos += tail.size
         if name in nextn_names:
             has_nextn = True
-        block = _GGML_BLOCKS.get(ggml_type)
+        block = GGML_BLOCKS.get(ggml_type)
         if block is not None:
             elements = 1
             for d in dims[1:]:
@@ -537,7 +494,7 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
 
     prefix = arch + "."
     recurrent_keys = bool(arch) and any(
-        k.startswith(prefix) and k[len(prefix):].startswith(_RECURRENT_KEY_PREFIXES)
+        k.startswith(prefix) and k[len(prefix):].startswith(RECURRENT_KEY_PREFIXES)
         for k in keys)
     attention = head_counts.get(f"{prefix}attention.head_count", 0) > 0
     n_embd = ints.get(f"{prefix}embedding_length", 0)
@@ -554,7 +511,7 @@ def _read_header(f: BinaryIO, path: str, size: int) -> ModelInfo:
         context_length=ints.get(f"{arch}.context_length", 0),
         nextn_predict_layers=ints.get(f"{arch}.nextn_predict_layers", 0),
         has_nextn_tensor=has_nextn,
-        hybrid=arch in _HYBRID_ARCHS or (recurrent_keys and attention),
+        hybrid=arch in HYBRID_ARCHS or (recurrent_keys and attention),
         tensor_count=n_tensors,
         n_embd=n_embd,
         n_ff=n_ff,

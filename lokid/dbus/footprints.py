@@ -23,16 +23,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core.errors import StateError
 from ..core.place.footprint import CGROUP, PROCESS, SOURCE_WORDS, Footprint, measure
 from ..runners.local_runner import LocalRunner
 from ..runners.runner import READY, EngineState
 from ..store.state import StateDB
+from ..watch.nvml import GpuMemory
 
-if TYPE_CHECKING:
-    from .telemetry import Telemetry
+
+class Telemetry(Protocol):
+    """What the measurement reads of :class:`lokid.dbus.telemetry.Telemetry`: the daemon
+    (its registry and runner), the engines' meters, the NVIDIA driver and which engines
+    have a GPU backend."""
+
+    daemon: Any
+    meters: Any
+    gpu: GpuMemory
+
+    async def has_gpu(self, engine: str) -> bool: ...
 
 log = logging.getLogger("lokid.daemon")
 
