@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Protocol
 
 from ..core.errors import StateError
@@ -111,7 +112,7 @@ class Footprints:
             await asyncio.to_thread(_save, daemon.registry.state_dir, name, found)
         except StateError as e:
             log.warning("preset %s: its footprint could not be kept: %s", name, e)
-        daemon.registry.presets[name] = _with(now, found)
+        daemon.registry.presets[name] = replace(now, footprint=found)
         self.telemetry.meters.dirty.add(name)
         log.info("preset %s: its engine holds %s", name, found.describe())
         return found
@@ -136,9 +137,3 @@ class Footprints:
 def _save(state_dir: str, name: str, found: Footprint) -> None:
     with StateDB(state_dir) as db:
         db.save_footprint(name, found)
-
-
-def _with(view: Any, found: Footprint) -> Any:
-    from dataclasses import replace
-
-    return replace(view, footprint=found)
