@@ -37,6 +37,7 @@ from . import external, flags, secrets
 from .errors import ConfigError, NotFoundError
 from .external import External
 from .presetname import check_preset_name
+from .place.settings import PLACEMENT_KEYS, PlacementConfig, parse_placement
 from .serve import GATEWAY_KEYS, SERVE_KEYS, GatewayConfig, Serve, parse_gateway, parse_serve
 from .tomlread import MAX_FILE_BYTES as MAX_FILE_BYTES  # its home; presets' bound
 from .tomlread import Checker, close_match, parse_toml, read_text, read_toml, tname
@@ -50,7 +51,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 32768
 
-GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile", "gateway")
+GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile", "gateway",
+               "placement")
 # Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter/*.prom (its
 # textfile collector): the daemon writes its metrics there when that directory exists.
 DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
@@ -78,6 +80,8 @@ class GlobalConfig:
     path: str = ""  # the file it came from, "" when absent (defaults)
     metrics_textfile: str = DEFAULT_METRICS_TEXTFILE   # "" = no Prometheus textfile
     gateway: GatewayConfig = field(default_factory=GatewayConfig)   # lokid.core.serve
+    # [placement]: engines placed by memory (lokid.core.place.settings)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,7 @@ def load_global(config_dir: str) -> GlobalConfig:
         engine=engine, model_dirs=dirs, host=host,
         port=DEFAULT_PORT if port is None else port, path=path, metrics_textfile=metrics,
         gateway=parse_gateway(_table(c, "gateway", GATEWAY_KEYS)),
+        placement=parse_placement(_table(c, "placement", PLACEMENT_KEYS)),
     )
 
 

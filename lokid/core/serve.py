@@ -30,7 +30,7 @@ from .presetname import valid_preset_name
 from .timespec import span_seconds
 from .tomlread import Checker, tname
 
-SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain")
+SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
                 "first_byte_timeout", "stream_idle_timeout")
 
@@ -62,6 +62,8 @@ class Serve:
     group: str = ""                  # at most one preset of a group runs at a time ("" = none)
     # how long a swap waits for the other preset's requests in flight (seconds)
     drain: float = DEFAULT_DRAIN
+    # never stopped to make room for another preset (lokid.core.place.policy)
+    keep: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class GatewayConfig:
 # --- spans ------------------------------------------------------------------------
 
 
-def _span(c: Checker, key: str, lo: float, hi: float, valid: str) -> float | None:
+def span_setting(c: Checker, key: str, lo: float, hi: float, valid: str) -> float | None:
     value = c.data.get(key)
     if value is None:
         return None
@@ -126,16 +128,19 @@ def parse_serve(t: Checker | None) -> Serve:
     on_demand = t.data.get("on_demand", False)
     if not isinstance(on_demand, bool):
         raise t.error("on_demand", f"must be true or false, not {tname(on_demand)}")
-    idle_stop = _span(t, "idle_stop", MIN_IDLE_STOP, float("inf"),
+    idle_stop = span_setting(t, "idle_stop", MIN_IDLE_STOP, float("inf"),
                       "at least 1s; remove the key to never stop the preset when idle")
     group = t.string("group", "") or ""
     if group and not valid_preset_name(group):
         raise t.error("group", f"{group!r} is not a group name: 1 to 64 characters from "
                       "A-Z a-z 0-9 _ . -, starting with a letter or a digit (as a preset's "
                       "name), or \"\" for none")
-    drain = _span(t, "drain", 0.0, MAX_DRAIN, "0s to 1d")
+    drain = span_setting(t, "drain", 0.0, MAX_DRAIN, "0s to 1d")
+    keep = t.data.get("keep", False)
+    if not isinstance(keep, bool):
+        raise t.error("keep", f"must be true or false, not {tname(keep)}")
     return Serve(on_demand=on_demand, idle_stop=idle_stop, group=group,
-                 drain=DEFAULT_DRAIN if drain is None else drain)
+                 drain=DEFAULT_DRAIN if drain is None else drain, keep=keep)
 
 
 def serve_notes(serve: Serve) -> list[str]:
@@ -152,6 +157,9 @@ def serve_notes(serve: Serve) -> list[str]:
         notes.append(f"group = {serve.group}: at most one preset of group {serve.group} runs "
                      f"at a time; a swap waits up to {span_text(serve.drain)} (drain) for "
                      "the running one's requests in flight")
+    if serve.keep:
+        notes.append("keep = true: never stopped to make room for another preset (it may "
+                     "still be stopped by hand, by idle_stop, or by its group's swap)")
     return notes
 
 
@@ -217,8 +225,8 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
         if problem:
             raise t.error("cors_origins", problem)
     lo_t, hi_t = TIMEOUT_RANGE
-    first = _span(t, "first_byte_timeout", lo_t, hi_t, "1s to 1d")
-    idle = _span(t, "stream_idle_timeout", lo_t, hi_t, "1s to 1d")
+    first = span_setting(t, "first_byte_timeout", lo_t, hi_t, "1s to 1d")
+    idle = span_setting(t, "stream_idle_timeout", lo_t, hi_t, "1s to 1d")
     return GatewayConfig(listen=tuple(item.strip() for item in listen), api_keys_file=keys,
                          max_body=DEFAULT_MAX_BODY if max_body is None else max_body,
                          default_model=model, cors_origins=tuple(origins),

@@ -32,7 +32,7 @@ from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
 
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
-                     "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain",
+                     "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain", "Keep",
                      "IdleStopAt", "Kind", "Url", "UpstreamModel", "Reachable",
                      "OnDemandState", "LastRequestAt", "GroupHolder")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset",

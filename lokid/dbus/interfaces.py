@@ -291,7 +291,8 @@ class PresetInterface(ServiceInterface):
         """The [serve] settings' properties, for PropertiesChanged after a reload."""
         serve = self.view.serve
         return {"OnDemand": serve.on_demand, "IdleStop": serve.idle_stop or 0.0,
-                "Group": serve.group, "Drain": serve.drain, "Kind": self.view.kind,
+                "Group": serve.group, "Drain": serve.drain, "Keep": serve.keep,
+                "Kind": self.view.kind,
                 "Url": self.Url, "UpstreamModel": self.UpstreamModel,
                 "KeyFile": self.KeyFile, "Reachable": self.Reachable}
 
@@ -335,6 +336,11 @@ class PresetInterface(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def Drain(self) -> "d":
         return self.view.serve.drain
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Keep(self) -> "b":
+        """serve.keep: never stopped to make room for another preset."""
+        return self.view.serve.keep
 
     @dbus_property(access=PropertyAccess.READ)
     def IdleStopAt(self) -> "d":

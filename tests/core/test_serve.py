@@ -49,6 +49,7 @@ def test_without_a_serve_table_a_preset_is_served_by_hand(tmp_path: Path) -> Non
     ('[serve]\nidle_stop = 600\ndrain = 2.5\n', serve.Serve(idle_stop=600.0, drain=2.5)),
     ('serve.idle_stop = "2 minutes"\nserve.group = ""\n', serve.Serve(idle_stop=120.0)),
     ('serve = { on_demand = false, drain = "1d" }\n', serve.Serve(drain=86400.0)),
+    ('[serve]\nkeep = true\n', serve.Serve(keep=True)),
 ])
 def test_the_serve_table_parses_to_typed_values(tmp_path: Path, body: str,
                                                 expected: serve.Serve) -> None:
@@ -76,8 +77,9 @@ SPAN = 'use a systemd time span such as "15min", "90s" or "1h 30min"'
     ('[serve]\ngroup = "gpu 0"\n', 3, "serve.group: 'gpu 0' is not a group name: 1 to 64 "
      "characters from A-Z a-z 0-9 _ . -"),
     ('[serve]\ngroup = 0\n', 3, "serve.group: must be a string, not an integer"),
-    ('[serve]\nkeep = "15min"\n', 3, "serve.keep: unknown key; valid keys: on_demand, "
-     "idle_stop, group, drain"),
+    ('[serve]\npriority = "15min"\n', 3, "serve.priority: unknown key; valid keys: on_demand, "
+     "idle_stop, group, drain, keep"),
+    ('[serve]\nkeep = "yes"\n', 3, "serve.keep: must be true or false, not a string"),
     ('[serve]\nidlestop = "15min"\n', 3, "serve.idlestop: unknown key (did you mean "
      "'idle_stop'?)"),
     ('serve.ttl = "5m"\n', 2, "serve.ttl: unknown key"),
@@ -130,7 +132,8 @@ def test_the_annotated_example_documents_every_serve_key() -> None:
     lines = [re.sub(rf"^#({'|'.join(serve.SERVE_KEYS)}) = ", r"\1 = ", line)
              for line in text.splitlines()]
     p = cfg.parse_preset_text("example", str(EXAMPLE), "\n".join(lines) + "\n")
-    assert p.serve == serve.Serve(on_demand=True, idle_stop=900.0, group="gpu0", drain=120.0)
+    assert p.serve == serve.Serve(on_demand=True, idle_stop=900.0, group="gpu0", drain=120.0,
+                                  keep=True)
     assert cfg.parse_preset_text("example", str(EXAMPLE), text).serve == serve.Serve()
 
 

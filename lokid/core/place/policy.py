@@ -44,12 +44,12 @@ The rules, each against a failure seen in the peers or in lokid's groups:
   the older one's plan does not need, so the oldest is never starved by small ones.
 
 What the constants cost, measured by ``benchmarks/placement_sim.py`` (2 × 80 GiB, 10
-presets, 10,000 requests of a team; seeds 1 and 2): cold starts per 1,000 requests 55.6
-and 51.5 with p50 waits of 4.9 and 5.3 s (llama.cpp's router at ``--models-max 2``: 52.0
+presets, 10,000 requests of a team; seed 1): cold starts per 1,000 requests 46.0 at a
+p50 wait of 6.6 s (RENT 16: 55.6 and 51.5 for seeds 1 and 2, at 4.9 and 5.3 s) (llama.cpp's router at ``--models-max 2``: 52.0
 and 48.4 at p50 49.1 and 52.0 s); with RENT 1 and no interval, 127.7 and 123.9 at 3.1
 and 3.8 s. The price is paid by a lone user switching models: a model of 10 s load
 left 60 s ago by a user who asked every 30 s costs the next request for another model
-``16 × 10 × 1/3 × e^(-60/240)`` = 42 s of waiting before the eviction.
+``28 × 10 × 1/3 × e^(-60/240)`` = 73 s of waiting before the eviction.
 
 Pure: times are the caller's monotonic clock; the gateway runs it at every change.
 """
@@ -70,7 +70,7 @@ GIB = 2**30
 GAP_FACTOR = 4.0
 # An eviction is paid for by waiting: the waiting requests of the preset it is for must
 # have waited, together, this many times the victim's own load cost (rent or buy).
-RENT = 16.0
+RENT = 28.0
 DECAY = 8.0   # the rent falls by e each DECAY intervals of its clients the engine idles
 EPS = 1e-6   # seconds: a time the rule gave as again_at counts as reached at that time
 
