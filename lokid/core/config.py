@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from . import external, flags, secrets
 from .errors import ConfigError, NotFoundError
 from .external import External
-from .presetname import check_preset_name
 from .place.settings import PLACEMENT_KEYS, PlacementConfig, parse_placement
+from .presetname import check_preset_name
 from .serve import GATEWAY_KEYS, SERVE_KEYS, GatewayConfig, Serve, parse_gateway, parse_serve
 from .tomlread import MAX_FILE_BYTES as MAX_FILE_BYTES  # its home; presets' bound
 from .tomlread import Checker, close_match, parse_toml, read_text, read_toml, tname
