@@ -125,20 +125,16 @@ def parse_serve(t: Checker | None) -> Serve:
     the table is absent)."""
     if t is None:
         return Serve()
-    on_demand = t.data.get("on_demand", False)
-    if not isinstance(on_demand, bool):
-        raise t.error("on_demand", f"must be true or false, not {tname(on_demand)}")
+    on_demand = t.boolean("on_demand", False)
     idle_stop = span_setting(t, "idle_stop", MIN_IDLE_STOP, float("inf"),
-                      "at least 1s; remove the key to never stop the preset when idle")
+                             "at least 1s; remove the key to never stop the preset when idle")
     group = t.string("group", "") or ""
     if group and not valid_preset_name(group):
         raise t.error("group", f"{group!r} is not a group name: 1 to 64 characters from "
                       "A-Z a-z 0-9 _ . -, starting with a letter or a digit (as a preset's "
                       "name), or \"\" for none")
     drain = span_setting(t, "drain", 0.0, MAX_DRAIN, "0s to 1d")
-    keep = t.data.get("keep", False)
-    if not isinstance(keep, bool):
-        raise t.error("keep", f"must be true or false, not {tname(keep)}")
+    keep = t.boolean("keep", False)
     return Serve(on_demand=on_demand, idle_stop=idle_stop, group=group,
                  drain=DEFAULT_DRAIN if drain is None else drain, keep=keep)
 

@@ -200,6 +200,12 @@ class Checker:
             raise self.error(key, "must not contain a NUL character")
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, not {tname(value)}")
+        return value
+
     def integer(self, key: str, lo: int, hi: int, what: str) -> int | None:
         value = self.data.get(key)
         if value is None:

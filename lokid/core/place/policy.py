@@ -44,12 +44,13 @@ The rules, each against a failure seen in the peers or in lokid's groups:
   the older one's plan does not need, so the oldest is never starved by small ones.
 
 What the constants cost, measured by ``benchmarks/placement_sim.py`` (2 × 80 GiB, 10
-presets, 10,000 requests of a team; seed 1): cold starts per 1,000 requests 46.0 at a
-p50 wait of 6.6 s (RENT 16: 55.6 and 51.5 for seeds 1 and 2, at 4.9 and 5.3 s) (llama.cpp's router at ``--models-max 2``: 52.0
-and 48.4 at p50 49.1 and 52.0 s); with RENT 1 and no interval, 127.7 and 123.9 at 3.1
-and 3.8 s. The price is paid by a lone user switching models: a model of 10 s load
-left 60 s ago by a user who asked every 30 s costs the next request for another model
-``28 × 10 × 1/3 × e^(-60/240)`` = 73 s of waiting before the eviction.
+presets, 10,000 requests of a team; seeds 1 and 2): cold starts per 1,000 requests 46.0
+and 46.2 with p50 waits of 6.6 and 8.2 s (llama.cpp's router at ``--models-max 2``: 52.0
+and 48.4 at p50 49.1 and 52.0 s); with RENT 16, 55.6 and 51.5 at 4.9 and 5.3 s; with
+RENT 1 and no interval, 127.7 and 123.9 at 3.1 and 3.8 s. The price is paid by a lone
+user switching models: a model of 10 s load left 60 s ago by a user who asked every
+30 s costs the next request for another model ``28 × 10 × 1/3 × e^(-60/240)`` = 73 s
+of waiting before the eviction.
 
 Pure: times are the caller's monotonic clock; the gateway runs it at every change.
 """

@@ -66,9 +66,7 @@ def parse_placement(t: Checker | None) -> PlacementConfig:
     """The ``[placement]`` table (its checker, keys already checked; None when absent)."""
     if t is None:
         return PlacementConfig()
-    enabled = t.data.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise t.error("enabled", f"must be true or false, not {tname(enabled)}")
+    enabled = t.boolean("enabled", True)
     host_memory = None
     if "host_memory" in t.data:
         try:
