@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TextIO
 
 from ..core.names import SYSLOG_IDENTIFIER
 
@@ -39,4 +40,15 @@ def journal_log(preset: str, message: str, priority: int = 5) -> None:
             return
         except (ImportError, OSError):
             pass
-    print(f"lokid: {message}", file=sys.stderr, flush=True)
+    say(message)
+
+
+def say(message: str, out: TextIO | None = None) -> None:
+    """``lokid: <message>`` on stderr (or ``out``) in one write: lokid's lines share
+    a pipe with the engine's, and ``print`` writes the text and its newline apart
+    when Python runs unbuffered (PYTHONUNBUFFERED, as the local runner's children
+    do), so an engine line could land inside ours (seen in CI: "ready at
+    http://127.0.0.1:365610.00.011.895 I srv  llama_server: model loaded")."""
+    stream = sys.stderr if out is None else out
+    stream.write(f"lokid: {message}\n")
+    stream.flush()

@@ -16,6 +16,7 @@ from typing import TextIO
 from ..core import paths
 from ..core.conflicts import ListenSource
 from ..core.plan import Plan
+from ..host.journallog import say
 from ..planning.endpoint import check_listen_free
 from .supervisor import Launch, supervise
 
@@ -29,11 +30,11 @@ def run_plan(plan: Plan, out: TextIO = sys.stderr,
     engine could not listen there (:func:`lokid.core.conflicts.listen_source`)."""
     check_listen_free(plan.host, plan.port, plan.socket, paths.runtime_dir(), source)
     for note in plan.notes:
-        print(f"lokid: note: {note}", file=out)
-    print(f"lokid: starting {plan.command_line()}", file=out, flush=True)
+        say(f"note: {note}", out)
+    say(f"starting {plan.command_line()}", out)
 
     def log(message: str) -> None:
-        print(f"lokid: {message}", file=out, flush=True)
+        say(message, out)
 
     from ..host.credentials import secret_env
 
