@@ -86,9 +86,12 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import os
 
     from .core.plan import format_plan
+    from .host.devices import explain, room_json
     from .planning.endpoint import check_address
     from .planning.gather import check_port_conflicts, unit_user
-    from .unit.steps import plan_now
+    from .planning.sizing import memory_now, refuse
+    from .unit.steps import plan_inputs_now
+    from .watch.nvml import GpuMemory
 
     ext = _external(config_dir, preset)
     if ext is not None:   # nothing runs here: what the gateway does with it instead
@@ -102,15 +105,22 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
         return 0
     # As the next start will run it: as root, the files checked as loki-engine@.service's
     # user will open them; the attempt verdict read from the state DB, changing nothing.
-    plan = plan_now(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
+    plan, inputs = plan_inputs_now(config_dir, paths.state_dir(), paths.runtime_dir(), preset)
     # the address as the start will bind it, and the port as that user may
     check_address(plan.host, plan.port, unit_user(os.environ),
                   _listening(config_dir, preset)[2])
     check_port_conflicts(config_dir, plan, runtime_dir=paths.runtime_dir())
+    # what it needs on each device, and whether this host can ever hold it
+    memory, room = memory_now(plan, inputs, paths.state_dir(), GpuMemory())
     if as_json:
-        print(json.dumps(plan.to_json(), indent=2, ensure_ascii=False))
+        print(json.dumps({**plan.to_json(), "memory": memory.to_json(),
+                          "devices": room_json(room)}, indent=2, ensure_ascii=False))
     else:
         print(format_plan(plan))
+        print(f"memory: {memory.sizing.text}")
+        print("devices:")
+        print("\n".join(f"  {line}" for line in explain(room)))
+    refuse(memory, preset)
     return 0
 
 

@@ -68,6 +68,11 @@ class ConfigError(LokiError):
         super().__init__(printable(text))
 
 
+class DoesNotFitError(ConfigError):
+    """The preset needs more memory on a device than this host has, even with every
+    engine stopped (D-Bus: InvalidPreset: the preset must change, or the host)."""
+
+
 class NotFoundError(LokiError):
     """A preset (or another named object) does not exist."""
 

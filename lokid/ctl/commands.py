@@ -34,7 +34,7 @@ PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "Sp
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
                      "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain", "Keep",
                      "IdleStopAt", "Kind", "Url", "UpstreamModel", "Reachable",
-                     "OnDemandState", "LastRequestAt", "GroupHolder")
+                     "OnDemandState", "LastRequestAt", "GroupHolder", "Memory")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset",
          "unload": "UnloadPreset"}
 SPINNER = "|/-\\"
@@ -127,7 +127,7 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
     from . import stats as ctlstats
 
     now = time.time()
-    lines = [["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "MODEL"]]
+    lines = [["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "NEEDS", "MODEL"]]
     for r in rows:
         top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
@@ -135,14 +135,33 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
         said = ", ".join(t for t in (ctlsight.sight_text(r, now), idle_text(r, now)) if t)
         idle = f"  ({said})" if said else ""
         if r.get("Kind") == "external":   # an API elsewhere: where, and whether it answers
-            lines.append([r["Name"], "external", "-", r.get("Url") or "-", "-", "-",
+            lines.append([r["Name"], "external", "-", r.get("Url") or "-", "-", "-", "-",
                           f"{r.get('UpstreamModel')}  ({r.get('Reachable')})"])
             continue
         lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
-                      f"{r['Model']}{blocked}{idle}{error}"])
-    lines += [[name, "broken", "-", "-", "-", "-", error] for name, error in sorted(broken.items())]
+                      ctlstats.need_text(r.get("Memory") or {}),
+                      f"{r['Model']}{blocked}{idle}{error}{_fit(r)}"])
+    lines += [[name, "broken", "-", "-", "-", "-", "-", error]
+              for name, error in sorted(broken.items())]
     print(ctlstats.columns(lines))
+    return EXIT_OK
+
+
+def _fit(r: dict[str, Any]) -> str:
+    why = (r.get("Memory") or {}).get("does_not_fit")
+    return f"  (does not fit: {why})" if why else ""
+
+
+async def cmd_devices(c: Client, as_json: bool) -> int:
+    """Each device's memory: total, what lokid's engines and others hold, reserve, free."""
+    from . import stats as ctlstats
+
+    rows = (await c.properties(OBJECT_PATH, MANAGER_INTERFACE)).get("Devices") or []
+    if as_json:
+        _print_json(rows)
+    else:
+        print(ctlstats.devices_table(rows))
     return EXIT_OK
 
 
@@ -186,18 +205,22 @@ async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
             ctlstats.row({"Name": name, "State": "broken", "Error": error})
             for name, error in sorted(broken.items())]
 
+    async def devices(width: int | None = None) -> str:
+        manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
+        return ctlstats.devices_table(manager.get("Devices") or [], width)
+
     if as_json:
         _print_json(await rows())
         return EXIT_OK
     if once or not sys.stdout.isatty():
-        print(ctlstats.table(await rows()))
+        print(ctlstats.table(await rows()) + "\n\n" + await devices())
         return EXIT_OK
     quit_ = asyncio.Event()
     restore = _keys(quit_)
     try:
         while not quit_.is_set():
             width = shutil.get_terminal_size().columns
-            text = ctlstats.table(await rows(), width)
+            text = ctlstats.table(await rows(), width) + "\n\n" + await devices(width)
             ctlstats.write("\x1b[H\x1b[2J" + f"lokid top  {time.strftime('%H:%M:%S')}  "
                            "(q quits)\n\n" + text + "\n")
             try:
@@ -264,6 +287,11 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
     print("PendingRestart: " + ("yes (a restart applies the edit)" if row.get("PendingRestart")
                                 else "no"))
     print("Serve: " + serve_text(row))
+    memory = row.get("Memory") or {}
+    if memory.get("text"):
+        print(f"Memory: {memory['text']}")
+    if memory.get("does_not_fit"):
+        print(f"DoesNotFit: {memory['does_not_fit']}")
     if idle_text(row, time.time()):
         print("IdleStopAt: " + idle_text(row, time.time()))
     _show_sight(row)
@@ -298,6 +326,11 @@ async def cmd_plan(c: Client, name: str, as_json: bool) -> int:
     print(shlex.join(plan["argv"]))
     for note in plan["notes"]:
         print(f"  - {note}")
+    memory = plan.get("memory") or {}
+    if memory.get("text"):
+        print(f"memory: {memory['text']}")
+    if memory.get("does_not_fit"):
+        print(f"does not fit: {memory['does_not_fit']}")
     return EXIT_OK
 
 

@@ -30,6 +30,7 @@ from .commands import (
     VERBS,
     cmd_bench,
     cmd_clear_failures,
+    cmd_devices,
     cmd_plan,
     cmd_presets,
     cmd_reload,
@@ -54,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="lokid on another machine, over ssh (as busctl -H)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (("status", "the daemon and its presets"),
-                           ("presets", "every preset, one line each")):
+                           ("presets", "every preset, one line each"),
+                           ("devices", "each device's memory: total, lokid's engines, "
+                            "others, reserved, free")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--json", action="store_true")
     for name, helptext in (("show", "a preset's settings, plan and state"),
@@ -212,6 +215,8 @@ async def _main(args: argparse.Namespace) -> int:
             return await cmd_status(client, as_json)
         if command == "presets":
             return await cmd_presets(client, as_json)
+        if command == "devices":
+            return await cmd_devices(client, as_json)
         if command == "show":
             return await cmd_show(client, str(args.preset), as_json)
         return await cmd_plan(client, str(args.preset), as_json)

@@ -146,6 +146,48 @@ def table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
     return columns([list(COLUMNS)] + [cells(r) for r in rows], width)
 
 
+DEVICE_COLUMNS = ("DEVICE", "TOTAL", "LOKID", "OTHERS", "RESERVED", "FREE", "FROM")
+
+
+def _gib(n: Any) -> str:
+    """Bytes as top shows memory: "17.6G", or "512M" under a GiB."""
+    if not isinstance(n, (int, float)):
+        return "-"
+    return f"{n / 2**30:.1f}G" if n >= 2**30 else f"{n / 2**20:.0f}M"
+
+
+def need_text(memory: dict[str, Any]) -> str:
+    """A preset's Memory in a few characters: "GPU0 17.6G host 0.5G est" ("measured" where
+    every figure was), "-" without one."""
+    needs = memory.get("needs") or {}
+    if not needs:
+        return "-"
+    sources = memory.get("sources") or {}
+    text = " ".join(f"{d} {_gib(n)}" for d, n in sorted(needs.items(), key=lambda i: (
+        i[0] == "host", i[0])))
+    if memory.get("gpu_count"):
+        text += f" {memory['gpu_count']}x{_gib(memory.get('per_gpu'))}"
+    measured = [s for s in sources.values() if s != "estimate"]
+    return text + (" measured" if measured and len(measured) == len(sources) else
+                   " est" if not measured else " part measured")
+
+
+def devices_table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
+    """The manager's Devices as ``top`` shows them under the presets: per device its
+    total, what lokid's engines hold, what others hold, the reserve and what is free;
+    then what could not be read."""
+    rows = list(rows)
+    lines = [list(DEVICE_COLUMNS)]
+    notes: list[str] = []
+    for r in rows:
+        label = str(r.get("device", "?")) + (f" ({r['name']})" if r.get("name") else "")
+        lines.append([label, _gib(r.get("total")), _gib(r.get("lokid")), _gib(r.get("others")),
+                      _gib(r.get("reserve")), _gib(r.get("free")), str(r.get("source") or "-")])
+        notes += [str(n) for n in r.get("notes") or []]
+    text = columns(lines, width) if rows else "no device read yet"
+    return text + "".join(f"\n  note: {n}"[:width + 9 if width else None] for n in notes)
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 

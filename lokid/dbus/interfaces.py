@@ -40,7 +40,14 @@ from dbus_fast import DBusError, PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from .. import __version__
-from ..core.errors import FAILED, InvalidArgsError, LokiError, NotFoundError, dbus_name
+from ..core.errors import (
+    FAILED,
+    DoesNotFitError,
+    InvalidArgsError,
+    LokiError,
+    NotFoundError,
+    dbus_name,
+)
 from ..core.names import (
     ACTION_BENCH,
     ACTION_EDIT,
@@ -285,7 +292,9 @@ class PresetInterface(ServiceInterface):
         view = self.view
         if view.plan is None:
             raise view.failure()
-        return plan_variant(view.plan, await self.backend.reveals())
+        memory = self.backend.telemetry.room.memory(self.preset)
+        return {**plan_variant(view.plan, await self.backend.reveals()),
+                **({"memory": Variant("a{sv}", json_variant(memory))} if memory else {})}
 
     def serve_properties(self) -> dict[str, Any]:
         """The [serve] settings' properties, for PropertiesChanged after a reload."""
@@ -367,6 +376,10 @@ class PresetInterface(ServiceInterface):
         return self.backend.pending_restart(self.preset)
 
     @dbus_property(access=PropertyAccess.READ)
+    def Memory(self) -> "a{sv}":
+        return json_variant(self.backend.telemetry.room.memory(self.preset))
+
+    @dbus_property(access=PropertyAccess.READ)
     def Stats(self) -> "a{sv}":
         return json_variant(self.backend.stats(self.preset))
 
@@ -416,6 +429,10 @@ class ManagerInterface(ServiceInterface):
     def Runner(self) -> "s":
         return self.backend.runner_in_use()
 
+    @dbus_property(access=PropertyAccess.READ)
+    def Devices(self) -> "aa{sv}":
+        return [json_variant(row) for row in self.backend.telemetry.room.devices()]
+
     @method()
     @access(READ)
     @guarded
@@ -439,8 +456,13 @@ class ManagerInterface(ServiceInterface):
     @access(MANAGE)
     @guarded
     async def StartForRequest(self, name: "s") -> "s":
-        return await self.backend.telemetry.sight.start_for_request(checked_name(name),
-                                                                    self.backend.start)
+        name = checked_name(name)
+        # a start that could only fail out of memory is refused at once, with the figures
+        why = await self.backend.telemetry.room.refusal(name)
+        if why:
+            raise DoesNotFitError(f"{why}: it is not started (lower its ctx, gpu_layers or "
+                                  "KV cache type, or free a device's [placement] reserve)")
+        return await self.backend.telemetry.sight.start_for_request(name, self.backend.start)
 
     @method()
     @access(MANAGE)

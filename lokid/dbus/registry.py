@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,12 +35,15 @@ from ..core.errors import (
     StateError,
 )
 from ..core.external import ENGINE, EXTERNAL, External, external_notes, nothing_runs
+from ..core.modelinfo import ModelInfo
 from ..core.names import engine_unit
-from ..core.place.footprint import Footprint, memory_key
-from ..core.plan import Plan, PlanInputs
+from ..core.place.footprint import Footprint
+from ..core.place.settings import PlacementConfig
+from ..core.plan import Plan
 from ..core.serve import Serve
 from ..host.probe import Outcome
 from ..planning.gather import decide, gather
+from ..planning.sizing import extra_files, memory_key_of
 from ..store.state import StateDB, StateReader, read_cleared
 
 log = logging.getLogger("lokid.daemon")
@@ -72,6 +75,10 @@ class PresetView:
     # plan; and the footprint measured for it, if any
     memory_key: str = ""
     footprint: Footprint | None = None
+    # its model's header and the files loaded beside it (bytes by name): what the memory
+    # estimate reads (lokid.core.place.need), None without a plan
+    info: ModelInfo | None = None
+    extra: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def unit(self) -> str:
@@ -120,6 +127,8 @@ class Registry:
     # The probe a load gave up waiting for (its future), until it ends.
     pending_probe: Outcome | None = None
     problem: str = ""   # why no preset could be read at all ("" when they could)
+    # lokid.toml's [placement] as the last load read it (defaults where it did not parse)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def load(self) -> None:
         """Read every preset again and replace the snapshot (blocking: run in a thread)."""
@@ -129,6 +138,10 @@ class Registry:
         except ConfigError as e:  # the directory itself: no preset, and the daemon says why
             log.warning("%s", e)
             good, bad, self.problem = {}, {}, str(e)
+        try:
+            self.placement = cfg.load_global(self.config_dir).placement
+        except LokiError:   # the presets say what is wrong with lokid.toml
+            self.placement = PlacementConfig()
         views = {}
         self.pending_probe = None
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
@@ -234,11 +247,11 @@ class Registry:
             bench = {"result": saved.result, "model": saved.model, "engine": saved.engine,
                      "at": saved.at}
         memory = memory_key_of(plan, inputs)
-        footprint = db.footprint(preset.name, memory) if isinstance(db, StateDB) else None
+        footprint = db.footprint(preset.name, memory)
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
                           plan=plan, auto_blocked=found.why, bench=bench,
                           listen=(plan.host, plan.port), memory_key=memory,
-                          footprint=footprint)
+                          footprint=footprint, info=inputs.model, extra=extra_files(plan))
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)
@@ -274,7 +287,6 @@ def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | No
     host's, a port its user may not take), as ``lokid plan`` says it. Addresses only: a
     host *name* would make every load wait on DNS; its start says what is wrong with it."""
     import ipaddress
-    import os
 
     from ..core.conflicts import listen_source
     from ..planning.endpoint import check_address
@@ -290,15 +302,3 @@ def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | No
     except ConfigError as e:
         return e
     return None
-
-
-def memory_key_of(plan: Plan, inputs: PlanInputs) -> str:
-    """The footprint key of a plan: its arguments, its model file as it is on disk now
-    (an overwritten file is another model), the engine's build and the GPUs it sees."""
-    try:
-        st = os.stat(inputs.model_path)
-        model = (inputs.model_path, st.st_size, st.st_mtime_ns)
-    except OSError:
-        model = (inputs.model_path, inputs.model.file_size, 0)
-    return memory_key(plan.argv, model, f"{inputs.caps.build}|{inputs.caps.path}|"
-                      f"{plan.env.get('CUDA_VISIBLE_DEVICES', '')}")

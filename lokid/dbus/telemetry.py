@@ -35,6 +35,7 @@ from .footprints import Footprints
 from .idle import IdleStops
 from .interfaces import PresetInterface
 from .registry import Registry
+from .room import DeviceRoom
 from .sight import Sight
 
 
@@ -89,12 +90,22 @@ class Telemetry:
         self.footprints = Footprints(self)
         self.gpu_mib: dict[str, tuple[str, dict[str, float] | None, str]] = {}
         self.gpu_engines: dict[str, bool] = {}  # engine path → has a GPU backend (or unknown)
+        # each device's room and each preset's need on it (lokid.dbus.room)
+        self.room = DeviceRoom(self, self._devices_moved)
 
     def on_state(self, name: str, state: EngineState) -> None:
         """An engine's new state: the idle stop's clock, the on-demand state."""
         self.idle.on_state(name, state)
         self.sight.on_state(name, state)
         self.footprints.on_state(name, state)
+        self.room.changed()
+
+    def _devices_moved(self, rows: list[dict[str, Any]]) -> None:
+        from .interfaces import json_variant
+
+        manager = getattr(self.daemon, "manager", None)
+        if manager is not None:
+            manager.emit_properties_changed({"Devices": [json_variant(r) for r in rows]})
 
     def _in_flight_moved(self, name: str) -> None:
         self.idle.announce_in_flight(name)
@@ -248,9 +259,11 @@ class Telemetry:
                 records.append(Record(n, v.model if v else "", states[n], stats,
                                       v.auto_blocked if v else "",
                                       tf.starts(n, stats.get("invocation")),
-                                      self.idle.count(n), self.sight.stats(n)))
+                                      self.idle.count(n), self.sight.stats(n),
+                                      self.room.memory(n)))
             await asyncio.to_thread(tf.write, render(records, time.time(), broken,
-                                                     dict(self.sight.swaps)))
+                                                     dict(self.sight.swaps),
+                                                     self.room.devices()))
         except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
             if not tf.render_failed:  # the Stats and the engines go on
                 tf.render_failed = True
@@ -329,5 +342,6 @@ class Telemetry:
     async def close(self) -> None:
         """At the daemon's stop: no stale figures for node_exporter to serve."""
         self.footprints.close()
+        self.room.close()
         if self.textfile is not None:
             await asyncio.to_thread(self.textfile.close)

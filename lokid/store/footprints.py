@@ -21,26 +21,11 @@ if TYPE_CHECKING:
 KEPT = 8
 
 
-class FootprintStore:
-    """``save_footprint`` and ``footprint`` over the StateDB's own transactions."""
+class FootprintReader:
+    """``footprint``: a record read back (a mixin of the StateDB and of the read-only
+    StateReader that ``lokid plan`` uses)."""
 
-    FOOTPRINTS_KEPT = KEPT
-    _write: Callable[..., Any]
     _query: Callable[..., Any]
-
-    def save_footprint(self, preset: str, record: Footprint) -> None:
-        """Keep the preset's footprint for its key (the oldest beyond KEPT go).
-        StateError when the database cannot be written."""
-        from ..core.place.footprint import to_json
-
-        def do(db: sqlite3.Connection) -> None:
-            db.execute("INSERT OR REPLACE INTO footprint (preset, key, record, at) "
-                       "VALUES (?, ?, ?, ?)", (preset, record.key, to_json(record), time.time()))
-            db.execute("DELETE FROM footprint WHERE preset = ? AND key NOT IN (SELECT key "
-                       "FROM footprint WHERE preset = ? ORDER BY at DESC LIMIT ?)",
-                       (preset, preset, self.FOOTPRINTS_KEPT))
-
-        self._write(do)
 
     def footprint(self, preset: str, key: str) -> Footprint | None:
         """The preset's footprint for ``key``; None when there is none, when it cannot be
@@ -57,3 +42,24 @@ class FootprintStore:
             return None
         found = from_json(row[0])
         return found if found is not None and found.key == key else None
+
+
+class FootprintStore(FootprintReader):
+    """``save_footprint`` over the StateDB's own transactions, and ``footprint``."""
+
+    FOOTPRINTS_KEPT = KEPT
+    _write: Callable[..., Any]
+
+    def save_footprint(self, preset: str, record: Footprint) -> None:
+        """Keep the preset's footprint for its key (the oldest beyond KEPT go).
+        StateError when the database cannot be written."""
+        from ..core.place.footprint import to_json
+
+        def do(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO footprint (preset, key, record, at) "
+                       "VALUES (?, ?, ?, ?)", (preset, record.key, to_json(record), time.time()))
+            db.execute("DELETE FROM footprint WHERE preset = ? AND key NOT IN (SELECT key "
+                       "FROM footprint WHERE preset = ? ORDER BY at DESC LIMIT ?)",
+                       (preset, preset, self.FOOTPRINTS_KEPT))
+
+        self._write(do)

@@ -70,7 +70,7 @@ from ..core.errors import StateError
 from ..host.journallog import journal_log
 from . import schema
 from .cleared import Token, forget_cleared, note_cleared, read_cleared
-from .footprints import FootprintStore
+from .footprints import FootprintReader, FootprintStore
 from .sqlfile import (
     BUSY_TIMEOUT_MS,
     DAMAGED_SUFFIX,
@@ -216,7 +216,7 @@ class _Store:
             return None
 
 
-class StateReader(_Store):
+class StateReader(_Store, FootprintReader):
     """A look at the state database that never creates, migrates, moves or writes it.
 
     ``lokid plan`` uses it: it shows what the next start runs without changing

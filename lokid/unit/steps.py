@@ -217,6 +217,12 @@ def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     A state DB that cannot be read (damaged, or not readable by this user) is read as
     empty, said in a note (:class:`~lokid.store.state.StateReader`).
     """
+    return plan_inputs_now(config_dir, state_dir, runtime_dir, name, environ)[0]
+
+
+def plan_inputs_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+                    environ: Mapping[str, str] | None = None) -> tuple[Plan, PlanInputs]:
+    """:func:`plan_now`, and the inputs it was made of (the model's header, the engine)."""
     from ..planning.gather import decide, gather
     from ..store.state import StateReader, read_cleared
 
@@ -224,7 +230,7 @@ def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     with StateReader(state_dir) as db:
         plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name),
                             cleared=read_cleared(runtime_dir, name))
-    return plan
+    return plan, inputs
 
 
 def _loading(runtime_dir: str, name: str) -> bool:

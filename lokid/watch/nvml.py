@@ -24,7 +24,8 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -97,6 +98,54 @@ class GpuMemory:
                 self._nvml, self._tried = None, self._clock()
                 return None
             return out
+
+    def devices(self) -> list[GpuDevice] | None:
+        """Each GPU's memory and the processes that hold some (issue 29: the room of
+        each device, and what processes lokid does not manage hold); None when the
+        driver cannot be asked (:meth:`why_unknown`)."""
+        with self._lock:
+            nvml = self._ready()
+            if nvml is None:
+                return None
+            try:
+                return [_device(nvml, i) for i in range(min(64, nvml.nvmlDeviceGetCount()))]
+            except Exception as e:  # the driver went away (a reset, an unload)
+                self._why = f"the NVIDIA driver stopped answering (NVML: {_text(e)})"
+                self._nvml, self._tried = None, self._clock()
+                return None
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU as the driver sees it (``nvmlDeviceGetMemoryInfo``), in bytes."""
+
+    index: int
+    name: str
+    total: int
+    used: int                              # by every process, the driver's own share too
+    processes: Mapping[int, int] = field(default_factory=dict)   # pid → bytes
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+
+def _device(nvml: Any, index: int) -> GpuDevice:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    total = int(getattr(memory, "total", 0) or 0)
+    used = min(total, int(getattr(memory, "used", 0) or 0))
+    try:
+        name = nvml.nvmlDeviceGetName(handle)
+        name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    except Exception:   # an old driver without names: the index says which
+        name = ""
+    procs: dict[int, int] = {}
+    for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        nbytes = getattr(proc, "usedGpuMemory", None)
+        if isinstance(nbytes, int) and isinstance(proc.pid, int):
+            procs[proc.pid] = procs.get(proc.pid, 0) + nbytes
+    return GpuDevice(index, " ".join(name.split())[:64], total, used, procs)
 
 
 def _text(e: BaseException) -> str:

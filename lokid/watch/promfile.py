@@ -117,6 +117,13 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
      "Layers the engine put on the GPU, of the model or of its draft model (part)."),
     ("lokid_engine_layers", "gauge",
      "Layers of the model or of its draft model (part) the engine loaded, on the GPU or not."),
+    ("lokid_preset_footprint_bytes", "gauge",
+     "What a start of the preset needs on each device (issue 29): measured at its last ready "
+     "load of this configuration (source nvml, buffers, cgroup or process), else estimated "
+     "from the GGUF header (source estimate)."),
+    ("lokid_device_memory_bytes", "gauge",
+     "Each device's memory (GPU0..., host) by kind: total, free (now), reserved ([placement] "
+     "reserve), lokid (held by lokid's running engines), others (held by other processes)."),
 )
 FAMILY_NAMES = tuple(name for name, _, _ in FAMILIES)
 
@@ -135,6 +142,12 @@ class Record:
     idle_stops: int | None = None
     # the on-demand counters (lokid.dbus.sight's Stats keys: cold_starts, ...)
     sight: Mapping[str, Any] = field(default_factory=dict)
+    # its need per device (the Memory property: needs, sources), {} without a plan
+    memory: Mapping[str, Any] = field(default_factory=dict)
+
+
+DEVICE_KINDS = (("total", "total"), ("free", "free"), ("reserved", "reserve"),
+                ("lokid", "lokid"), ("others", "others"))
 
 
 def escape_label(value: str) -> str:
@@ -186,11 +199,13 @@ class _Samples:
 
 
 def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
-           swaps: Mapping[str, int] | None = None) -> str:
+           swaps: Mapping[str, int] | None = None,
+           devices: Iterable[Mapping[str, Any]] = ()) -> str:
     """The textfile for ``records`` (one per preset) written at ``now`` (Unix time);
     ``broken``: the presets that cannot start (the Manager's BrokenPresets), each with
     its ``lokid_preset_broken`` 1 whether it has a record or not (a file that does not
-    parse has none); ``swaps``: the GPU groups' swaps, by group."""
+    parse has none); ``swaps``: the GPU groups' swaps, by group; ``devices``: the
+    Manager's Devices rows."""
     out = _Samples()
     out.add("lokid_textfile_timestamp_seconds", (), round(now, 3))
     records = sorted(records, key=lambda r: r.preset)
@@ -201,6 +216,10 @@ def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
         _preset(out, r)
     for group, count in sorted((swaps or {}).items()):
         out.add("lokid_group_swaps_total", (("group", group),), count)
+    for d in devices:
+        for kind, key in DEVICE_KINDS:
+            out.add("lokid_device_memory_bytes", (("device", str(d.get("device", ""))),
+                                                  ("kind", kind)), _number(d.get(key)))
     text = ["# lokid's engines (lokid.toml metrics_textfile; see lokid(8)). "
             "Rewritten by the daemon: do not edit."]
     for name, kind, help_text in FAMILIES:
@@ -212,6 +231,11 @@ def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
 
 def _preset(out: _Samples, r: Record) -> None:
     base = (("preset", r.preset), ("model", r.model))
+    sources = r.memory.get("sources") or {}
+    for device, nbytes in sorted((r.memory.get("needs") or {}).items()):
+        out.add("lokid_preset_footprint_bytes", (*base, ("device", str(device)),
+                                                 ("source", str(sources.get(device, "")))),
+                _number(nbytes))
     out.add("lokid_engine_up", base, 1 if r.state == READY else 0)
     for state in (*STATES, *(() if r.state in STATES else (r.state,))):
         out.add("lokid_engine_state", (*base, ("state", state)), 1 if state == r.state else 0)

@@ -99,7 +99,7 @@ _lokictl() {
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            status|presets|show|plan|start|stop|restart|unload|reload|clear-failures|bench|top|stats|logs|\
+            status|presets|devices|show|plan|start|stop|restart|unload|reload|clear-failures|bench|top|stats|logs|\
             new|set|unset|rm|mv|cat|edit) cmd="${words[i]}"; break ;;
         esac
     done
@@ -114,11 +114,11 @@ _lokictl() {
     for ((j = i + 1; j < cword; j++)); do
         case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
     done
-    local verbs="status presets top stats logs show plan start stop restart unload reload clear-failures bench
+    local verbs="status presets devices top stats logs show plan start stop restart unload reload clear-failures bench
 new set unset rm mv cat edit"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
-        status|presets) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
+        status|presets|devices) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
         show|plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         start|stop|restart) COMPREPLY=($(compgen -W "$(_lokid_presets) --wait --timeout" -- "$cur")) ;;
         unload) COMPREPLY=($(compgen -W "$(_lokid_presets) --timeout" -- "$cur")) ;;

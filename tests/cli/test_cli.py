@@ -51,7 +51,14 @@ def test_plan_json_is_the_documented_shape(config: Path, engine: str, models: An
     r = lokid(config, "plan", "demo", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert set(data) == {"preset", "argv", "env", "notes", "spec", "secrets"}
+    assert set(data) == {"preset", "argv", "env", "notes", "spec", "secrets", "memory",
+                         "devices"}
+    # a CPU engine: everything on the host, estimated (nothing measured in this state dir)
+    assert data["memory"]["sources"] == {"host": "estimate"}
+    assert 0 < data["memory"]["needs"]["host"] < 64 * 2**20
+    assert data["memory"]["text"].startswith("needs ")
+    (host,) = data["devices"]
+    assert host["device"] == "host" and 0 < host["free"] <= host["total"]
     assert data["preset"] == "demo"
     assert data["argv"][0] == os.path.realpath(engine)
     assert data["argv"][1:3] == ["-m", models.llama]
@@ -65,6 +72,34 @@ def test_plan_text_shows_command_and_notes(config: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "command:\n  " in r.stdout and "-m " in r.stdout
     assert "spec.mode = auto: nothing to draft with" in r.stdout
+
+
+def test_plan_refuses_a_preset_this_host_can_never_hold(config: Path) -> None:
+    """Issue 29: a preset whose need is beyond a device's room with every engine stopped
+    is refused with the figures, before any start could fail out of memory."""
+    # 2 layers × 4 KV heads × 16 × 2 bytes × (K + V): 512 bytes per token of context;
+    # 32768 tokens: 16 MiB of KV alone, beyond a host of 16 MiB for lokid's engines
+    write_preset(config, "long", f'model = "llama.gguf"\nctx = 32768\nport = {free_port()}\n')
+    assert lokid(config, "plan", "long").returncode == 0
+    toml = config / "lokid.toml"
+    toml.write_text(toml.read_text() + '[placement]\nhost_memory = "16M"\n')
+    r = lokid(config, "plan", "long")
+    assert r.returncode == 2, r.stdout
+    assert "command:\n" in r.stdout and "memory: needs " in r.stdout   # the plan is shown
+    assert r.stderr.startswith("lokid: preset 'long' needs ")
+    assert "MiB on host; it has 16 MiB (the estimate: offloaded 0/3 layers; KV 16 MiB " \
+        "(32768 × 2 layers × 4 heads × (16 f16 + 16 f16))" in r.stderr
+    assert r.stderr.rstrip().endswith("lower ctx, gpu_layers or the KV cache type, or run it "
+                                      "on a larger host")
+    data = json.loads(lokid(config, "plan", "long", "--json").stdout)
+    assert data["memory"]["does_not_fit"].startswith("needs ")
+    assert data["devices"][0]["total"] == 16 * 2**20
+    # the reserve counts against it too, and a smaller context fits again
+    toml.write_text(toml.read_text().replace('host_memory = "16M"',
+                                             'host_memory = "64M"\nreserve = { host = "60M" }'))
+    assert "it has 4 MiB of 64 MiB (60 MiB reserved)" in lokid(config, "plan", "long").stderr
+    write_preset(config, "long", f'model = "llama.gguf"\nctx = 512\nport = {free_port()}\n')
+    assert lokid(config, "plan", "long").returncode == 0
 
 
 def test_plan_is_read_only(config: Path, tmp_path: Path) -> None:

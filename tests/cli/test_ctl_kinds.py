@@ -52,7 +52,9 @@ def test_top_says_what_external_and_broken_presets_are(daemon: str) -> None:
     assert rows["garbled"]["state"] == "broken" and "ctx" in rows["garbled"]["error"]
     top = lokictl(daemon, "top", "--once")
     assert top.returncode == 0, top.stderr
-    lines = {line.split()[0]: line for line in top.stdout.splitlines()[1:]}
+    table = top.stdout.split("\n\n")[0]   # the presets; the devices' table follows
+    assert top.stdout.split("\n\n")[1].startswith("DEVICE ")
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
     assert lines["remote"].split()[1] == "external" and remote["url"] in lines["remote"]
     assert "unreachable" in lines["remote"]
     assert lines["nomodel"].split()[1] == "broken" and "absent.gguf" in lines["nomodel"]

@@ -64,3 +64,35 @@ def test_a_window_without_requests_says_so_not_that_no_start_was_seen() -> None:
     assert ctlstats.stats_text("p", {"requests": 0}, "10min") == "p: no request since 10min"
     assert ctlstats.stats_text("p", {"requests": 0}) == "p: no start seen yet"
     assert ctlstats.stats_text("p", {"requests": 2}, "10min").startswith("p: 2 requests, ")
+
+
+def test_a_presets_need_in_a_few_characters() -> None:
+    MiB, GiB = 2**20, 2**30
+    est = {"needs": {"host": 512 * MiB, "GPU0": 17 * GiB},
+           "sources": {"host": "estimate", "GPU0": "estimate"}}
+    assert ctlstats.need_text(est) == "GPU0 17.0G host 512M est"
+    part = {**est, "sources": {"host": "estimate", "GPU0": "nvml"}}
+    assert ctlstats.need_text(part) == "GPU0 17.0G host 512M part measured"
+    whole = {**est, "sources": {"host": "cgroup", "GPU0": "nvml"}}
+    assert ctlstats.need_text(whole).endswith(" measured")
+    uuids = {"needs": {"host": GiB}, "sources": {"host": "estimate"}, "gpu_count": 2,
+             "per_gpu": 40 * GiB}
+    assert ctlstats.need_text(uuids) == "host 1.0G 2x40.0G est"
+    assert ctlstats.need_text({}) == "-"
+
+
+def test_the_devices_table_with_what_could_not_be_read() -> None:
+    MiB = 2**20
+    rows = [{"device": "GPU0", "name": "NVIDIA H200", "total": 143155 * MiB, "lokid": 674 * MiB,
+             "others": 526 * MiB, "reserve": 0, "free": 141955 * MiB,
+             "source": "the NVIDIA driver (NVML)"},
+            {"device": "host", "total": 24 * 2**30, "lokid": 0, "others": 900 * MiB,
+             "reserve": 2**30, "free": 20 * 2**30, "source": "/proc/meminfo",
+             "notes": ["python3-pynvml is not installed"]}]
+    lines = ctlstats.devices_table(rows).splitlines()
+    assert lines[0].split() == ["DEVICE", "TOTAL", "LOKID", "OTHERS", "RESERVED", "FREE", "FROM"]
+    assert lines[1].split()[:8] == ["GPU0", "(NVIDIA", "H200)", "139.8G", "674M", "526M", "0M",
+                                    "138.6G"]
+    assert lines[2].split()[:6] == ["host", "24.0G", "0M", "900M", "1.0G", "20.0G"]
+    assert lines[3] == "  note: python3-pynvml is not installed"
+    assert ctlstats.devices_table([]) == "no device read yet"

@@ -563,6 +563,12 @@ async def test_a_ready_load_is_measured_kept_and_forgotten_when_the_preset_chang
     runner = running.daemon.runner
     assert isinstance(runner, local_runner.LocalRunner)
     assert running.daemon.registry.presets["plain"].footprint is None
+    # before any load: the GGUF estimate, on the host (a CPU engine), nothing held by lokid
+    memory = plain(await preset.get_memory())
+    assert memory["sources"] == {"host": "estimate"} and memory["needs"]["host"] > 0
+    estimated = memory["needs"]["host"]
+    host = await host_device(manager, lambda d: True)
+    assert host["lokid"] == 0 and 0 < host["free"] <= host["total"]
     await manager.call_start_preset("plain")
     await running.wait_event("plain", "ready")
     proc = runner.engines["plain"].proc
@@ -582,6 +588,13 @@ async def test_a_ready_load_is_measured_kept_and_forgotten_when_the_preset_chang
     with StateDB(str(tmp_path / "state")) as db:
         kept = db.footprint("plain", view.memory_key)
     assert kept is not None and kept.held["host"] == held
+    # measured now: the need is the footprint, and the device counts it as lokid's
+    memory = plain(await preset.get_memory())
+    assert memory["needs"] == {"host": held} and memory["sources"] == {"host": "process"}
+    assert memory["text"].startswith(f"needs {held / 2**20:.0f} MiB on host (measured: the "
+                                     "engine's resident memory; estimated ")
+    await host_device(manager, lambda d: d["lokid"] == held)
+    assert estimated != held   # the two figures differ: the test tells them apart
     seen = len(running.events)
     await manager.call_stop_preset("plain")
     await running.wait_event("plain", "inactive", after=seen)
@@ -593,3 +606,56 @@ async def test_a_ready_load_is_measured_kept_and_forgotten_when_the_preset_chang
     await manager.call_reload()   # another context: another footprint, not measured yet
     edited = running.daemon.registry.presets["plain"]
     assert edited.memory_key != view.memory_key and edited.footprint is None
+    assert plain(await preset.get_memory())["sources"] == {"host": "estimate"}
+    await host_device(manager, lambda d: d["lokid"] == 0)   # stopped: nothing held
+
+
+def plain(value: Any) -> Any:
+    from lokid.host.buscall import plain as unwrap
+
+    return unwrap(value)
+
+
+async def host_device(manager: Any, ok: Any, timeout: float = 20) -> dict[str, Any]:
+    """The manager's Devices entry of the host, once ``ok`` holds for it (the daemon reads
+    the room again when a reading is older than 2 s, and after each state change)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        devices = plain(await manager.get_devices())
+        (host,) = [d for d in devices if d["device"] == "host"]
+        if ok(host) or time.monotonic() > deadline:
+            assert ok(host), devices
+            return dict(host)
+        await asyncio.sleep(0.3)
+
+
+async def test_a_preset_the_host_can_never_hold_says_so_with_the_figures(
+        running: Running, config: Path) -> None:
+    """Issue 29: Memory's does_not_fit, against [placement] host_memory, re-read at Reload."""
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    preset = await running.iface(preset_object_path("plain"), PRESET_INTERFACE)
+    assert "does_not_fit" not in plain(await preset.get_memory())
+    toml = config / "lokid.toml"
+    toml.write_text(toml.read_text() + '[placement]\nhost_memory = "1M"\n')
+    await manager.call_reload()
+    host = await host_device(manager, lambda d: d["total"] == 2**20)
+    assert host["source"].endswith("bounded by [placement] host_memory = 1 MiB")
+    memory = plain(await preset.get_memory())
+    assert memory["does_not_fit"].startswith("needs ")
+    assert memory["does_not_fit"].endswith("MiB on host; it has 1 MiB")
+    rows = await lokictl(running, "presets")
+    (line,) = [x for x in rows.splitlines() if x.startswith("plain ")]
+    assert " est " in line and "(does not fit: needs " in line
+    top = await lokictl(running, "top", "--once")
+    assert "DEVICE  TOTAL  LOKID  OTHERS  RESERVED  FREE  FROM" in top
+    assert "\nhost    1M     0M" in top
+
+
+async def lokictl(running: Running, *args: str) -> str:
+    """lokictl's output (in a process of its own: the daemon runs in this loop)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lokid.ctl", "--address", running.daemon.bus_address or "",
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()

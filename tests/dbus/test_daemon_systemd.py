@@ -575,6 +575,11 @@ def test_stats_come_from_the_journal_the_daemon_follows(lk: LokidSystem) -> None
     top = lokictl(ct, "top", "--once")
     assert top.returncode == 0 and any(line.startswith("demo ") and " ready " in line
                                        for line in top.stdout.splitlines()), top.stdout
+    # issue 29: the host's room under the table, the running engine's need counted as lokid's
+    devices = json.loads(lokictl(ct, "devices", "--json").stdout)
+    (host,) = [d for d in devices if d["device"] == "host"]
+    assert host["lokid"] > 0 and 0 < host["free"] <= host["total"], devices
+    assert any(line.startswith("host ") for line in top.stdout.splitlines()), top.stdout
     # a restart of the daemon reads the running start's figures again from the journal
     invocation = stats["invocation"]["data"]
     ct.systemctl("restart", "lokid.service")

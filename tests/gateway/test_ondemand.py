@@ -40,6 +40,12 @@ def config(tmp_path: Path, engine: str, models: Any, busy_port: int) -> Path:
                  "[serve]\non_demand = true\n")
     write_preset(config, "blocked", f'model = "llama.gguf"\nctx = 2048\nport = {busy_port}\n'
                  "[serve]\non_demand = true\n")
+    # 512 bytes of KV per token: 32768 tokens are 16 MiB of KV alone, beyond what lokid's
+    # engines may hold on this host here (the others need about 5 MiB each)
+    write_preset(config, "huge", f'model = "llama.gguf"\nctx = 32768\nport = {free_port()}\n'
+                 "[serve]\non_demand = true\n")
+    toml = config / "lokid.toml"
+    toml.write_text(toml.read_text() + '[placement]\nhost_memory = "16M"\n')
     return config
 
 
@@ -88,3 +94,18 @@ async def test_a_failed_start_answers_its_reason_without_a_retry_storm(
             assert r.status_code == 503 and str(busy_port) in r.json()["error"]["message"]
         await asyncio.sleep(0.5)
         assert starts(running, "blocked") == tried
+
+
+async def test_a_preset_this_host_can_never_hold_is_refused_at_once(
+        running: Running, gateway: Gateway) -> None:
+    """Issue 29: refused with the figures, never started to fail out of memory."""
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        for _ in range(3):
+            r = await c.post("/v1/chat/completions", json=chat("huge"))
+            error = r.json()["error"]
+            assert r.status_code == 503 and error["code"] == "model_start_failed", r.text
+            assert "preset 'huge' needs " in error["message"]
+            assert "MiB on host; it has 16 MiB: it is not started" in error["message"]
+        assert starts(running, "huge") == 0
+        # the others still start: the refusal is the preset's, not the host's
+        assert (await c.post("/v1/chat/completions", json=chat("lazy"))).status_code == 200

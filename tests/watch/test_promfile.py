@@ -128,7 +128,9 @@ def snapshot(log: str, kind: str = "", invocation: str = "inv-1") -> dict[str, A
 def records() -> list[Record]:
     return [
         Record("big", "glm-3b.gguf", "ready", snapshot("b11434-cuda-h200-mid_fitt_auto.log",
-                                                        "mtp"), "", 1),
+                                                        "mtp"), "", 1,
+               memory={"needs": {"GPU0": 674 * MIB, "host": 3200 * MIB},
+                       "sources": {"GPU0": "nvml", "host": "estimate"}}),
         Record("drafted", "/srv/models/q.gguf", "ready",
                snapshot("b11434-cuda-h200-draft_auto.log", "draft"), "", 2),
         Record("small", "tiny.gguf", "inactive", snapshot("b11434-cpu-A_full_mtp.log"),
@@ -137,6 +139,15 @@ def records() -> list[Record]:
                       "gateway_requests": {"200": 4, "499": 1}}),
         Record("never", "other.gguf", "inactive"),
     ]
+
+
+# the manager's Devices on the recorded H200 (143155 MiB, 142629 MiB free before any
+# engine) with the engine above at 674 MiB (nvidia-smi)
+DEVICES = [{"device": "GPU0", "name": "NVIDIA H200", "total": 143155 * MIB,
+            "free": (142629 - 674) * MIB, "reserve": 2048 * MIB, "others": 526 * MIB,
+            "lokid": 674 * MIB, "source": "the NVIDIA driver (NVML)"},
+           {"device": "host", "total": 24 * 1024 * MIB, "free": 20 * 1024 * MIB, "reserve": 0,
+            "others": 800 * MIB, "lokid": 3200 * MIB, "source": "/proc/meminfo"}]
 
 
 def test_every_family_follows_the_naming_conventions() -> None:
@@ -157,7 +168,7 @@ def test_every_family_follows_the_naming_conventions() -> None:
 
 
 def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -> None:
-    text = render(records(), now=1764547200.25, swaps={"gpu0": 2})
+    text = render(records(), now=1764547200.25, swaps={"gpu0": 2}, devices=DEVICES)
     fams = parse(text)
     declared = {name: (kind, help_text) for name, kind, help_text in FAMILIES}
     assert set(fams) <= set(declared)
@@ -171,7 +182,7 @@ def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -
     for fam in fams.values():
         for labels in fam.samples:
             if fam.name not in ("lokid_textfile_timestamp_seconds", "lokid_preset_broken",
-                                "lokid_group_swaps_total"):
+                                "lokid_group_swaps_total", "lokid_device_memory_bytes"):
                 assert {"preset", "model"} <= dict(labels).keys(), (fam.name, labels)
 
 
@@ -392,7 +403,8 @@ def test_where_says_where_the_metrics_go(tmp_path: Path) -> None:
                            "test runs it")
 def test_promtool_accepts_the_file_without_a_lint_warning() -> None:
     r = subprocess.run(["promtool", "check", "metrics"],
-                       input=render(records(), now=1.0, broken=["never", "unparsed"]),
+                       input=render(records(), now=1.0, broken=["never", "unparsed"],
+                                    devices=DEVICES),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r
 
@@ -413,3 +425,23 @@ def test_the_on_demand_counters_are_counters_a_summary_and_the_groups_swaps() ->
     fams = parse(render([bare], now=1.0))
     assert series(fams, "lokid_cold_starts_total", preset="lazy") == 1
     assert wait not in fams
+
+
+def test_each_device_by_kind_and_each_presets_footprint_by_source() -> None:
+    """Issue 29's lokid_device_memory_bytes{device,kind} and
+    lokid_preset_footprint_bytes{preset,device,source}."""
+    fams = parse(render(records(), now=1.0, devices=DEVICES))
+    dev = "lokid_device_memory_bytes"
+    assert series(fams, dev, device="GPU0", kind="total") == 143155 * MIB
+    assert series(fams, dev, device="GPU0", kind="free") == (142629 - 674) * MIB
+    assert series(fams, dev, device="GPU0", kind="reserved") == 2048 * MIB
+    assert series(fams, dev, device="GPU0", kind="others") == 526 * MIB
+    assert series(fams, dev, device="host", kind="lokid") == 3200 * MIB
+    assert len(fams[dev].samples) == 10
+    need = "lokid_preset_footprint_bytes"
+    assert series(fams, need, preset="big", device="GPU0", source="nvml") == 674 * MIB
+    assert series(fams, need, preset="big", device="host", source="estimate") == 3200 * MIB
+    assert len(fams[need].samples) == 2   # the others have no Memory in these records
+    # a device row with a figure missing or not a number leaves that series out
+    fams = parse(render([], now=1.0, devices=[{"device": "GPU1", "total": 8, "free": "x"}]))
+    assert fams[dev].samples == {(("device", "GPU1"), ("kind", "total")): 8}

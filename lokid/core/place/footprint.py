@@ -144,7 +144,7 @@ def measure(key: str, *, nvml: Mapping[str, float] | None = None,
             sources[device] = NVML
     if not any(s == NVML for s in sources.values()):
         for (device, _kind), mib in (buffers or {}).items():
-            gpu = _gpu_of_buffer(device)
+            gpu = gpu_of_device(device)
             if gpu and _finite(mib):
                 held[gpu] = held.get(gpu, 0) + int(mib * 2**20)
                 sources[gpu] = BUFFERS
@@ -160,7 +160,7 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and 0 <= x < MAX_BYTES / 2**20
 
 
-def _gpu_of_buffer(device: str) -> str:
+def gpu_of_device(device: str) -> str:
     """``CUDA0`` → ``GPU0``, ``Vulkan1`` → ``GPU1``, ``ROCm0`` → ``GPU0``; "" for the
     host's buffers (``CPU``, ``CPU_Mapped``, ``CUDA_Host``, ``Vulkan_Host``…). The index
     is the backend's, which is NVML's where ``CUDA_DEVICE_ORDER=PCI_BUS_ID``."""

@@ -1,0 +1,172 @@
+"""The daemon's sight of memory (issue 29, items 1, 2 and 6): each device's room, and
+what each preset needs on it.
+
+- **Devices** (the manager's ``Devices``, ``lokictl top``, Prometheus): per device its
+  total, what lokid's engines hold (the running presets' footprints: measured where
+  they were, estimated before), what other processes hold, the operator's reserve and
+  what is free, with where each figure comes from (:func:`lokid.host.devices.read_room`).
+- **Memory** (a preset's ``Memory``): its need per device (:mod:`lokid.core.place.need`)
+  on this room, each figure's source, one sentence, and why it can never fit here
+  (``does_not_fit``: the refusal the gateway answers at once, and ``lokid plan`` too).
+
+When it is read: at the daemon's start, when an engine changes state, and when a reader
+finds the last reading older than :data:`FRESH` seconds (then at once from the last
+reading, and again once the new one is in, by ``PropertiesChanged``): a daemon nobody
+asks reads nothing. The engine's ``--list-devices`` (a process, and a GPU
+initialisation) is asked at most every :data:`LIST_EVERY` seconds per engine; NVML and
+``/proc/meminfo`` are cheap and asked at each reading, in a worker thread (a busy driver
+can block).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..core.errors import LokiError
+from ..core.place.need import Sizing, size_plan
+from ..core.place.policy import never_fits
+from ..host.devices import Room, listed_gpus, read_room, room_json
+from ..planning.sizing import Memory
+
+log = logging.getLogger("lokid.daemon")
+
+FRESH = 2.0          # seconds a reading serves readers before another is made
+LIST_EVERY = 60.0    # seconds between two --list-devices of one engine
+
+
+class Host(Protocol):
+    """What the room reads of :class:`lokid.dbus.telemetry.Telemetry`."""
+
+    daemon: Any
+    gpu: Any
+    gpu_engines: dict[str, bool]   # engine path → has a GPU backend (as far as asked)
+
+    async def has_gpu(self, engine: str) -> bool: ...
+
+
+class DeviceRoom:
+    def __init__(self, host: Host, announce: Callable[[list[dict[str, Any]]], None]):
+        self.host = host
+        self.announce = announce
+        self.room: Room | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.read_at = float("-inf")
+        self.task: asyncio.Task[None] | None = None
+        self.listed: dict[str, tuple[float, tuple[dict[str, tuple[int, int, str]], str]]] = {}
+
+    # --- readers -----------------------------------------------------------------------
+
+    def devices(self) -> list[dict[str, Any]]:
+        """The last reading's rows (a new reading is asked when it is old)."""
+        self.look()
+        return self.rows
+
+    def memory(self, name: str) -> dict[str, Any]:
+        """The preset's need on the last room read ({} without a plan)."""
+        self.look()
+        sizing = self.sizing(name)
+        if sizing is None:
+            return {}
+        never = never_fits(sizing.need, self.room.devices) if self.room is not None else ""
+        return Memory(sizing, never).to_json()   # as lokid plan --json shows it
+
+    async def refusal(self, name: str) -> str:
+        """Why a start of ``name`` for a request must be refused at once: this host can
+        never hold it ("" when it can, when [placement] is off, or when nothing is known:
+        a room that could not be read refuses nothing)."""
+        if not self.host.daemon.registry.placement.enabled:
+            return ""
+        if self.room is None:
+            try:
+                await self.read()
+            except Exception as e:   # a defect of ours: no refusal on a guess
+                log.warning("the devices' memory could not be read: %s: %s",
+                            type(e).__name__, e)
+                return ""
+        why = str(self.memory(name).get("does_not_fit", ""))
+        return f"preset {name!r} {why}" if why else ""
+
+    def sizing(self, name: str, gpu_engine: bool | None = None) -> Sizing | None:
+        """The preset's need on the last room read; None without a plan or a header."""
+        view = self.host.daemon.registry.presets.get(name)
+        if view is None or view.plan is None or view.info is None:
+            return None
+        room = self.room
+        if gpu_engine is None:
+            gpu_engine = bool(self.host.gpu_engines.get(view.plan.argv[0], False))
+        try:
+            return size_plan(name, view.plan.argv, view.plan.env, view.info,
+                             host_gpus=room.gpus() if room is not None else (),
+                             gpu_free=room.free if room is not None else None,
+                             gpu_engine=gpu_engine, extra=view.extra,
+                             footprint=view.footprint,
+                             cost=view.footprint.load_seconds if view.footprint else None)
+        except (ValueError, LokiError):   # a KV type the estimate does not know
+            return None
+
+    # --- reading -----------------------------------------------------------------------
+
+    def look(self) -> None:
+        """Start a reading when the last one is older than FRESH (none under way)."""
+        if time.monotonic() - self.read_at < FRESH:
+            return
+        self.changed()
+
+    def changed(self) -> None:
+        """Something the room depends on changed (an engine's state): read it again."""
+        if self.task is not None and not self.task.done():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:   # no loop: a caller outside the daemon
+            return
+        self.read_at = time.monotonic()
+        self.task = loop.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            await self.read()
+        except Exception as e:   # a defect of ours: the last reading stays
+            log.warning("the devices' memory could not be read: %s: %s", type(e).__name__, e)
+
+    async def read(self) -> Room:
+        daemon = self.host.daemon
+        registry = daemon.registry
+        engines = sorted({v.plan.argv[0] for v in registry.presets.values()
+                          if v.plan is not None})
+        gpu_engines = [e for e in engines if await self.host.has_gpu(e)]
+        held: dict[str, int] = {}
+        for name in daemon.active_presets():
+            sizing = self.sizing(name)
+            if sizing is not None:
+                for device, nbytes in sizing.need.fixed.items():
+                    held[device] = held.get(device, 0) + nbytes
+        room = await asyncio.to_thread(
+            read_room, registry.placement, engine=gpu_engines[0] if gpu_engines else None,
+            gpu_engine=bool(gpu_engines), gpu=self.host.gpu, held=held, lister=self._listed)
+        self.room = room
+        rows = [{**row, "lokid": held.get(str(row["device"]), 0)} for row in room_json(room)]
+        if room.notes:
+            rows[-1]["notes"] = list(room.notes)
+        if rows != self.rows:
+            self.rows = rows
+            self.announce(rows)
+        return room
+
+    def _listed(self, engine: str) -> tuple[dict[str, tuple[int, int, str]], str]:
+        """listed_gpus, asked at most every LIST_EVERY seconds per engine (a thread's)."""
+        now = time.monotonic()
+        last = self.listed.get(engine)
+        if last is not None and now - last[0] < LIST_EVERY:
+            return last[1]
+        found = listed_gpus(engine)
+        self.listed[engine] = (now, found)
+        return found
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()

@@ -1,0 +1,98 @@
+"""lokid.core.place.need: a plan's need per device, from its command line.
+
+The model is the GLM of the real b11434 CUDA log (tests/core/test_estimate.py: its
+figures are the engine's own), so each need below is checked against what the estimate
+says for the same shape, and the shape against what the engine does with its flags.
+"""
+
+from __future__ import annotations
+
+from test_estimate import GLM
+
+from lokid.core.place.estimate import estimate
+from lokid.core.place.footprint import BUFFERS, CGROUP, ESTIMATE, NVML, Footprint
+from lokid.core.place.need import engine_gpus, shape, size_plan
+from lokid.core.place.policy import HOST, Device, never_fits
+
+MiB, GiB = 2**20, 2**30
+ARGV = ["/e/llama-server", "-m", "/m/glm.gguf", "--host", "127.0.0.1", "--port", "8080",
+        "-c", "8192", "-np", "4"]
+
+
+def test_the_shape_comes_from_the_last_flag_of_each_kind() -> None:
+    s = shape([*ARGV, "-ctk", "q8_0", "--cache-type-v=q4_0", "-ub", "256", "-ngl", "4",
+               "--ctx-size", "4096", "-fa", "off"], GLM)
+    assert s == {"ctx": 4096, "gpu_layers": 4, "n_parallel": 4, "kv_type_k": "q8_0",
+                 "kv_type_v": "q4_0", "ubatch": 256, "flash_attn": False, "kv_unified": True}
+
+
+def test_defaults_are_the_engines() -> None:
+    s = shape(["/e/llama-server", "-m", "/m/glm.gguf", "-c", "0", "-ngl", "auto"], GLM)
+    # -c 0: the model's own context; -ngl auto: every layer (the most it can take)
+    assert s["ctx"] == GLM.context_length == 4096 and s["gpu_layers"] is None
+    assert (s["n_parallel"], s["ubatch"], s["flash_attn"]) == (4, 512, True)
+    assert shape([*ARGV, "-ngl", "garbage", "-np", "-1"], GLM)["n_parallel"] == 4
+
+
+def test_which_gpus_the_engine_sees() -> None:
+    host = ("GPU0", "GPU1")
+    assert engine_gpus({}, host, gpu_engine=False) == ((), 0)
+    assert engine_gpus({}, host, gpu_engine=True) == (host, 0)
+    assert engine_gpus({"CUDA_VISIBLE_DEVICES": "1"}, host, True) == (("GPU1",), 0)
+    assert engine_gpus({"CUDA_VISIBLE_DEVICES": "GPU-8f6a,GPU-77b1"}, host, True) == ((), 2)
+
+
+def test_a_cpu_engine_needs_everything_on_the_host() -> None:
+    s = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=False)
+    e = estimate(GLM, 8192, n_parallel=4, devices=0)
+    assert s.need.fixed == {HOST: e.total} and s.need.count == 0
+    assert s.sources == {HOST: ESTIMATE} and not s.measured
+    assert s.text.startswith(f"needs {e.total / GiB:.1f} GiB on host (estimated); the "
+                             "estimate: offloaded 0/10 layers")
+
+
+def test_a_gpu_engine_on_one_gpu_with_a_projector() -> None:
+    s = size_plan("glm", [*ARGV, "--mmproj", "/m/proj.gguf"], {"CUDA_VISIBLE_DEVICES": "0"},
+                  GLM, host_gpus=("GPU0", "GPU1"), gpu_engine=True,
+                  extra={"mmproj": 600 * MiB})
+    e = estimate(GLM, 8192, n_parallel=4, devices=1)
+    assert s.need.fixed == {"GPU0": e.gpus[0].total + 600 * MiB, HOST: e.host.total}
+    assert "plus mmproj 600 MiB" in s.text
+
+
+def test_a_measured_device_replaces_the_estimate_only_there() -> None:
+    e = estimate(GLM, 8192, n_parallel=4, devices=1)
+    f = Footprint("k", {"GPU0": 4 * GiB, HOST: 700 * MiB}, {"GPU0": NVML, HOST: ESTIMATE})
+    s = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=True, footprint=f,
+                  cost=12.5)
+    assert s.need.fixed == {"GPU0": 4 * GiB, HOST: e.host.total}
+    assert s.sources == {"GPU0": NVML, HOST: ESTIMATE} and s.need.cost == 12.5
+    assert f"4.0 GiB on GPU0 (measured by the NVIDIA driver (per process); estimated " \
+           f"{e.gpus[0].total / GiB:.1f} GiB)" in s.text
+    # a footprint of devices this plan does not use (another gpus) says nothing of it
+    other = Footprint("k", {"GPU3": GiB, HOST: GiB}, {"GPU3": BUFFERS, HOST: CGROUP})
+    s2 = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=True, footprint=other)
+    assert s2.need.fixed["GPU0"] == e.gpus[0].total and s2.need.fixed[HOST] == GiB
+
+
+def test_gpus_by_uuid_are_a_count_to_place() -> None:
+    s = size_plan("glm", ARGV, {"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b"}, GLM,
+                  host_gpus=("GPU0", "GPU1"), gpu_engine=True)
+    e = estimate(GLM, 8192, n_parallel=4, devices=2)
+    assert s.need.count == 2 and s.need.per_gpu == max(p.total for p in e.gpus)
+    assert set(s.need.fixed) == {HOST}
+
+
+def test_the_refusal_names_the_figures() -> None:
+    s = size_plan("glm", [*ARGV, "-c", "8000000"], {}, GLM, host_gpus=("GPU0",),
+                  gpu_engine=True)
+    h200 = [Device("GPU0", 143155 * MiB), Device(HOST, 24 * GiB, reserve=GiB)]
+    why = never_fits(s.need, h200)
+    assert why.startswith(f"needs {s.need.fixed['GPU0'] / GiB:.1f} GiB on GPU0; it has "
+                          "139.8 GiB")
+    assert never_fits(size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",),
+                                gpu_engine=True).need, h200) == ""
+    # a GPU named in the preset that the host lacks
+    s3 = size_plan("glm", ARGV, {"CUDA_VISIBLE_DEVICES": "3"}, GLM, host_gpus=("GPU0",),
+                   gpu_engine=True)
+    assert "on GPU3, which this host does not have" in never_fits(s3.need, h200)
