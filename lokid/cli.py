@@ -233,8 +233,9 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
 
     # loki-gateway.socket's sockets, unless --listen says otherwise (tests, by hand)
     sockets = [] if listen else gws.inherited_sockets()
-    settings = gws.settings_of(cfg.load_global(config_dir).gateway,
-                               listen or [gws.socket_address(s) for s in sockets])
+    glob = cfg.load_global(config_dir)
+    settings = gws.settings_of(glob.gateway, listen or [gws.socket_address(s) for s in sockets],
+                               glob.placement)
     configured = settings.api_keys_file
     keys = gws.read_keys(gws.keys_path(configured), configured) if configured else frozenset()
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -257,7 +257,7 @@ class Daemon:
             # reading waits for a worker thread past the watcher's settle time.
             self.dirwatch.reading()
         await self.load_presets()
-        await self.telemetry.read_metrics_setting()
+        await self.telemetry.read_settings()
         if self.runner is not None:
             await self.runner.reload()
             await self.runner.track(sorted(self.registry.presets))
@@ -518,7 +518,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: self.background.spawn(
             self._reload_logged(), "reloading on SIGHUP"))
         await asyncio.to_thread(self.registry.load)
-        await self.telemetry.read_metrics_setting()
+        await self.telemetry.read_settings()
         try:
             self.bus = await SafeMessageBus(bus_address=self.bus_address,
                                         bus_type=self.bus_type).connect()

@@ -42,6 +42,7 @@ class Telemetry(Protocol):
     daemon: Any
     meters: Any
     gpu: GpuMemory
+    room: Any   # lokid.dbus.room.DeviceRoom
 
     async def has_gpu(self, engine: str) -> bool: ...
 
@@ -114,6 +115,7 @@ class Footprints:
             log.warning("preset %s: its footprint could not be kept: %s", name, e)
         daemon.registry.presets[name] = replace(now, footprint=found)
         self.telemetry.meters.dirty.add(name)
+        self.telemetry.room.changed()   # its need is measured now: Memory and Devices move
         log.info("preset %s: its engine holds %s", name, found.describe())
         return found
 

@@ -303,7 +303,8 @@ class PresetInterface(ServiceInterface):
                 "Group": serve.group, "Drain": serve.drain, "Keep": serve.keep,
                 "Kind": self.view.kind,
                 "Url": self.Url, "UpstreamModel": self.UpstreamModel,
-                "KeyFile": self.KeyFile, "Reachable": self.Reachable}
+                "KeyFile": self.KeyFile, "Reachable": self.Reachable,
+                "Memory": self.Memory}
 
     # kind = "external" (lokid.core.external): where its API is, and whether it answers;
     # its key's file by path only (the gateway reads it; nothing of the key is here)

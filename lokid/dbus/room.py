@@ -11,11 +11,12 @@ what each preset needs on it.
 
 When it is read: at the daemon's start, when an engine changes state, and when a reader
 finds the last reading older than :data:`FRESH` seconds (then at once from the last
-reading, and again once the new one is in, by ``PropertiesChanged``): a daemon nobody
-asks reads nothing. The engine's ``--list-devices`` (a process, and a GPU
-initialisation) is asked at most every :data:`LIST_EVERY` seconds per engine; NVML and
-``/proc/meminfo`` are cheap and asked at each reading, in a worker thread (a busy driver
-can block).
+reading, and again once the new one is in, by ``PropertiesChanged``), after a footprint
+was measured and at each reload: a daemon nobody asks reads nothing. Each reading
+announces the presets whose ``Memory`` moved, so the gateway follows them by signals.
+The engine's ``--list-devices`` (a process, and a GPU initialisation) is asked at most
+every :data:`LIST_EVERY` seconds per engine; NVML and ``/proc/meminfo`` are cheap and
+asked at each reading, in a worker thread (a busy driver can block).
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class DeviceRoom:
         self.rows: list[dict[str, Any]] = []
         self.read_at = float("-inf")
         self.task: asyncio.Task[None] | None = None
+        self.again = False   # a change came during a reading: one more
         self.listed: dict[str, tuple[float, tuple[dict[str, tuple[int, int, str]], str]]] = {}
+        self.shown: dict[str, dict[str, Any]] = {}   # the Memory each preset last announced
 
     # --- readers -----------------------------------------------------------------------
 
@@ -68,6 +71,9 @@ class DeviceRoom:
     def memory(self, name: str) -> dict[str, Any]:
         """The preset's need on the last room read ({} without a plan)."""
         self.look()
+        return self._memory(name)
+
+    def _memory(self, name: str) -> dict[str, Any]:
         sizing = self.sizing(name)
         if sizing is None:
             return {}
@@ -117,8 +123,10 @@ class DeviceRoom:
         self.changed()
 
     def changed(self) -> None:
-        """Something the room depends on changed (an engine's state): read it again."""
+        """Something the room depends on changed (an engine's state): read it again (once
+        more after a reading under way, which may have read before the change)."""
         if self.task is not None and not self.task.done():
+            self.again = True
             return
         try:
             loop = asyncio.get_running_loop()
@@ -128,10 +136,16 @@ class DeviceRoom:
         self.task = loop.create_task(self._read())
 
     async def _read(self) -> None:
-        try:
-            await self.read()
-        except Exception as e:   # a defect of ours: the last reading stays
-            log.warning("the devices' memory could not be read: %s: %s", type(e).__name__, e)
+        while True:
+            self.again = False
+            try:
+                await self.read()
+            except Exception as e:   # a defect of ours: the last reading stays
+                log.warning("the devices' memory could not be read: %s: %s",
+                            type(e).__name__, e)
+            if not self.again:
+                return
+            self.read_at = time.monotonic()
 
     async def read(self) -> Room:
         daemon = self.host.daemon
@@ -155,7 +169,25 @@ class DeviceRoom:
         if rows != self.rows:
             self.rows = rows
             self.announce(rows)
+        self._announce_memory()
         return room
+
+    def _announce_memory(self) -> None:
+        """PropertiesChanged(Memory) for each preset whose need moved (a footprint measured,
+        an edit, the room's GPUs): the gateway places by it without asking."""
+        from .interfaces import json_variant
+
+        exported = getattr(self.host.daemon, "exported", {})
+        for name in list(self.host.daemon.registry.presets):
+            memory = self._memory(name)
+            if self.shown.get(name) == memory:
+                continue
+            self.shown[name] = memory
+            iface = exported.get(name)
+            if iface is not None:
+                iface.emit_properties_changed({"Memory": json_variant(memory)})
+        for gone in set(self.shown) - set(self.host.daemon.registry.presets):
+            del self.shown[gone]
 
     def _listed(self, engine: str) -> tuple[dict[str, tuple[int, int, str]], str]:
         """listed_gpus, asked at most every LIST_EVERY seconds per engine (a thread's)."""

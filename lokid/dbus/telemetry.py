@@ -211,6 +211,12 @@ class Telemetry:
                     iface.emit_properties_changed({"Stats": json_variant(stats)})
             await self.write_metrics(figures)
 
+    async def read_settings(self) -> None:
+        """lokid.toml was read (the daemon's start, a reload): the metrics file's place, and
+        the room again ([placement] host_memory and reserve may have changed)."""
+        await self.read_metrics_setting()
+        self.room.changed()
+
     async def read_metrics_setting(self) -> None:
         """lokid.toml's ``metrics_textfile`` (a broken lokid.toml: the default; its error is
         the presets' to report). A new path takes over from the old one, whose file goes."""

@@ -45,7 +45,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from dbus_fast import DBusError
@@ -280,26 +280,34 @@ class Groups:
     """The gateway's groups, made on a first request for one of their presets."""
 
     def __init__(self, presets: Presets, starter: Starter, max_wait: float = MAX_WAIT,
-                 slots: SlotCache | None = None):
+                 slots: SlotCache | None = None,
+                 placed: Callable[[Preset], contextlib.AbstractAsyncContextManager[None]]
+                 | None = None):
         self.presets = presets
         self.starter = starter
         self.max_wait = max_wait
         self.slots = slots or SlotCache(lambda: None)
+        # the room for a start (lokid.gateway.placer's Placer.admitted), after the turn
+        self.placed = placed or (lambda _preset: contextlib.nullcontext())
         self.groups: dict[str, Group] = {}
 
     @contextlib.asynccontextmanager
     async def turn(self, preset: Preset) -> AsyncIterator[str]:
         """The URL of ``preset``'s ready engine once its group is its own (at once without a
-        group); its request counts in flight until the block ends."""
+        group) and its engine has room; its request counts in flight until the block ends."""
         group = self.group_of(preset)
         if group is None:
-            yield await self.starter.url(preset)
+            async with self.placed(preset):
+                url = await self.starter.url(preset)
+                await self.slots.restored(preset.name, url)   # after an eviction's save
+                yield url
             return
         await group.enter(preset.name)
         try:
-            url = await self.starter.url(preset)
-            await self.slots.restored(preset.name, url)   # before its first request
-            yield url
+            async with self.placed(preset):
+                url = await self.starter.url(preset)
+                await self.slots.restored(preset.name, url)   # before its first request
+                yield url
         finally:
             group.leave(preset.name)
 

@@ -72,6 +72,9 @@ class Preset:
     in_flight_at: float = NEVER    # when RequestsInFlight last moved (monotonic)
     cold_start_wait: float | None = None   # Stats cold_start_last_wait_seconds
     load_seconds: float | None = None      # Stats load_seconds (its engine's last load)
+    keep: bool = False         # serve.keep: never evicted to make room (Keep)
+    # Memory: what a start needs per device (needs, sources, per_gpu, gpu_count), {} unknown
+    memory: dict[str, Any] = field(default_factory=dict)
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -91,6 +94,10 @@ class Preset:
             self.group = str(props["Group"])
         if "Drain" in props:
             self.drain = float(props["Drain"])
+        if "Keep" in props:
+            self.keep = bool(props["Keep"])
+        if isinstance(props.get("Memory"), dict):
+            self.memory = dict(props["Memory"])
         if "RequestsInFlight" in props:
             if int(props["RequestsInFlight"]) != self.in_flight:
                 self.in_flight_at = time.monotonic()
@@ -122,6 +129,11 @@ class Presets:
         self.unreachable = "the gateway has not read lokid's presets yet"
         self.jobs: OrderedDict[str, str] = OrderedDict()   # job id → result
         self.generation = 0   # the daemon's changes of owner on the bus (it left, it came)
+        # the manager's Devices (each device's room, lokid.dbus.room), [] before a reading
+        self.devices: list[dict[str, Any]] = []
+        self.devices_seen = 0   # Devices signals received (a reading older than one is stale)
+        # futures woken by any change (a preset's, the devices'): the placer's wait
+        self.watchers: set[asyncio.Future[None]] = set()
         self._reading: asyncio.Task[None] | None = None
         self._again = False
 
@@ -133,6 +145,7 @@ class Presets:
 
     async def read(self) -> None:
         """Every preset's properties, asked again (a reload, the daemon back)."""
+        devices_seen = self.devices_seen
         try:
             (props,) = await call(self.bus, BUS_NAME, OBJECT_PATH, PROPERTIES, "GetAll", "s",
                                   [MANAGER_INTERFACE])
@@ -159,6 +172,8 @@ class Presets:
             self._wake(self.presets[name])
         self.presets = found
         self.broken = {str(k): str(v) for k, v in manager.get("BrokenPresets", {}).items()}
+        if self.devices_seen == devices_seen:   # else a signal newer than this reading came
+            self._devices(manager.get("Devices"))
         self.unreachable = ""
         for preset in found.values():
             self._wake(preset)
@@ -210,6 +225,10 @@ class Presets:
             if msg.path == OBJECT_PATH:
                 if "Presets" in changed or "BrokenPresets" in changed:
                     self._read_soon()
+                if "Devices" in changed:
+                    self.devices_seen += 1
+                    self._devices(changed["Devices"])
+                    self._wake_watchers()
                 return
             name = preset_of_object_path(msg.path or "")
             preset = self.presets.get(name) if name is not None else None
@@ -217,11 +236,33 @@ class Presets:
                 preset.update(changed)
                 self._wake(preset)
 
+    def _devices(self, rows: Any) -> None:
+        if isinstance(rows, list):
+            self.devices = [dict(r) for r in rows if isinstance(r, dict)]
+
     def _wake(self, preset: Preset) -> None:
         for waiter in preset.waiters:
             if not waiter.done():
                 waiter.set_result(None)
         preset.waiters.clear()
+        self._wake_watchers()
+
+    def _wake_watchers(self) -> None:
+        for waiter in self.watchers:
+            if not waiter.done():
+                waiter.set_result(None)
+        self.watchers.clear()
+
+    async def any_change(self, timeout: float) -> None:
+        """Until any preset or the devices change, or ``timeout`` passes."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.watchers.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, max(0.0, timeout))
+        except TimeoutError:
+            pass
+        finally:
+            self.watchers.discard(waiter)
 
     async def changed(self, preset: Preset, timeout: float) -> None:
         """Until the preset's state, status or jobs change, or ``timeout`` passes."""

@@ -50,6 +50,7 @@ from .faults import Faults
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, Connections
 from .ondemand import Starter
+from .placer import Placer
 from .presets import Preset, Presets
 from .relay import EXTERNAL_KEEPALIVE, LOCAL_KEEPALIVE, ClientGone, Renamer, relay, session
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, model_entry, public
@@ -75,8 +76,9 @@ class Gateway:
         self.settings = settings
         self.presets = presets
         self.starter = Starter(presets)
-        self.groups = Groups(presets, self.starter,
-                             slots=SlotCache(lambda: self.client, self._engine_key))
+        slots = SlotCache(lambda: self.client, self._engine_key)
+        self.placer = Placer(presets, settings.placement, slots)   # room by memory
+        self.groups = Groups(presets, self.starter, slots=slots, placed=self.placer.admitted)
         self.keys = tuple(k.encode() for k in keys)
         self.client: aiohttp.ClientSession | None = None     # to the engines
         self.external: aiohttp.ClientSession | None = None   # to external APIs

@@ -21,9 +21,10 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
+from ..core.place.settings import PlacementConfig
 from ..core.secrets import CREDENTIALS_DIR_ENV
 from ..core.serve import (
     DEFAULT_FIRST_BYTE_TIMEOUT,
@@ -47,9 +48,12 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
+    # lokid.toml's [placement]: whether starts wait for room, and how long at most
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
-def settings_of(gateway: GatewayConfig, listen: list[str] | None = None) -> Settings:
+def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
+                placement: PlacementConfig | None = None) -> Settings:
     """Settings from lokid.toml's ``[gateway]`` (validated by :mod:`lokid.core.serve`) and
     ``--listen``, which is held to the same rules (one home: that module)."""
     addresses = listen if listen else list(gateway.listen)
@@ -68,7 +72,7 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None) -> Sett
                           "without client keys: set [gateway] api_keys_file", key="listen")
     return Settings(tuple(parsed), gateway.api_keys_file, gateway.max_body,
                     gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
-                    gateway.stream_idle_timeout)
+                    gateway.stream_idle_timeout, placement or PlacementConfig())
 
 
 def inherited_sockets() -> list[socket.socket]:

@@ -1,0 +1,327 @@
+"""Engines placed by the memory they really use (issue 29, item 4): the gateway's edge of
+:func:`lokid.core.place.policy.decide`.
+
+A request for an on-demand preset whose engine is not running asks for room first
+(:meth:`Placer.admitted`). What the rule reads comes from the daemon, by its signals:
+each device's room (the manager's ``Devices``), each preset's need (its ``Memory``: the
+footprint measured at its last ready load of that configuration, else the GGUF
+estimate), ``Keep``, its state, ``RequestsInFlight`` and its measured load; and from the
+gateway itself: the requests it relays (in flight, the last one, the interval between
+them), the requests that wait. The rule runs at every change and at the time it gives.
+
+What it says is done here, each step for a failure it prevents:
+
+- **start**: the waiting requests of the preset go on, and its start (one for all of
+  them, :mod:`lokid.gateway.ondemand`) counts as holding its need from that moment,
+  before the engine's first state arrives: two starts never take the same room;
+- **evict**: the idle engine is stopped through the daemon (``StopPreset``, as
+  ``lokictl stop``), its slots saved first where its engine has a place for them (a
+  preset in a GPU group); its log line says what it frees, what reloading it costs and
+  for whom. An engine being stopped holds its memory until it is inactive: the start
+  it makes room for waits for that, never starts into memory still held;
+- **hold**: the requests wait, bounded by ``[placement] max_wait`` (then 503
+  ``model_waits_for_memory`` with the hold's figures: "needs 18.2 GiB on GPU0; GPU0 has
+  6.1 GiB free; …"); an engine the plan *closes* takes no new request until it drained
+  (its new requests wait with the others), so a busy engine in the way cannot be kept
+  busy forever;
+- **refuse**: what can never fit on this host is answered at once (the daemon's
+  ``StartForRequest`` refuses it too).
+
+Where the room is unknown (no ``Devices`` yet, an older daemon) or a preset's need is
+(no plan, an unreadable header), nothing waits here: the start goes on as before this
+rule existed, and the daemon's own refusal still holds. ``[placement] enabled = false``
+turns the rule off. Groups stay: a group's swap runs first (its turn), then the
+placement of the preset it swapped in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from dbus_fast import DBusError
+
+from ..core.external import EXTERNAL
+from ..core.place.policy import Device, Need, Resident, Waiting, decide
+from ..core.place.settings import PlacementConfig
+from ..core.swaps import MAX_WAIT as CLOSE_AFTER
+from ..core.swaps import NEVER
+from .groups import measured
+from .ondemand import LOADING, READY, STOPPING
+from .presets import Preset, Presets
+from .replies import UNAVAILABLE, GatewayError
+from .slots import SlotCache
+
+log = logging.getLogger("lokid.gateway")
+
+CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait
+GRANT_HOLD = 30.0      # seconds a granted start holds its need before its engine is seen
+GAPS = 8               # the requests whose intervals make a preset's clients' pace
+ACTIVE = (READY, LOADING, STOPPING)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    preset: str
+    since: float
+    admitted: asyncio.Future[None]
+
+
+def devices_of(rows: list[dict[str, object]]) -> list[Device]:
+    """The manager's Devices rows as the rule's devices (a damaged row is left out)."""
+    out = []
+    for r in rows:
+        name, total = r.get("device"), r.get("total")
+        if not isinstance(name, str) or not isinstance(total, int) or total < 0:
+            continue
+        reserve, others = r.get("reserve", 0), r.get("others", 0)
+        out.append(Device(name, total, reserve if isinstance(reserve, int) else 0,
+                          others if isinstance(others, int) else 0))
+    return out
+
+
+def need_of(preset: Preset) -> Need | None:
+    """The preset's need from its Memory; None when it is unknown."""
+    memory = preset.memory
+    needs = memory.get("needs")
+    if not isinstance(needs, dict) or not needs:
+        return None
+    fixed = {str(d): int(n) for d, n in needs.items() if isinstance(n, int) and n >= 0}
+    per_gpu, count = memory.get("per_gpu", 0), memory.get("gpu_count", 0)
+    return Need(preset.name, fixed, per_gpu if isinstance(per_gpu, int) else 0,
+                count if isinstance(count, int) else 0, measured(preset)[0])
+
+
+class Placer:
+    def __init__(self, presets: Presets, settings: PlacementConfig, slots: SlotCache,
+                 clock: Callable[[], float] = time.monotonic):
+        self.presets = presets
+        self.settings = settings
+        self.slots = slots
+        self.clock = clock
+        self.waiting: list[_Waiter] = []
+        self.own: Counter[str] = Counter()          # the gateway's requests in flight
+        self.last_used: dict[str, float] = {}       # when each last had a request
+        self.idle_since: dict[str, float] = {}      # when its last request ended
+        self.arrivals: dict[str, deque[float]] = {}
+        self.granted: dict[str, float] = {}         # starts admitted, not yet seen running
+        self.evicting: set[str] = set()             # stops asked, not yet inactive
+        self.closing: dict[str, float] = {}         # preset → closed since (no new request)
+        self.why: dict[str, str] = {}               # preset → why its requests wait
+        self.evictions: Counter[tuple[str, str]] = Counter()   # (preset, reason)
+        self.task: asyncio.Task[None] | None = None
+        self.kick: asyncio.Future[None] | None = None
+
+    # --- the requests' side ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, preset: Preset) -> AsyncIterator[None]:
+        """Until there is room for ``preset``'s engine (at once when it runs); its request
+        counts in flight until the block ends. GatewayError 503 when it cannot have room
+        in time, or ever."""
+        if self._wants_room(preset):
+            await self._wait(preset)
+        name = preset.name
+        now = self.clock()
+        self.own[name] += 1
+        self.last_used[name] = now
+        self.arrivals.setdefault(name, deque(maxlen=GAPS + 1)).append(now)
+        try:
+            yield
+        finally:
+            self.own[name] -= 1
+            if self.own[name] <= 0:
+                del self.own[name]
+                self.idle_since[name] = self.clock()
+            self._poke()
+
+    def _wants_room(self, preset: Preset) -> bool:
+        if not self.settings.enabled or preset.kind == EXTERNAL or not preset.on_demand:
+            return False
+        if preset.name in self.closing and preset.state == READY:
+            return True   # drained for a plan: its new requests wait their turn
+        if preset.state in (READY, LOADING) or preset.name in self.granted:
+            return False
+        return bool(devices_of(self.presets.devices)) and need_of(preset) is not None
+
+    async def _wait(self, preset: Preset) -> None:
+        waiter = _Waiter(preset.name, self.clock(), asyncio.get_running_loop().create_future())
+        self.waiting.append(waiter)
+        self._step(self.clock())   # room now: no wait at all
+        if not waiter.admitted.done():
+            self._poke()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.admitted), self.settings.max_wait)
+        except TimeoutError:
+            raise GatewayError(
+                503, f"{self.why.get(preset.name) or 'no room for preset ' + repr(preset.name)}"
+                f"; its request waited {self.settings.max_wait:.0f} s ([placement] max_wait)",
+                UNAVAILABLE, "model_waits_for_memory") from None
+        finally:
+            if waiter in self.waiting:
+                self.waiting.remove(waiter)
+                self._poke()
+
+    # --- the rule ----------------------------------------------------------------------
+
+    def gap(self, name: str) -> float | None:
+        """The mean interval between the preset's recent requests (None: fewer than 3)."""
+        times = self.arrivals.get(name)
+        if times is None or len(times) < 3:
+            return None
+        return (times[-1] - times[0]) / (len(times) - 1)
+
+    def residents(self, now: float) -> list[Resident]:
+        out = []
+        for p in self.presets.presets.values():
+            if p.kind == EXTERNAL:
+                continue
+            granted = p.name in self.granted
+            if p.state not in ACTIVE and not granted:
+                continue
+            need = need_of(p)
+            ready = p.state == READY
+            in_flight = max(self.own[p.name], p.in_flight if ready else 0)
+            idle = max(self.idle_since.get(p.name, NEVER), p.ready_at,
+                       p.in_flight_at if ready and p.in_flight == 0 else NEVER)
+            out.append(Resident(
+                p.name, dict(need.fixed) if need is not None else {}, in_flight,
+                ready_since=p.ready_at if ready else NEVER,
+                idle_since=idle if in_flight == 0 else now,
+                last_used=self.last_used.get(p.name, p.ready_at if ready else NEVER),
+                cost=measured(p)[0], gap=self.gap(p.name), drain=p.drain, keep=p.keep,
+                starting=not ready or p.name in self.evicting,
+                closing=p.name in self.closing,
+                closed_since=self.closing.get(p.name, NEVER)))
+        return out
+
+    def _step(self, now: float) -> float | None:
+        """The rule once, and what it says done (the evictions started); when to run it
+        again by time alone."""
+        self._settle(now)
+        devices = devices_of(self.presets.devices)
+        by_preset: dict[str, list[_Waiter]] = {}
+        for w in self.waiting:
+            if not w.admitted.done():
+                by_preset.setdefault(w.preset, []).append(w)
+        waiting = []
+        for name, ws in by_preset.items():
+            preset = self.presets.presets.get(name)
+            need = need_of(preset) if preset is not None else None
+            if preset is None or need is None or not devices or not self.settings.enabled:
+                self._admit(ws)   # nothing to place by: as before the rule
+                continue
+            if preset.state == READY and name not in self.closing:
+                self._admit(ws)   # it runs, and takes requests again
+                continue
+            waiting.append(Waiting(need, min(w.since for w in ws), len(ws),
+                                   sum(now - w.since for w in ws)))
+        plan = decide(devices, self.residents(now), waiting, now, max_wait=CLOSE_AFTER)
+        for start in plan.starts:
+            self.granted[start.preset] = now
+            self.why.pop(start.preset, None)
+            ws = by_preset.get(start.preset, [])
+            waited = max((now - w.since for w in ws), default=0.0)
+            if waited >= 1.0:
+                log.info("placement: starting %s after %.1f s: %s", start.preset, waited,
+                         start.why)
+            self._admit(ws)
+        for hold in plan.holds:
+            self.why[hold.preset] = hold.why
+        closing = set(plan.closing)
+        for name in closing - set(self.closing):
+            self.closing[name] = now
+            log.info("placement: %s takes no new request until it drained (%s)", name,
+                     self.why.get(next((h.preset for h in plan.holds if name in h.closing),
+                                       ""), ""))
+        for name in set(self.closing) - closing:
+            del self.closing[name]
+        for refusal in plan.refusals:
+            self._refuse(refusal.preset, refusal.why)
+        for evict in plan.evictions:
+            if evict.preset not in self.evicting:
+                self.evicting.add(evict.preset)
+                self.evictions[(evict.preset, "cut" if evict.cut else "room")] += 1
+                asyncio.get_running_loop().create_task(self._evict(evict.preset, evict.why,
+                                                                   evict.cut))
+        return plan.again_at
+
+    def _settle(self, now: float) -> None:
+        """Forget granted starts once their engine is seen (or never was), and evictions
+        once their engine stopped."""
+        for name, at in list(self.granted.items()):
+            p = self.presets.presets.get(name)
+            if p is None or p.state in ACTIVE or now - at > GRANT_HOLD:
+                del self.granted[name]
+        for name in list(self.evicting):
+            p = self.presets.presets.get(name)
+            if p is None or p.state not in ACTIVE:
+                self.evicting.discard(name)
+                self.closing.pop(name, None)
+
+    def _admit(self, ws: list[_Waiter]) -> None:
+        for w in ws:
+            if not w.admitted.done():
+                w.admitted.set_result(None)
+            if w in self.waiting:
+                self.waiting.remove(w)
+
+    def _refuse(self, name: str, why: str) -> None:
+        for w in [w for w in self.waiting if w.preset == name]:
+            self.waiting.remove(w)
+            if not w.admitted.done():
+                w.admitted.set_exception(GatewayError(503, why, UNAVAILABLE,
+                                                      "model_does_not_fit"))
+
+    async def _evict(self, name: str, why: str, cut: bool) -> None:
+        log.log(logging.WARNING if cut else logging.INFO, "placement: %s", why)
+        p = self.presets.presets.get(name)
+        try:
+            if p is not None and p.group and p.state == READY and p.url:
+                await self.slots.save(name, p.url)   # its users' caches, for its next start
+            await self.presets.stop(name)
+        except DBusError as e:
+            self.slots.forget(name)
+            self.evicting.discard(name)
+            log.warning("placement: %s could not be stopped to make room: %s", name, e.text)
+        self._poke()
+
+    # --- the scheduler -----------------------------------------------------------------
+
+    def _poke(self) -> None:
+        if self.kick is not None and not self.kick.done():
+            self.kick.set_result(None)
+        if self.waiting and (self.task is None or self.task.done()):
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self.waiting:
+                again = self._step(self.clock())
+                if not self.waiting:
+                    return
+                await self._changed(again)
+        except Exception as e:   # a defect of ours: answered, never a request left hanging
+            log.exception("placement: the scheduler failed")
+            for name in {w.preset for w in self.waiting}:
+                self._refuse(name, f"the gateway's placement failed: {type(e).__name__}: {e}")
+
+    async def _changed(self, until: float | None) -> None:
+        """Until a preset or the devices change, a request ends, or ``until``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.kick = fut
+        timeout = CHECK_EVERY if until is None else \
+            max(0.0, min(CHECK_EVERY, until - self.clock()))
+        self.presets.watchers.add(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self.kick = None
+            self.presets.watchers.discard(fut)

@@ -1,0 +1,119 @@
+"""Engines placed by the memory they really use (issue 29), end to end: the real daemon
+(local runner) measuring each engine, the real gateway placing by those figures, the
+real engine, on a private bus.
+
+The host is the device here, bounded by ``[placement] host_memory`` to one and a half
+times the larger of two presets' measured footprints: either fits, both never do. No
+group is written: the gateway makes room itself, by evicting the idle engine once the
+waiting request has paid for its reload, and the two engines never run together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.daemonkit import Running
+from support.enginekit import free_port, write_config, write_preset
+
+from lokid.core.names import PRESET_INTERFACE, preset_object_path
+from lokid.gateway.server import Gateway
+from lokid.host.buscall import plain
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+@pytest.fixture
+def config(tmp_path: Path, engine: str, models: Any) -> Path:
+    assert Path(models.llama).name == "llama.gguf"   # written on first use
+    config = write_config(tmp_path, engine, [models.dir])
+    for name in ("a", "b"):
+        write_preset(config, name, f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n'
+                     "[serve]\non_demand = true\n")
+    return config
+
+
+def chat(model: str) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 4, "temperature": 0}
+
+
+async def until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not {what} in {timeout} s")
+
+
+async def measured(running: Running, name: str) -> int:
+    """The preset's need once its ready load was measured (Memory's source "process")."""
+    iface = await running.iface(preset_object_path(name), PRESET_INTERFACE)
+
+    async def look() -> int:
+        memory = plain(await iface.get_memory())
+        return int(memory["needs"]["host"]) if memory["sources"] == {"host": "process"} else 0
+    return int(await until(look, 30, f"{name}'s footprint measured"))
+
+
+def together(events: list[tuple[str, str, str]]) -> bool:
+    """Whether a and b ever ran (loading, ready or stopping) at the same time."""
+    state = {"a": "inactive", "b": "inactive"}
+    for name, st, _ in events:
+        if name in state:
+            state[name] = st
+            if all(s in ("loading", "ready", "stopping") for s in state.values()):
+                return True
+    return False
+
+
+async def test_no_group_written_the_gateway_makes_room_by_evicting_the_idle_engine(
+        running: Running, gateway: Gateway, config: Path) -> None:
+    manager = running.daemon.manager
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        # plenty of room: both start, and each ready load is measured
+        for name in ("a", "b"):
+            r = await c.post("/v1/chat/completions", json=chat(name))
+            assert r.status_code == 200, r.text
+        needs = {name: await measured(running, name) for name in ("a", "b")}
+        for name in ("a", "b"):
+            seen = len(running.events)
+            await running.daemon.stop(name)
+            await running.wait_event(name, "inactive", after=seen)
+        room = int(1.5 * max(needs.values()))
+        assert sum(needs.values()) > room   # either fits, both never do
+        toml = config / "lokid.toml"
+        toml.write_text(toml.read_text() + f"[placement]\nhost_memory = {room}\n")
+        await running.daemon.reload()
+
+        async def bounded() -> bool:
+            host = [d for d in gateway.presets.devices if d.get("device") == "host"]
+            return bool(host) and host[0]["total"] == room
+        try:
+            await until(bounded, 20, "the gateway reading the bounded host")
+        except AssertionError:
+            raise AssertionError((room, gateway.presets.devices,
+                                  running.daemon.telemetry.room.rows,
+                                  running.daemon.registry.placement)) from None
+        assert manager is not None
+        # a runs; a request for b waits until a (idle) is evicted, then b serves it
+        seen = len(running.events)
+        assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
+        t0 = time.monotonic()
+        r = await c.post("/v1/chat/completions", json=chat("b"))
+        waited_b = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert gateway.placer.evictions == {("a", "room"): 1}
+        # and back: b is evicted for a
+        r = await c.post("/v1/chat/completions", json=chat("a"))
+        assert r.status_code == 200, r.text
+        assert gateway.placer.evictions == {("a", "room"): 1, ("b", "room"): 1}
+        assert not together(running.events[seen:]), running.events[seen:]
+        # the wait paid for the reload it caused, and was bounded by it
+        assert 0.5 < waited_b < 120, waited_b

@@ -1,0 +1,193 @@
+"""lokid.gateway.placer: the placement rule's edge, step by step.
+
+What the placer reads of the daemon (Devices, each preset's Memory, states, Keep) is
+given here by hand, in the shapes the daemon's properties have, and its StopPreset is a
+stand-in that moves the preset's state as the daemon's signals would; the real daemon,
+engines and gateway run the same placer in tests/gateway/test_placement.py. The clock is
+the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from lokid.core.place.settings import PlacementConfig
+from lokid.gateway.placer import Placer, devices_of, need_of
+from lokid.gateway.presets import Preset
+from lokid.gateway.replies import GatewayError
+from lokid.gateway.slots import SlotCache
+
+MiB = 2**20
+
+
+class FakePresets:
+    """The parts of lokid.gateway.presets.Presets the placer uses."""
+
+    def __init__(self, devices: list[dict[str, Any]], presets: list[Preset]):
+        self.devices = devices
+        self.presets = {p.name: p for p in presets}
+        self.watchers: set[asyncio.Future[None]] = set()
+        self.stopped: list[str] = []
+
+    async def stop(self, name: str) -> str:
+        self.stopped.append(name)
+        self.presets[name].set_state("inactive")   # as EngineStateChanged would say
+        self.wake()
+        return "job"
+
+    def wake(self) -> None:
+        for w in self.watchers:
+            if not w.done():
+                w.set_result(None)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def preset(name: str, need: int, state: str = "inactive", **kw: Any) -> Preset:
+    p = Preset(name, on_demand=True, memory={"needs": {"host": need},
+                                             "sources": {"host": "estimate"}}, **kw)
+    p.set_state(state)
+    return p
+
+
+HOST = [{"device": "host", "total": 100 * MiB, "free": 100 * MiB, "reserve": 0, "others": 0}]
+
+
+def placer(presets: FakePresets, clock: Clock, **settings: Any) -> Placer:
+    return Placer(presets, PlacementConfig(**settings), SlotCache(lambda: None),  # type: ignore[arg-type]
+                  clock=clock)
+
+
+def test_the_daemons_shapes_are_read_and_damage_left_out() -> None:
+    assert devices_of([{"device": "GPU0", "total": 8, "reserve": 1, "others": "x"},
+                       {"device": 3, "total": 8}, {"total": -1}]) == \
+        devices_of([{"device": "GPU0", "total": 8, "reserve": 1, "others": 0}])
+    p = preset("a", 5)
+    p.memory = {"needs": {"GPU0": 7, "host": "junk"}, "gpu_count": 2, "per_gpu": 3}
+    need = need_of(p)
+    assert need is not None and need.fixed == {"GPU0": 7} and (need.count, need.per_gpu) == (2, 3)
+    p.memory = {}
+    assert need_of(p) is None
+
+
+async def test_room_now_admits_at_once_and_the_start_holds_its_need() -> None:
+    clock = Clock()
+    ps = FakePresets(HOST, [preset("a", 60 * MiB), preset("b", 60 * MiB)])
+    pl = placer(ps, clock)
+    async with pl.admitted(ps.presets["a"]):
+        assert pl.granted == {"a": clock.now}
+        # b asks before a's engine was even seen loading: the granted start holds 60 MiB
+        task = asyncio.create_task(enter(pl, ps.presets["b"]))
+        await asyncio.sleep(0.05)
+        assert not task.done() and "b" not in pl.granted
+        assert "waits, because a is" in pl.why["b"] or "even evicting" in pl.why["b"]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert not pl.waiting   # a client gone leaves the queue
+
+
+async def enter(pl: Placer, p: Preset) -> None:
+    async with pl.admitted(p):
+        pass
+
+
+async def test_an_idle_engine_is_evicted_once_the_wait_paid_for_it() -> None:
+    clock = Clock()
+    a = preset("a", 60 * MiB, "ready", load_seconds=0.5)
+    ps = FakePresets(HOST, [a, preset("b", 60 * MiB)])
+    pl = placer(ps, clock)
+    a.ready_at = clock.now - 100
+    # its last request ended a second ago: its clients may come back, and evicting it
+    # costs a reload; an engine idle for long would cost nothing and go at once
+    pl.idle_since["a"] = pl.last_used["a"] = clock.now - 1
+    task = asyncio.create_task(enter(pl, ps.presets["b"]))
+    await asyncio.sleep(0.05)
+    assert ps.stopped == [] and not task.done()   # the rent is not paid yet
+    assert "a is worth keeping" in pl.why["b"]
+    clock.now += 60   # its requests waited long enough
+    ps.wake()
+    await asyncio.wait_for(task, 5)
+    assert ps.stopped == ["a"] and pl.evictions == {("a", "room"): 1}
+    assert "b" in pl.granted
+
+
+async def test_a_kept_engine_is_never_evicted_and_the_wait_ends_with_the_figures() -> None:
+    clock = Clock()
+    a = preset("a", 60 * MiB, "ready", keep=True)
+    ps = FakePresets(HOST, [a, preset("b", 60 * MiB)])
+    pl = placer(ps, clock, max_wait=1.0)
+    with pytest.raises(GatewayError) as e:
+        await enter(pl, ps.presets["b"])
+    assert e.value.status == 503 and e.value.code == "model_waits_for_memory"
+    assert "needs 60 MiB on host" in e.value.message and "a is kept (serve.keep)" in \
+        e.value.message and e.value.message.endswith("waited 1 s ([placement] max_wait)")
+    assert ps.stopped == [] and not pl.waiting
+
+
+async def test_a_busy_engine_is_closed_then_drained_never_cut_early() -> None:
+    clock = Clock()
+    a = preset("a", 60 * MiB, "ready", load_seconds=0.5, drain=120.0)
+    ps = FakePresets(HOST, [a, preset("b", 60 * MiB)])
+    pl = placer(ps, clock)
+    a.ready_at = clock.now - 100
+    busy = asyncio.Event()
+
+    async def long_request() -> None:
+        async with pl.admitted(a):
+            await busy.wait()
+
+    first = asyncio.create_task(long_request())
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(enter(pl, ps.presets["b"]))
+    await asyncio.sleep(0.01)
+    assert "b: waits, because a has 1 requests in flight" in pl.why["b"].replace(
+        "preset 'b' needs 60 MiB on host", "b")
+    clock.now += 35   # past the time after which the plan's engines are closed
+    ps.wake()
+    await asyncio.sleep(0.05)
+    assert "a" in pl.closing and ps.stopped == []   # closed, not cut: it drains
+    # a new request for the closed engine waits with the others, not sent to it
+    again = asyncio.create_task(enter(pl, a))
+    await asyncio.sleep(0.05)
+    assert not again.done()
+    busy.set()   # its request ends: it is idle, and evicted for b
+    await asyncio.wait_for(first, 5)
+    clock.now += 60
+    ps.wake()
+    await asyncio.wait_for(waiter, 5)
+    assert ps.stopped == ["a"]
+    again.cancel()
+
+
+async def test_what_never_fits_is_refused_at_once() -> None:
+    clock = Clock()
+    ps = FakePresets(HOST, [preset("huge", 200 * MiB)])
+    pl = placer(ps, clock)
+    with pytest.raises(GatewayError) as e:
+        await enter(pl, ps.presets["huge"])
+    assert e.value.code == "model_does_not_fit"
+    assert e.value.message == "preset 'huge' needs 200 MiB on host; it has 100 MiB"
+
+
+async def test_without_room_or_need_known_nothing_waits() -> None:
+    clock = Clock()
+    ps = FakePresets([], [preset("a", 60 * MiB, "ready"), preset("b", 60 * MiB)])
+    pl = placer(ps, clock)
+    await asyncio.wait_for(enter(pl, ps.presets["b"]), 1)   # no Devices read yet
+    ps.devices = HOST
+    ps.presets["b"].memory = {}
+    await asyncio.wait_for(enter(pl, ps.presets["b"]), 1)   # no need known
+    off = placer(FakePresets(HOST, [preset("a", 60 * MiB, "ready"), preset("c", 60 * MiB)]),
+                 clock, enabled=False)
+    await asyncio.wait_for(enter(off, off.presets.presets["c"]), 1)  # type: ignore[attr-defined]
+    assert not off.granted
