@@ -58,6 +58,7 @@ class DeviceRoom:
         self.read_at = float("-inf")
         self.task: asyncio.Task[None] | None = None
         self.again = False   # a change came during a reading: one more
+        self.notes: tuple[str, ...] = ()
         self.listed: dict[str, tuple[float, tuple[dict[str, tuple[int, int, str]], str]]] = {}
         self.shown: dict[str, dict[str, Any]] = {}   # the Memory each preset last announced
 
@@ -164,8 +165,11 @@ class DeviceRoom:
             gpu_engine=bool(gpu_engines), gpu=self.host.gpu, held=held, lister=self._listed)
         self.room = room
         rows = [{**row, "lokid": held.get(str(row["device"]), 0)} for row in room_json(room)]
-        if room.notes:
+        if room.notes and rows:
             rows[-1]["notes"] = list(room.notes)
+        elif room.notes and room.notes != self.notes:   # no device to carry them: logged
+            log.warning("devices: %s", "; ".join(room.notes))
+        self.notes = room.notes
         if rows != self.rows:
             self.rows = rows
             self.announce(rows)

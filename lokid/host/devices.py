@@ -29,6 +29,7 @@ from ..core.place.settings import PlacementConfig
 
 LIST_TIMEOUT = 20.0      # seconds --list-devices may take (a CUDA init is ~0.2 s on an H200)
 SLICE = "loki.slice"
+UNKNOWN = 1 << 62        # a bound nothing set yet
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -56,11 +57,15 @@ def _read(path: str, limit: int = 1 << 16) -> str | None:
 
 def host_figures(placement: PlacementConfig, proc: str = "/proc",
                  cgroup_root: str = CGROUP_ROOT) -> tuple[int, int, str]:
-    """The host's total for lokid's engines, what is free of it now, and whence."""
+    """The host's total for lokid's engines, what is free of it now, and whence; a total
+    of 0 when nothing says (no /proc/meminfo here, no host_memory): unknown, not empty."""
     meminfo = parse_meminfo(_read(os.path.join(proc, "meminfo")) or "")
     total, free = meminfo.total, meminfo.available
     words = [f"/proc/meminfo (MemTotal {size_text(meminfo.total)}, MemAvailable "
              f"{size_text(meminfo.available)})"]
+    if not total:   # unreadable: the other bounds alone, and no more than they say
+        total = free = UNKNOWN
+        words = [f"{os.path.join(proc, 'meminfo')} unreadable"]
     limit_text = _read(os.path.join(cgroup_root, SLICE, "memory.max"))
     limit = parse_cgroup_bytes(limit_text) if limit_text is not None else None
     if limit is not None:
@@ -71,6 +76,8 @@ def host_figures(placement: PlacementConfig, proc: str = "/proc",
     if placement.host_memory is not None:
         total, free = min(total, placement.host_memory), min(free, placement.host_memory)
         words.append(f"[placement] host_memory = {size_text(placement.host_memory)}")
+    if total == UNKNOWN:
+        return 0, 0, words[0]
     return total, min(free, total), ", bounded by ".join(words)
 
 
@@ -131,7 +138,11 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
             if not listed and not failed:
                 notes.append(f"{engine} --list-devices lists no GPU: engines run on the host")
     total, host_free, host_source = host_figures(placement, proc, cgroup_root)
-    totals[HOST], free[HOST], sources[HOST] = total, host_free, host_source
+    if total:
+        totals[HOST], free[HOST], sources[HOST] = total, host_free, host_source
+    else:   # a host of 0 bytes would refuse every preset: left out, and said
+        notes.append(f"the host's memory is unknown ({host_source}): set [placement] "
+                     "host_memory in lokid.toml to place engines by it")
     devices = []
     for name, t in totals.items():
         used = max(0, t - free[name])

@@ -151,3 +151,18 @@ def test_a_cpu_engine_asks_no_gpu(tmp_path: Path) -> None:
 def test_the_real_cpu_engine_lists_no_gpu(engine: str) -> None:
     found, why = listed_gpus(engine, {**os.environ})
     assert (found, why) == ({}, "")
+
+
+def test_an_unreadable_meminfo_leaves_the_host_out_and_says_so(tmp_path: Path) -> None:
+    """Seen under lokid.service with ProcSubset=pid (now off): a host of 0 bytes refused
+    every preset. Unknown is no device; [placement] host_memory alone still bounds it."""
+    proc = tmp_path / "noproc"
+    room = read_room(PlacementConfig(), proc=str(proc), cgroup_root=str(tmp_path / "cg"))
+    assert room.devices == () and room.notes == (
+        f"the host's memory is unknown ({proc}/meminfo unreadable): set [placement] "
+        "host_memory in lokid.toml to place engines by it",)
+    room = read_room(PlacementConfig(host_memory=GiB), proc=str(proc),
+                     cgroup_root=str(tmp_path / "cg"))
+    assert [(d.name, d.total) for d in room.devices] == [("host", GiB)]
+    assert room.sources["host"] == f"{proc}/meminfo unreadable, bounded by [placement] " \
+        "host_memory = 1.0 GiB"
