@@ -12,6 +12,7 @@
         const path = cockpit.location.path;
         if (path[0] === "preset" && path[1]) {
             $("lk-overview").hidden = true;
+            $("lk-devices").hidden = true;
             $("lk-preset").hidden = false;
             lokid.showPreset(path[1]);
         } else {
@@ -19,6 +20,7 @@
             $("lk-preset").hidden = true;
             $("lk-overview").hidden = false;
             lokid.renderOverview();
+            lokid.renderDevices();
         }
     }
 

@@ -15,10 +15,12 @@ What it says is done here, each step for a failure it prevents:
   them, :mod:`lokid.gateway.ondemand`) counts as holding its need from that moment,
   before the engine's first state arrives: two starts never take the same room;
 - **evict**: the idle engine is stopped through the daemon (``StopPreset``, as
-  ``lokictl stop``), its slots saved first where its engine has a place for them (a
-  preset in a GPU group); its log line says what it frees, what reloading it costs and
-  for whom. An engine being stopped holds its memory until it is inactive: the start
-  it makes room for waits for that, never starts into memory still held;
+  ``lokictl stop``); only an on-demand preset's, which its next request starts again
+  (one started by hand and not on demand counts as ``keep``); its slots saved first
+  where its engine has a place for them (a preset in a GPU group); its log line says
+  what it frees, what reloading it costs and for whom. An engine being stopped holds
+  its memory until it is inactive: the start it makes room for waits for that, never
+  starts into memory still held;
 - **hold**: the requests wait, bounded by ``[placement] max_wait`` (then 503
   ``model_waits_for_memory`` with the hold's figures: "needs 18.2 GiB on GPU0; GPU0 has
   6.1 GiB free; …"); an engine the plan *closes* takes no new request until it drained
@@ -194,7 +196,9 @@ class Placer:
                 ready_since=p.ready_at if ready else NEVER,
                 idle_since=idle if in_flight == 0 else now,
                 last_used=self.last_used.get(p.name, p.ready_at if ready else NEVER),
-                cost=measured(p)[0], gap=self.gap(p.name), drain=p.drain, keep=p.keep,
+                # one not on demand would not come back by itself: as kept
+                cost=measured(p)[0], gap=self.gap(p.name), drain=p.drain,
+                keep=p.keep or not p.on_demand,
                 starting=not ready or p.name in self.evicting,
                 closing=p.name in self.closing,
                 closed_since=self.closing.get(p.name, NEVER)))

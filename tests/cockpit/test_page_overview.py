@@ -87,6 +87,15 @@ def test_the_overview_lists_every_preset_and_follows_a_start_from_a_shell(
                   "return r && r.textContent.startsWith('http')", what="alpha's URL")
         b.screenshot("overview-alpha-ready")
         assert row_state(b, "beta") == "inactive"
+        # issue 29: the memory card, each device a bar with the running presets in it
+        b.wait_js("return !!document.querySelector(\".lk-device[data-device='host'] "
+                  ".lk-seg[data-preset='alpha']\")", what="alpha in the host's bar")
+        head = str(b.driver.execute_script(
+            "return document.querySelector(\".lk-device[data-device='host'] "
+            ".lk-device-head\").textContent"))
+        assert head.startswith("host") and ": lokid " in head and ", free " in head, head
+        assert not b.driver.execute_script(
+            "return !!document.querySelector(\".lk-seg[data-preset='beta']\")")
 
 
 def test_a_member_starts_a_preset_from_the_page(cockpit_site, lokid):

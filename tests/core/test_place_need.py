@@ -11,7 +11,7 @@ from test_estimate import GLM
 
 from lokid.core.place.estimate import estimate
 from lokid.core.place.footprint import BUFFERS, CGROUP, ESTIMATE, NVML, Footprint
-from lokid.core.place.need import engine_gpus, shape, size_plan
+from lokid.core.place.need import ENGINE_BASE, engine_gpus, shape, size_plan
 from lokid.core.place.policy import HOST, Device, never_fits
 
 MiB, GiB = 2**20, 2**30
@@ -45,10 +45,11 @@ def test_which_gpus_the_engine_sees() -> None:
 def test_a_cpu_engine_needs_everything_on_the_host() -> None:
     s = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=False)
     e = estimate(GLM, 8192, n_parallel=4, devices=0)
-    assert s.need.fixed == {HOST: e.total} and s.need.count == 0
+    assert s.need.fixed == {HOST: e.total + ENGINE_BASE} and s.need.count == 0
     assert s.sources == {HOST: ESTIMATE} and not s.measured
-    assert s.text.startswith(f"needs {e.total / GiB:.1f} GiB on host (estimated); the "
-                             "estimate: offloaded 0/10 layers")
+    assert s.text.startswith(f"needs {(e.total + ENGINE_BASE) / GiB:.1f} GiB on host "
+                             "(estimated); the estimate: offloaded 0/10 layers")
+    assert s.text.endswith("; plus the engine's own 24 MiB on host")
 
 
 def test_a_gpu_engine_on_one_gpu_with_a_projector() -> None:
@@ -56,7 +57,8 @@ def test_a_gpu_engine_on_one_gpu_with_a_projector() -> None:
                   GLM, host_gpus=("GPU0", "GPU1"), gpu_engine=True,
                   extra={"mmproj": 600 * MiB})
     e = estimate(GLM, 8192, n_parallel=4, devices=1)
-    assert s.need.fixed == {"GPU0": e.gpus[0].total + 600 * MiB, HOST: e.host.total}
+    assert s.need.fixed == {"GPU0": e.gpus[0].total + 600 * MiB,
+                            HOST: e.host.total + ENGINE_BASE}
     assert "plus mmproj 600 MiB" in s.text
 
 
@@ -65,7 +67,7 @@ def test_a_measured_device_replaces_the_estimate_only_there() -> None:
     f = Footprint("k", {"GPU0": 4 * GiB, HOST: 700 * MiB}, {"GPU0": NVML, HOST: ESTIMATE})
     s = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=True, footprint=f,
                   cost=12.5)
-    assert s.need.fixed == {"GPU0": 4 * GiB, HOST: e.host.total}
+    assert s.need.fixed == {"GPU0": 4 * GiB, HOST: e.host.total + ENGINE_BASE}
     assert s.sources == {"GPU0": NVML, HOST: ESTIMATE} and s.need.cost == 12.5
     assert f"4.0 GiB on GPU0 (measured by the NVIDIA driver (per process); estimated " \
            f"{e.gpus[0].total / GiB:.1f} GiB)" in s.text

@@ -14,9 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+from dbus_fast import DBusError
 from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
 
+from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.gateway.server import Gateway
 from lokid.runners import local_runner
 
@@ -40,12 +42,13 @@ def config(tmp_path: Path, engine: str, models: Any, busy_port: int) -> Path:
                  "[serve]\non_demand = true\n")
     write_preset(config, "blocked", f'model = "llama.gguf"\nctx = 2048\nport = {busy_port}\n'
                  "[serve]\non_demand = true\n")
-    # 512 bytes of KV per token: 32768 tokens are 16 MiB of KV alone, beyond what lokid's
-    # engines may hold on this host here (the others need about 5 MiB each)
+    # 512 bytes of KV per token and 2 KiB of compute (ubatch 512 × 2 × f16 mask): 32768
+    # tokens are some 80 MiB with the engine's own, beyond what lokid's engines may hold
+    # on this host here (the others need about 29 MiB each)
     write_preset(config, "huge", f'model = "llama.gguf"\nctx = 32768\nport = {free_port()}\n'
                  "[serve]\non_demand = true\n")
     toml = config / "lokid.toml"
-    toml.write_text(toml.read_text() + '[placement]\nhost_memory = "16M"\n')
+    toml.write_text(toml.read_text() + '[placement]\nhost_memory = "40M"\n')
     return config
 
 
@@ -98,14 +101,22 @@ async def test_a_failed_start_answers_its_reason_without_a_retry_storm(
 
 async def test_a_preset_this_host_can_never_hold_is_refused_at_once(
         running: Running, gateway: Gateway) -> None:
-    """Issue 29: refused with the figures, never started to fail out of memory."""
+    """Issue 29: refused with the figures, never started to fail out of memory: by the
+    gateway's placement at once, and by the daemon's StartForRequest."""
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
         for _ in range(3):
             r = await c.post("/v1/chat/completions", json=chat("huge"))
             error = r.json()["error"]
-            assert r.status_code == 503 and error["code"] == "model_start_failed", r.text
-            assert "preset 'huge' needs " in error["message"]
-            assert "MiB on host; it has 16 MiB: it is not started" in error["message"]
+            assert r.status_code == 503 and error["code"] == "model_does_not_fit", r.text
+            assert error["message"].startswith("preset 'huge' needs ")
+            assert error["message"].endswith(" MiB on host; it has 40 MiB")
+        assert starts(running, "huge") == 0
+        # the daemon refuses it too, for a gateway that does not place (or an older one)
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        with pytest.raises(DBusError) as e:
+            await manager.call_start_for_request("huge")
+        assert e.value.type == "org.lokid.Lokid1.Error.InvalidPreset"
+        assert "MiB on host; it has 40 MiB: it is not started" in e.value.text
         assert starts(running, "huge") == 0
         # the others still start: the refusal is the preset's, not the host's
         assert (await c.post("/v1/chat/completions", json=chat("lazy"))).status_code == 200

@@ -129,8 +129,9 @@ async def test_a_kept_engine_is_never_evicted_and_the_wait_ends_with_the_figures
     with pytest.raises(GatewayError) as e:
         await enter(pl, ps.presets["b"])
     assert e.value.status == 503 and e.value.code == "model_waits_for_memory"
-    assert "needs 60 MiB on host" in e.value.message and "a is kept (serve.keep)" in \
-        e.value.message and e.value.message.endswith("waited 1 s ([placement] max_wait)")
+    assert "needs 60 MiB on host" in e.value.message
+    assert "a is kept (serve.keep, or not on demand" in e.value.message
+    assert e.value.message.endswith("waited 1 s ([placement] max_wait)")
     assert ps.stopped == [] and not pl.waiting
 
 
@@ -191,3 +192,16 @@ async def test_without_room_or_need_known_nothing_waits() -> None:
                  clock, enabled=False)
     await asyncio.wait_for(enter(off, off.presets.presets["c"]), 1)  # type: ignore[attr-defined]
     assert not off.granted
+
+
+async def test_an_engine_started_by_hand_is_never_evicted() -> None:
+    """It is not on demand: stopped, it would not come back by itself."""
+    clock = Clock()
+    a = preset("a", 60 * MiB, "ready", load_seconds=0.5)
+    a.on_demand = False
+    a.ready_at = clock.now - 1000
+    ps = FakePresets(HOST, [a, preset("b", 60 * MiB)])
+    pl = placer(ps, clock, max_wait=1.0)
+    with pytest.raises(GatewayError) as e:
+        await enter(pl, ps.presets["b"])
+    assert "a is kept (serve.keep, or not on demand" in e.value.message and ps.stopped == []

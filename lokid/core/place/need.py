@@ -14,7 +14,11 @@ kept (:mod:`lokid.core.place.footprint`), else the estimate from the GGUF header
   only the driver maps, as a count of GPUs to be chosen; else every GPU of the host;
 - a projector (``--mmproj``) or a draft model adds its file's bytes to the weights of the
   device that runs the layers (the first GPU, else the host): their buffers are not
-  estimated one by one, and the file is what they load.
+  estimated one by one, and the file is what they load;
+- the engine process itself holds :data:`ENGINE_BASE` on the host beyond its buffers (its
+  code, libraries and allocator: the CPU build b11434 with the 0.5 MB test model was
+  measured at 24 MiB resident by the daemon; a GPU build's runtime holds more, which its
+  first measured load then says).
 
 Where a device is measured and another is not (a host figure from the cgroup, no driver
 for the GPU), each keeps its own source. Pure: the caller reads the files and devices.
@@ -32,6 +36,7 @@ from .footprint import ESTIMATE, SOURCE_WORDS, Footprint
 from .policy import HOST, Need, size_text
 
 DEFAULT_PARALLEL = 4     # llama-server's -np auto
+ENGINE_BASE = 24 * 2**20   # a llama-server process's own resident memory (see above)
 DEFAULT_UBATCH = 512
 
 CTX = ("-c", "--ctx-size")
@@ -129,7 +134,7 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
         free = [0] * len(free)   # one unknown: llama.cpp's split cannot be told; even
     est = estimate(model, devices=count, free=free or None, **shape(argv, model))  # type: ignore[arg-type]
     extras = {k: v for k, v in (extra or {}).items() if v > 0}
-    estimated: dict[str, int] = {HOST: est.host.total}
+    estimated: dict[str, int] = {HOST: est.host.total + ENGINE_BASE}
     gpu_parts = [p.total for p in est.gpus]
     if extras:
         if gpu_parts:
@@ -170,7 +175,8 @@ def _text(need: Need, sources: Mapping[str, str], est: Estimate, estimated: Mapp
         parts.append(f"{size_text(need.per_gpu)} on {where} (estimated)")
     basis = ""
     if any(s == ESTIMATE for s in sources.values()) or need.count:
-        basis = f"the estimate: {est.why}"
+        basis = f"the estimate: {est.why}; plus the engine's own {size_text(ENGINE_BASE)} " \
+            "on host"
         if extras:
             basis += "; plus " + ", ".join(f"{k} {size_text(v)}" for k, v in extras.items())
     return "needs " + " and ".join(parts), basis

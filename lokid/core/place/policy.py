@@ -518,7 +518,8 @@ def _cannot_make_room(need: Need, room: Mapping[str, int], residents: Sequence[R
     starting = [r.preset for r in residents if r.starting]
     why = []
     if kept:
-        why.append(f"{', '.join(kept)} {'is' if len(kept) == 1 else 'are'} kept (serve.keep)")
+        why.append(f"{', '.join(kept)} {'is' if len(kept) == 1 else 'are'} kept (serve.keep, "
+                   "or not on demand: it would not come back by itself)")
     if starting:
         why.append(f"{', '.join(starting)} {'is' if len(starting) == 1 else 'are'} starting")
     if blocked:
