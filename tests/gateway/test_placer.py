@@ -205,3 +205,35 @@ async def test_an_engine_started_by_hand_is_never_evicted() -> None:
     with pytest.raises(GatewayError) as e:
         await enter(pl, ps.presets["b"])
     assert "a is kept (serve.keep, or not on demand" in e.value.message and ps.stopped == []
+
+
+async def test_two_presets_that_each_need_the_device_arriving_together_do_not_thrash() -> None:
+    """One starts, the other waits its turn; then each eviction is paid for by waiting,
+    so a request arriving right after a swap does not swap back at once."""
+    clock = Clock()
+    a, b = preset("a", 80 * MiB, load_seconds=0.5), preset("b", 80 * MiB, load_seconds=0.5)
+    ps = FakePresets(HOST, [a, b])
+    pl = placer(ps, clock)
+    first = asyncio.create_task(enter(pl, a))
+    second = asyncio.create_task(enter(pl, b))
+    await asyncio.wait_for(first, 1)
+    await asyncio.sleep(0.05)
+    assert "a" in pl.granted and not second.done() and "a is starting" in pl.why["b"]
+    a.set_state("ready")          # its engine answers; its request was served
+    a.ready_at = pl.idle_since["a"] = clock.now   # (set_state keeps the real clock's time)
+    ps.wake()
+    await asyncio.sleep(0.05)
+    assert not second.done() and ps.stopped == []   # too young to evict, nothing paid yet
+    clock.now += 30
+    ps.wake()
+    await asyncio.wait_for(second, 5)
+    assert ps.stopped == ["a"] and "b" in pl.granted
+    b.set_state("ready")
+    b.ready_at = pl.idle_since["b"] = clock.now
+    back = asyncio.create_task(enter(pl, a))   # a's client again, right after the swap
+    await asyncio.sleep(0.05)
+    assert not back.done() and ps.stopped == ["a"]
+    assert "b is worth keeping" in pl.why["a"]
+    back.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await back
