@@ -21,18 +21,7 @@
     const BENCH_TIMEOUT_MS = 2 * 3600 * 1000;
 
     // A reply's a{sv} as plain values, all the way down (result, draft, depth).
-    function plain(v) {
-        v = lokid.unwrap(v);
-        if (Array.isArray(v))
-            return v.map(plain);
-        if (v && typeof v === "object") {
-            const out = {};
-            for (const [k, x] of Object.entries(v))
-                out[k] = plain(x);
-            return out;
-        }
-        return v;
-    }
+    const plain = lokid.plain;
 
     function rate(draft) {
         if (!draft || !draft.n)

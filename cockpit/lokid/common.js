@@ -45,6 +45,20 @@ window.lokid = (function () {
             ? variant.v : variant;
     }
 
+    // a{sv} (and lists of them) as plain values, all the way down.
+    function plain(value) {
+        const v = unwrap(value);
+        if (Array.isArray(v))
+            return v.map(plain);
+        if (v && typeof v === "object") {
+            const out = {};
+            for (const [k, x] of Object.entries(v))
+                out[k] = plain(x);
+            return out;
+        }
+        return v;
+    }
+
     function showError(title, text) {
         $("lk-alert-title").textContent = title;
         $("lk-alert-text").textContent = text || "";
@@ -155,6 +169,7 @@ window.lokid = (function () {
         $,
         el,
         unwrap,
+        plain,
         describe,
         refused,
         showError,

@@ -11,21 +11,7 @@
 "use strict";
 
 (function () {
-    const { manager, $, el, unwrap, RUNNING } = lokid;
-
-    // a{sv} (and lists of them) as plain values, all the way down.
-    function plain(value) {
-        const v = unwrap(value);
-        if (Array.isArray(v))
-            return v.map(plain);
-        if (v && typeof v === "object") {
-            const out = {};
-            for (const [k, x] of Object.entries(v))
-                out[k] = plain(x);
-            return out;
-        }
-        return v;
-    }
+    const { manager, $, el, plain, RUNNING } = lokid;
 
     function gib(bytes) {
         if (typeof bytes !== "number" || !isFinite(bytes))

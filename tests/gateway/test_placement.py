@@ -10,7 +10,6 @@ waiting request has paid for its reload, and the two engines never run together.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
+from support.gatewaykit import until
 
 from lokid.core.names import PRESET_INTERFACE, preset_object_path
 from lokid.gateway.server import Gateway
@@ -40,16 +40,6 @@ def config(tmp_path: Path, engine: str, models: Any) -> Path:
 def chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "Hello"}],
             "max_tokens": 4, "temperature": 0}
-
-
-async def until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not {what} in {timeout} s")
 
 
 async def measured(running: Running, name: str) -> int:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
+from support.gatewaykit import until
 
 from lokid.core.names import BUS_NAME, PRESET_INTERFACE, preset_object_path
 from lokid.gateway.server import Gateway
@@ -62,16 +63,6 @@ async def follow(running: Running, name: str, prop: str) -> list[Any]:
             seen.append(values[prop].value)
     props.on_properties_changed(changed)
     return seen
-
-
-async def until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not {what} in {timeout} s")
 
 
 def stats(value: Any) -> dict[str, Any]:

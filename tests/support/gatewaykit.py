@@ -5,7 +5,9 @@ imported last)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,3 +38,15 @@ async def gateway_on(bus_address: str, **settings: Any) -> AsyncIterator[Gateway
     finally:
         await runner.cleanup()
         bus.disconnect()
+
+
+async def until(check: Any, timeout: float, what: str) -> Any:
+    """``await check()`` again every 0.1 s until it is true (returned); AssertionError
+    naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not {what} in {timeout} s")
