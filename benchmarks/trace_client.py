@@ -6,8 +6,9 @@ waiting for their answers), as benchmarks/placement_sim.py replays its traces.
 Copied into the system under test and run there with its own python3 (the standard
 library only). ``--trace FILE``: a JSON list of ``[at, model, max_tokens]`` (seconds from
 the start). Each request is a chat completion on a connection of its own; it is recorded
-with its model, when it was sent, its status, how long it took and the error's words
-where it failed. The records go to ``--out`` as JSON.
+with its model, when it was sent, its status, how long it took, the engine's own time
+for it (``service``: its ``timings``, prompt and generation) and the error's words where
+it failed. The records go to ``--out`` as JSON.
 
     python3 trace_client.py --port 8000 --trace trace.json --out records.json
 """
@@ -34,7 +35,13 @@ def one(port: int, model: str, tokens: int, timeout: float) -> dict[str, Any]:
         r = conn.getresponse()
         data = r.read()
         record["status"] = r.status
-        if r.status != 200:
+        if r.status == 200:   # the engine's own time for it: its service, waits left out
+            try:
+                timings = json.loads(data)["timings"]
+                record["service"] = (timings["prompt_ms"] + timings["predicted_ms"]) / 1000
+            except (ValueError, KeyError, TypeError):
+                pass
+        else:
             try:
                 record["error"] = json.loads(data)["error"]["message"][:300]
             except (ValueError, KeyError, TypeError):
