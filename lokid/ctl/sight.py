@@ -39,7 +39,8 @@ def sight_text(row: dict[str, Any], now: float) -> str:
 
 def counters_text(stats: dict[str, Any]) -> str:
     """The on-demand counters of a preset's Stats: "1 cold start (mean wait 2.3 s, last
-    2.3 s), 2 group swaps, gateway: 200 x3, 503 x1"; "" when there is none."""
+    2.3 s), 2 group swaps, 3 evictions (cut 1, room 2), gateway: 200 x3, 503 x1"; ""
+    when there is none."""
     from ..core.wording import counted
 
     parts = []
@@ -53,6 +54,10 @@ def counters_text(stats: dict[str, Any]) -> str:
         parts.append(text)
     if stats.get("group_swaps"):
         parts.append(counted(int(stats["group_swaps"]), "group swap"))
+    evictions = stats.get("evictions") or {}
+    if evictions:
+        parts.append(counted(sum(int(n) for n in evictions.values()), "eviction")
+                     + f" ({', '.join(f'{why} {n}' for why, n in sorted(evictions.items()))})")
     codes = stats.get("gateway_requests") or {}
     if codes:
         parts.append("gateway: " + ", ".join(f"{code} x{n}" for code, n in sorted(codes.items())))

@@ -47,6 +47,7 @@ from ..core.errors import (
     LokiError,
     NotFoundError,
     dbus_name,
+    printable,
 )
 from ..core.names import (
     ACTION_BENCH,
@@ -66,6 +67,8 @@ from .registry import PresetView, Registry
 from .reveal import revealed
 
 log = logging.getLogger("lokid.dbus")
+EVICTION_REASONS = ("room", "cut")   # EvictPreset: idle and evicted, or cut after its drain
+MAX_WHY = 2000                       # characters of an eviction's reason, at most
 
 READ = "read"            # anyone may call it
 MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
@@ -452,6 +455,23 @@ class ManagerInterface(ServiceInterface):
     @guarded
     async def StopPreset(self, name: "s") -> "s":
         return await self.backend.stop(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def EvictPreset(self, name: "s", reason: "s", why: "s") -> "s":
+        name = checked_name(name)
+        if reason not in EVICTION_REASONS:
+            raise InvalidArgsError(f"EvictPreset: reason {printable(reason[:40])!r} is not "
+                                   f"one of {', '.join(EVICTION_REASONS)}")
+        if len(why) > MAX_WHY:
+            raise InvalidArgsError(f"EvictPreset: why is {len(why)} characters, at most "
+                                   f"{MAX_WHY}")
+        self.backend.registry.get(name)   # NotFound before anything is counted
+        log.log(logging.WARNING if reason == "cut" else logging.INFO,
+                "preset %s: evicted by the gateway's placement: %s", name, printable(why))
+        self.backend.telemetry.sight.evicted(name, reason)
+        return await self.backend.stop(name)
 
     @method()
     @access(MANAGE)

@@ -94,6 +94,7 @@ class Sight:
         self.cold: dict[str, ColdStarts] = {}
         self.requests: dict[str, Counter[int]] = {}   # the gateway's, by status code
         self.swaps: Counter[str] = Counter()     # by group
+        self.evictions: dict[str, Counter[str]] = {}   # preset → reason → count
         self.last_request: dict[str, float] = {}
         self.said: dict[tuple[str, str], Any] = {}
 
@@ -212,7 +213,8 @@ class Sight:
     def stats(self, name: str) -> dict[str, Any]:
         """What the preset's Stats adds: cold_starts, cold_start_waits,
         cold_start_wait_seconds (the sum), cold_start_last_wait_seconds,
-        gateway_requests (status code → count), group_swaps; each once there is one."""
+        gateway_requests (status code → count), group_swaps, evictions (reason → count);
+        each once there is one."""
         out: dict[str, Any] = {}
         cold = self.cold.get(name)
         if cold is not None:
@@ -226,7 +228,14 @@ class Sight:
         group = self._group(name)
         if group and self.swaps.get(group):
             out["group_swaps"] = self.swaps[group]
+        if self.evictions.get(name):
+            out["evictions"] = dict(sorted(self.evictions[name].items()))
         return out
+
+    def evicted(self, name: str, reason: str) -> None:
+        """The gateway's placement stopped the preset's engine to make room (EvictPreset)."""
+        self.evictions.setdefault(name, Counter())[reason] += 1
+        self.mark(name)
 
     def announce(self, name: str) -> None:
         """PropertiesChanged(OnDemandState) and (LastRequestAt) when they moved."""

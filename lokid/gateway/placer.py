@@ -14,13 +14,13 @@ What it says is done here, each step for a failure it prevents:
 - **start**: the waiting requests of the preset go on, and its start (one for all of
   them, :mod:`lokid.gateway.ondemand`) counts as holding its need from that moment,
   before the engine's first state arrives: two starts never take the same room;
-- **evict**: the idle engine is stopped through the daemon (``StopPreset``, as
-  ``lokictl stop``); only an on-demand preset's, which its next request starts again
-  (one started by hand and not on demand counts as ``keep``); its slots saved first
-  where its engine has a place for them (a preset in a GPU group); its log line says
-  what it frees, what reloading it costs and for whom. An engine being stopped holds
-  its memory until it is inactive: the start it makes room for waits for that, never
-  starts into memory still held;
+- **evict**: the idle engine is stopped through the daemon (``EvictPreset``: a stop, as
+  ``lokictl stop``, that the daemon logs with the why and counts); only an on-demand
+  preset's, which its next request starts again (one started by hand and not on demand
+  counts as ``keep``); its slots saved first where its engine has a place for them (a
+  preset in a GPU group); its log line says what it frees, what reloading it costs and
+  for whom. An engine being stopped holds its memory until it is inactive: the start it
+  makes room for waits for that, never starts into memory still held;
 - **hold**: the requests wait, bounded by ``[placement] max_wait`` (then 503
   ``model_waits_for_memory`` with the hold's figures: "needs 18.2 GiB on GPU0; GPU0 has
   6.1 GiB free; …"); an engine the plan *closes* takes no new request until it drained
@@ -288,7 +288,7 @@ class Placer:
         try:
             if p is not None and p.group and p.state == READY and p.url:
                 await self.slots.save(name, p.url)   # its users' caches, for its next start
-            await self.presets.stop(name)
+            await self.presets.evict(name, "cut" if cut else "room", why)
         except DBusError as e:
             self.slots.forget(name)
             self.evicting.discard(name)

@@ -281,6 +281,13 @@ class Presets:
                             "s", [name])
         return str(job)
 
+    async def evict(self, name: str, reason: str, why: str) -> str:
+        """EvictPreset: the stop of an engine the placement makes room with (the daemon
+        logs why and counts it): the job's id."""
+        (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "EvictPreset",
+                            "sss", [name, reason, why[:2000]])
+        return str(job)
+
     async def stop(self, name: str) -> str:
         """StopPreset, as ``lokictl stop`` (a swap in a GPU group): the job's id."""
         (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StopPreset",

@@ -117,6 +117,9 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
      "Layers the engine put on the GPU, of the model or of its draft model (part)."),
     ("lokid_engine_layers", "gauge",
      "Layers of the model or of its draft model (part) the engine loaded, on the GPU or not."),
+    ("lokid_evictions_total", "counter",
+     "Times the gateway's placement stopped the preset's engine to make room (issue 29), by "
+     "reason: room (it was idle), cut (its drain ended with requests in flight)."),
     ("lokid_preset_footprint_bytes", "gauge",
      "What a start of the preset needs on each device (issue 29): measured at its last ready "
      "load of this configuration (source nvml, buffers, cgroup or process), else estimated "
@@ -293,6 +296,10 @@ def _sight(out: _Samples, base: tuple[tuple[str, str], ...], s: Mapping[str, Any
         for code, count in sorted(codes.items()):
             out.add("lokid_gateway_requests_total", (*base, ("code", str(code))),
                     _number(count))
+    evictions = s.get("evictions")
+    if isinstance(evictions, Mapping):
+        for reason, count in sorted(evictions.items()):
+            out.add("lokid_evictions_total", (*base, ("reason", str(reason))), _number(count))
 
 
 def write_atomic(path: str, text: str) -> None:

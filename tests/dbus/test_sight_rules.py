@@ -49,6 +49,8 @@ def test_lokictl_words_the_state_the_last_request_the_holder_and_the_counters() 
     assert ctlsight.counters_text(props["Stats"]) == \
         "2 cold starts (mean wait 2.5 s, last 2.0 s), 3 group swaps, gateway: 200 x7, 503 x1"
     assert ctlsight.counters_text({}) == ""
+    assert ctlsight.counters_text({"evictions": {"room": 2, "cut": 1}}) == \
+        "3 evictions (cut 1, room 2)"
     top = row(props)
     assert cells(top)[1] == "inactive (waiting for a request)"
     assert top["group_holder"] == "beta" and top["cold_starts"] == 2

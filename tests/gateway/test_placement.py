@@ -16,11 +16,12 @@ from typing import Any
 
 import httpx
 import pytest
+from dbus_fast import DBusError
 from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import until
 
-from lokid.core.names import PRESET_INTERFACE, preset_object_path
+from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE, preset_object_path
 from lokid.gateway.server import Gateway
 from lokid.host.buscall import plain
 
@@ -105,5 +106,21 @@ async def test_no_group_written_the_gateway_makes_room_by_evicting_the_idle_engi
         assert r.status_code == 200, r.text
         assert gateway.placer.evictions == {("a", "room"): 1, ("b", "room"): 1}
         assert not together(running.events[seen:]), running.events[seen:]
+        # the daemon counted each (EvictPreset), in Stats and for Prometheus
+        for name in ("a", "b"):
+            iface = await running.iface(preset_object_path(name), PRESET_INTERFACE)
+            assert plain(await iface.get_stats())["evictions"] == {"room": 1}
         # the wait paid for the reload it caused, and was bounded by it
         assert 0.5 < waited_b < 120, waited_b
+
+
+async def test_evict_preset_takes_only_what_it_documents(running: Running) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    for args, words in ((("a", "whim", "x"), "reason 'whim' is not one of room, cut"),
+                        (("a", "room", "x" * 2001), "why is 2001 characters, at most 2000"),
+                        (("nope", "room", "x"), "no preset 'nope'")):
+        with pytest.raises(DBusError) as e:
+            await manager.call_evict_preset(*args)
+        assert words in e.value.text, e.value.text
+    assert "evictions" not in plain(await (await running.iface(
+        preset_object_path("a"), PRESET_INTERFACE)).get_stats())

@@ -32,7 +32,8 @@ class FakePresets:
         self.watchers: set[asyncio.Future[None]] = set()
         self.stopped: list[str] = []
 
-    async def stop(self, name: str) -> str:
+    async def evict(self, name: str, reason: str, why: str) -> str:
+        assert reason in ("room", "cut") and why.startswith(("evicting ", name))
         self.stopped.append(name)
         self.presets[name].set_state("inactive")   # as EngineStateChanged would say
         self.wake()

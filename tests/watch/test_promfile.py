@@ -136,7 +136,8 @@ def records() -> list[Record]:
         Record("small", "tiny.gguf", "inactive", snapshot("b11434-cpu-A_full_mtp.log"),
                "the last automatic launch never became healthy", 1, idle_stops=3,
                sight={"cold_starts": 2, "cold_start_waits": 1, "cold_start_wait_seconds": 1.5,
-                      "gateway_requests": {"200": 4, "499": 1}}),
+                      "gateway_requests": {"200": 4, "499": 1},
+                      "evictions": {"room": 3, "cut": 1}}),
         Record("never", "other.gguf", "inactive"),
     ]
 
@@ -417,6 +418,8 @@ def test_the_on_demand_counters_are_counters_a_summary_and_the_groups_swaps() ->
     assert series(fams, wait, preset="small", **{"__name__": wait + "_count"}) == 1
     assert series(fams, "lokid_gateway_requests_total", preset="small", code="200") == 4
     assert series(fams, "lokid_gateway_requests_total", preset="small", code="499") == 1
+    assert series(fams, "lokid_evictions_total", preset="small", reason="room") == 3
+    assert series(fams, "lokid_evictions_total", preset="small", reason="cut") == 1
     assert fams["lokid_group_swaps_total"].samples == {(("group", "gpu0"),): 2}
     # a preset the gateway never asked anything of has none of them
     assert not [k for k in fams["lokid_cold_starts_total"].samples if ("preset", "big") in k]
