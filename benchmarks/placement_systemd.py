@@ -25,6 +25,7 @@ its service time: evictions and cold starts side by side, and their ratio (issue
 within 10 %).
 
     .venv/bin/python benchmarks/placement_systemd.py [--seconds 300] [--rate 1.5] [--seed 1]
+                                                     [--share 0.55] [--top-every 60]
 
 What it printed here (2 CPUs, 2026-12-04; needs estimated: this container has no memory
 controller): needs s 29, m 80, l 200, xl 461 MiB (the engines held 24, 65, 180 and 432
@@ -144,7 +145,7 @@ class Walk:
         r = self.ct.run(["ps", "-C", "llama-server", "-o", "rss="], check=False)
         return sum(int(x) * 1024 for x in r.stdout.split() if x.isdigit())
 
-    def load(self, trace: list[tuple[float, str, int]]) -> dict[str, Any]:
+    def load(self, trace: list[tuple[float, str, int]], top_every: float = 0) -> dict[str, Any]:
         ct = self.ct
         ct.write_file("/tmp/trace.json", json.dumps(trace))
         cursor = ct.cursor()
@@ -152,8 +153,13 @@ class Walk:
         done = threading.Event()
 
         def sample() -> None:
+            t0, shown = time.monotonic(), 0
             while not done.wait(1.0):
                 samples.append(self.engines_bytes())
+                if top_every and time.monotonic() - t0 >= (shown + 1) * top_every:
+                    shown += 1
+                    self.say(f"\nlokictl top --once, {time.monotonic() - t0:.0f} s in:\n"
+                             + self.lokictl("top", "--once"))
 
         sampler = threading.Thread(target=sample)
         sampler.start()
@@ -197,6 +203,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1.5)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--share", type=float, default=0.55)
+    ap.add_argument("--top-every", type=float, default=0,
+                    help="print lokictl top every N seconds of the load (an operator's look)")
     args = ap.parse_args()
     trace = trace_of(args.seconds, args.rate, args.seed)
     walk: Walk | None = None
@@ -232,7 +240,7 @@ def main() -> int:
                      f"{total / MiB:.0f} MiB of presets ({room / total:.0%})")
             walk.say(walk.lokictl("devices"))
             t0 = time.monotonic()
-            result = walk.load(trace)
+            result = walk.load(trace, args.top_every)
             took = time.monotonic() - t0
             records = result["records"]
             failed = [r for r in records if r.get("status") != 200]

@@ -63,6 +63,7 @@ log = logging.getLogger("lokid.gateway")
 
 CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait
 GRANT_HOLD = 30.0      # seconds a granted start holds its need before its engine is seen
+STOP_TIMEOUT = 120.0   # seconds an eviction's stop may take before it counts as not done
 GAPS = 8               # the requests whose intervals make a preset's clients' pace
 ACTIVE = (READY, LOADING, STOPPING)
 
@@ -112,7 +113,8 @@ class Placer:
         self.idle_since: dict[str, float] = {}      # when its last request ended
         self.arrivals: dict[str, deque[float]] = {}
         self.granted: dict[str, float] = {}         # starts admitted, not yet seen running
-        self.evicting: set[str] = set()             # stops asked, not yet inactive
+        # stops asked, not yet seen done: preset → (when, its ready_at then)
+        self.evicting: dict[str, tuple[float, float]] = {}
         self.closing: dict[str, float] = {}         # preset → closed since (no new request)
         self.why: dict[str, str] = {}               # preset → why its requests wait
         self.evictions: Counter[tuple[str, str]] = Counter()   # (preset, reason)
@@ -145,6 +147,11 @@ class Placer:
     def _wants_room(self, preset: Preset) -> bool:
         if not self.settings.enabled or preset.kind == EXTERNAL or not preset.on_demand:
             return False
+        if preset.name in self.evicting:
+            # being stopped: a request sent now would reach its port, and systemd's socket
+            # would start the engine again into the room just made (seen in the systemd
+            # walk: evicted, restarted at once, and the preset it made room for waited)
+            return True
         if preset.name in self.closing and preset.state == READY:
             return True   # drained for a plan: its new requests wait their turn
         if preset.state in (READY, LOADING) or preset.name in self.granted:
@@ -220,7 +227,8 @@ class Placer:
             if preset is None or need is None or not devices or not self.settings.enabled:
                 self._admit(ws)   # nothing to place by: as before the rule
                 continue
-            if preset.state == READY and name not in self.closing:
+            if preset.state == READY and name not in self.closing \
+                    and name not in self.evicting:
                 self._admit(ws)   # it runs, and takes requests again
                 continue
             waiting.append(Waiting(need, min(w.since for w in ws), len(ws),
@@ -249,7 +257,8 @@ class Placer:
             self._refuse(refusal.preset, refusal.why)
         for evict in plan.evictions:
             if evict.preset not in self.evicting:
-                self.evicting.add(evict.preset)
+                p = self.presets.presets.get(evict.preset)
+                self.evicting[evict.preset] = (now, p.ready_at if p is not None else NEVER)
                 self.evictions[(evict.preset, "cut" if evict.cut else "room")] += 1
                 asyncio.get_running_loop().create_task(self._evict(evict.preset, evict.why,
                                                                    evict.cut))
@@ -262,11 +271,19 @@ class Placer:
             p = self.presets.presets.get(name)
             if p is None or p.state in ACTIVE or now - at > GRANT_HOLD:
                 del self.granted[name]
-        for name in list(self.evicting):
+        for name, (asked, ready_at) in list(self.evicting.items()):
             p = self.presets.presets.get(name)
-            if p is None or p.state not in ACTIVE:
-                self.evicting.discard(name)
+            # gone; or ready again since (started anew before its stop was seen: a
+            # client straight to its port); or a stop that never came
+            if p is None or p.state not in ACTIVE or (p.state == READY and
+                                                      p.ready_at != ready_at):
+                del self.evicting[name]
                 self.closing.pop(name, None)
+            elif now - asked > STOP_TIMEOUT:
+                del self.evicting[name]
+                self.closing.pop(name, None)
+                log.warning("placement: %s was asked to stop %.0f s ago and still runs (%s): "
+                            "counted as running again", name, now - asked, p.state)
 
     def _admit(self, ws: list[_Waiter]) -> None:
         for w in ws:
@@ -289,10 +306,11 @@ class Placer:
             if p is not None and p.group and p.state == READY and p.url:
                 await self.slots.save(name, p.url)   # its users' caches, for its next start
             await self.presets.evict(name, "cut" if cut else "room", why)
-        except DBusError as e:
+        except (DBusError, OSError, ValueError) as e:   # refused, or the bus gone
             self.slots.forget(name)
-            self.evicting.discard(name)
-            log.warning("placement: %s could not be stopped to make room: %s", name, e.text)
+            self.evicting.pop(name, None)
+            log.warning("placement: %s could not be stopped to make room: %s", name,
+                        e.text if isinstance(e, DBusError) else f"{type(e).__name__}: {e}")
         self._poke()
 
     # --- the scheduler -----------------------------------------------------------------

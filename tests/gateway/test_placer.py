@@ -238,3 +238,40 @@ async def test_two_presets_that_each_need_the_device_arriving_together_do_not_th
     back.cancel()
     with pytest.raises(asyncio.CancelledError):
         await back
+
+
+async def test_a_request_for_an_engine_being_evicted_waits_and_never_restarts_it() -> None:
+    """Seen under systemd: a request admitted to the evicted engine between the eviction
+    and its stop reached its port, systemd's socket started it again at once, and the
+    preset it was evicted for waited for a room that never came."""
+    clock = Clock()
+    a = preset("a", 60 * MiB, "ready", load_seconds=0.5)
+    a.ready_at = clock.now - 1000
+    ps = FakePresets(HOST, [a, preset("b", 60 * MiB)])
+    stop = asyncio.Event()
+
+    async def slow_evict(name: str, reason: str, why: str) -> str:
+        ps.stopped.append(name)
+        ps.presets[name].set_state("stopping")
+        await stop.wait()
+        ps.presets[name].set_state("inactive")
+        ps.wake()
+        return "job"
+
+    ps.evict = slow_evict  # type: ignore[method-assign]
+    pl = placer(ps, clock)
+    b_task = asyncio.create_task(enter(pl, ps.presets["b"]))
+    await asyncio.sleep(0.05)
+    assert ps.stopped == ["a"] and not b_task.done()   # evicted; b waits for the stop
+    a.set_state("ready")   # as if the stop had not reached it yet
+    a.ready_at = clock.now - 1000
+    clock.now += 1   # a's request comes after b's
+    a_task = asyncio.create_task(enter(pl, a))
+    await asyncio.sleep(0.05)
+    assert not a_task.done()   # not sent to the engine being stopped
+    stop.set()
+    await asyncio.wait_for(b_task, 5)
+    assert "b" in pl.granted and not a_task.done()   # a now waits for room like any start
+    a_task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await a_task
