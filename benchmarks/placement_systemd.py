@@ -28,15 +28,17 @@ within 10 %).
                                                      [--share 0.55] [--top-every 60]
 
 What it printed here (2 CPUs, 2026-12-04; needs estimated: this container has no memory
-controller): needs s 29, m 80, l 200, xl 461 MiB (the engines held 24, 65, 180 and 432
-MiB), room 530 MiB for 770 MiB of presets (69 %); 464 requests in 300 s, 0 failed; the
-engines' resident memory together peaked at 465 MiB; 0 kernel OOM lines, 0 units killed
-for memory; 55 evictions (none cut), 36 starts after a wait; cold starts 0.62-0.78 s;
-median request s 0.02 s, m 0.02 s, l 0.13 s, xl 5.76 s (xl p95 18.4 s: it waits for the
-others to drain). The simulator on the same trace: 58 evictions, 61 cold starts, 0 OOM
-starts: real ÷ simulated 0.95. (A first run that gave the simulator each preset's engine
-load, 0.03-0.22 s, instead of the cold start the gateway weighs, and a median time as
-every request's service, predicted 114 evictions against 66 real: 0.58.)
+controller): needs s 29, m 80, l 200, xl 461 MiB (the engines held 23, 65, 179 and 432
+MiB), room 530 MiB for 770 MiB of presets (69 %). Seed 1, 300 s: 464 requests, 0 failed;
+the engines' resident memory together peaked at 464 MiB; 0 kernel OOM lines, 0 units
+killed for memory; 81 evictions (none cut), 43 starts after a wait; cold starts
+0.44-0.57 s; median request s 0.02 s, m 0.02 s, l 0.15 s, xl 4.25 s (xl p95 12.9 s: it
+waits for the others to drain). The simulator on the same trace: 74 evictions, 77 cold
+starts, 0 OOM starts: real ÷ simulated 1.09. The spread between runs of the same trace
+is wide: an earlier run (cold starts 0.62-0.78 s: a dearer reload is evicted less) had
+55 real against 58 simulated (0.95); seed 2 over 150 s, 31 against 39 (0.79). A first
+version that gave the simulator each engine's load (0.03-0.22 s) instead of the cold
+start the gateway weighs predicted 114 evictions against 66 real.
 """
 
 from __future__ import annotations
