@@ -179,7 +179,7 @@ class DeviceRoom:
     def _announce_memory(self) -> None:
         """PropertiesChanged(Memory) for each preset whose need moved (a footprint measured,
         an edit, the room's GPUs): the gateway places by it without asking."""
-        from .interfaces import json_variant
+        from .variants import json_variant
 
         exported = getattr(self.host.daemon, "exported", {})
         for name in list(self.host.daemon.registry.presets):

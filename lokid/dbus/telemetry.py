@@ -101,7 +101,7 @@ class Telemetry:
         self.room.changed()
 
     def _devices_moved(self, rows: list[dict[str, Any]]) -> None:
-        from .interfaces import json_variant
+        from .variants import json_variant
 
         manager = getattr(self.daemon, "manager", None)
         if manager is not None:
@@ -182,7 +182,7 @@ class Telemetry:
 
     async def publish(self) -> None:
         """PropertiesChanged(Stats) at most once a second per preset whose figures moved."""
-        from .interfaces import json_variant
+        from .variants import json_variant
 
         ticks = 0
         while not self.daemon.stopping.is_set():
