@@ -19,7 +19,7 @@ import sys
 
 from . import __version__
 from .core import paths
-from .core.errors import BusyError, LokiError
+from .core.errors import BusyError, ConfigError, LokiError
 from .host.journallog import journal_log
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
@@ -110,17 +110,27 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     check_address(plan.host, plan.port, unit_user(os.environ),
                   _listening(config_dir, preset)[2])
     check_port_conflicts(config_dir, plan, runtime_dir=paths.runtime_dir())
-    # what it needs on each device, and whether this host can ever hold it
-    memory, room = memory_now(plan, inputs, paths.state_dir(), GpuMemory())
+    # what it needs on each device, and whether this host can ever hold it (a plan the
+    # estimate cannot size, such as a KV type it does not know, is still shown)
+    try:
+        memory, room = memory_now(plan, inputs, paths.state_dir(), GpuMemory())
+    except ConfigError as e:
+        memory, room, unsized = None, None, f"unknown ({e})"
     if as_json:
-        print(json.dumps({**plan.to_json(), "memory": memory.to_json(),
-                          "devices": room_json(room)}, indent=2, ensure_ascii=False))
+        print(json.dumps({**plan.to_json(), "memory": memory.to_json() if memory else {},
+                          "devices": room_json(room) if room else []}, indent=2,
+                         ensure_ascii=False))
     else:
         print(format_plan(plan))
-        print(f"memory: {memory.sizing.text}")
-        print("devices:")
-        print("\n".join(f"  {line}" for line in explain(room)))
-    refuse(memory, preset)
+        print(f"memory: {memory.sizing.text if memory else unsized}")
+        if room is not None:
+            print("devices:")
+            print("\n".join(f"  {line}" for line in explain(room)))
+    if memory is not None and inputs.config.placement.enabled:
+        refuse(memory, preset)
+    elif memory is not None and memory.never:
+        journal_log("", f"preset {preset!r} {memory.never}: [placement] enabled = false, so "
+                    "it is not refused", priority=4)
     return 0
 
 

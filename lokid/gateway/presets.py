@@ -253,17 +253,6 @@ class Presets:
                 waiter.set_result(None)
         self.watchers.clear()
 
-    async def any_change(self, timeout: float) -> None:
-        """Until any preset or the devices change, or ``timeout`` passes."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.watchers.add(waiter)
-        try:
-            await asyncio.wait_for(waiter, max(0.0, timeout))
-        except TimeoutError:
-            pass
-        finally:
-            self.watchers.discard(waiter)
-
     async def changed(self, preset: Preset, timeout: float) -> None:
         """Until the preset's state, status or jobs change, or ``timeout`` passes."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -102,6 +102,24 @@ def test_plan_refuses_a_preset_this_host_can_never_hold(config: Path) -> None:
     assert lokid(config, "plan", "long").returncode == 0   # its 24 MiB engine and a little
 
 
+def test_plan_says_so_where_the_estimate_cannot_size_or_placement_is_off(config: Path) -> None:
+    # a KV type the estimate does not know (the engine would refuse it at start): shown
+    write_preset(config, "odd", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n'
+                 'extra_args = ["-ctk", "q3_weird"]\n')
+    r = lokid(config, "plan", "odd")
+    assert r.returncode == 0, r.stderr
+    assert "\nmemory: unknown (" in r.stdout and "unknown KV cache type 'q3_weird'" in r.stdout
+    assert json.loads(lokid(config, "plan", "odd", "--json").stdout)["memory"] == {}
+    # [placement] enabled = false: what does not fit is said, not refused
+    write_preset(config, "long", f'model = "llama.gguf"\nctx = 32768\nport = {free_port()}\n')
+    toml = config / "lokid.toml"
+    toml.write_text(toml.read_text() + '[placement]\nenabled = false\nhost_memory = "16M"\n')
+    r = lokid(config, "plan", "long")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("lokid: preset 'long' needs ")
+    assert "[placement] enabled = false, so it is not refused" in r.stderr
+
+
 def test_plan_is_read_only(config: Path, tmp_path: Path) -> None:
     state = tmp_path / "state-never-created"
     assert lokid(config, "plan", "demo", state=state).returncode == 0
