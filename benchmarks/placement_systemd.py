@@ -83,7 +83,8 @@ WEIGHTS = {"s": 4, "m": 3, "l": 2, "xl": 1}
 def trace_of(seconds: float, rate: float, seed: int) -> list[tuple[float, str, int]]:
     rng = random.Random(seed)
     names, weights = list(WEIGHTS), list(WEIGHTS.values())
-    out, t = [], 0.0
+    out: list[tuple[float, str, int]] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= seconds:
@@ -213,7 +214,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         models = []
         for name, (shape, _) in SHAPES.items():
-            models.append(str(gen.write_llama(Path(tmp) / f"{name}.gguf", **shape)))
+            models.append(str(gen.write_llama(
+                Path(tmp) / f"{name}.gguf", n_embd=shape.get("n_embd", 64),
+                n_layers=shape.get("n_layers", 2), n_ff=shape.get("n_ff", 128),
+                n_head=shape.get("n_head", 4), n_head_kv=shape.get("n_head_kv", 4))))
         ct = Container(binds={ENGINE_DIR: os.path.dirname(engine_binary()),
                               TOOLS: str(ROOT / "benchmarks"), "/opt/lokid": str(ROOT)})
         ct.start()
