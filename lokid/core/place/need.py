@@ -56,7 +56,6 @@ class Sizing:
 
     need: Need
     sources: Mapping[str, str]      # device → one of footprint.SOURCES
-    estimate: Estimate | None       # None when every device was measured
     head: str                       # "needs 17.6 GiB on GPU0 (…) and 1.2 GiB on host (…)"
     basis: str                      # what the estimate is made of ("" when all measured)
 
@@ -150,11 +149,9 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
             if device in held and footprint.sources.get(device, ESTIMATE) != ESTIMATE:
                 held[device] = nbytes
                 sources[device] = footprint.sources[device]
-    fixed = {d: n for d, n in held.items() if d in names or d == HOST}
     per_gpu = max(gpu_parts) if by_uuid and gpu_parts else 0
-    need = Need(preset, fixed, per_gpu=per_gpu, count=by_uuid, cost=cost)
-    return Sizing(need, sources, est if ESTIMATE in sources.values() or by_uuid else None,
-                  *_text(need, sources, est, estimated, extras))
+    need = Need(preset, held, per_gpu=per_gpu, count=by_uuid, cost=cost)
+    return Sizing(need, sources, *_text(need, sources, est, estimated, extras))
 
 
 def _text(need: Need, sources: Mapping[str, str], est: Estimate, estimated: Mapping[str, int],
