@@ -59,6 +59,7 @@ from ..core.names import (
     preset_object_path,
 )
 from ..core.presetname import valid_preset_name
+from ..planning.sizing import REMEDY
 from ..runners.runner import EngineState
 from .reach import Reachability
 from .registry import PresetView, Registry
@@ -428,8 +429,7 @@ class ManagerInterface(ServiceInterface):
         # a start that could only fail out of memory is refused at once, with the figures
         why = await self.backend.telemetry.room.refusal(name)
         if why:
-            raise DoesNotFitError(f"{why}: it is not started (lower its ctx, gpu_layers or "
-                                  "KV cache type, or free a device's [placement] reserve)")
+            raise DoesNotFitError(f"{why}: it is not started ({REMEDY})")
         return await self.backend.telemetry.sight.start_for_request(name, self.backend.start)
 
     @method()

@@ -22,6 +22,9 @@ from ..core.place.policy import never_fits
 from ..core.plan import Plan, PlanInputs
 from ..host.devices import Room
 
+# what an operator can do about a preset this host can never hold
+REMEDY = "lower ctx, gpu_layers or the KV cache type, or run it on a larger host"
+
 
 def memory_key_of(plan: Plan, inputs: PlanInputs) -> str:
     """The footprint key of a plan: its arguments, its model file as it is on disk now
@@ -85,8 +88,7 @@ def refuse(memory: Memory, preset: str) -> None:
     """DoesNotFitError with the figures when the plan can never fit on this host."""
     if memory.never:
         basis = memory.sizing.basis or memory.sizing.head
-        raise DoesNotFitError(f"preset {preset!r} {memory.never} ({basis}): lower ctx, "
-                              "gpu_layers or the KV cache type, or run it on a larger host")
+        raise DoesNotFitError(f"preset {preset!r} {memory.never} ({basis}): {REMEDY}")
 
 
 def memory_now(plan: Plan, inputs: PlanInputs, state_dir: str, gpu: object | None = None
