@@ -87,11 +87,11 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
 
     from .core.plan import format_plan
     from .host.devices import explain, room_json
+    from .host.nvml import GpuMemory
     from .planning.endpoint import check_address
     from .planning.gather import check_port_conflicts, unit_user
     from .planning.sizing import memory_now, refuse
     from .unit.steps import plan_inputs_now
-    from .watch.nvml import GpuMemory
 
     ext = _external(config_dir, preset)
     if ext is not None:   # nothing runs here: what the gateway does with it instead
@@ -116,13 +116,22 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
         memory, room = memory_now(plan, inputs, paths.state_dir(), GpuMemory())
     except ConfigError as e:
         memory, room, unsized = None, None, f"unknown ({e})"
+    chosen = ""   # gpus = "auto" / gpu_count: what a start now would choose, and why
+    if plan.gpu_choice is not None and memory is not None:
+        from .planning.gpuchoice import place
+
+        chosen = place(plan, inputs, paths.runtime_dir(), paths.state_dir(),
+                       gpu=GpuMemory())[1].why
     if as_json:
         print(json.dumps({**plan.to_json(), "memory": memory.to_json() if memory else {},
-                          "devices": room_json(room) if room else []}, indent=2,
+                          "devices": room_json(room) if room else [],
+                          **({"gpus_now": chosen} if chosen else {})}, indent=2,
                          ensure_ascii=False))
     else:
         print(format_plan(plan))
         print(f"memory: {memory.sizing.text if memory else unsized}")
+        if chosen:
+            print(f"a start now: {chosen}")
         if room is not None:
             print("devices:")
             print("\n".join(f"  {line}" for line in explain(room)))

@@ -57,7 +57,7 @@ GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile", "gate
 # textfile collector): the daemon writes its metrics there when that directory exists.
 DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
-    "model", "mmproj", "ctx", "gpus", "gpu_layers", "ubatch", "port",
+    "model", "mmproj", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
     "serve", "kind", "url", "upstream_model",
 )
@@ -129,6 +129,10 @@ class Preset:
     mmproj: str | None = None
     ctx: int = DEFAULT_CTX
     gpus: str | None = None
+    # GPUs lokid chooses at each start (issue 29): None = not chosen by lokid (gpus, or
+    # every GPU the engine sees); 0 = gpus = "auto", the fewest that hold it; N =
+    # gpu_count = N. lokid prestart sets CUDA_VISIBLE_DEVICES (lokid.planning.gpuchoice).
+    gpu_choice: int | None = None
     gpu_layers: str | None = None  # "N", "auto" or "all": passed to -ngl as is
     ubatch: int | None = None
     port: int | None = None
@@ -265,6 +269,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         mmproj=mmproj,
         ctx=DEFAULT_CTX if ctx is None else ctx,
         gpus=_gpus(c, env),
+        gpu_choice=_gpu_choice(c, env),
         gpu_layers=_gpu_layers(c),
         ubatch=ubatch,
         port=port,
@@ -281,7 +286,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
 
 def _gpus(c: Checker, env: Mapping[str, str]) -> str | None:
     value = c.data.get("gpus")
-    if value is None:
+    if value is None or value == "auto":
         return None
     items: list[object] = value if isinstance(value, list) else [value]
     if isinstance(value, str):
@@ -304,6 +309,23 @@ def _gpus(c: Checker, env: Mapping[str, str]) -> str | None:
     if "CUDA_VISIBLE_DEVICES" in env:
         raise c.error("gpus", "env.CUDA_VISIBLE_DEVICES is set too: keep only one of them")
     return ",".join(out)
+
+
+def _gpu_choice(c: Checker, env: Mapping[str, str]) -> int | None:
+    """``gpus = "auto"`` (0) or ``gpu_count = N`` (N): the GPUs chosen at each start."""
+    auto = c.data.get("gpus") == "auto"
+    count = c.integer("gpu_count", 1, 64, "GPUs, 1 to 64")
+    if count is None and not auto:
+        return None
+    if count is not None and "gpus" in c.data:
+        raise c.error("gpu_count", "gpus is set too: name the GPUs (gpus = [0, 1]), let "
+                      "lokid choose them all (gpus = \"auto\"), or give their number "
+                      "(gpu_count), only one of them")
+    if "CUDA_VISIBLE_DEVICES" in env:
+        raise c.error("gpu_count" if count is not None else "gpus",
+                      "env.CUDA_VISIBLE_DEVICES is set too: lokid sets it at start to the "
+                      "GPUs it chooses; keep only one of them")
+    return count if count is not None else 0
 
 
 def _gpu_layers(c: Checker) -> str | None:

@@ -91,6 +91,9 @@ class Plan:
     # host and port stay the preset's public address: clients, the benchmark, the
     # gateway and port conflicts all go by them.
     socket: str = ""
+    # The preset's gpus = "auto" (0) or gpu_count (N): the GPUs are chosen at start
+    # (lokid.planning.gpuchoice sets CUDA_VISIBLE_DEVICES); None: not by lokid.
+    gpu_choice: int | None = None
 
     def command_line(self) -> str:
         """The environment lokid adds and the argv, as one shell-quoted line (for logs:
@@ -108,6 +111,7 @@ class Plan:
                      "auto": self.spec.auto},
             "secrets": [s.to_json() for s in self.secrets],
             **({"socket": self.socket} if self.socket else {}),
+            **({"gpu_choice": self.gpu_choice} if self.gpu_choice is not None else {}),
         }
 
 
@@ -258,6 +262,15 @@ def _slot_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) ->
     return ["--slot-save-path", inp.slot_dir + "/"]
 
 
+def gpu_choice_note(choice: int) -> str:
+    """What ``gpus = "auto"`` / ``gpu_count`` mean for a start (lokid plan's note)."""
+    what = ("gpus = \"auto\": the fewest GPUs that hold it" if choice == 0 else
+            f"gpu_count = {choice}: {choice} GPU{'s' if choice > 1 else ''}")
+    return (f"{what}, chosen at each start by lokid prestart where the most fitting room "
+            "is free now (best fit by the footprint measured, else the estimate); "
+            "CUDA_VISIBLE_DEVICES is set then")
+
+
 def build_plan(inp: PlanInputs) -> Plan:
     p = inp.preset
     port = p.port if p.port is not None else inp.config.port
@@ -276,6 +289,8 @@ def build_plan(inp: PlanInputs) -> Plan:
         argv += ["-ub", str(p.ubatch)]
     if p.ctx == 0:
         notes.append("ctx = 0: the context is not fixed, --fit may shrink it to fit VRAM")
+    if p.gpu_choice is not None:
+        notes.append(gpu_choice_note(p.gpu_choice))
 
     env = engine_env(inp)
     arg_env = _effective_env(inp, env)
@@ -327,6 +342,7 @@ def build_plan(inp: PlanInputs) -> Plan:
         port=port,
         secrets=secret_list,
         socket=inp.engine_socket,
+        gpu_choice=p.gpu_choice,
     )
 
 

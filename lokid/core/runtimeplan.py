@@ -10,7 +10,8 @@ The JSON is ``lokid plan --json`` of the start (preset, argv, env, notes,
 spec) plus host, port (and ``socket`` where systemd holds them), the attempt
 mark, the systemd invocation and ``schema``. A file without ``schema`` was
 written before it existed, in the same layout (schema 1 added the key, nothing
-else; ``socket``, absent, reads as none): an engine started by the
+else; ``socket``, absent, reads as none; so do ``gpu_choice`` and ``claim``, added
+later without a new schema since an older reader ignores them): an engine started by the
 previous release is still understood after an upgrade, which restarts the
 daemon but leaves engines running. A newer schema is refused, not guessed.
 
@@ -58,6 +59,12 @@ class RuntimePlan:
     # The UNIX socket the engine listens on when systemd holds host:port for it
     # (lokid.core.portunit); "" = host:port. Absent from older files: "".
     socket: str = ""
+    # gpus = "auto" (0) / gpu_count (N): the GPUs prestart chose are in env's
+    # CUDA_VISIBLE_DEVICES, and ``claim`` holds what it expected the engine to take on
+    # each ("GPU1" → bytes): what another start at the same time counts as taken before
+    # the engine allocates it (lokid.planning.gpuchoice). Absent from older files.
+    gpu_choice: int | None = None
+    claim: dict[str, int] = field(default_factory=dict)
     schema: int = field(default=SCHEMA, compare=False)
 
     @classmethod
@@ -66,7 +73,8 @@ class RuntimePlan:
                    host=plan.host, port=plan.port, mark=mark, spec_mode=plan.spec.mode,
                    spec_types=tuple(plan.spec.types), auto=plan.spec.auto,
                    notes=tuple(plan.notes), invocation=invocation, pid=pid,
-                   secrets=tuple(plan.secrets), socket=plan.socket)
+                   secrets=tuple(plan.secrets), socket=plan.socket,
+                   gpu_choice=plan.gpu_choice)
 
     def command_line(self) -> str:
         return secrets.command_line(self.env, self.argv)
@@ -88,6 +96,8 @@ class RuntimePlan:
             "pid": self.pid,
             "secrets": [s.to_json() for s in self.secrets],
             **({"socket": self.socket} if self.socket else {}),
+            **({"gpu_choice": self.gpu_choice} if self.gpu_choice is not None else {}),
+            **({"claim": dict(self.claim)} if self.claim else {}),
         }
 
     @classmethod
@@ -116,6 +126,8 @@ class RuntimePlan:
             pid=_get(data, "pid", int, 0),  # optional: not written before it existed
             secrets=tuple(Secret.from_json(s) for s in _get(data, "secrets", list, [])),
             socket=_get(data, "socket", str, ""),
+            gpu_choice=_get(data, "gpu_choice", int) if "gpu_choice" in data else None,
+            claim=_int_map(data, "claim"),
             schema=schema,
         )
 
@@ -144,4 +156,11 @@ def _string_map(data: dict[str, Any], key: str) -> dict[str, str]:
     value = _get(data, key, dict)
     if not all(isinstance(v, str) for v in value.values()):
         raise ValueError(f"{key!r} holds a non-string value")
+    return dict(value)
+
+
+def _int_map(data: dict[str, Any], key: str) -> dict[str, int]:
+    value = _get(data, key, dict, {})
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+        raise ValueError(f"{key!r} holds a non-integer value")
     return dict(value)

@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 from ..core.errors import StateError
 from ..core.place.footprint import CGROUP, PROCESS, SOURCE_WORDS, Footprint, measure
+from ..host.nvml import GpuMemory
 from ..runners.local_runner import LocalRunner
 from ..runners.runner import READY, EngineState
 from ..store.state import StateDB
-from ..watch.nvml import GpuMemory
 
 
 class Telemetry(Protocol):

@@ -24,14 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..core.errors import LokiError
+from ..core.errors import LokiError, StalePlanError
 from ..core.place.need import Sizing, size_plan
 from ..core.place.policy import never_fits
 from ..host.devices import Room, listed_gpus, read_room, room_json
 from ..planning.sizing import Memory
+from ..store.runtimedir import read_runtime_plan
 
 log = logging.getLogger("lokid.daemon")
 
@@ -79,7 +80,12 @@ class DeviceRoom:
         if sizing is None:
             return {}
         never = never_fits(sizing.need, self.room.devices) if self.room is not None else ""
-        return Memory(sizing, never).to_json()   # as lokid plan --json shows it
+        out = Memory(sizing, never).to_json()   # as lokid plan --json shows it
+        if sizing.need.count and name in self.host.daemon.active_presets():
+            running = self.sizing(name, running=True)   # where its start put it
+            if running is not None and not running.need.count:
+                out["held"] = dict(running.need.fixed)
+        return out
 
     async def refusal(self, name: str) -> str:
         """Why a start of ``name`` for a request must be refused at once: this host can
@@ -97,23 +103,42 @@ class DeviceRoom:
         why = str(self.memory(name).get("does_not_fit", ""))
         return f"preset {name!r} {why}" if why else ""
 
-    def sizing(self, name: str, gpu_engine: bool | None = None) -> Sizing | None:
-        """The preset's need on the last room read; None without a plan or a header."""
+    def sizing(self, name: str, gpu_engine: bool | None = None,
+               running: bool = False) -> Sizing | None:
+        """The preset's need on the last room read; None without a plan or a header.
+        ``running``: of its engine as it runs (the GPUs its start chose, for ``gpus =
+        "auto"``), not of its next start."""
         view = self.host.daemon.registry.presets.get(name)
         if view is None or view.plan is None or view.info is None:
             return None
         room = self.room
         if gpu_engine is None:
             gpu_engine = bool(self.host.gpu_engines.get(view.plan.argv[0], False))
+        env = view.plan.env
+        if running and view.plan.gpu_choice is not None:
+            env = self._chosen(name, env)
         try:
-            return size_plan(name, view.plan.argv, view.plan.env, view.info,
+            return size_plan(name, view.plan.argv, env, view.info,
                              host_gpus=room.gpus() if room is not None else (),
                              gpu_free=room.free if room is not None else None,
                              gpu_engine=gpu_engine, extra=view.extra,
                              footprint=view.footprint,
-                             cost=view.footprint.load_seconds if view.footprint else None)
+                             cost=view.footprint.load_seconds if view.footprint else None,
+                             gpu_choice=view.plan.gpu_choice,
+                             gpu_capacity={d.name: d.capacity for d in room.devices}
+                             if room is not None else None)
         except (ValueError, LokiError):   # a KV type the estimate does not know
             return None
+
+    def _chosen(self, name: str, env: Mapping[str, str]) -> Mapping[str, str]:
+        """The plan's environment with the GPUs its running start chose (its runtime
+        plan's CUDA_VISIBLE_DEVICES), or as it is when none is on record."""
+        try:
+            rp = read_runtime_plan(self.host.daemon.runtime_dir, name)
+        except StalePlanError:
+            return env
+        visible = rp.env.get("CUDA_VISIBLE_DEVICES")
+        return {**env, "CUDA_VISIBLE_DEVICES": visible} if visible else env
 
     # --- reading -----------------------------------------------------------------------
 
@@ -156,7 +181,7 @@ class DeviceRoom:
         gpu_engines = [e for e in engines if await self.host.has_gpu(e)]
         held: dict[str, int] = {}
         for name in daemon.active_presets():
-            sizing = self.sizing(name)
+            sizing = self.sizing(name, running=True)
             if sizing is not None:
                 for device, nbytes in sizing.need.fixed.items():
                     held[device] = held.get(device, 0) + nbytes

@@ -14,7 +14,7 @@ on-demand sight (:mod:`lokid.dbus.sight`: cold starts, swaps, the gateway's requ
 
 Memory per GPU comes from the engine's load lines where it runs at ``-lv 4``;
 for a running start without them, every :data:`GPU_EVERY` seconds, from the
-NVIDIA driver's per-process figures (:mod:`lokid.watch.nvml`, optional), over the
+NVIDIA driver's per-process figures (:mod:`lokid.host.nvml`, optional), over the
 processes the runner lists for the start. ``memory_source`` says which;
 ``memory_note`` why there are none when the driver cannot be asked. An engine
 without any GPU backend is never asked about.
@@ -27,9 +27,9 @@ import logging
 from typing import Any, Protocol
 
 from ..core.errors import LokiError
+from ..host.nvml import GpuMemory
 from ..runners.runner import EngineState, Runner
 from ..watch.meter import BLIND_AFTER, Meters
-from ..watch.nvml import GpuMemory
 from ..watch.promfile import Textfile
 from .footprints import Footprints
 from .idle import IdleStops

@@ -100,6 +100,19 @@ def need_of(preset: Preset) -> Need | None:
                 count if isinstance(count, int) else 0, measured(preset)[0])
 
 
+def held_of(preset: Preset, need: Need | None, granted_on: tuple[str, ...] = ()
+            ) -> dict[str, int]:
+    """What the preset's engine holds where it runs: the devices its start chose (the
+    daemon's ``held``, for ``gpus = "auto"``), else its need's named devices and, until
+    the daemon says where its start went, ``per_gpu`` on the GPUs the rule granted."""
+    held = preset.memory.get("held")
+    if isinstance(held, dict) and held:
+        return {str(d): int(n) for d, n in held.items() if isinstance(n, int) and n >= 0}
+    if need is None:
+        return {}
+    return {**need.fixed, **{g: need.per_gpu for g in granted_on if need.count}}
+
+
 class Placer:
     def __init__(self, presets: Presets, settings: PlacementConfig, slots: SlotCache,
                  clock: Callable[[], float] = time.monotonic):
@@ -113,6 +126,7 @@ class Placer:
         self.idle_since: dict[str, float] = {}      # when its last request ended
         self.arrivals: dict[str, deque[float]] = {}
         self.granted: dict[str, float] = {}         # starts admitted, not yet seen running
+        self.granted_on: dict[str, tuple[str, ...]] = {}   # the GPUs the rule chose for it
         # stops asked, not yet seen done: preset → (when, its ready_at then)
         self.evicting: dict[str, tuple[float, float]] = {}
         self.closing: dict[str, float] = {}         # preset → closed since (no new request)
@@ -199,7 +213,7 @@ class Placer:
             idle = max(self.idle_since.get(p.name, NEVER), p.ready_at,
                        p.in_flight_at if ready and p.in_flight == 0 else NEVER)
             out.append(Resident(
-                p.name, dict(need.fixed) if need is not None else {}, in_flight,
+                p.name, held_of(p, need, self.granted_on.get(p.name, ())), in_flight,
                 ready_since=p.ready_at if ready else NEVER,
                 idle_since=idle if in_flight == 0 else now,
                 last_used=self.last_used.get(p.name, p.ready_at if ready else NEVER),
@@ -236,6 +250,7 @@ class Placer:
         plan = decide(devices, self.residents(now), waiting, now, max_wait=CLOSE_AFTER)
         for start in plan.starts:
             self.granted[start.preset] = now
+            self.granted_on[start.preset] = start.devices
             self.why.pop(start.preset, None)
             ws = by_preset.get(start.preset, [])
             waited = max((now - w.since for w in ws), default=0.0)

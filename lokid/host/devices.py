@@ -108,7 +108,7 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
     """The room of this host for lokid's engines.
 
     ``gpu_engine``: whether the engine has a GPU backend (else its GPUs are not asked);
-    ``gpu``: a :class:`lokid.watch.nvml.GpuMemory`; ``held``: what lokid's engines hold
+    ``gpu``: a :class:`lokid.host.nvml.GpuMemory`; ``held``: what lokid's engines hold
     now per device (so that what others hold is the rest of what is used); ``lister``:
     :func:`listed_gpus` or a cache of it (the daemon's: a spawn per read is too many)."""
     held = held or {}

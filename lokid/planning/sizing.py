@@ -78,7 +78,9 @@ def size(plan: Plan, inputs: PlanInputs, room: Room, gpu_engine: bool,
     try:
         sizing = size_plan(plan.preset, plan.argv, plan.env, inputs.model,
                            host_gpus=room.gpus(), gpu_free=room.free, gpu_engine=gpu_engine,
-                           extra=extra_files(plan), footprint=footprint, cost=cost)
+                           extra=extra_files(plan), footprint=footprint, cost=cost,
+                           gpu_choice=plan.gpu_choice,
+                           gpu_capacity={d.name: d.capacity for d in room.devices})
     except ValueError as e:
         raise ConfigError(str(e), inputs.preset.path) from None
     return Memory(sizing, never_fits(sizing.need, room.devices))
@@ -91,16 +93,18 @@ def refuse(memory: Memory, preset: str) -> None:
         raise DoesNotFitError(f"preset {preset!r} {memory.never} ({basis}): {REMEDY}")
 
 
-def memory_now(plan: Plan, inputs: PlanInputs, state_dir: str, gpu: object | None = None
-               ) -> tuple[Memory, Room]:
+def memory_now(plan: Plan, inputs: PlanInputs, state_dir: str, gpu: object | None = None,
+               gpu_engine: bool | None = None) -> tuple[Memory, Room]:
     """The plan's memory on this host as it is now: the room read (NVML through ``gpu``,
-    else the engine's --list-devices), the footprint kept for the plan's key (read only)."""
+    else the engine's --list-devices), the footprint kept for the plan's key (read only).
+    ``gpu_engine``: whether the engine has a GPU backend (None: from its library files)."""
     from ..host.devices import read_room
     from ..host.probe import engine_gpu_backends
     from ..store.state import StateReader
 
-    backends = engine_gpu_backends(inputs.caps.path)
-    gpu_engine = backends is None or backends != ()   # a static build: it may have one
+    if gpu_engine is None:
+        backends = engine_gpu_backends(inputs.caps.path)
+        gpu_engine = backends is None or backends != ()   # a static build: it may have one
     room = read_room(inputs.config.placement, engine=inputs.caps.path, gpu_engine=gpu_engine,
                      gpu=gpu)
     with StateReader(state_dir) as db:

@@ -126,8 +126,19 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         if unusable is not None and plan.spec.auto:
             plan, mark, found = decide(inputs, db, cleared=cleared,
                                        blocked=needs_token(str(unusable)))
-    rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
-    write_runtime_plan(runtime_dir, rp)
+    if plan.gpu_choice is not None:   # gpus = "auto" / gpu_count: chosen now, one at a time
+        from dataclasses import replace
+
+        from ..planning.gpuchoice import choosing, place
+
+        with choosing(runtime_dir):
+            plan, _, claim = place(plan, inputs, runtime_dir, state_dir)
+            rp = replace(RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""),
+                                        pid=os.getpid()), claim=claim)
+            write_runtime_plan(runtime_dir, rp)
+    else:
+        rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
+        write_runtime_plan(runtime_dir, rp)
     _stop.release()
     if log_notes:
         _log_plan(name, plan.notes, plan.command_line())
@@ -187,6 +198,8 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         rp = RuntimePlan.from_json(data)
     except ValueError:
         return None
+    if rp.gpu_choice is not None:
+        return None   # its GPUs are chosen anew at each start (lokid.planning.gpuchoice)
     from ..core.portunit import marked_socket
 
     if rp.socket != marked_socket(name, environ):

@@ -47,7 +47,7 @@ _lokid() {
 
 # The keys `lokictl set` and `unset` know (lokid/ctl/edit.py's KNOWN_KEYS); env. takes a
 # variable's name after the dot.
-_lokictl_keys="model ctx gpus gpu_layers ubatch port mmproj extra_args env. op_offload_min_batch
+_lokictl_keys="model ctx gpus gpu_count gpu_layers ubatch port mmproj extra_args env. op_offload_min_batch
 spec.mode spec.draft spec.n_max spec.sampling chat.reasoning_effort chat.temperature chat.top_p
 chat.top_k chat.min_p serve.on_demand serve.idle_stop serve.group serve.drain kind url
 upstream_model"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -72,6 +73,33 @@ def test_minimal_preset_gets_defaults(tmp_path: Path) -> None:
 def test_gpus_accepts_a_string_and_uuids(tmp_path: Path) -> None:
     write(tmp_path, "presets/a.toml", 'model = "m"\ngpus = "1, GPU-8f6a2c1e-aaaa"\n')
     assert cfg.load_preset(str(tmp_path), "a").gpus == "1,GPU-8f6a2c1e-aaaa"
+
+
+def test_gpus_auto_and_gpu_count_let_lokid_choose(tmp_path: Path) -> None:
+    write(tmp_path, "presets/a.toml", 'model = "m"\ngpus = "auto"\n')
+    a = cfg.load_preset(str(tmp_path), "a")
+    assert (a.gpus, a.gpu_choice) == (None, 0)
+    write(tmp_path, "presets/b.toml", 'model = "m"\ngpu_count = 2\n')
+    assert cfg.load_preset(str(tmp_path), "b").gpu_choice == 2
+    assert cfg.load_preset(str(tmp_path), "b").gpus is None
+    write(tmp_path, "presets/c.toml", 'model = "m"\ngpus = [0]\n')
+    assert cfg.load_preset(str(tmp_path), "c").gpu_choice is None
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('gpus = [0, 1]\ngpu_count = 2\n', "gpu_count: gpus is set too"),
+    ('gpus = "auto"\ngpu_count = 1\n', "gpu_count: gpus is set too"),
+    ('gpu_count = 0\n', "gpu_count: 0 is out of range (GPUs, 1 to 64)"),
+    ('gpu_count = "2"\n', "gpu_count: must be an integer"),
+    ('gpus = "auto"\n[env]\nCUDA_VISIBLE_DEVICES = "0"\n',
+     "gpus: env.CUDA_VISIBLE_DEVICES is set too: lokid sets it at start"),
+    ('gpus = "Auto"\n', "'Auto' is neither a GPU index"),
+])
+def test_a_gpu_choice_that_contradicts_itself_is_an_error(tmp_path: Path, text: str,
+                                                          says: str) -> None:
+    write(tmp_path, "presets/a.toml", 'model = "m"\n' + text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        cfg.load_preset(str(tmp_path), "a")
 
 
 def test_global_defaults_when_lokid_toml_is_absent(tmp_path: Path) -> None:

@@ -85,6 +85,46 @@ def test_gpus_by_uuid_are_a_count_to_place() -> None:
     assert set(s.need.fixed) == {HOST}
 
 
+def test_gpus_auto_takes_the_fewest_gpus_that_hold_it() -> None:
+    host = ("GPU0", "GPU1", "GPU2")
+    one = estimate(GLM, 8192, n_parallel=4, devices=1).gpus[0].total
+    two = max(p.total for p in estimate(GLM, 8192, n_parallel=4, devices=2).gpus)
+    assert two < one
+    big = {g: 2 * one for g in host}
+    s = size_plan("glm", ARGV, {}, GLM, host_gpus=host, gpu_engine=True, gpu_choice=0,
+                  gpu_capacity=big)
+    assert (s.need.count, s.need.per_gpu, set(s.need.fixed)) == (1, one, {HOST})
+    assert "on one GPU (estimated)" in s.text
+    # no GPU holds it alone: two, each with its share
+    small = {g: (one + two) // 2 for g in host}
+    s2 = size_plan("glm", ARGV, {}, GLM, host_gpus=host, gpu_engine=True, gpu_choice=0,
+                   gpu_capacity=small)
+    assert (s2.need.count, s2.need.per_gpu) == (2, two)
+    assert "on each of 2 GPUs" in s2.text
+    # gpu_count: as many as it says, whatever their size; no more than the host has
+    s3 = size_plan("glm", ARGV, {}, GLM, host_gpus=host, gpu_engine=True, gpu_choice=2)
+    assert s3.need.count == 2
+    assert size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=True,
+                     gpu_choice=2).need.count == 1
+    # once its start chose (the runtime plan's CUDA_VISIBLE_DEVICES), it holds those
+    s4 = size_plan("glm", ARGV, {"CUDA_VISIBLE_DEVICES": "2"}, GLM, host_gpus=host,
+                   gpu_engine=True, gpu_choice=0, gpu_capacity=big)
+    assert set(s4.need.fixed) == {"GPU2", HOST} and s4.need.count == 0
+    # a CPU engine or a host without GPUs: nothing to choose
+    assert size_plan("glm", ARGV, {}, GLM, host_gpus=(), gpu_engine=True,
+                     gpu_choice=0).need.count == 0
+
+
+def test_a_chosen_preset_measured_elsewhere_uses_its_measure() -> None:
+    """Its footprint was measured on GPU2 at the last start: the next start, wherever
+    it goes, needs that figure per GPU."""
+    fp = Footprint("k", {"GPU2": 3 * GiB, HOST: GiB}, {"GPU2": NVML, HOST: CGROUP})
+    s = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0", "GPU1", "GPU2"), gpu_engine=True,
+                  gpu_choice=1, footprint=fp)
+    assert (s.need.count, s.need.per_gpu, s.need.fixed[HOST]) == (1, 3 * GiB, GiB)
+    assert "3.0 GiB on one GPU (measured by the NVIDIA driver" in s.text
+
+
 def test_the_refusal_names_the_figures() -> None:
     s = size_plan("glm", [*ARGV, "-c", "8000000"], {}, GLM, host_gpus=("GPU0",),
                   gpu_engine=True)

@@ -55,3 +55,18 @@ def test_a_damaged_plan_is_a_value_error_saying_what(change: dict[str, object],
         RuntimePlan.from_json(data)
     with pytest.raises(ValueError, match="not a JSON object"):
         RuntimePlan.from_json([data])
+
+
+def test_a_chosen_start_keeps_its_choice_and_claim() -> None:
+    from dataclasses import replace
+
+    rp = replace(RuntimePlan.of(replace(PLAN, gpu_choice=0), MARK), claim={"GPU1": 5 << 30})
+    data = json.loads(json.dumps(rp.to_json()))
+    assert (data["gpu_choice"], data["claim"]) == (0, {"GPU1": 5 << 30})
+    assert RuntimePlan.from_json(data) == rp
+    # a plan written before the keys existed reads as no choice
+    old = RuntimePlan.of(PLAN, MARK).to_json()
+    assert "gpu_choice" not in old and "claim" not in old
+    assert RuntimePlan.from_json(old).gpu_choice is None
+    with pytest.raises(ValueError, match="'claim' holds a non-integer"):
+        RuntimePlan.from_json({**data, "claim": {"GPU1": "5G"}})

@@ -275,3 +275,43 @@ async def test_a_request_for_an_engine_being_evicted_waits_and_never_restarts_it
     a_task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await a_task
+
+
+GPUS = [{"device": f"GPU{i}", "total": 100 * MiB, "free": 100 * MiB, "reserve": 0,
+         "others": 0} for i in range(2)] + HOST
+
+
+def auto(name: str, per_gpu: int, state: str = "inactive", held: dict[str, int] | None = None
+         ) -> Preset:
+    """A gpus = "auto" preset as the daemon's Memory shows it: per_gpu on one GPU to be
+    chosen; once its engine runs, ``held`` where its start put it."""
+    memory: dict[str, Any] = {"needs": {"host": MiB}, "per_gpu": per_gpu, "gpu_count": 1,
+                              "sources": {"host": "estimate"}}
+    if held:
+        memory["held"] = held
+    p = Preset(name, on_demand=True, memory=memory)
+    p.set_state(state)
+    return p
+
+
+async def test_gpus_chosen_at_start_are_held_where_the_start_put_them() -> None:
+    """A running auto engine holds the GPU its start chose (the daemon's ``held``); a
+    start granted and not yet seen holds the GPU the rule chose for it: a third preset
+    of the same size then waits rather than start onto a full GPU."""
+    clock = Clock()
+    ps = FakePresets(GPUS, [auto("a", 70 * MiB, "ready", held={"GPU1": 70 * MiB,
+                                                                 "host": MiB}),
+                            auto("b", 70 * MiB), auto("c", 70 * MiB)])
+    pl = placer(ps, clock)
+    held = {r.preset: r.held for r in pl.residents(clock.now)}
+    assert held == {"a": {"GPU1": 70 * MiB, "host": MiB}}
+    async with pl.admitted(ps.presets["b"]):
+        assert pl.granted_on == {"b": ("GPU0",)}   # GPU1 is a's
+        assert {r.preset: r.held for r in pl.residents(clock.now)}["b"] == \
+            {"host": MiB, "GPU0": 70 * MiB}
+        task = asyncio.create_task(enter(pl, ps.presets["c"]))
+        await asyncio.sleep(0.05)
+        assert not task.done() and "c" not in pl.granted
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -17,7 +17,7 @@ from typing import Any
 
 from lokid.core.place.settings import PlacementConfig
 from lokid.host.devices import explain, host_figures, listed_gpus, read_room, room_json
-from lokid.watch.nvml import GpuMemory
+from lokid.host.nvml import GpuMemory
 
 MiB, GiB = 2**20, 2**30
 H200_TOTAL = 143155 * MiB

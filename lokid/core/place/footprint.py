@@ -131,7 +131,7 @@ def measure(key: str, *, nvml: Mapping[str, float] | None = None,
             estimated: Mapping[str, int] | None = None, load_seconds: float | None = None,
             at: float = 0.0) -> Footprint | None:
     """The footprint from what was read at a ready load: the driver's MiB per
-    ``"GPU<n> process"`` (:mod:`lokid.watch.nvml`), the engine's buffer lines in MiB
+    ``"GPU<n> process"`` (:mod:`lokid.host.nvml`), the engine's buffer lines in MiB
     per (device, kind) (``CUDA0``, ``CUDA_Host``, ``CPU_Mapped``…: only GPU devices are
     taken from them; host buffers are in the cgroup's figure), the host's bytes. None
     when nothing was measured."""

@@ -26,7 +26,7 @@ for the GPU), each keeps its own source. Pure: the caller reads the files and de
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..flags import flag_value, has_flag
@@ -101,12 +101,15 @@ def shape(argv: Sequence[str], model: ModelInfo) -> dict[str, object]:
 
 
 def engine_gpus(env: Mapping[str, str], host_gpus: Sequence[str],
-                gpu_engine: bool) -> tuple[tuple[str, ...], int]:
+                gpu_engine: bool, choose: int = 0) -> tuple[tuple[str, ...], int]:
     """The GPUs the engine will use: (names, 0) when they are known by index, ((), n)
-    when ``n`` GPUs named by UUID are to be found by the driver, ((), 0) for none."""
+    when ``n`` GPUs named by UUID are to be found by the driver, or ``choose`` GPUs are
+    to be chosen at start (``gpus = "auto"``, ``gpu_count``), ((), 0) for none."""
     if not gpu_engine:
         return (), 0
     visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None and choose > 0:
+        return (), min(choose, len(host_gpus)) if host_gpus else 0
     if visible is None:
         return tuple(host_gpus), 0
     items = [s.strip() for s in visible.split(",") if s.strip()]
@@ -115,18 +118,43 @@ def engine_gpus(env: Mapping[str, str], host_gpus: Sequence[str],
     return (), len(items)
 
 
+def fewest_gpus(per_gpu: Callable[[int], int], capacity: Mapping[str, int]) -> int:
+    """``gpus = "auto"``: the fewest GPUs whose share (``per_gpu(k)`` each, layers split
+    evenly) the ``k`` largest of ``capacity`` each hold; every GPU when none does (the
+    refusal then gives the figures); 1 when their sizes are unknown."""
+    sizes = sorted(capacity.values(), reverse=True)
+    for k in range(1, len(sizes) + 1):
+        if per_gpu(k) <= sizes[k - 1]:
+            return k
+    return max(1, len(sizes))
+
+
 def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: ModelInfo, *,
               host_gpus: Sequence[str] = (), gpu_free: Mapping[str, int] | None = None,
               gpu_engine: bool = False, extra: Mapping[str, int] | None = None,
-              footprint: Footprint | None = None, cost: float | None = None) -> Sizing:
+              footprint: Footprint | None = None, cost: float | None = None,
+              gpu_choice: int | None = None,
+              gpu_capacity: Mapping[str, int] | None = None) -> Sizing:
     """The need of a start of ``argv`` (its plan) on this host's devices.
 
     ``host_gpus``: the host's GPUs (``GPU0``…), ``gpu_free`` their usable bytes (the layer
     split), ``gpu_engine`` whether the engine has a GPU backend, ``extra`` the bytes of
     files loaded beside the model by name (``{"mmproj": n}``), ``footprint`` the one
-    measured for this plan's key, ``cost`` its measured load in seconds. Raises
-    ValueError for a KV cache type the estimate does not know."""
-    names, by_uuid = engine_gpus(env, host_gpus, gpu_engine)
+    measured for this plan's key, ``cost`` its measured load in seconds; ``gpu_choice``
+    the preset's ``gpus = "auto"`` (0) or ``gpu_count`` (N) where its plan has no
+    CUDA_VISIBLE_DEVICES yet, ``gpu_capacity`` what each GPU can hold (for "auto": how
+    many it takes). Raises ValueError for a KV cache type the estimate does not know."""
+    choose = 0
+    if gpu_choice is not None and "CUDA_VISIBLE_DEVICES" not in env and host_gpus:
+        choose = gpu_choice
+        if choose == 0:
+            capacity = {g: (gpu_capacity or {}).get(g, 0) for g in host_gpus}
+            choose = fewest_gpus(
+                lambda k: size_plan(preset, argv, env, model, host_gpus=host_gpus,
+                                    gpu_engine=gpu_engine, extra=extra, footprint=footprint,
+                                    gpu_choice=k).need.per_gpu,
+                capacity) if all(capacity.values()) else 1
+    names, by_uuid = engine_gpus(env, host_gpus, gpu_engine, choose)
     count = len(names) or by_uuid
     free = [max(0, (gpu_free or {}).get(n, 0)) for n in names] if names else [0] * by_uuid
     if free and not all(free):
@@ -150,12 +178,19 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
                 held[device] = nbytes
                 sources[device] = footprint.sources[device]
     per_gpu = max(gpu_parts) if by_uuid and gpu_parts else 0
+    per_gpu_source = ESTIMATE
+    if by_uuid and footprint is not None:   # measured on as many GPUs, whichever they were
+        measured = [(n, footprint.sources[d]) for d, n in footprint.held.items()
+                    if d != HOST and footprint.sources.get(d, ESTIMATE) != ESTIMATE]
+        if len(measured) == by_uuid:
+            per_gpu, per_gpu_source = max(measured)
     need = Need(preset, held, per_gpu=per_gpu, count=by_uuid, cost=cost)
-    return Sizing(need, sources, *_text(need, sources, est, estimated, extras))
+    return Sizing(need, sources, *_text(need, sources, est, estimated, extras,
+                                        per_gpu_source))
 
 
 def _text(need: Need, sources: Mapping[str, str], est: Estimate, estimated: Mapping[str, int],
-          extras: Mapping[str, int]) -> tuple[str, str]:
+          extras: Mapping[str, int], per_gpu_source: str = ESTIMATE) -> tuple[str, str]:
     """The need ("needs 17.6 GiB on GPU0 (…) and 1.2 GiB on host (estimated)"), and what
     the estimate is made of ("" when every figure was measured)."""
     parts = []
@@ -169,9 +204,12 @@ def _text(need: Need, sources: Mapping[str, str], est: Estimate, estimated: Mapp
         parts.append(text + ")")
     if need.count:
         where = "one GPU" if need.count == 1 else f"each of {need.count} GPUs"
-        parts.append(f"{size_text(need.per_gpu)} on {where} (estimated)")
+        words = "estimated" if per_gpu_source == ESTIMATE else \
+            SOURCE_WORDS.get(per_gpu_source, per_gpu_source)
+        parts.append(f"{size_text(need.per_gpu)} on {where} ({words})")
     basis = ""
-    if any(s == ESTIMATE for s in sources.values()) or need.count:
+    if any(s == ESTIMATE for s in sources.values()) or (
+            need.count and per_gpu_source == ESTIMATE):
         basis = f"the estimate: {est.why}; plus the engine's own {size_text(ENGINE_BASE)} " \
             "on host"
         if extras:

@@ -1,4 +1,4 @@
-"""lokid.watch.nvml: GPU memory per process from the NVIDIA driver.
+"""lokid.host.nvml: GPU memory per process from the NVIDIA driver.
 
 No NVIDIA driver exists here, and no NVML output was ever recorded for this project
 (``../shared/recipes`` has engine logs only): so the real ``pynvml`` (nvidia-ml-py,
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from lokid.watch import nvml
-from lokid.watch.nvml import NOT_INSTALLED, GpuMemory
+from lokid.host import nvml
+from lokid.host.nvml import NOT_INSTALLED, GpuMemory
 
 
 class Clock:
