@@ -53,7 +53,8 @@ _ERRORS: list[tuple[str, re.Pattern[str]]] = [
     ("mtp_failed", re.compile(r"failed to create MTP context")),
     ("draft_failed", re.compile(r"failed to load draft model")),
     ("oom", re.compile(r"cudaMalloc failed|out of memory|failed to allocate (?:CUDA|ROCm|"
-                       r"Vulkan)\d* buffer|ErrorOutOfDeviceMemory|failed to allocate compute")),
+                       r"Vulkan|CPU)\w* buffer|ErrorOutOfDeviceMemory|failed to allocate compute"
+                       r"|failed to allocate buffer")),
     ("gpu_error", re.compile(r"CUDA error|ROCm error|ggml_cuda_error|Vulkan error")),
     ("load_failed", re.compile(r"exiting due to model loading error|failed to load model")),
 ]

@@ -16,6 +16,15 @@ preset's memory key, so that the next start of the same configuration (after a r
 of lokid too) is placed by it, and shown in the preset's ``Stats`` (``footprint``:
 bytes per device, each figure's source, and a sentence). A load whose key changed
 meanwhile (the preset was edited while it ran) is not kept: it measured the old one.
+
+A start that fails out of memory (issue 29, item 5) is read from the engine's own lines
+(:mod:`lokid.core.place.oomline`: the allocation that failed, and on which device) and
+raises the record (:func:`lokid.core.place.footprint.corrected`): to what the device had
+free at the start's beginning (the daemon's last reading of the room) or the failed
+allocation, whichever is larger, plus an eighth, bounded the first time by what the
+device can hold at all. The gateway then places the next start by that figure (it waits
+for room, or evicts); a second failure at the bound makes the preset one that never
+fits, refused with the figures. The warning in the daemon's journal gives them.
 """
 
 from __future__ import annotations
@@ -27,10 +36,20 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..core.errors import StateError
-from ..core.place.footprint import CGROUP, PROCESS, SOURCE_WORDS, Footprint, measure
+from ..core.place.footprint import (
+    CGROUP,
+    ESTIMATE,
+    PROCESS,
+    SOURCE_WORDS,
+    Footprint,
+    corrected,
+    measure,
+)
+from ..core.place.oomline import asked, visible_of
+from ..core.place.policy import size_text
 from ..host.nvml import GpuMemory
 from ..runners.local_runner import LocalRunner
-from ..runners.runner import READY, EngineState
+from ..runners.runner import FAILED, LOADING, READY, EngineState, restarting
 from ..store.state import StateDB
 
 
@@ -49,25 +68,155 @@ class Telemetry(Protocol):
 log = logging.getLogger("lokid.daemon")
 
 SETTLE = 2.0   # seconds after READY before the figures are read
+LINES_LAG = 3.0   # seconds a failed start's last lines may come after its state (journal)
 
 
 class Footprints:
     def __init__(self, telemetry: Telemetry):
         self.telemetry = telemetry
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.correcting: dict[str, asyncio.Task[None]] = {}
+        self.states: dict[str, tuple[str, str]] = {}   # (state, detail) last seen
+        # per preset, for its current start: the devices' free memory when it began,
+        # the GPUs it sees (CUDA_VISIBLE_DEVICES), and the allocations that failed
+        self.start_free: dict[str, dict[str, int]] = {}
+        self.visible: dict[str, tuple[str, ...]] = {}
+        self.failed: dict[str, dict[str, int]] = {}
+
+    def on_line(self, preset: str, line: str) -> None:
+        """An engine line: an allocation that failed is kept for its start's end."""
+        if "failed" not in line:
+            return
+        if preset not in self.visible:   # read once per start, at its first such line
+            self.visible[preset] = self._visible(preset)
+        found = asked(line, self.visible[preset])
+        if found is not None:
+            device, nbytes = found
+            failed = self.failed.setdefault(preset, {})
+            failed[device] = max(failed.get(device, 0), nbytes)
 
     def on_state(self, name: str, state: EngineState) -> None:
         """A preset's engine is ready: measure it once it settled; any other state gives
-        up a measurement under way (the engine it was for is gone)."""
+        up a measurement under way (the engine it was for is gone). A start begins: its
+        room noted; a start failed after an allocation failed: its record raised."""
+        was = self.states.get(name, ("", ""))
+        now = (state.state, state.detail if state.state != LOADING else
+               str(restarting(state)))
+        self.states[name] = now
+        if now == was:
+            return
+        # under systemd a failed start is LOADING again at once ("restarting after a
+        # failure": Restart=on-failure's pause), FAILED only once lokid's rule stopped
+        failed = state.state == FAILED or restarting(state)
+        if state.state == LOADING and was[0] != LOADING and not failed:
+            self._begins(name)
         task = self.tasks.pop(name, None)
         if task is not None and not task.done():
             task.cancel()
-        if state.state == READY:
+        if state.state == READY or failed:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:   # no loop: a caller outside the daemon
                 return
-            self.tasks[name] = loop.create_task(self._measure_later(name))
+            if state.state == READY:
+                self.failed.pop(name, None)
+                self.tasks[name] = loop.create_task(self._measure_later(name))
+            elif name not in self.correcting:   # not cancelled by the states that follow
+                task = loop.create_task(self._correct_later(name, state.state))
+                self.correcting[name] = task
+                task.add_done_callback(lambda _t: self.correcting.pop(name, None))
+
+    def _begins(self, name: str) -> None:
+        self.failed.pop(name, None)
+        room = getattr(self.telemetry.room, "room", None)
+        self.start_free[name] = dict(room.free) if room is not None else {}
+        self.visible.pop(name, None)
+
+    def _visible(self, name: str) -> tuple[str, ...]:
+        """The GPUs the running start sees (its runtime plan's CUDA_VISIBLE_DEVICES)."""
+        from ..core.errors import StalePlanError
+        from ..store.runtimedir import read_runtime_plan
+
+        try:
+            rp = read_runtime_plan(self.telemetry.daemon.runtime_dir, name)
+        except StalePlanError:
+            return ()
+        return visible_of(rp.env.get("CUDA_VISIBLE_DEVICES"))
+
+    async def _correct_later(self, name: str, state: str) -> None:
+        waited = 0.0
+        while not self.failed.get(name) and waited < LINES_LAG:
+            await asyncio.sleep(0.25)
+            waited += 0.25
+        try:
+            found = await self.correct(name)
+            runner = self.telemetry.daemon.runner
+            if found is not None and state == LOADING and runner is not None:
+                # systemd would start it again in RestartSec, into the same room: the
+                # placement decides when there is room for it instead
+                log.warning("preset %s: its automatic restart is cancelled: it failed out "
+                            "of memory and would fail the same way; the next start is "
+                            "placed by the raised figure", name)
+                self._begins(name)
+                await runner.stop(name)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:   # a defect of ours: the record stays as it was
+            log.warning("preset %s: its footprint was not corrected: %s: %s", name,
+                        type(e).__name__, e)
+
+    async def correct(self, name: str) -> Footprint | None:
+        """Raise the record of a start that failed out of memory (see the module's
+        docstring); None when no allocation failed or nothing can be raised."""
+        failed = self.failed.pop(name, None)
+        daemon = self.telemetry.daemon
+        view = daemon.registry.presets.get(name)
+        if not failed or view is None or not view.memory_key:
+            return None
+        key = view.memory_key
+        base = view.footprint if view.footprint is not None and view.footprint.key == key \
+            else None
+        room = self.telemetry.room
+        if base is None:   # never measured: the estimate, where the start put it
+            sizing = room.sizing(name, running=True)
+            if sizing is None:
+                return None
+            fixed = dict(sizing.need.fixed)
+            base = Footprint(key, fixed, {d: ESTIMATE for d in fixed}, fixed)
+        free = self.start_free.get(name, {})
+        lower = {d: max(n, free.get(d, 0)) for d, n in failed.items()}
+        devices = room.room.devices if room.room is not None else ()
+        capacity = {d.name: d.capacity for d in devices}
+        found = corrected(base, lower, capacity)
+        if found == base:
+            return None
+        try:
+            await asyncio.to_thread(_save, daemon.registry.state_dir, name, found)
+        except StateError as e:
+            log.warning("preset %s: its raised footprint could not be kept: %s", name, e)
+        now = daemon.registry.presets.get(name)
+        if now is not None and now.memory_key == key:
+            daemon.registry.presets[name] = replace(now, footprint=found)
+        self.telemetry.meters.dirty.add(name)
+        self.telemetry.room.changed()
+        words = []
+        for d, n in failed.items():
+            text = f"{d}: an allocation of {size_text(n)} failed"
+            if d in free:
+                text += f", {size_text(free[d])} was free when it began"
+            words.append(f"{text}; its need there is raised from "
+                         f"{size_text(base.held.get(d, 0))} to {size_text(found.held[d])}"
+                         + (" (all the device can hold)" if found.held[d] == capacity.get(d)
+                            else ""))
+        never = any(found.held[d] > capacity[d] for d in failed if d in capacity)
+        log.warning("preset %s: its start failed out of memory (%s): %s", name,
+                    "; ".join(words),
+                    "it can never fit on this host as it is, so starts for requests are "
+                    "refused with the figures; a start by hand that becomes ready measures "
+                    "it again" if never else
+                    "the gateway places its next start by that figure, waiting or evicting "
+                    "for the room")
+        return found
 
     async def _measure_later(self, name: str) -> None:
         await asyncio.sleep(SETTLE)
@@ -131,9 +280,10 @@ class Footprints:
             "measured_at": f.at}}
 
     def close(self) -> None:
-        for task in self.tasks.values():
+        for task in [*self.tasks.values(), *self.correcting.values()]:
             task.cancel()
         self.tasks.clear()
+        self.correcting.clear()
 
 
 def _save(state_dir: str, name: str, found: Footprint) -> None:

@@ -172,6 +172,7 @@ class Telemetry:
 
     def on_line(self, preset: str, invocation: str, line: str, at: float | None) -> None:
         """An engine line, counted; a failure of the counting never stops the verdicts."""
+        self.footprints.on_line(preset, line)   # an allocation that failed, if it says so
         try:
             self.meters.feed(preset, invocation, line, at)
         except Exception as e:

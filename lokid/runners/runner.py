@@ -60,6 +60,15 @@ JobListener = Callable[[str, str, str, str], None]
 DONE, JOB_FAILED, CANCELED = "done", "failed", "canceled"
 
 
+RESTARTING = "restarting after a failure"   # the detail of systemd's pause before a restart
+
+
+def restarting(state: EngineState) -> bool:
+    """Whether the engine failed and waits to be started again: systemd's pause before
+    Restart=on-failure's next try, or the local runner's (its detail says so)."""
+    return state.state == LOADING and state.detail.startswith((RESTARTING, "restarting in "))
+
+
 def unit_state(active: str, sub: str, result: str = "") -> tuple[str, str]:
     """lokid's state and a detail for a unit's ActiveState/SubState/Result.
 
@@ -71,7 +80,7 @@ def unit_state(active: str, sub: str, result: str = "") -> tuple[str, str]:
         return READY, ""
     if active == "activating":
         if sub == "auto-restart":
-            return LOADING, "restarting after a failure" + (f" ({result})" if result and
+            return LOADING, RESTARTING + (f" ({result})" if result and
                                                             result != "success" else "")
         return LOADING, ""
     if active == "deactivating":

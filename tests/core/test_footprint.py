@@ -14,6 +14,7 @@ from lokid.core.place.footprint import (
     CGROUP,
     ESTIMATE,
     NVML,
+    OOM,
     Footprint,
     corrected,
     from_json,
@@ -105,6 +106,16 @@ def test_a_start_that_failed_for_memory_raises_the_record():
     up = corrected(f, {"GPU0": 16 * GIB})
     assert up.held["GPU0"] == 18 * GIB
     assert corrected(f, {"GPU0": 4 * GIB}).held["GPU0"] == 10 * GIB   # never lowered
+    assert up.sources["GPU0"] == OOM and corrected(f, {"GPU0": 4 * GIB}).sources == f.sources
+
+
+def test_the_first_raise_stops_at_what_the_device_can_hold_the_second_passes_it():
+    f = Footprint("k", {"GPU0": 10 * GIB, HOST: GIB}, {"GPU0": ESTIMATE, HOST: CGROUP})
+    first = corrected(f, {"GPU0": 79 * GIB}, capacity={"GPU0": 80 * GIB})
+    assert first.held == {"GPU0": 80 * GIB, HOST: GIB}
+    second = corrected(first, {"GPU0": 80 * GIB}, capacity={"GPU0": 80 * GIB})
+    assert second.held["GPU0"] == 90 * GIB   # past the device: it never fits now
+    assert from_json(to_json(second)) == second   # the new source reads back
 
 
 def test_a_record_reads_back_and_a_damaged_one_is_ignored():

@@ -42,13 +42,15 @@ BUFFERS = "buffers"      # the engine's buffer lines (-lv 4)
 CGROUP = "cgroup"        # the unit's cgroup: memory.peak or MemoryCurrent
 PROCESS = "process"      # the engine's own resident memory (local runner: no cgroup)
 ESTIMATE = "estimate"    # the GGUF header
-SOURCES = (NVML, BUFFERS, CGROUP, PROCESS, ESTIMATE)
+OOM = "oom"              # raised after a start that failed out of memory (corrected())
+SOURCES = (NVML, BUFFERS, CGROUP, PROCESS, ESTIMATE, OOM)
 SOURCE_WORDS = {
     NVML: "measured by the NVIDIA driver (per process)",
     BUFFERS: "measured: the engine's buffer lines",
     CGROUP: "measured: the engine unit's cgroup",
     PROCESS: "measured: the engine's resident memory",
     ESTIMATE: "estimated from the GGUF header",
+    OOM: "raised after a start that failed out of memory",
 }
 
 # Arguments that do not change what the engine allocates, with the number of values each
@@ -171,14 +173,27 @@ def gpu_of_device(device: str) -> str:
     return ""
 
 
-def corrected(old: Footprint, failed_on: Mapping[str, int]) -> Footprint:
-    """The record after a start that failed for memory anyway (issue 29, item 5): what
-    the device had free for it is a lower bound of what it needs, so each figure is
-    raised to at least that plus an eighth."""
-    held = dict(old.held)
-    for device, free in failed_on.items():
-        held[device] = max(held.get(device, 0), free + free // 8)
-    return Footprint(old.key, held, old.sources, old.estimated, old.load_seconds, old.at)
+def corrected(old: Footprint, failed_on: Mapping[str, int],
+              capacity: Mapping[str, int] | None = None) -> Footprint:
+    """The record after a start that failed for memory anyway (issue 29, item 5):
+    ``failed_on`` is, per device, a lower bound of what it needs (what the device had
+    free for it, or the allocation that failed, whichever is larger), so each figure is
+    raised to at least that plus an eighth, and its source says why.
+
+    ``capacity`` (what each device holds with every other engine gone) bounds the first
+    raise: a figure read while something else was loading would otherwise refuse the
+    preset for good. A record already at that bound that fails again is raised past it:
+    the preset then never fits and is refused with the figures, never started again."""
+    held, sources = dict(old.held), dict(old.sources)
+    for device, lower in failed_on.items():
+        was = held.get(device, 0)
+        raised = lower + lower // 8
+        cap = (capacity or {}).get(device)
+        if cap is not None and was < cap:
+            raised = min(raised, cap)
+        if raised > was:
+            held[device], sources[device] = raised, OOM
+    return Footprint(old.key, held, sources, old.estimated, old.load_seconds, old.at)
 
 
 def to_json(f: Footprint) -> str:
