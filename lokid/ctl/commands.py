@@ -207,10 +207,14 @@ async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
 
     async def devices(width: int | None = None) -> str:
         manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
-        return ctlstats.devices_table(manager.get("Devices") or [], width)
+        waits = ctlstats.waits_text(dict(manager.get("Waits") or {}), width)
+        return ctlstats.devices_table(manager.get("Devices") or [], width) + (
+            "\n\n" + waits if waits else "")
 
     if as_json:
-        _print_json(await rows())
+        waits = dict((await c.properties(OBJECT_PATH, MANAGER_INTERFACE)).get("Waits") or {})
+        _print_json([{**r, **({"waiting": waits[r["preset"]]} if r.get("preset") in waits
+                             else {})} for r in await rows()])
         return EXIT_OK
     if once or not sys.stdout.isatty():
         print(ctlstats.table(await rows()) + "\n\n" + await devices())

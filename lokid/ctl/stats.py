@@ -188,6 +188,17 @@ def devices_table(rows: Iterable[dict[str, Any]], width: int | None = None) -> s
     return text + "".join(f"\n  note: {n}"[:width + 9 if width else None] for n in notes)
 
 
+def waits_text(waits: dict[str, Any], width: int | None = None) -> str:
+    """The manager's Waits under the devices: why each preset's requests wait for
+    memory, as the gateway's placement says it ("" when nothing waits)."""
+    if not waits:
+        return ""
+    lines = [f"  {name}: {why}" for name, why in sorted(waits.items())]
+    return "waiting for memory:\n" + "\n".join(
+        line if width is None or len(line) <= width else line[:width - 1] + "…"
+        for line in lines)
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 

@@ -68,6 +68,7 @@ from .variants import json_variant, plan_variant, shown_argv
 log = logging.getLogger("lokid.dbus")
 EVICTION_REASONS = ("room", "cut")   # EvictPreset: idle and evicted, or cut after its drain
 MAX_WHY = 2000                       # characters of an eviction's reason, at most
+MAX_WAITS = 1024                     # presets in one ReportWaits, at most
 
 READ = "read"            # anyone may call it
 MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
@@ -385,6 +386,10 @@ class ManagerInterface(ServiceInterface):
     def Devices(self) -> "aa{sv}":
         return [json_variant(row) for row in self.backend.telemetry.room.devices()]
 
+    @dbus_property(access=PropertyAccess.READ)
+    def Waits(self) -> "a{ss}":
+        return self.backend.telemetry.room.waits()
+
     @method()
     @access(READ)
     @guarded
@@ -420,6 +425,17 @@ class ManagerInterface(ServiceInterface):
                 "preset %s: evicted by the gateway's placement: %s", name, printable(why))
         self.backend.telemetry.sight.evicted(name, reason)
         return await self.backend.stop(name)
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def ReportWaits(self, waits: "a{ss}") -> None:
+        self.backend.telemetry.sight.check_reporter(await self.backend.caller())
+        if len(waits) > MAX_WAITS or any(len(w) > MAX_WHY for w in waits.values()):
+            raise InvalidArgsError(f"ReportWaits: at most {MAX_WAITS} presets, each why at "
+                                   f"most {MAX_WHY} characters")
+        if self.backend.telemetry.room.report_waits(waits):
+            self.emit_properties_changed({"Waits": self.backend.telemetry.room.waits()})
 
     @method()
     @access(MANAGE)

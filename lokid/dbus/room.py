@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..core.errors import LokiError, StalePlanError
+from ..core.errors import LokiError, StalePlanError, printable
 from ..core.place.need import Sizing, size_plan
 from ..core.place.policy import never_fits
 from ..host.devices import Room, listed_gpus, read_room, room_json
@@ -38,6 +38,7 @@ log = logging.getLogger("lokid.daemon")
 
 FRESH = 2.0          # seconds a reading serves readers before another is made
 LIST_EVERY = 60.0    # seconds between two --list-devices of one engine
+WAITS_FRESH = 30.0   # seconds a ReportWaits of the gateway holds (it repeats every 10 s)
 
 
 class Host(Protocol):
@@ -62,6 +63,8 @@ class DeviceRoom:
         self.notes: tuple[str, ...] = ()
         self.listed: dict[str, tuple[float, tuple[dict[str, tuple[int, int, str]], str]]] = {}
         self.shown: dict[str, dict[str, Any]] = {}   # the Memory each preset last announced
+        self.waiting: dict[str, str] = {}   # the gateway's ReportWaits: preset → why
+        self.waiting_at = float("-inf")
 
     # --- readers -----------------------------------------------------------------------
 
@@ -129,6 +132,24 @@ class DeviceRoom:
                              if room is not None else None)
         except (ValueError, LokiError):   # a KV type the estimate does not know
             return None
+
+    def report_waits(self, waits: Mapping[str, str]) -> bool:
+        """The gateway's word on why requests wait for room (preset → why), replacing
+        the last; presets this daemon does not know are left out, each why made
+        printable. Whether what :meth:`waits` shows changed."""
+        before = self.waits()
+        known = self.host.daemon.registry.presets
+        self.waiting = {name: printable(why) for name, why in waits.items() if name in known}
+        self.waiting_at = time.monotonic()
+        return self.waits() != before
+
+    def waits(self) -> dict[str, str]:
+        """Why requests wait for room now, per preset; {} once the gateway has not said
+        so for WAITS_FRESH seconds (it says it again while they wait: a gateway gone
+        leaves nothing stale behind)."""
+        if time.monotonic() - self.waiting_at > WAITS_FRESH:
+            return {}
+        return dict(self.waiting)
 
     def _chosen(self, name: str, env: Mapping[str, str]) -> Mapping[str, str]:
         """The plan's environment with the GPUs its running start chose (its runtime

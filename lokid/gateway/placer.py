@@ -62,6 +62,7 @@ from .slots import SlotCache
 log = logging.getLogger("lokid.gateway")
 
 CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait
+REPORT_EVERY = 10.0    # seconds between two reports of the same waits to the daemon
 GRANT_HOLD = 30.0      # seconds a granted start holds its need before its engine is seen
 STOP_TIMEOUT = 120.0   # seconds an eviction's stop may take before it counts as not done
 GAPS = 8               # the requests whose intervals make a preset's clients' pace
@@ -113,6 +114,10 @@ def held_of(preset: Preset, need: Need | None, granted_on: tuple[str, ...] = ()
     return {**need.fixed, **{g: need.per_gpu for g in granted_on if need.count}}
 
 
+def _requests(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests"
+
+
 class Placer:
     def __init__(self, presets: Presets, settings: PlacementConfig, slots: SlotCache,
                  clock: Callable[[], float] = time.monotonic):
@@ -133,6 +138,8 @@ class Placer:
         self.why: dict[str, str] = {}               # preset → why its requests wait
         self.evictions: Counter[tuple[str, str]] = Counter()   # (preset, reason)
         self.task: asyncio.Task[None] | None = None
+        self.reported: dict[str, str] = {}          # the waits last told to the daemon
+        self.reported_at = float("-inf")
         self.kick: asyncio.Future[None] | None = None
 
     # --- the requests' side ------------------------------------------------------------
@@ -270,6 +277,9 @@ class Placer:
             del self.closing[name]
         for refusal in plan.refusals:
             self._refuse(refusal.preset, refusal.why)
+        self._report({w.need.preset: f"{_requests(w.count)} waiting {now - w.since:.0f} s: "
+                      f"{self.why[w.need.preset]}" for w in waiting
+                      if w.need.preset in self.why}, now)
         for evict in plan.evictions:
             if evict.preset not in self.evicting:
                 p = self.presets.presets.get(evict.preset)
@@ -341,12 +351,31 @@ class Placer:
             while self.waiting:
                 again = self._step(self.clock())
                 if not self.waiting:
-                    return
+                    break
                 await self._changed(again)
+            self._report({}, self.clock())   # nothing waits any more
         except Exception as e:   # a defect of ours: answered, never a request left hanging
             log.exception("placement: the scheduler failed")
             for name in {w.preset for w in self.waiting}:
                 self._refuse(name, f"the gateway's placement failed: {type(e).__name__}: {e}")
+
+    def _report(self, waits: dict[str, str], now: float) -> None:
+        """Tell the daemon why requests wait (lokictl top, the Waits property): when it
+        changed in substance, and again every REPORT_EVERY while they wait (the daemon
+        forgets a word not repeated). A report that fails is logged, never in the way."""
+        shape = {k: v.split(": ", 1)[1] for k, v in waits.items()}
+        if shape == self.reported and (not waits or now - self.reported_at < REPORT_EVERY):
+            return
+        self.reported, self.reported_at = shape, now
+
+        async def send() -> None:
+            try:
+                await self.presets.report_waits(waits)
+            except (DBusError, OSError, ValueError) as e:
+                log.info("placement: the daemon was not told why requests wait: %s",
+                         e.text if isinstance(e, DBusError) else f"{type(e).__name__}: {e}")
+
+        asyncio.get_running_loop().create_task(send())
 
     async def _changed(self, until: float | None) -> None:
         """Until a preset or the devices change, a request ends, or ``until``."""

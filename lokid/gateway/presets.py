@@ -277,6 +277,11 @@ class Presets:
                             "sss", [name, reason, why[:2000]])
         return str(job)
 
+    async def report_waits(self, waits: dict[str, str]) -> None:
+        """ReportWaits: why requests wait for memory, per preset ({}: none waits)."""
+        await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "ReportWaits",
+                   "a{ss}", [{k: v[:2000] for k, v in waits.items()}])
+
     async def stop(self, name: str) -> str:
         """StopPreset, as ``lokictl stop`` (a swap in a GPU group): the job's id."""
         (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StopPreset",

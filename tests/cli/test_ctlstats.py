@@ -96,3 +96,15 @@ def test_the_devices_table_with_what_could_not_be_read() -> None:
     assert lines[2].split()[:6] == ["host", "24.0G", "0M", "900M", "1.0G", "20.0G"]
     assert lines[3] == "  note: python3-pynvml is not installed"
     assert ctlstats.devices_table([]) == "no device read yet"
+
+
+def test_why_presets_wait_for_memory_under_the_devices() -> None:
+    assert ctlstats.waits_text({}) == ""
+    text = ctlstats.waits_text({"qwen": "2 requests waiting 12 s: preset 'qwen' needs "
+                                        "18.2 GiB on one GPU: waits, because GPU0 has 6.1 GiB "
+                                        "free", "a": "1 request waiting 0 s: x"}, width=60)
+    lines = text.splitlines()
+    assert lines[0] == "waiting for memory:"
+    assert lines[1] == "  a: 1 request waiting 0 s: x"   # by name
+    assert lines[2].startswith("  qwen: 2 requests waiting 12 s: preset 'qwen' needs")
+    assert len(lines[2]) == 60 and lines[2].endswith("…")

@@ -10,6 +10,7 @@ waiting request has paid for its reload, and the two engines never run together.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -96,10 +97,28 @@ async def test_no_group_written_the_gateway_makes_room_by_evicting_the_idle_engi
         # a runs; a request for b waits until a (idle) is evicted, then b serves it
         seen = len(running.events)
         assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
+        bus_manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        waits: list[dict[str, str]] = []
+
+        async def watch() -> None:   # lokictl top's reading of why b waits
+            while True:
+                found = plain(await bus_manager.get_waits())
+                if found:
+                    waits.append(found)
+                await asyncio.sleep(0.1)
+        watcher = asyncio.create_task(watch())
         t0 = time.monotonic()
         r = await c.post("/v1/chat/completions", json=chat("b"))
         waited_b = time.monotonic() - t0
+        watcher.cancel()
         assert r.status_code == 200, r.text
+        assert waits and set(waits[0]) == {"b"}, waits
+        assert waits[0]["b"].startswith("1 request waiting ")
+        assert "preset 'b' needs " in waits[0]["b"], waits
+
+        async def none_waits() -> bool:
+            return plain(await bus_manager.get_waits()) == {}
+        await until(none_waits, 10, "Waits empty once b started")
         assert gateway.placer.evictions == {("a", "room"): 1}
         # and back: b is evicted for a
         r = await c.post("/v1/chat/completions", json=chat("a"))

@@ -31,6 +31,10 @@ class FakePresets:
         self.presets = {p.name: p for p in presets}
         self.watchers: set[asyncio.Future[None]] = set()
         self.stopped: list[str] = []
+        self.reports: list[dict[str, str]] = []   # ReportWaits, in order
+
+    async def report_waits(self, waits: dict[str, str]) -> None:
+        self.reports.append(dict(waits))
 
     async def evict(self, name: str, reason: str, why: str) -> str:
         assert reason in ("room", "cut") and why.startswith(("evicting ", name))
@@ -134,6 +138,11 @@ async def test_a_kept_engine_is_never_evicted_and_the_wait_ends_with_the_figures
     assert "a is kept (serve.keep, or not on demand" in e.value.message
     assert e.value.message.endswith("waited 1 s ([placement] max_wait)")
     assert ps.stopped == [] and not pl.waiting
+    # the daemon was told why b waited (lokictl top), then that nothing waits
+    await asyncio.sleep(0.05)
+    assert ps.reports[0].keys() == {"b"}
+    assert ps.reports[0]["b"].startswith("1 request waiting 0 s: preset 'b' needs 60 MiB")
+    assert "a is kept" in ps.reports[0]["b"] and ps.reports[-1] == {}
 
 
 async def test_a_busy_engine_is_closed_then_drained_never_cut_early() -> None:
