@@ -166,3 +166,28 @@ def test_an_unreadable_meminfo_leaves_the_host_out_and_says_so(tmp_path: Path) -
     assert [(d.name, d.total) for d in room.devices] == [("host", GiB)]
     assert room.sources["host"] == f"{proc}/meminfo unreadable, bounded by [placement] " \
         "host_memory = 1.0 GiB"
+
+
+def test_a_gpu_that_vanishes_leaves_the_room_and_its_presets_say_so(tmp_path: Path) -> None:
+    """Two H200s, then the driver lists one (GPU1 fell off the bus, as after an Xid
+    error): the next reading has GPU0 only; a preset pinned to GPU1 can no longer fit,
+    said with its name; gpus = "auto" chooses among what is left."""
+    from lokid.core.place.choose import choose
+    from lokid.core.place.policy import Need, never_fits
+
+    count = [2]
+    mod = h200({})
+    mod.nvmlDeviceGetCount = lambda: count[0]  # type: ignore[attr-defined]
+    gpu = GpuMemory(lambda: mod)
+    proc = fake_proc(tmp_path, 2**20, 2**19)
+    none = str(tmp_path / "none")
+    before = read_room(PlacementConfig(), gpu_engine=True, gpu=gpu, proc=proc, cgroup_root=none)
+    assert before.gpus() == ("GPU0", "GPU1")
+    count[0] = 1
+    after = read_room(PlacementConfig(), gpu_engine=True, gpu=gpu, proc=proc, cgroup_root=none)
+    assert after.gpus() == ("GPU0",) and not after.notes
+    pinned = Need("p", {"GPU1": 10 * GiB})
+    assert never_fits(pinned, before.devices) == ""
+    assert never_fits(pinned, after.devices) == \
+        "needs 10.0 GiB on GPU1, which this host does not have"
+    assert choose(1, 10 * GiB, dict(after.free)).gpus == ("GPU0",)
