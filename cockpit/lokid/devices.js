@@ -44,7 +44,9 @@
             bar.setAttribute("role", "img");
             let lokidBytes = 0;
             for (const p of running) {
-                const need = (plain(p.Memory || {}).needs || {})[d.device];
+                // where its start put it (gpus = "auto": held), else what it needs
+                const memory = plain(p.Memory || {});
+                const need = (memory.held || memory.needs || {})[d.device];
                 if (typeof need === "number" && need > 0 && total > 0) {
                     const seg = segment("lk-seg-preset", need, total, p.Name);
                     seg.dataset.preset = p.Name;
