@@ -200,6 +200,26 @@ def cold_start_waits(walk: Walk) -> dict[str, float]:
     return out
 
 
+def started(tmp: str) -> Container:
+    """The booted container with lokid and its gateway installed, the models of
+    :data:`SHAPES` written in ``tmp`` and installed; stop it when done."""
+    models = []
+    for name, (shape, _) in SHAPES.items():
+        models.append(str(gen.write_llama(
+            Path(tmp) / f"{name}.gguf", n_embd=shape.get("n_embd", 64),
+            n_layers=shape.get("n_layers", 2), n_ff=shape.get("n_ff", 128),
+            n_head=shape.get("n_head", 4), n_head_kv=shape.get("n_head_kv", 4))))
+    ct = Container(binds={ENGINE_DIR: os.path.dirname(engine_binary()),
+                          TOOLS: str(ROOT / "benchmarks"), "/opt/lokid": str(ROOT)})
+    ct.start()
+    try:
+        install(ct, f"{ENGINE_DIR}/{os.path.basename(engine_binary())}", models, gateway=True)
+    except BaseException:
+        ct.stop()
+        raise
+    return ct
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=300)
@@ -212,18 +232,8 @@ def main() -> int:
     trace = trace_of(args.seconds, args.rate, args.seed)
     walk: Walk | None = None
     with tempfile.TemporaryDirectory() as tmp:
-        models = []
-        for name, (shape, _) in SHAPES.items():
-            models.append(str(gen.write_llama(
-                Path(tmp) / f"{name}.gguf", n_embd=shape.get("n_embd", 64),
-                n_layers=shape.get("n_layers", 2), n_ff=shape.get("n_ff", 128),
-                n_head=shape.get("n_head", 4), n_head_kv=shape.get("n_head_kv", 4))))
-        ct = Container(binds={ENGINE_DIR: os.path.dirname(engine_binary()),
-                              TOOLS: str(ROOT / "benchmarks"), "/opt/lokid": str(ROOT)})
-        ct.start()
+        ct = started(tmp)
         try:
-            install(ct, f"{ENGINE_DIR}/{os.path.basename(engine_binary())}", models,
-                    gateway=True)
             walk = Walk(ct)
             ct.run(["mkdir", "-p", "/etc/loki/presets"])
             for name, (_, ctx) in SHAPES.items():

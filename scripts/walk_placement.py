@@ -25,26 +25,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from placement_systemd import ENGINE_DIR, SHAPES, TOOLS, Walk  # noqa: E402
-from support import models as gen  # noqa: E402
-from support.enginekit import engine_binary, free_port  # noqa: E402
-from support.lokid_install import install  # noqa: E402
-from support.systemd_harness import Container  # noqa: E402
+from placement_systemd import SHAPES, Walk, started  # noqa: E402
+from support.enginekit import free_port  # noqa: E402
 
 MiB = 2**20
 
@@ -74,18 +67,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=90)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        models = []
-        for name, (shape, _) in SHAPES.items():
-            models.append(str(gen.write_llama(
-                Path(tmp) / f"{name}.gguf", n_embd=shape.get("n_embd", 64),
-                n_layers=shape.get("n_layers", 2), n_ff=shape.get("n_ff", 128),
-                n_head=shape.get("n_head", 4), n_head_kv=shape.get("n_head_kv", 4))))
-        ct = Container(binds={ENGINE_DIR: os.path.dirname(engine_binary()),
-                              TOOLS: str(ROOT / "benchmarks"), "/opt/lokid": str(ROOT)})
-        ct.start()
+        ct = started(tmp)
         try:
-            install(ct, f"{ENGINE_DIR}/{os.path.basename(engine_binary())}", models,
-                    gateway=True)
             walk = Walk(ct)
             for name, (_, ctx) in SHAPES.items():
                 extra = 'gpus = "auto"\n' if name == "m" else ""
