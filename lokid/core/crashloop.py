@@ -104,3 +104,11 @@ def exit_reason(result: str, code: str, status: str, *, ready: bool) -> str:
         return f"the engine was killed by signal {status} {stage}" + \
             (" (core dumped)" if code == "dumped" else "")
     return f"{result} {stage}"
+
+
+def crashloop_message(name: str, why: str) -> str:
+    """The stopped unit's word: why, and how to try again."""
+    from .names import engine_unit
+
+    return (f"{why}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
+            "tries again")

@@ -32,8 +32,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 
+from ..core.attempt import Mark
 from ..core.place.choose import Choice, choose
 from ..core.plan import Plan, PlanInputs
+from ..core.runtimeplan import RuntimePlan
 from ..store.runtimedir import RUNTIME_SUFFIX
 
 LOCK = "gpu-choice.lock"
@@ -154,3 +156,17 @@ def place(plan: Plan, inputs: PlanInputs, runtime_dir: str, state_dir: str, *,
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     claim = {g: need.per_gpu for g in choice.gpus}
     return replace(plan, env=env, notes=(*plan.notes, choice.why)), choice, claim
+
+
+def place_and_write(plan: Plan, mark: Mark, inputs: PlanInputs, runtime_dir: str,
+                    state_dir: str, invocation: str) -> tuple[Plan, RuntimePlan]:
+    """Prestart's step for a start whose GPUs lokid chooses: the choice and the runtime
+    plan that carries it (with its claim) written under the lock, this process's pid in
+    it. The plan and the runtime plan."""
+    from ..store.runtimedir import write_runtime_plan
+
+    with choosing(runtime_dir):
+        plan, _, claim = place(plan, inputs, runtime_dir, state_dir)
+        rp = replace(RuntimePlan.of(plan, mark, invocation, pid=os.getpid()), claim=claim)
+        write_runtime_plan(runtime_dir, rp)
+    return plan, rp

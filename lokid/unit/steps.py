@@ -127,15 +127,10 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
             plan, mark, found = decide(inputs, db, cleared=cleared,
                                        blocked=needs_token(str(unusable)))
     if plan.gpu_choice is not None:   # gpus = "auto" / gpu_count: chosen now, one at a time
-        from dataclasses import replace
+        from ..planning.gpuchoice import place_and_write
 
-        from ..planning.gpuchoice import choosing, place
-
-        with choosing(runtime_dir):
-            plan, _, claim = place(plan, inputs, runtime_dir, state_dir)
-            rp = replace(RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""),
-                                        pid=os.getpid()), claim=claim)
-            write_runtime_plan(runtime_dir, rp)
+        plan, rp = place_and_write(plan, mark, inputs, runtime_dir, state_dir,
+                                   environ.get("INVOCATION_ID", ""))
     else:
         rp = RuntimePlan.of(plan, mark, environ.get("INVOCATION_ID", ""), pid=os.getpid())
         write_runtime_plan(runtime_dir, rp)
@@ -303,13 +298,6 @@ def _crash_loop(runtime_dir: str, name: str, under_systemd: bool) -> str:
     return why
 
 
-def _crash_loop_message(name: str, why: str) -> str:
-    from ..core.names import engine_unit
-
-    return (f"{why}; `systemctl start {engine_unit(name)}` (or `lokictl start {name}`) "
-            "tries again")
-
-
 class _Stopped(BaseException):
     """SIGTERM reached the prestart step: systemd stops or restarts the unit. A
     BaseException, as KeyboardInterrupt is: no ``except Exception`` on the way takes it
@@ -362,7 +350,7 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
 
     Without ``INVOCATION_ID`` (run by hand) it plans and writes the runtime plan, and a
     refusal is an error as in any other command."""
-    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
+    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..core.errors import LokiError
     from ..store import handoff
 
@@ -382,7 +370,7 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
         why = _crash_loop(runtime_dir, name, True)
         if why:
             left: handoff.Planned | handoff.Refused = handoff.Refused(
-                EXIT_CRASH_LOOP, _crash_loop_message(name, why))
+                EXIT_CRASH_LOOP, crashloop_message(name, why))
         else:
             left = _plan_start(config_dir, state_dir, runtime_dir, name, invocation)
         if isinstance(left, handoff.Refused):
@@ -437,7 +425,7 @@ def _slot_dir(name: str, argv: Sequence[str]) -> None:
 def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     """Supervise the engine of this invocation, as its prestart step planned it (or plan
     first, when none ran: the daemon's local runner); the exit status for systemd."""
-    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP
+    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..core.errors import LokiError
     from ..host.notify import Notifier
     from ..store import handoff
@@ -465,7 +453,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         else:
             stop = _crash_loop(runtime_dir, name, notifier.enabled)
             if stop:
-                message = _crash_loop_message(name, stop)
+                message = crashloop_message(name, stop)
                 notifier.send(f"STATUS={message}")
                 journal_log(name, message, priority=3)
                 return EXIT_CRASH_LOOP
