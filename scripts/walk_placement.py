@@ -16,7 +16,8 @@ so), ``[placement] host_memory`` below their sum:
 5. a broken preset beside the good ones: the others answer, it says why;
 6. a preset whose engine cannot allocate its KV cache (``LimitAS=`` in a drop-in, as an
    operator would bound it): the daemon raises its record, cancels systemd's restart,
-   and the gateway answers with the figures.
+   and the gateway places the next start by the raised figure; at the second failure
+   with all the room, the preset never fits and the gateway answers with the figures.
 
     .venv/bin/python scripts/walk_placement.py [--seconds 90]
 """
@@ -156,6 +157,7 @@ def main() -> int:
             ct.write_file("/etc/systemd/system/loki-engine@big.service.d/limit.conf",
                           "[Service]\nLimitAS=600M\n")
             ct.systemctl("daemon-reload")
+            walk.configure(3 * 2**30)   # room for its estimate (1.5 GiB), not its failure
             walk.lokictl("reload")
             walk.say(walk.lokictl("show", "big").rstrip()[:1500])
             cursor = ct.cursor()
@@ -167,7 +169,9 @@ def main() -> int:
             walk.say(ct.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts",
                              "-p", "Result", "loki-engine@big.service"],
                             check=False).stdout.replace("\n", " "))
-            walk.say(walk.lokictl("plan", "big").rstrip()[-800:])
+            plan = ct.run(["env", "PYTHONPATH=/opt/lokid", "python3", "-m", "lokid", "plan",
+                           "big"], check=False, timeout=120)
+            walk.say(f"$ lokid plan big: exit {plan.returncode}\n{plan.stderr.strip()[-600:]}")
             top(walk)
         finally:
             ct.stop()

@@ -63,6 +63,7 @@ log = logging.getLogger("lokid.gateway")
 
 CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait
 REPORT_EVERY = 10.0    # seconds between two reports of the same waits to the daemon
+REPORT_MIN = 1.0       # seconds between two reports of waits that changed
 GRANT_HOLD = 30.0      # seconds a granted start holds its need before its engine is seen
 STOP_TIMEOUT = 120.0   # seconds an eviction's stop may take before it counts as not done
 GAPS = 8               # the requests whose intervals make a preset's clients' pace
@@ -228,6 +229,7 @@ class Placer:
                 cost=measured(p)[0], gap=self.gap(p.name), drain=p.drain,
                 keep=p.keep or not p.on_demand,
                 starting=not ready or p.name in self.evicting,
+                stopping=p.name in self.evicting or p.state == STOPPING,
                 closing=p.name in self.closing,
                 closed_since=self.closing.get(p.name, NEVER)))
         return out
@@ -361,12 +363,14 @@ class Placer:
 
     def _report(self, waits: dict[str, str], now: float) -> None:
         """Tell the daemon why requests wait (lokictl top, the Waits property): when it
-        changed in substance, and again every REPORT_EVERY while they wait (the daemon
-        forgets a word not repeated). A report that fails is logged, never in the way."""
-        shape = {k: v.split(": ", 1)[1] for k, v in waits.items()}
-        if shape == self.reported and (not waits or now - self.reported_at < REPORT_EVERY):
+        changed, at most once a second (the waits' ages move each second), and again
+        every REPORT_EVERY while they wait (the daemon forgets a word not repeated); that
+        nothing waits any more, at once. A report that fails is logged, never in the way."""
+        since = now - self.reported_at
+        if waits == self.reported and (not waits or since < REPORT_EVERY) \
+                or (waits and self.reported and since < REPORT_MIN):
             return
-        self.reported, self.reported_at = shape, now
+        self.reported, self.reported_at = dict(waits), now
 
         async def send() -> None:
             try:

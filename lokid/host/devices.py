@@ -139,6 +139,9 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
                 notes.append(f"{engine} --list-devices lists no GPU: engines run on the host")
     total, host_free, host_source = host_figures(placement, proc, cgroup_root)
     if total:
+        # MemAvailable says nothing of a bound's share lokid's engines took already: a
+        # host bounded to 530 MiB with 490 MiB of engines has 40 MiB free, not 530
+        host_free = min(host_free, max(0, total - held.get(HOST, 0)))
         totals[HOST], free[HOST], sources[HOST] = total, host_free, host_source
     else:   # a host of 0 bytes would refuse every preset: left out, and said
         notes.append(f"the host's memory is unknown ({host_source}): set [placement] "

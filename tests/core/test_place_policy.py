@@ -267,3 +267,16 @@ def test_the_time_a_hold_asks_for_counts_as_reached():
     first = decide(one, [r], [w], now=7.54)
     assert first.again_at is not None and not first.evictions
     assert [e.preset for e in decide(one, [r], [w], now=first.again_at).evictions] == ["a"]
+
+
+def test_a_hold_tells_an_engine_starting_from_one_stopping():
+    from dataclasses import replace
+
+    residents = [engine("up", "GPU0", 70, starting=True),
+                 replace(engine("down", "GPU1", 70, starting=True), stopping=True)]
+    plan = decide(G80, residents, [Waiting(need("new", 40), since=100.0, waited=PAID)],
+                  now=100.0)
+    (hold,) = plan.holds
+    assert "up is starting" in hold.why
+    assert "down is stopping (the memory is free once gone)" in hold.why
+    assert not plan.evictions   # neither is evicted (again)

@@ -191,3 +191,13 @@ def test_a_gpu_that_vanishes_leaves_the_room_and_its_presets_say_so(tmp_path: Pa
     assert never_fits(pinned, after.devices) == \
         "needs 10.0 GiB on GPU1, which this host does not have"
     assert choose(1, 10 * GiB, dict(after.free)).gpus == ("GPU0",)
+
+
+def test_a_bounded_host_counts_lokids_engines_in_what_is_free(tmp_path: Path) -> None:
+    """host_memory = 530 MiB, MemAvailable 22 GiB, lokid's engines need 490 MiB: 40 MiB
+    are free for another (the walk's lokictl top showed 530 before this was fixed)."""
+    proc = fake_proc(tmp_path, 24 * 2**20, 22 * 2**20)
+    room = read_room(PlacementConfig(host_memory=530 * MiB), held={"host": 490 * MiB},
+                     proc=proc, cgroup_root=str(tmp_path / "none"))
+    (host,) = room.devices
+    assert (host.total, room.free["host"], host.others) == (530 * MiB, 40 * MiB, 0)

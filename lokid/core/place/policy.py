@@ -133,7 +133,8 @@ class Resident:
     gap: float | None = None    # its recent mean interval between requests (None: unknown)
     drain: float = 120.0        # serve.drain, seconds
     keep: bool = False          # serve.keep: never evicted
-    starting: bool = False      # its load is under way
+    starting: bool = False      # its load is under way (or its stop: not evictable again)
+    stopping: bool = False      # its stop is under way: its memory comes free once gone
     closing: bool = False       # the edge gives it no new request (a last plan's Hold)
     closed_since: float = NEVER  # since when, without a break (the edge's clock)
 
@@ -515,13 +516,17 @@ def _cannot_make_room(need: Need, room: Mapping[str, int], residents: Sequence[R
     names = [*need.fixed] or sorted(n for n in room if n != HOST)
     free = ", ".join(f"{name} has {size_text(max(0, room.get(name, 0)))} free" for name in names)
     kept = [r.preset for r in residents if r.keep]
-    starting = [r.preset for r in residents if r.starting]
+    starting = [r.preset for r in residents if r.starting and not r.stopping]
+    stopping = [r.preset for r in residents if r.stopping]
     why = []
     if kept:
         why.append(f"{', '.join(kept)} {'is' if len(kept) == 1 else 'are'} kept (serve.keep, "
                    "or not on demand: it would not come back by itself)")
     if starting:
         why.append(f"{', '.join(starting)} {'is' if len(starting) == 1 else 'are'} starting")
+    if stopping:
+        why.append(f"{', '.join(stopping)} {'is' if len(stopping) == 1 else 'are'} stopping "
+                   "(the memory is free once gone)")
     if blocked:
         why.append(f"{', '.join(sorted(blocked))} {'is' if len(blocked) == 1 else 'are'} "
                    "promised to a preset that waited longer")
