@@ -66,6 +66,7 @@ def top(walk: Walk) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=90)
+    ap.add_argument("--steps", default="123456", help="which steps to walk, e.g. 16")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ct = started(tmp)
@@ -83,96 +84,102 @@ def main() -> int:
             ct.wait_for("loki-gateway.socket", "active", timeout=60)
             walk.say(walk.lokictl("plan", "m").rstrip())
 
-            step(walk, "1. a request to each preset, lokictl top after each")
-            for name in SHAPES:
+            if "1" in args.steps:
+                step(walk, "1. a request to each preset, lokictl top after each")
+                for name in SHAPES:
+                    t0 = time.monotonic()
+                    code, text = chat(walk, name)
+                    walk.say(f"\n$ request {name}: {code} in {time.monotonic() - t0:.1f} s"
+                             + ("" if code == 200 else f": {text[:300]}"))
+                    top(walk)
+
+            if "2" in args.steps:
+                step(walk, f"2. 8 client threads over the four presets for {args.seconds:.0f} s")
+                counts: dict[str, int] = {}
+                lock = threading.Lock()
+                stop = threading.Event()
+
+                def client(seed: int) -> None:
+                    import random
+
+                    rng = random.Random(seed)
+                    while not stop.is_set():
+                        name = rng.choices(list(SHAPES), [4, 3, 2, 1])[0]
+                        code, _ = chat(walk, name, rng.randint(4, 24))
+                        with lock:
+                            counts[str(code)] = counts.get(str(code), 0) + 1
+                threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+                for t in threads:
+                    t.start()
                 t0 = time.monotonic()
-                code, text = chat(walk, name)
-                walk.say(f"\n$ request {name}: {code} in {time.monotonic() - t0:.1f} s"
-                         + ("" if code == 200 else f": {text[:300]}"))
+                while time.monotonic() - t0 < args.seconds:
+                    time.sleep(min(30.0, args.seconds / 3))
+                    walk.say(f"\n$ lokictl top --once   ({time.monotonic() - t0:.0f} s in)")
+                    top(walk)
+                stop.set()
+                for t in threads:
+                    t.join()
+                walk.say(f"\nanswers by status: {counts}")
+
+            if "3" in args.steps:
+                step(walk, "3. systemctl restart loki-engine@s ten times, then a request")
+                for _ in range(10):
+                    ct.run(["systemctl", "restart", "loki-engine@s.service"], check=False,
+                           timeout=120)
+                code, _ = chat(walk, "s")
+                walk.say(f"request s: {code}; " + ct.run(
+                    ["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "Result",
+                     "loki-engine@s.service"], check=False).stdout.replace("\n", " "))
+
+            if "4" in args.steps:
+                step(walk, "4. xl started and stopped while it loads, five times")
+                for _ in range(5):
+                    ct.run(["systemctl", "start", "--no-block", "loki-engine@xl.service"])
+                    time.sleep(0.3)
+                    ct.run(["systemctl", "stop", "loki-engine@xl.service"], check=False,
+                           timeout=120)
+                walk.say(ct.run(["systemctl", "show", "-p", "ActiveState", "-p", "Result",
+                                 "loki-engine@xl.service"], check=False).stdout.replace("\n", " "))
+                code, _ = chat(walk, "xl")
+                walk.say(f"request xl afterwards: {code}")
+
+            if "5" in args.steps:
+                step(walk, "5. a broken preset beside the good ones")
+                good = ct.run(["cat", "/etc/loki/presets/l.toml"]).stdout
+                ct.write_file("/etc/loki/presets/l.toml", good + "ctx = [\n")
+                walk.lokictl("reload")
+                for name in ("l", "s"):
+                    code, text = chat(walk, name)
+                    walk.say(f"request {name}: {code}" + ("" if code == 200 else f": {text[:300]}"))
+                walk.say(walk.lokictl("presets").rstrip())
+                ct.write_file("/etc/loki/presets/l.toml", good)
+                walk.lokictl("reload")
+
+            if "6" in args.steps:
+                step(walk, "6. an engine that cannot allocate its KV cache (LimitAS=600M)")
+                ct.write_file("/etc/loki/presets/big.toml",
+                              f'model = "s.gguf"\nctx = 1000000\nport = {free_port()}\n'
+                              'extra_args = ["-np", "1"]\n[serve]\non_demand = true\n')
+                ct.run(["mkdir", "-p", "/etc/systemd/system/loki-engine@big.service.d"])
+                ct.write_file("/etc/systemd/system/loki-engine@big.service.d/limit.conf",
+                              "[Service]\nLimitAS=600M\n")
+                ct.systemctl("daemon-reload")
+                walk.configure(3 * 2**30)   # room for its estimate (1.5 GiB), not its failure
+                walk.lokictl("reload")
+                walk.say(walk.lokictl("show", "big").rstrip()[:1500])
+                cursor = ct.cursor()
+                for attempt in range(3):
+                    code, text = chat(walk, "big")
+                    walk.say(f"request big #{attempt + 1}: {code}: {text[:400]}")
+                    time.sleep(8)
+                walk.say(ct.journal("lokid.service", since_cursor=cursor).strip()[-3000:])
+                walk.say(ct.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts",
+                                 "-p", "Result", "loki-engine@big.service"],
+                                check=False).stdout.replace("\n", " "))
+                plan = ct.run(["env", "PYTHONPATH=/opt/lokid", "python3", "-m", "lokid", "plan",
+                               "big"], check=False, timeout=120)
+                walk.say(f"$ lokid plan big: exit {plan.returncode}\n{plan.stderr.strip()[-600:]}")
                 top(walk)
-
-            step(walk, f"2. 8 client threads over the four presets for {args.seconds:.0f} s")
-            counts: dict[str, int] = {}
-            lock = threading.Lock()
-            stop = threading.Event()
-
-            def client(seed: int) -> None:
-                import random
-
-                rng = random.Random(seed)
-                while not stop.is_set():
-                    name = rng.choices(list(SHAPES), [4, 3, 2, 1])[0]
-                    code, _ = chat(walk, name, rng.randint(4, 24))
-                    with lock:
-                        counts[str(code)] = counts.get(str(code), 0) + 1
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-            for t in threads:
-                t.start()
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < args.seconds:
-                time.sleep(min(30.0, args.seconds / 3))
-                walk.say(f"\n$ lokictl top --once   ({time.monotonic() - t0:.0f} s in)")
-                top(walk)
-            stop.set()
-            for t in threads:
-                t.join()
-            walk.say(f"\nanswers by status: {counts}")
-
-            step(walk, "3. systemctl restart loki-engine@s ten times, then a request")
-            for _ in range(10):
-                ct.run(["systemctl", "restart", "loki-engine@s.service"], check=False,
-                       timeout=120)
-            code, _ = chat(walk, "s")
-            walk.say(f"request s: {code}; " + ct.run(
-                ["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "Result",
-                 "loki-engine@s.service"], check=False).stdout.replace("\n", " "))
-
-            step(walk, "4. xl started and stopped while it loads, five times")
-            for _ in range(5):
-                ct.run(["systemctl", "start", "--no-block", "loki-engine@xl.service"])
-                time.sleep(0.3)
-                ct.run(["systemctl", "stop", "loki-engine@xl.service"], check=False,
-                       timeout=120)
-            walk.say(ct.run(["systemctl", "show", "-p", "ActiveState", "-p", "Result",
-                             "loki-engine@xl.service"], check=False).stdout.replace("\n", " "))
-            code, _ = chat(walk, "xl")
-            walk.say(f"request xl afterwards: {code}")
-
-            step(walk, "5. a broken preset beside the good ones")
-            good = ct.run(["cat", "/etc/loki/presets/l.toml"]).stdout
-            ct.write_file("/etc/loki/presets/l.toml", good + "ctx = [\n")
-            walk.lokictl("reload")
-            for name in ("l", "s"):
-                code, text = chat(walk, name)
-                walk.say(f"request {name}: {code}" + ("" if code == 200 else f": {text[:300]}"))
-            walk.say(walk.lokictl("presets").rstrip())
-            ct.write_file("/etc/loki/presets/l.toml", good)
-            walk.lokictl("reload")
-
-            step(walk, "6. an engine that cannot allocate its KV cache (LimitAS=600M)")
-            ct.write_file("/etc/loki/presets/big.toml",
-                          f'model = "s.gguf"\nctx = 1000000\nport = {free_port()}\n'
-                          'extra_args = ["-np", "1"]\n[serve]\non_demand = true\n')
-            ct.run(["mkdir", "-p", "/etc/systemd/system/loki-engine@big.service.d"])
-            ct.write_file("/etc/systemd/system/loki-engine@big.service.d/limit.conf",
-                          "[Service]\nLimitAS=600M\n")
-            ct.systemctl("daemon-reload")
-            walk.configure(3 * 2**30)   # room for its estimate (1.5 GiB), not its failure
-            walk.lokictl("reload")
-            walk.say(walk.lokictl("show", "big").rstrip()[:1500])
-            cursor = ct.cursor()
-            for attempt in range(3):
-                code, text = chat(walk, "big")
-                walk.say(f"request big #{attempt + 1}: {code}: {text[:400]}")
-                time.sleep(8)
-            walk.say(ct.journal("lokid.service", since_cursor=cursor).strip()[-3000:])
-            walk.say(ct.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts",
-                             "-p", "Result", "loki-engine@big.service"],
-                            check=False).stdout.replace("\n", " "))
-            plan = ct.run(["env", "PYTHONPATH=/opt/lokid", "python3", "-m", "lokid", "plan",
-                           "big"], check=False, timeout=120)
-            walk.say(f"$ lokid plan big: exit {plan.returncode}\n{plan.stderr.strip()[-600:]}")
-            top(walk)
         finally:
             ct.stop()
     return 0

@@ -69,6 +69,7 @@ log = logging.getLogger("lokid.daemon")
 
 SETTLE = 2.0   # seconds after READY before the figures are read
 LINES_LAG = 3.0   # seconds a failed start's last lines may come after its state (journal)
+RESTART_SEEN_TRIES = 12   # quarter seconds for systemd's restart pause to show after FAILED
 
 
 class Footprints:
@@ -122,7 +123,7 @@ class Footprints:
                 self.failed.pop(name, None)
                 self.tasks[name] = loop.create_task(self._measure_later(name))
             elif name not in self.correcting:   # not cancelled by the states that follow
-                task = loop.create_task(self._correct_later(name, state.state))
+                task = loop.create_task(self._correct_later(name))
                 self.correcting[name] = task
                 task.add_done_callback(lambda _t: self.correcting.pop(name, None))
 
@@ -143,20 +144,28 @@ class Footprints:
             return ()
         return visible_of(rp.env.get("CUDA_VISIBLE_DEVICES"))
 
-    async def _correct_later(self, name: str, state: str) -> None:
+    async def _correct_later(self, name: str) -> None:
         waited = 0.0
         while not self.failed.get(name) and waited < LINES_LAG:
             await asyncio.sleep(0.25)
             waited += 0.25
         try:
-            found = await self.correct(name)
+            out_of_memory = bool(self.failed.get(name))
+            await self.correct(name)
             runner = self.telemetry.daemon.runner
-            if found is not None and state == LOADING and runner is not None:
-                # systemd would start it again in RestartSec, into the same room: the
-                # placement decides when there is room for it instead
+            if not out_of_memory or runner is None:
+                return
+            # systemd shows the unit failed, then in its pause before the restart
+            for _ in range(RESTART_SEEN_TRIES):
+                if restarting(runner.state(name)):
+                    break
+                await asyncio.sleep(0.25)
+            if restarting(runner.state(name)):
+                # it would start again in RestartSec into the same room and fail the
+                # same way: the placement decides when there is room for it instead
                 log.warning("preset %s: its automatic restart is cancelled: it failed out "
                             "of memory and would fail the same way; the next start is "
-                            "placed by the raised figure", name)
+                            "placed by its footprint record", name)
                 self._begins(name)
                 await runner.stop(name)
         except asyncio.CancelledError:

@@ -10,7 +10,9 @@ Rules, each for a failure it prevents:
   GPU groups' business, :mod:`lokid.gateway.groups`, through :meth:`Starter.cancel`);
 - a start that fails answers every waiting request with the preset's own reason (its
   Status), and so does every request for :data:`FAILED_HOLD` seconds after: a client
-  retrying in a loop does not restart a broken engine in a loop;
+  retrying in a loop does not restart a broken engine in a loop; unless its need moved
+  meanwhile (a start that failed out of memory has its footprint raised by the daemon,
+  issue 29): the next start is another one, placed by the new figure;
 - a start that lokid's restart interrupted is no start that failed (issue 28, item 4:
   kill -9 of the daemon during a cold start held the preset at "failed to start:
   inactive" for 30 s after it was back). When the daemon leaves the bus, or its owner on
@@ -48,11 +50,18 @@ GONE = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error
         "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Disconnected")
 
 
+def _needs(preset: Preset) -> str:
+    """The preset's need as the daemon says it (Memory), to tell a failed start's hold
+    from a start placed anew: a start that failed out of memory has its record raised."""
+    return repr(sorted((preset.memory.get("needs") or {}).items()))
+
+
 class Starter:
     def __init__(self, presets: Presets):
         self.presets = presets
         self.starting: dict[str, asyncio.Task[None]] = {}
-        self.failed: dict[str, tuple[float, str]] = {}   # preset → (until, reason)
+        # preset → (until, reason, its need then)
+        self.failed: dict[str, tuple[float, str, str]] = {}
 
     async def url(self, preset: Preset) -> str:
         """The URL of the preset's ready engine; GatewayError (503) when there is none."""
@@ -64,7 +73,8 @@ class Starter:
                                f"start it with `lokictl start {preset.name}`", UNAVAILABLE,
                                "model_not_running")
         held = self.failed.get(preset.name)
-        if held is not None and held[0] > time.monotonic() and preset.state != LOADING:
+        if held is not None and held[0] > time.monotonic() and preset.state != LOADING \
+                and held[2] == _needs(preset):
             raise GatewayError(503, held[1], UNAVAILABLE, "model_start_failed")
         task = self.starting.get(preset.name)
         if task is None:
@@ -157,5 +167,5 @@ class Starter:
             await self.presets.changed(preset, min(left, 5.0))
 
     def _fail(self, preset: Preset, reason: str) -> NoReturn:
-        self.failed[preset.name] = (time.monotonic() + FAILED_HOLD, reason)
+        self.failed[preset.name] = (time.monotonic() + FAILED_HOLD, reason, _needs(preset))
         raise GatewayError(503, reason, UNAVAILABLE, "model_start_failed")

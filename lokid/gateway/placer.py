@@ -133,6 +133,7 @@ class Placer:
         self.arrivals: dict[str, deque[float]] = {}
         self.granted: dict[str, float] = {}         # starts admitted, not yet seen running
         self.granted_on: dict[str, tuple[str, ...]] = {}   # the GPUs the rule chose for it
+        self.granted_moves: dict[str, int] = {}     # its Preset.moves at the grant
         # stops asked, not yet seen done: preset → (when, its ready_at then)
         self.evicting: dict[str, tuple[float, float]] = {}
         self.closing: dict[str, float] = {}         # preset → closed since (no new request)
@@ -176,6 +177,7 @@ class Placer:
             return True
         if preset.name in self.closing and preset.state == READY:
             return True   # drained for a plan: its new requests wait their turn
+        self._settle(self.clock())   # a grant whose start came and went is no grant
         if preset.state in (READY, LOADING) or preset.name in self.granted:
             return False
         return bool(devices_of(self.presets.devices)) and need_of(preset) is not None
@@ -260,6 +262,8 @@ class Placer:
         for start in plan.starts:
             self.granted[start.preset] = now
             self.granted_on[start.preset] = start.devices
+            p = self.presets.presets.get(start.preset)
+            self.granted_moves[start.preset] = p.moves if p is not None else 0
             self.why.pop(start.preset, None)
             ws = by_preset.get(start.preset, [])
             waited = max((now - w.since for w in ws), default=0.0)
@@ -296,7 +300,10 @@ class Placer:
         once their engine stopped."""
         for name, at in list(self.granted.items()):
             p = self.presets.presets.get(name)
-            if p is None or p.state in ACTIVE or now - at > GRANT_HOLD:
+            # seen running, or its state moved since (a start that came and failed
+            # between two steps of the rule), or never seen at all
+            if p is None or p.state in ACTIVE or now - at > GRANT_HOLD \
+                    or p.moves != self.granted_moves.get(name, p.moves):
                 del self.granted[name]
         for name, (asked, ready_at) in list(self.evicting.items()):
             p = self.presets.presets.get(name)

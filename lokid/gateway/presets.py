@@ -77,10 +77,13 @@ class Preset:
     memory: dict[str, Any] = field(default_factory=dict)
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
+    moves: int = 0             # its state changes seen (a grant of the placement ends at one)
 
     def set_state(self, state: str) -> None:
         if state == "ready" and self.state != "ready":
             self.ready_at = time.monotonic()
+        if state != self.state:
+            self.moves += 1
         self.state = state
 
     def update(self, props: dict[str, Any]) -> None:
