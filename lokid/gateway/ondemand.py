@@ -41,6 +41,7 @@ from .report import start_for_request
 READY, LOADING, FAILED, INACTIVE, STOPPING = "ready", "loading", "failed", "inactive", "stopping"
 START_TIMEOUT = 600.0
 FAILED_HOLD = 30.0
+JOB_LAG = 3.0   # seconds a failed start's JobFinished may follow its state (journal lag)
 # Seconds a start waits for lokid to come back on the bus: its unit restarts it after
 # RestartSec=2s, and it owns the bus name once its presets are loaded (a few seconds
 # with hundreds of them).
@@ -110,6 +111,7 @@ class Starter:
             seen_loading = False
         else:
             seen_loading = True
+        job_awaited = False
         while True:
             if preset.state == READY and preset.url:
                 self.failed.pop(preset.name, None)
@@ -133,7 +135,14 @@ class Starter:
             ended = seen_loading or result is not None
             if ended and preset.state in (FAILED, INACTIVE) or (
                     result is not None and result != "done" and preset.state != LOADING):
-                reason = preset.status or result or preset.state
+                if job and result is None and not job_awaited:
+                    # its JobFinished follows with the engine's own words (the status
+                    # is often the load's last progress line): a moment for it
+                    job_awaited = True
+                    await self.presets.changed(preset, JOB_LAG)
+                    continue
+                detail = self.presets.job_details.get(job, "") if job else ""
+                reason = detail or preset.status or result or preset.state
                 self._fail(preset, f"preset {preset.name!r} failed to start: {reason}")
             await self.presets.changed(preset, 5.0)
 

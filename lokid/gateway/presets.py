@@ -131,6 +131,7 @@ class Presets:
         self.broken: dict[str, str] = {}
         self.unreachable = "the gateway has not read lokid's presets yet"
         self.jobs: OrderedDict[str, str] = OrderedDict()   # job id → result
+        self.job_details: OrderedDict[str, str] = OrderedDict()   # job id → its detail
         self.generation = 0   # the daemon's changes of owner on the bus (it left, it came)
         # the manager's Devices (each device's room, lokid.dbus.room), [] before a reading
         self.devices: list[dict[str, Any]] = []
@@ -218,8 +219,11 @@ class Presets:
                 self._wake(preset)
         elif msg.interface == MANAGER_INTERFACE and msg.member == "JobFinished":
             self.jobs[str(body[1])] = str(body[3])
+            self.job_details[str(body[1])] = str(body[5])[:2000]
             while len(self.jobs) > JOBS_KEPT:
                 self.jobs.popitem(last=False)
+            while len(self.job_details) > JOBS_KEPT:
+                self.job_details.popitem(last=False)
             preset = self.presets.get(str(body[0]))
             if preset is not None:
                 self._wake(preset)
