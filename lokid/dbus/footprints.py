@@ -46,7 +46,7 @@ from ..core.place.footprint import (
     measure,
 )
 from ..core.place.oomline import asked, visible_of
-from ..core.place.policy import size_text
+from ..core.place.policy import HOST, size_text
 from ..host.nvml import GpuMemory
 from ..runners.local_runner import LocalRunner
 from ..runners.runner import FAILED, LOADING, READY, EngineState, restarting
@@ -109,6 +109,8 @@ class Footprints:
         # under systemd a failed start is LOADING again at once ("restarting after a
         # failure": Restart=on-failure's pause), FAILED only once lokid's rule stopped
         failed = state.state == FAILED or restarting(state)
+        if failed and "oom-kill" in state.detail:   # the kernel's, in its cgroup: no line
+            self.failed.setdefault(name, {}).setdefault(HOST, 0)
         if state.state == LOADING and was[0] != LOADING and not failed:
             self._begins(name)
         task = self.tasks.pop(name, None)
@@ -210,7 +212,8 @@ class Footprints:
         self.telemetry.room.changed()
         words = []
         for d, n in failed.items():
-            text = f"{d}: an allocation of {size_text(n)} failed"
+            text = f"{d}: an allocation of {size_text(n)} failed" if n else \
+                f"{d}: the kernel killed it for memory (oom-kill)"
             if d in free:
                 text += f", {size_text(free[d])} was free when it began"
             words.append(f"{text}; its need there is raised from "

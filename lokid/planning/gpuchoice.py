@@ -14,10 +14,10 @@ expects to take on each chosen GPU.
 Two starts choosing at once (the gateway starting two presets, two ``systemctl start``)
 must not both see the same free memory: the choice and the runtime plan's write are made
 under one lock (``gpu-choice.lock`` in the runtime directory), and a start still loading
-(its runtime plan has a ``claim``, no READY is recorded, and its supervisor runs or
-the plan was written less than 30 s ago) counts its
-claim as taken, less what its engine's processes already hold per the driver (NVML); with
-``--list-devices`` alone, its whole claim.
+(its runtime plan has a ``claim``, no READY is recorded, and its supervisor runs or the
+plan was written less than 30 s ago) counts its claim as taken, less what its engine's
+processes already hold per the driver (NVML); with ``--list-devices`` alone, its whole
+claim.
 
 A host where no GPU is found (a CPU build, no driver, none listed) chooses nothing: the
 engine sees what it would without lokid, and the note says so.

@@ -118,3 +118,31 @@ async def test_an_out_of_memory_start_raises_the_record_and_is_not_retried(
     assert any("it can never fit on this host as it is" in r.getMessage()
                for r in caplog.records)
     assert "needs 2.2 GiB on host; it has 2.0 GiB: it is not started" in e.value.text
+
+
+async def test_a_unit_the_kernel_killed_for_memory_raises_the_host_figure(
+        running: Running, caplog: pytest.LogCaptureFixture) -> None:
+    """systemd's Result=oom-kill (the engine's cgroup hit MemoryMax=): the engine printed
+    nothing, the kernel killed it. Here the states come as the systemd runner reports
+    them (lokid.runners.runner.unit_state for failed/oom-kill, then the restart's pause):
+    this machine's containers have no memory controller to make the kernel do it."""
+    from lokid.runners.runner import EngineState, unit_state
+
+    caplog.set_level(logging.INFO, logger="lokid.daemon")
+    telemetry = running.daemon.telemetry
+    await until(lambda: telemetry.room.room is not None, 20)
+    footprints = telemetry.footprints
+    footprints.on_state("big", EngineState(*_state(unit_state("activating", "start"))))
+    footprints.on_state("big", EngineState(*_state(unit_state("failed", "failed",
+                                                                "oom-kill"))))
+    registry = running.daemon.registry
+    found = await until(lambda: (f := registry.presets["big"].footprint) is not None
+                        and f.sources.get("host") == OOM and f)
+    assert found.held["host"] == 2 * GiB   # what was free at its start, bounded
+    assert any("host: the kernel killed it for memory (oom-kill)" in r.getMessage()
+               for r in caplog.records)
+
+
+def _state(pair: tuple[str, str]) -> tuple[str, str, str]:
+    state, detail = pair
+    return state, "", detail
