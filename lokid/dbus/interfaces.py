@@ -430,7 +430,7 @@ class ManagerInterface(ServiceInterface):
     @access(MANAGE)
     @guarded
     async def ReportWaits(self, waits: "a{ss}") -> None:
-        self.backend.telemetry.sight.check_reporter(await self.backend.caller())
+        self.backend.telemetry.sight.check_reporter(await self.backend.caller(), "ReportWaits")
         if len(waits) > MAX_WAITS or any(len(w) > MAX_WHY for w in waits.values()):
             raise InvalidArgsError(f"ReportWaits: at most {MAX_WAITS} presets, each why at "
                                    f"most {MAX_WHY} characters")

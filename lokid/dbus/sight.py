@@ -155,13 +155,13 @@ class Sight:
                 self.announce(name)
         return job
 
-    def check_reporter(self, caller: Any) -> None:
-        """Refuse a GatewayReport from anyone but root, this daemon's user (``caller`` None)
-        and the gateway's user."""
+    def check_reporter(self, caller: Any, method: str = "GatewayReport") -> None:
+        """Refuse a GatewayReport (or ReportWaits) from anyone but root, this daemon's
+        user (``caller`` None) and the gateway's user."""
         if caller is None or getattr(caller, "name", "") == GATEWAY_USER:
             return
         raise PermissionDeniedError(
-            f"GatewayReport: only the gateway (user {GATEWAY_USER}) or root may report "
+            f"{method}: only the gateway (user {GATEWAY_USER}) or root may report "
             f"figures (uid {getattr(caller, 'uid', '?')} is neither)")
 
     def report(self, requests: list[Any], swaps: list[Any]) -> None:

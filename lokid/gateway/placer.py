@@ -142,6 +142,7 @@ class Placer:
         self.task: asyncio.Task[None] | None = None
         self.reported: dict[str, str] = {}          # the waits last told to the daemon
         self.reported_at = float("-inf")
+        self.sending: set[asyncio.Task[None]] = set()
         self.kick: asyncio.Future[None] | None = None
 
     # --- the requests' side ------------------------------------------------------------
@@ -386,7 +387,9 @@ class Placer:
                 log.info("placement: the daemon was not told why requests wait: %s",
                          e.text if isinstance(e, DBusError) else f"{type(e).__name__}: {e}")
 
-        asyncio.get_running_loop().create_task(send())
+        task = asyncio.get_running_loop().create_task(send())
+        self.sending.add(task)   # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self.sending.discard)
 
     async def _changed(self, until: float | None) -> None:
         """Until a preset or the devices change, a request ends, or ``until``."""

@@ -141,6 +141,21 @@ async def test_a_gateway_report_is_taken_from_root_alone_and_checked(
         assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
         assert "700 is no HTTP status code" in e.value.text
         assert (await preset.get_stats())["gateway_requests"].value["200"].value == 3
+        # why requests wait (lokictl top): the gateway's word alone, checked the same way
+        waits = ("call", BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "ReportWaits", "a{ss}",
+                 "1", "long", "forged")
+        r = await asyncio.to_thread(busctl_as, open_bus_address, "nobody", "users", *waits)
+        assert r.returncode != 0
+        assert "ReportWaits: only the gateway (user loki-gateway)" in r.stderr, r.stderr
+        assert await manager.get_waits() == {}
+        await manager.call_report_waits({"long": "1 request waiting 2 s: \x1b[2Jneeds",
+                                         "nope": "x"})
+        assert await manager.get_waits() == {"long": "1 request waiting 2 s: \\u001b[2Jneeds"}
+        with pytest.raises(DBusError) as e:
+            await manager.call_report_waits({"long": "x" * 2001})
+        assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
+        await manager.call_report_waits({})
+        assert await manager.get_waits() == {}
 
 
 def test_the_gateways_own_user_may_report() -> None:
