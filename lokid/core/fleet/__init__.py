@@ -1,0 +1,1 @@
+"""Many servers, one endpoint (issue 30): the pure rules of a fleet of lokid hosts."""

@@ -1,0 +1,143 @@
+"""Which host answers a request for a model, among this gateway and its peers (issue 30,
+item 1): the rule, pure; the gateway gathers the views and relays.
+
+Each host's view of a model is what its gateway's ``GET /v1/models`` says under
+``lokid`` (state, requests in flight, and whether it fits now or would wait for memory,
+from its placement); a peer that is down has no view. The rule, in order:
+
+1. **A request that already made a hop** (it carries the hop mark) is answered here or
+   not at all: a gateway never forwards a marked request, so peers that list each other
+   cannot loop.
+2. **Ready replicas first**: among the hosts where the model's engine is ready, the
+   one with the fewest requests in flight; a tie goes to this host (no hop), then to
+   the peer listed first.
+3. **Else the host that can start it soonest**: this host if the model is on demand
+   here and fits now; else a peer where it is on demand and fits now; else one where it
+   is loading (its start is under way: the soonest); else this host or a peer where it
+   would wait for memory (placement: it starts once room is made).
+4. Nowhere: the reason names each host and why (a peer down, a preset broken there,
+   none has the model).
+
+The answer is every candidate in that order: the relay tries the next only when no
+byte of the request reached the one before (connect refused, a pooled connection closed
+before any answer), never after, so nothing is generated twice.
+
+The same name on several hosts is one model with replicas; where this host has a preset
+of that name and a peer lists it too, the local preset's facts are the ones listed, and
+the conflict is shown (:func:`conflicts`) when the two differ in kind (an engine here,
+an external API there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+LOCAL = ""          # the host name of this gateway in a Route
+READY, LOADING = "ready", "loading"
+STARTABLE = ("inactive", "stopping")   # on demand there: a request starts it
+
+
+@dataclass(frozen=True)
+class Model:
+    """One host's view of a model (its gateway's /v1/models entry, ``lokid`` part)."""
+
+    state: str                  # ready, loading, inactive, stopping, failed, broken…
+    in_flight: int = 0
+    on_demand: bool = False
+    fits: bool | None = None    # placement: fits now (True), waits for memory (False),
+    #                             unknown (None: no placement there, counted as fits)
+    kind: str = "engine"        # or "external"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str                                   # LOCAL for this gateway
+    up: bool = True
+    models: Mapping[str, Model] | None = None   # None while down or never read
+    why_down: str = ""
+
+
+@dataclass(frozen=True)
+class Route:
+    candidates: tuple[str, ...]   # host names in the order to try; () = nowhere
+    why: str                      # one line: why the first, or why none
+
+
+def _rank(host: Host, m: Model, index: int) -> tuple[int, int, int, int] | None:
+    """Smaller is better; None when this host cannot take it now or later."""
+    local = 0 if host.name == LOCAL else 1
+    if m.state == READY:
+        return (0, m.in_flight, local, index)
+    startable = m.on_demand and m.state in STARTABLE
+    if startable and m.fits is not False:
+        return (1, local, 0, index)
+    if m.state == LOADING:
+        return (2, m.in_flight, local, index)
+    if startable:   # waits for memory there: placement makes room
+        return (3, local, 0, index)
+    return None
+
+
+def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
+    """The hosts that may answer a request for ``name``, best first (see the module
+    docstring). ``hosts``: this gateway's (name LOCAL) first, then its peers in their
+    configured order; ``hopped``: the request carries the hop mark."""
+    ranked: list[tuple[tuple[int, int, int, int], str]] = []
+    missing: list[str] = []
+    for index, host in enumerate(hosts):
+        if hopped and host.name != LOCAL:
+            continue
+        if not host.up or host.models is None:
+            if host.name != LOCAL:
+                missing.append(f"{host.name} is down" + (f" ({host.why_down})"
+                                                         if host.why_down else ""))
+            continue
+        m = host.models.get(name)
+        if m is None:
+            continue
+        rank = _rank(host, m, index)
+        if rank is None:
+            missing.append(f"{_label(host.name)} has it {m.state}")
+            continue
+        ranked.append((rank, host.name))
+    ranked.sort()
+    if not ranked:
+        if hopped:
+            return Route((), f"model {name!r} is not served here, and a request that came "
+                         "from a peer gateway is not sent on")
+        where = "; ".join(missing) if missing else "no host lists it"
+        return Route((), f"model {name!r} cannot be answered: {where}")
+    best_rank, best = ranked[0]
+    words = ("ready", "on demand, fits now", "loading", "on demand, waits for memory")
+    why = f"{_label(best)}: {words[best_rank[0]]}"
+    if best_rank[0] in (0, 2):
+        why += f", {best_rank[1]} request{'s' if best_rank[1] != 1 else ''} in flight"
+    return Route(tuple(h for _, h in ranked), why)
+
+
+def _label(name: str) -> str:
+    return "this host" if name == LOCAL else name
+
+
+def conflicts(hosts: Sequence[Host]) -> dict[str, str]:
+    """Model names a peer lists in another kind than this host's preset of that name
+    (an engine here, an external API there, or the other way): name → what differs.
+    The local preset is the one listed and routed here first."""
+    local = next((h for h in hosts if h.name == LOCAL), None)
+    if local is None or local.models is None:
+        return {}
+    out: dict[str, str] = {}
+    for host in hosts:
+        if host.name == LOCAL or host.models is None:
+            continue
+        for name, m in host.models.items():
+            mine = local.models.get(name)
+            if mine is not None and mine.kind != m.kind and name not in out:
+                out[name] = (f"{name} is {_kind(mine.kind)} here and {_kind(m.kind)} on "
+                             f"{host.name}: the local preset is listed")
+    return out
+
+
+def _kind(kind: str) -> str:
+    return "an external API" if kind == "external" else "an engine"

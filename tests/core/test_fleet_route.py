@@ -1,0 +1,67 @@
+"""lokid.core.fleet.route: which host answers a request for a model, among this gateway
+and its peers (issue 30, item 1)."""
+
+from __future__ import annotations
+
+from lokid.core.fleet.route import LOCAL, Host, Model, conflicts, route
+
+
+def hosts(**views: dict[str, Model] | None) -> list[Host]:
+    """LOCAL first (keyword ``here``), then the peers in the order given; None: down."""
+    out = []
+    for name, models in views.items():
+        host = LOCAL if name == "here" else name
+        out.append(Host(host, up=models is not None, models=models,
+                        why_down="connect refused" if models is None else ""))
+    return out
+
+
+def test_ready_replicas_by_fewest_in_flight_ties_stay_here() -> None:
+    r = route("qwen", hosts(here={"qwen": Model("ready", 2)}, b={"qwen": Model("ready", 1)},
+                            c={"qwen": Model("ready", 1)}))
+    assert r.candidates == ("b", "c", LOCAL) and r.why == "b: ready, 1 request in flight"
+    tie = route("qwen", hosts(here={"qwen": Model("ready", 1)}, b={"qwen": Model("ready", 1)}))
+    assert tie.candidates == (LOCAL, "b") and tie.why.startswith("this host: ready")
+
+
+def test_ready_on_a_peer_beats_starting_here() -> None:
+    r = route("big", hosts(here={"big": Model("inactive", on_demand=True, fits=True)},
+                           b={"big": Model("ready")}))
+    assert r.candidates == ("b", LOCAL)
+
+
+def test_else_the_host_that_can_start_it_soonest() -> None:
+    views = hosts(here={"m": Model("inactive", on_demand=True, fits=False)},
+                  b={"m": Model("loading", 3)},
+                  c={"m": Model("inactive", on_demand=True, fits=True)})
+    r = route("m", views)
+    # fits now on c, loading on b, waits for memory here
+    assert r.candidates == ("c", "b", LOCAL) and r.why == "c: on demand, fits now"
+    # a preset here that fits now goes first: no hop
+    assert route("m", hosts(here={"m": Model("inactive", on_demand=True)},
+                            c={"m": Model("inactive", on_demand=True)})).candidates == \
+        (LOCAL, "c")
+
+
+def test_a_hop_is_never_sent_on() -> None:
+    views = hosts(here={"x": Model("inactive", on_demand=True)}, b={"x": Model("ready")})
+    assert route("x", views, hopped=True).candidates == (LOCAL,)
+    r = route("y", hosts(here={}, b={"y": Model("ready")}), hopped=True)
+    assert r.candidates == () and "came from a peer gateway is not sent on" in r.why
+
+
+def test_nowhere_says_why_per_host() -> None:
+    r = route("q", hosts(here={"q": Model("broken")}, b=None,
+                         c={"q": Model("inactive", on_demand=False)}))
+    assert r.candidates == ()
+    assert r.why == ("model 'q' cannot be answered: this host has it broken; b is down "
+                     "(connect refused); c has it inactive")
+    assert route("z", hosts(here={}, b={})).why == \
+        "model 'z' cannot be answered: no host lists it"
+
+
+def test_a_name_in_two_kinds_is_a_conflict_the_local_one_listed() -> None:
+    views = hosts(here={"gpt": Model("ready"), "m": Model("ready")},
+                  b={"gpt": Model("ready", kind="external"), "m": Model("ready")})
+    assert conflicts(views) == {"gpt": "gpt is an engine here and an external API on b: "
+                                       "the local preset is listed"}
