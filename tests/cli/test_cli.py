@@ -74,6 +74,19 @@ def test_plan_text_shows_command_and_notes(config: Path) -> None:
     assert "spec.mode = auto: nothing to draft with" in r.stdout
 
 
+def test_plan_says_what_a_start_now_would_choose_for_gpus_auto(config: Path) -> None:
+    """Issue 29: gpus = "auto"; on this CPU engine there is nothing to choose, and the plan
+    says so (tests/planning/test_gpuchoice.py chooses among four recorded H200s)."""
+    write_preset(config, "auto", 'model = "llama.gguf"\nctx = 512\ngpus = "auto"\n')
+    r = lokid(config, "plan", "auto")
+    assert r.returncode == 0, r.stderr
+    assert 'gpus = "auto": the fewest GPUs that hold it, chosen at each start' in r.stdout
+    assert "a start now: no GPU to choose from" in r.stdout
+    data = json.loads(lokid(config, "plan", "auto", "--json").stdout)
+    assert data["gpu_choice"] == 0 and "CUDA_VISIBLE_DEVICES" not in data["env"]
+    assert data["gpus_now"].startswith("no GPU to choose from")
+
+
 def test_plan_refuses_a_preset_this_host_can_never_hold(config: Path) -> None:
     """Issue 29: a preset whose need is beyond a device's room with every engine stopped
     is refused with the figures, before any start could fail out of memory."""

@@ -11,7 +11,10 @@ kept (:mod:`lokid.core.place.footprint`), else the estimate from the GGUF header
 - the devices the engine sees: none for an engine without a GPU backend or a host
   without GPUs (everything on the host, as llama.cpp falls back to the CPU); the GPUs
   named by ``CUDA_VISIBLE_DEVICES`` (the preset's ``gpus``) as ``GPU<n>``; UUIDs, which
-  only the driver maps, as a count of GPUs to be chosen; else every GPU of the host;
+  only the driver maps, as a count of GPUs to be chosen; ``gpus = "auto"`` (the fewest
+  GPUs whose even share fits the largest ones, :func:`fewest_gpus`) and ``gpu_count``
+  as a count too, chosen at start (:mod:`lokid.planning.gpuchoice`); else every GPU of
+  the host;
 - a projector (``--mmproj``) or a draft model adds its file's bytes to the weights of the
   device that runs the layers (the first GPU, else the host): their buffers are not
   estimated one by one, and the file is what they load;
