@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from dbus_fast import DBusError
 
 from ..core.external import EXTERNAL
-from ..core.place.policy import Device, Need, Resident, Waiting, decide
+from ..core.place.policy import Device, Need, Resident, Waiting, decide, fits_now
 from ..core.place.settings import PlacementConfig
 from ..core.swaps import MAX_WAIT as CLOSE_AFTER
 from ..core.swaps import NEVER
@@ -200,6 +200,19 @@ class Placer:
             if waiter in self.waiting:
                 self.waiting.remove(waiter)
                 self._poke()
+
+    def fits(self, preset: Preset, residents: list[Resident] | None = None) -> bool | None:
+        """Whether a start of ``preset`` fits now without evicting anything (True for
+        one that runs); None where the placement is off or its figures are unknown.
+        GET /v1/models says it, for the peers' routing (issue 30)."""
+        if preset.state in ACTIVE:
+            return True
+        devices = devices_of(self.presets.devices)
+        need = need_of(preset)
+        if not self.settings.enabled or not devices or need is None:
+            return None
+        return fits_now(need, devices, residents if residents is not None
+                        else self.residents(self.clock()))
 
     # --- the rule ----------------------------------------------------------------------
 

@@ -44,10 +44,15 @@ def sse_error(message: str) -> bytes:
         + b"\n\n"
 
 
-def model_entry(name: str, state: str, on_demand: bool, status: str) -> dict[str, Any]:
-    """One preset as ``GET /v1/models`` lists it; lokid's own facts under ``lokid``."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "lokid",
-            "lokid": {"state": state, "on_demand": on_demand, "status": status}}
+def model_entry(name: str, state: str, on_demand: bool, status: str,
+                in_flight: int | None = None, fits: bool | None = None) -> dict[str, Any]:
+    """One preset as ``GET /v1/models`` lists it; lokid's own facts under ``lokid``: for
+    an engine also its requests in flight and whether a start fits now (null: unknown),
+    what a peer gateway routes by (issue 30)."""
+    facts: dict[str, Any] = {"state": state, "on_demand": on_demand, "status": status}
+    if in_flight is not None:
+        facts.update(in_flight=in_flight, fits=fits)
+    return {"id": name, "object": "model", "created": 0, "owned_by": "lokid", "lokid": facts}
 
 
 # An absolute path (not a URL's: not after a word character, ':' or '/'), and a URL.

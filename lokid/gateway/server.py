@@ -43,6 +43,7 @@ import aiohttp
 from aiohttp import web
 
 from ..core.external import EXTERNAL
+from ..core.place.policy import Resident
 from .body import SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .cors import Cors
@@ -229,9 +230,10 @@ class Gateway:
         """Every preset a client can ask for; a broken one only by its name (a model
         picker does not offer what cannot answer: /v1/models/<name> says why)."""
         broken = self.presets.broken
+        residents = self.placer.residents(self.placer.clock())   # once for every entry
         entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
                    if name in broken else model_entry(name, EXTERNAL, False, public(p.reachable))
-                   if p.kind == EXTERNAL else self._entry(p)
+                   if p.kind == EXTERNAL else self._entry(p, residents)
                    for name, p in sorted(self.presets.presets.items())}
         if path.startswith("/v1/models/"):
             name = path[len("/v1/models/"):]
@@ -241,12 +243,15 @@ class Gateway:
         return web.json_response({"object": "list", "data": [
             e for name, e in entries.items() if name not in broken]})
 
-    def _entry(self, p: Preset) -> dict[str, Any]:
+    def _entry(self, p: Preset, residents: list[Resident]) -> dict[str, Any]:
         self.liveness.forget(p.name, p.state)
         unresponsive = self.liveness.state(p.name)
+        in_flight = max(p.in_flight, self.placer.own[p.name])
         if unresponsive:
-            return model_entry(p.name, UNRESPONSIVE, p.on_demand, public(unresponsive))
-        return model_entry(p.name, p.state, p.on_demand, public(p.status))
+            return model_entry(p.name, UNRESPONSIVE, p.on_demand, public(unresponsive),
+                               in_flight, False)
+        return model_entry(p.name, p.state, p.on_demand, public(p.status), in_flight,
+                           self.placer.fits(p, residents))
 
     def _model_of(self, request: web.Request, scan: Scan | None) -> str:
         model: Any = scan.model if scan is not None else request.query.get("model")

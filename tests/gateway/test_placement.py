@@ -97,6 +97,10 @@ async def test_no_group_written_the_gateway_makes_room_by_evicting_the_idle_engi
         # a runs; a request for b waits until a (idle) is evicted, then b serves it
         seen = len(running.events)
         assert (await c.post("/v1/chat/completions", json=chat("a"))).status_code == 200
+        # what a peer gateway routes by (issue 30): b would not fit beside a now
+        listed = {m["id"]: m["lokid"] for m in (await c.get("/v1/models")).json()["data"]}
+        assert (listed["a"]["fits"], listed["b"]["fits"]) == (True, False), listed
+        assert listed["a"]["in_flight"] == 0 == listed["b"]["in_flight"]
         bus_manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
         waits: list[dict[str, str]] = []
 

@@ -324,3 +324,17 @@ async def test_gpus_chosen_at_start_are_held_where_the_start_put_them() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def test_whether_a_start_fits_now_for_the_peers() -> None:
+    """GET /v1/models says it (issue 30: a peer routes to the host that starts soonest)."""
+    clock = Clock()
+    a, b = preset("a", 60 * MiB, "ready"), preset("b", 60 * MiB)
+    small = preset("small", 30 * MiB)
+    ps = FakePresets(HOST, [a, b, small])
+    pl = placer(ps, clock)
+    assert pl.fits(a) is True                          # it runs
+    assert pl.fits(b) is False and pl.fits(small) is True   # 40 MiB left beside a
+    assert placer(ps, clock, enabled=False).fits(b) is None   # no placement: unknown
+    b.memory = {}
+    assert pl.fits(b) is None                          # its need unknown

@@ -228,15 +228,26 @@ def _usable_note(d: Device) -> str:
     return f" of {size_text(d.total)} ({size_text(d.reserve)} reserved)" if d.reserve else ""
 
 
-def decide(devices: Sequence[Device], residents: Sequence[Resident],
-           waiting: Sequence[Waiting], now: float, *, max_wait: float = MAX_WAIT,
-           pause: float = PAUSE) -> Plan:
-    """What to do now for the presets whose requests wait (see the module docstring)."""
+def _room(devices: Sequence[Device], residents: Sequence[Resident]) -> dict[str, int]:
     room = {d.name: d.usable for d in devices}
     for r in residents:
         for name, nbytes in r.held.items():
             if name in room:
                 room[name] -= nbytes
+    return room
+
+
+def fits_now(need: Need, devices: Sequence[Device], residents: Sequence[Resident]) -> bool:
+    """Whether a start of ``need`` fits beside the residents without evicting any (what
+    a gateway tells its peers, issue 30: a peer routes to the host that starts soonest)."""
+    return _place(need, _room(devices, residents), ()) is not None
+
+
+def decide(devices: Sequence[Device], residents: Sequence[Resident],
+           waiting: Sequence[Waiting], now: float, *, max_wait: float = MAX_WAIT,
+           pause: float = PAUSE) -> Plan:
+    """What to do now for the presets whose requests wait (see the module docstring)."""
+    room = _room(devices, residents)
     running = {r.preset for r in residents}
     claimed: set[str] = set()     # engines an older waiting preset's plan will evict
     blocked: set[str] = set()     # devices an older waiting preset's plan needs
