@@ -117,11 +117,10 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     except ConfigError as e:
         memory, room, unsized = None, None, f"unknown ({e})"
     chosen = ""   # gpus = "auto" / gpu_count: what a start now would choose, and why
-    if plan.gpu_choice is not None and memory is not None:
-        from .planning.gpuchoice import place
+    if plan.gpu_choice is not None and memory is not None and room is not None:
+        from .planning.gpuchoice import choose_for
 
-        chosen = place(plan, inputs, paths.runtime_dir(), paths.state_dir(),
-                       gpu=GpuMemory())[1].why
+        chosen = choose_for(plan, memory, room, paths.runtime_dir())[1].why
     if as_json:
         print(json.dumps({**plan.to_json(), "memory": memory.to_json() if memory else {},
                           "devices": room_json(room) if room else [],

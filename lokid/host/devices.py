@@ -42,6 +42,8 @@ class Room:
     sources: Mapping[str, str]              # per device: where its figures come from
     notes: tuple[str, ...] = ()             # what could not be read, and why
     names: Mapping[str, str] = field(default_factory=dict)   # "GPU0" → "NVIDIA H200"
+    # per GPU, the driver's pid → bytes; None when the GPUs were not read from NVML
+    processes: Mapping[str, Mapping[int, int]] | None = None
 
     def gpus(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.devices if d.gpu)
@@ -112,6 +114,7 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
     now per device (so that what others hold is the rest of what is used); ``lister``:
     :func:`listed_gpus` or a cache of it (the daemon's: a spawn per read is too many)."""
     held = held or {}
+    processes: dict[str, dict[int, int]] | None = None
     notes: list[str] = []
     totals: dict[str, int] = {}
     free: dict[str, int] = {}
@@ -121,10 +124,12 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
         nvml = getattr(gpu, "devices", None)
         found = nvml() if callable(nvml) else None
         if found is not None:
+            processes = {}
             for d in found:
                 name = f"GPU{d.index}"
                 totals[name], free[name], names[name] = d.total, d.free, d.name
                 sources[name] = "the NVIDIA driver (NVML)"
+                processes[name] = dict(d.processes)
         elif engine:
             why = getattr(gpu, "why_unknown", lambda: "")()
             listed, failed = (lister or listed_gpus)(engine)
@@ -151,7 +156,7 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
         used = max(0, t - free[name])
         others = max(0, used - max(0, held.get(name, 0)))
         devices.append(Device(name, t, placement.reserve.get(name, 0), others))
-    return Room(tuple(devices), free, sources, tuple(notes), names)
+    return Room(tuple(devices), free, sources, tuple(notes), names, processes)
 
 
 def explain(room: Room) -> list[str]:

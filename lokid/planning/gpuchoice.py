@@ -36,7 +36,9 @@ from ..core.attempt import Mark
 from ..core.place.choose import Choice, choose
 from ..core.plan import Plan, PlanInputs
 from ..core.runtimeplan import RuntimePlan
+from ..host.devices import Room
 from ..store.runtimedir import RUNTIME_SUFFIX
+from .sizing import Memory
 
 LOCK = "gpu-choice.lock"
 CLAIM_GRACE = 30.0    # seconds a claim counts with no supervisor seen yet
@@ -123,28 +125,32 @@ def place(plan: Plan, inputs: PlanInputs, runtime_dir: str, state_dir: str, *,
           gpu: object | None = None, gpu_engine: bool | None = None, proc: str = "/proc"
           ) -> tuple[Plan, Choice, dict[str, int]]:
     """The plan with the GPUs chosen for this start (CUDA_VISIBLE_DEVICES and a note),
-    the choice, and the start's claim per GPU. Call it under :func:`choosing`.
-    ``gpu_engine``: whether the engine has a GPU backend (None: from its files)."""
+    the choice, and the start's claim per GPU, the devices read now. Call it under
+    :func:`choosing`. ``gpu_engine``: whether the engine has a GPU backend (None: from
+    its files)."""
     from ..host.nvml import GpuMemory
     from ..planning.sizing import memory_now
 
     if plan.gpu_choice is None or "CUDA_VISIBLE_DEVICES" in plan.env:
         return plan, Choice((), ""), {}
-    gpu = gpu if gpu is not None else GpuMemory()
     try:
-        memory, room = memory_now(plan, inputs, state_dir, gpu, gpu_engine)
+        memory, room = memory_now(plan, inputs, state_dir,
+                                  gpu if gpu is not None else GpuMemory(), gpu_engine)
     except Exception as e:   # a KV type the estimate does not know, a defect: say, go on
         choice = Choice((), f"the GPUs could not be chosen ({type(e).__name__}: {e}): the "
                         "engine sees every GPU it finds")
         return replace(plan, notes=(*plan.notes, choice.why)), choice, {}
+    return choose_for(plan, memory, room, runtime_dir, proc)
+
+
+def choose_for(plan: Plan, memory: Memory, room: Room, runtime_dir: str,
+               proc: str = "/proc") -> tuple[Plan, Choice, dict[str, int]]:
+    """:func:`place` on the plan's memory and the room already read (``lokid plan``
+    has both): the plan with its GPUs, the choice, the claim."""
+    if plan.gpu_choice is None or "CUDA_VISIBLE_DEVICES" in plan.env:
+        return plan, Choice((), ""), {}
     need = memory.sizing.need
-    processes = None
-    devices = getattr(gpu, "devices", None)
-    found = devices() if callable(devices) and any(
-        s.startswith("the NVIDIA driver") for s in room.sources.values()) else None
-    if found is not None:
-        processes = {f"GPU{d.index}": dict(d.processes) for d in found}
-    taken = claimed(runtime_dir, plan.preset, processes, proc)
+    taken = claimed(runtime_dir, plan.preset, room.processes, proc)
     reserve = {d.name: d.reserve for d in room.devices}
     left = {g: room.free.get(g, 0) - reserve.get(g, 0) - taken.get(g, 0) for g in room.gpus()}
     choice = choose(need.count, need.per_gpu, left, taken)
@@ -152,7 +158,7 @@ def place(plan: Plan, inputs: PlanInputs, runtime_dir: str, state_dir: str, *,
         why = choice.why + "".join(f"; {n}" for n in room.notes)
         return replace(plan, notes=(*plan.notes, why)), choice, {}
     env = {**plan.env, "CUDA_VISIBLE_DEVICES": choice.visible()}
-    if found is not None:   # NVML's indices are PCI bus order; CUDA's, fastest first
+    if room.processes is not None:   # NVML's indices are PCI bus order; CUDA's, fastest first
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     claim = {g: need.per_gpu for g in choice.gpus}
     return replace(plan, env=env, notes=(*plan.notes, choice.why)), choice, claim
