@@ -77,7 +77,7 @@ class Footprints:
         self.telemetry = telemetry
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.correcting: dict[str, asyncio.Task[None]] = {}
-        self.states: dict[str, tuple[str, str]] = {}   # (state, detail) last seen
+        self.states: dict[str, tuple[str, bool]] = {}   # (state, restarting) last seen
         # per preset, for its current start: the devices' free memory when it began,
         # the GPUs it sees (CUDA_VISIBLE_DEVICES), and the allocations that failed
         self.start_free: dict[str, dict[str, int]] = {}
@@ -100,15 +100,14 @@ class Footprints:
         """A preset's engine is ready: measure it once it settled; any other state gives
         up a measurement under way (the engine it was for is gone). A start begins: its
         room noted; a start failed after an allocation failed: its record raised."""
-        was = self.states.get(name, ("", ""))
-        now = (state.state, state.detail if state.state != LOADING else
-               str(restarting(state)))
-        self.states[name] = now
-        if now == was:
-            return
         # under systemd a failed start is LOADING again at once ("restarting after a
         # failure": Restart=on-failure's pause), FAILED only once lokid's rule stopped
-        failed = state.state == FAILED or restarting(state)
+        was = self.states.get(name, ("", False))
+        now = (state.state, restarting(state))
+        self.states[name] = now
+        if now == was:
+            return   # a new Status or detail in the same state
+        failed = state.state == FAILED or now[1]
         if failed and "oom-kill" in state.detail:   # the kernel's, in its cgroup: no line
             self.failed.setdefault(name, {}).setdefault(HOST, 0)
         if state.state == LOADING and was[0] != LOADING and not failed:
