@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from dbus_fast import DBusError
+
 from ..core.names import (
     BUS_NAME,
     MANAGER_INTERFACE,
@@ -28,7 +30,15 @@ from ..core.names import (
 )
 from ..core.wording import counted
 from ..host.buscall import plain
-from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
+from .client import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    Client,
+    CtlError,
+    exit_code_of,
+)
 
 PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "SpecActive",
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
@@ -90,10 +100,18 @@ async def cmd_status(c: Client, as_json: bool) -> int:
 
 
 async def _preset_rows(c: Client) -> list[dict[str, Any]]:
+    """Each listed preset object's properties. An object gone between the listing and its
+    reading (the daemon replaced or removed it: a file edited or deleted just then) is
+    left out: the listing was right when made, and the next one shows the new object."""
     props = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
     rows = []
     for path in props["Presets"]:
-        p = await c.properties(path, PRESET_INTERFACE)
+        try:
+            p = await c.properties(path, PRESET_INTERFACE)
+        except DBusError as e:
+            if exit_code_of(e) == EXIT_NOT_FOUND:
+                continue
+            raise
         rows.append({k: p.get(k) for k in PRESET_PROPERTIES})
     return rows
 
