@@ -26,13 +26,14 @@ import ipaddress
 from dataclasses import dataclass
 
 from . import secrets
+from .fleet.peers import Peer, parse_peers
 from .presetname import valid_preset_name
 from .timespec import span_seconds
 from .tomlread import Checker, tname
 
 SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
-                "first_byte_timeout", "stream_idle_timeout")
+                "first_byte_timeout", "stream_idle_timeout", "peers")
 
 DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
@@ -79,6 +80,8 @@ class GatewayConfig:
     cors_origins: tuple[str, ...] = ()
     first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
+    # other lokid gateways this one routes to (lokid.core.fleet.peers)
+    peers: tuple[Peer, ...] = ()
 
 
 # --- spans ------------------------------------------------------------------------
@@ -229,7 +232,7 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
                          first_byte_timeout=DEFAULT_FIRST_BYTE_TIMEOUT if first is None
                          else first,
                          stream_idle_timeout=DEFAULT_STREAM_IDLE_TIMEOUT if idle is None
-                         else idle)
+                         else idle, peers=parse_peers(t))
 
 
 def origin_problem(origin: str) -> str:

@@ -125,19 +125,23 @@ def _gone(request: web.Request) -> bool:
 
 async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
                 keep_auth: bool, patience: Patience, *, key: str | None = None,
-                target: str = "", what: str = "",
-                renamer: Renamer | None = None) -> web.StreamResponse:
+                target: str = "", what: str = "", renamer: Renamer | None = None,
+                hop: str = "") -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
     what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
     the URL when it is not ``url`` and the client's path (an external preset's);
     ``what``: how errors name the other side (to the client: no address of it);
     ``patience``: how long its silence is borne (:mod:`lokid.gateway.silence`);
-    ``renamer``: an external API's model named as the preset in its answer."""
+    ``renamer``: an external API's model named as the preset in its answer; ``hop``: the
+    header that marks a request sent to a peer gateway (:mod:`lokid.gateway.peers`),
+    which then fails with :class:`Unreached` when none of it reached the peer."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, keep_auth and key is None, local)
     if key is not None:   # forwarded() dropped the client's
         headers["Authorization"] = f"Bearer {key}"
+    if hop:
+        headers[hop] = "1"
     side = what or "the engine"
 
     async def send() -> aiohttp.ClientResponse:
@@ -159,12 +163,16 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
         except EngineSilent as e:
             raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
         except STALE as e:
+            if hop:   # nothing reached the peer, or it went away before any answer
+                raise Unreached(side, url, e) from None
             if attempt == 0 and local and not isinstance(e, aiohttp.ClientConnectorError):
                 # a pooled connection the engine closed meanwhile: a new one
                 log.debug("%s closed a kept-alive connection: %s; once more", side, e)
                 continue
             raise _unreachable(side, url, e) from None
         except UPSTREAM_ERRORS as e:
+            if hop and isinstance(e, aiohttp.ServerTimeoutError):   # its connect timed out
+                raise Unreached(side, url, e) from None
             raise _unreachable(side, url, e) from None
     async with upstream:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -221,6 +229,17 @@ def _unreachable(side: str, url: str, e: BaseException) -> GatewayError:
     log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)
     return GatewayError(502, f"{side} did not answer ({type(e).__name__})", SERVER,
                         "upstream_unreachable")
+
+
+class Unreached(GatewayError):
+    """A request none of which reached a peer gateway (its connect failed), or that the
+    peer closed before any answer: it may go to another replica (lokid.gateway.peers)."""
+
+    def __init__(self, side: str, url: str, e: BaseException):
+        log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)
+        super().__init__(502, f"{side} did not answer ({type(e).__name__})", SERVER,
+                         "upstream_unreachable")
+        self.cause = e
 
 
 class ClientGone(Exception):

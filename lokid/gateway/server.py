@@ -43,6 +43,7 @@ import aiohttp
 from aiohttp import web
 
 from ..core.external import EXTERNAL
+from ..core.fleet.route import LOCAL, READY, Model
 from ..core.place.policy import Resident
 from .body import SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
@@ -51,9 +52,19 @@ from .faults import Faults
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, Connections
 from .ondemand import Starter
+from .peers import HOP_HEADER, Peers
+from .peers import UNAVAILABLE as UNAVAILABLE_PEER
 from .placer import Placer
 from .presets import Preset, Presets
-from .relay import EXTERNAL_KEEPALIVE, LOCAL_KEEPALIVE, ClientGone, Renamer, relay, session
+from .relay import (
+    EXTERNAL_KEEPALIVE,
+    LOCAL_KEEPALIVE,
+    ClientGone,
+    Renamer,
+    Unreached,
+    relay,
+    session,
+)
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, model_entry, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
 from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
@@ -88,6 +99,7 @@ class Gateway:
         self.cors = Cors(settings.cors_origins)
         self.liveness = Liveness(lambda: self.client)
         self.faults = Faults()
+        self.peers = Peers(settings.peers, lambda: self.client)   # other lokid gateways
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
@@ -103,9 +115,11 @@ class Gateway:
         self.client = session(LOCAL_KEEPALIVE)
         self.external = session(EXTERNAL_KEEPALIVE)
         self.report.start()
+        self.peers.start()
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
+        await self.peers.stop()
         for client in (self.client, self.external):
             if client is not None:
                 await client.close()
@@ -136,8 +150,9 @@ class Gateway:
                                       "lokid": "unreachable" if self.presets.unreachable
                                       else "reachable"})
         self._check_key(request)
+        hopped = HOP_HEADER in request.headers   # sent by a peer: answered from here only
         if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
-            return self._models(path)
+            return self._models(path, hopped or not self.peers)
         raw_path = request.raw_path.partition("?")[0]
         if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
             route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
@@ -145,6 +160,10 @@ class Gateway:
         scan = await self._scan(body)
         name = self._model_of(request, scan)
         preset = self.presets.presets.get(name)
+        if self.peers and not hopped:
+            answer = await self._via_peers(request, raw_path, body, name, preset)
+            if answer is not None:
+                return answer
         if preset is None or name in self.presets.broken:
             raise self._unknown(name)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
@@ -179,6 +198,55 @@ class Gateway:
             return await relay(self.client, request, url, body, keep_auth=not self.keys,
                                patience=patience, key=key,
                                what=f"the engine of preset {name!r}")
+
+    async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
+                         preset: Preset | None) -> web.StreamResponse | None:
+        """The answer of the peer gateway the routing rule chose (lokid.core.fleet.route),
+        or None when this host answers (its preset, or its refusal). A peer none of whose
+        request reached it is marked down and the next candidate tried; one that took
+        any of it answers whatever happens (nothing is generated twice)."""
+        local = None if preset is None or name in self.presets.broken \
+            else self._local_model(preset)
+        decision = self.peers.route(name, local)
+        for host in decision.candidates:
+            if host == LOCAL:
+                return None
+            try:
+                return await self._to_peer(host, request, raw_path, body, name)
+            except Unreached as e:
+                self.peers.down(host, "a request could not reach it "
+                                f"({type(e.cause).__name__})")
+        if preset is not None or not self.peers.knows(name):
+            return None   # this host's own answer, or no host has such a model (404)
+        raise GatewayError(503, public(self.peers.route(name, None).why), UNAVAILABLE,
+                           "model_unavailable")
+
+    async def _to_peer(self, host: str, request: web.Request, raw_path: str, body: bytes,
+                       name: str) -> web.StreamResponse:
+        """The request relayed to peer gateway ``host``: on the route asked (a constant of
+        lokid.gateway.routes, never the client's path), with the peer's key and the hop
+        mark, never the client's key."""
+        route(request.method, raw_path, ENGINE_ROUTES)
+        peer = self.peers.states[host].peer
+        key = self.peers.key(peer)
+        target = peer.url + raw_path + (f"?{request.query_string}" if request.query_string
+                                        else "")
+        patience = Patience(self.settings.first_byte_timeout, self.settings.stream_idle_timeout)
+        assert self.client is not None
+        with self.peers.sending(host, name):
+            return await relay(self.client, request, peer.url, body, keep_auth=False,
+                               patience=patience, key=key, target=target,
+                               what=f"peer gateway {host!r}", hop=HOP_HEADER)
+
+    def _local_model(self, p: Preset) -> Model:
+        """This host's view of preset ``p`` for the routing rule."""
+        if p.kind == EXTERNAL:
+            return Model(READY, kind=EXTERNAL)
+        state = UNRESPONSIVE if self.liveness.state(p.name) else p.state
+        fits = None
+        if state != READY and p.on_demand:
+            fits = self.placer.fits(p, self.placer.residents(self.placer.clock()))
+        return Model(state, max(p.in_flight, self.placer.own[p.name]), p.on_demand, fits)
 
     async def _props(self, request: web.Request, url: str, key: str | None,
                      patience: Patience) -> web.StreamResponse:
@@ -226,22 +294,25 @@ class Gateway:
             raise GatewayError(401, "a valid API key is required: send `Authorization: "
                                "Bearer <key>`", "authentication_error", "invalid_api_key")
 
-    def _models(self, path: str) -> web.Response:
+    def _models(self, path: str, here_only: bool = True) -> web.Response:
         """Every preset a client can ask for; a broken one only by its name (a model
-        picker does not offer what cannot answer: /v1/models/<name> says why)."""
+        picker does not offer what cannot answer: /v1/models/<name> says why). Unless
+        ``here_only``, the peers' models too (lokid.gateway.peers: :func:`with_peers`)."""
         broken = self.presets.broken
         residents = self.placer.residents(self.placer.clock())   # once for every entry
         entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
                    if name in broken else model_entry(name, EXTERNAL, False, public(p.reachable))
                    if p.kind == EXTERNAL else self._entry(p, residents)
                    for name, p in sorted(self.presets.presets.items())}
+        if not here_only:
+            broken = with_peers(entries, broken, self.peers.listing())
         if path.startswith("/v1/models/"):
             name = path[len("/v1/models/"):]
             if name not in entries:
                 raise self._unknown(name)
             return web.json_response(entries[name])
         return web.json_response({"object": "list", "data": [
-            e for name, e in entries.items() if name not in broken]})
+            e for name, e in sorted(entries.items()) if name not in broken]})
 
     def _entry(self, p: Preset, residents: list[Resident]) -> dict[str, Any]:
         self.liveness.forget(p.name, p.state)
@@ -281,6 +352,28 @@ class Gateway:
                                 UNAVAILABLE, "model_broken")
         return GatewayError(404, f"no model {shown!r}: the known ones are {self._known()}",
                             code="model_not_found")
+
+
+def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
+               listing: dict[str, dict[str, dict[str, Any]]]) -> dict[str, str]:
+    """``entries`` (this host's) with the peers' models added: a name served here gets the
+    peers' facts under ``lokid.replicas`` (peer → facts); a name served by peers only is
+    listed with the facts of the first peer where it is ready (else the first up),
+    its ``host`` named, and the others' as replicas. A name broken here that a peer serves
+    is the peer's. The names still broken (not listed) are returned."""
+    broken = dict(broken)
+    for name in sorted(listing):
+        replicas = listing[name]
+        mine = entries.get(name)
+        if mine is not None and name not in broken:
+            mine["lokid"]["replicas"] = replicas
+            continue
+        broken.pop(name, None)
+        host = min(replicas, key=lambda h: (replicas[h].get("state") != READY,
+                                            replicas[h].get("state") == UNAVAILABLE_PEER))
+        facts = {**replicas[host], "host": host, "replicas": replicas}
+        entries[name] = {**model_entry(name, "", False, ""), "lokid": facts}
+    return broken
 
 
 def runner_kwargs() -> dict[str, Any]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
+from ..core.fleet.peers import Peer
 from ..core.place.settings import PlacementConfig
 from ..core.secrets import CREDENTIALS_DIR_ENV
 from ..core.serve import (
@@ -50,6 +51,8 @@ class Settings:
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
     # lokid.toml's [placement]: whether starts wait for room, and how long at most
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    # other lokid gateways this one routes to ([gateway] peers, lokid.gateway.peers)
+    peers: tuple[Peer, ...] = ()
 
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
@@ -72,7 +75,7 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
                           "without client keys: set [gateway] api_keys_file", key="listen")
     return Settings(tuple(parsed), gateway.api_keys_file, gateway.max_body,
                     gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
-                    gateway.stream_idle_timeout, placement or PlacementConfig())
+                    gateway.stream_idle_timeout, placement or PlacementConfig(), gateway.peers)
 
 
 def inherited_sockets() -> list[socket.socket]:

@@ -35,17 +35,24 @@ from .replies import UNAVAILABLE, GatewayError
 
 log = logging.getLogger("lokid.gateway")
 
-def key_path(preset: str, configured: str, env: Mapping[str, str] = os.environ) -> str:
+def key_path(preset: str, configured: str, env: Mapping[str, str] = os.environ,
+             credential: str = "") -> str:
     """Where ``preset``'s key is read: systemd's copy under loki-gateway.service, else
-    the file ``configured`` (its KeyFile)."""
+    the file ``configured`` (its KeyFile). ``credential``: its id when it is not the
+    preset key's (a peer's, :func:`lokid.core.fleet.peers.peer_key_credential`)."""
     directory = env.get(CREDENTIALS_DIR_ENV)
-    return f"{directory.rstrip('/')}/{key_credential(preset)}" if directory else configured
+    credential = credential or key_credential(preset)
+    return f"{directory.rstrip('/')}/{credential}" if directory else configured
 
 
-def read_key(preset: str, configured: str, env: Mapping[str, str] = os.environ) -> str:
+def read_key(preset: str, configured: str, env: Mapping[str, str] = os.environ,
+             credential: str = "", label: str = "") -> str:
     """The first key of ``preset``'s key file (one a line, ``#`` comments skipped, as
-    llama-server's --api-key-file); GatewayError (503) when there is none."""
-    path = key_path(preset, configured, env)
+    llama-server's --api-key-file); GatewayError (503) when there is none. ``credential``
+    and ``label`` (how errors name its owner): for a key that is not a preset's."""
+    credential = credential or key_credential(preset)
+    logged, label = label or f"preset {preset}", label or f"preset {preset!r}"
+    path = key_path(preset, configured, env, credential)
     why = ""
     try:
         with open(path, "rb") as f:
@@ -53,7 +60,7 @@ def read_key(preset: str, configured: str, env: Mapping[str, str] = os.environ) 
     except OSError as e:
         why = e.strerror or type(e).__name__
         if path != configured:
-            why += (f" (systemd's copy of {configured}, credential {key_credential(preset)}: "
+            why += (f" (systemd's copy of {configured}, credential {credential}: "
                     "run `systemctl daemon-reload`, then restart loki-gateway.service)")
         data = b""
     if not why and len(data) > MAX_SECRET_BYTES:
@@ -63,8 +70,8 @@ def read_key(preset: str, configured: str, env: Mapping[str, str] = os.environ) 
     if not why and not key:
         why = "it holds no key"
     if why or any(not ch.isprintable() for ch in key):
-        log.warning("preset %s: cannot use its api_key_file %s: %s", preset, path,
+        log.warning("%s: cannot use its api_key_file %s: %s", logged, path,
                     why or "the key holds control characters")
-        raise GatewayError(503, f"preset {preset!r}: its api_key_file cannot be used (the "
+        raise GatewayError(503, f"{label}: its api_key_file cannot be used (the "
                            "gateway's log says why)", UNAVAILABLE, "model_key_missing")
     return key

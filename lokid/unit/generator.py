@@ -63,6 +63,7 @@ from ..core import config as cfg
 from ..core.conflicts import port_conflicts
 from ..core.errors import ConfigError, printable
 from ..core.external import ip_host, key_credential
+from ..core.fleet.peers import peer_key_credential
 from ..core.names import engine_unit
 from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
 from ..core.secrets import API_KEY_TARGET, credential_id
@@ -245,6 +246,17 @@ def gateway_dropins(gateway: GatewayConfig,
     # the presets' keys (paths the config checked as LoadCredential= reads them)
     credentials += [f"LoadCredential={key_credential(name)}:{path}\n"
                     for name, path in sorted((keys or {}).items())]
+    # the keys this gateway presents to its peers (lokid.core.fleet.peers); a missing file
+    # is left out as a preset's is: the gateway then says that peer's key is missing
+    for peer in gateway.peers:
+        if not peer.api_key_file:
+            continue
+        if not os.path.exists(peer.api_key_file):
+            _warn(f"[gateway] peer {peer.name}: api_key_file {peer.api_key_file} does not "
+                  "exist: the gateway gets no key for it")
+            continue
+        credentials.append(f"LoadCredential={peer_key_credential(peer.name)}:"
+                           f"{peer.api_key_file}\n")
     service = head + "[Service]\n" + "".join(credentials) if credentials else ""
     return socket, service
 

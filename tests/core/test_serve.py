@@ -14,6 +14,7 @@ from lokid.core import config as cfg
 from lokid.core import presetedit as pe
 from lokid.core import serve
 from lokid.core.errors import ConfigError
+from lokid.core.fleet.peers import Peer
 
 EXAMPLE = Path(__file__).parents[2] / "etc" / "presets" / "example.toml"
 GLOBAL_EXAMPLE = Path(__file__).parents[2] / "etc" / "lokid.toml"
@@ -246,4 +247,5 @@ def test_the_annotated_lokid_toml_documents_every_gateway_key() -> None:
         listen=("127.0.0.1:8000",), api_keys_file="/etc/loki/keys/gateway.keys",
         max_body=64 * 1024 * 1024, default_model="qwen",
         cors_origins=("https://chat.example.org",), first_byte_timeout=600.0,
-        stream_idle_timeout=300.0)
+        stream_idle_timeout=300.0,
+        peers=(Peer("gpu2", "http://gpu2:8000", "/etc/loki/keys/gpu2"),))

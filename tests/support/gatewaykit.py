@@ -23,10 +23,11 @@ from .enginekit import free_port
 
 @contextlib.asynccontextmanager
 async def gateway_on(bus_address: str, **settings: Any) -> AsyncIterator[Gateway]:
-    """The gateway on a free loopback port (``gateway.url``) until the block ends."""
+    """The gateway on a free loopback port (or ``port=``; ``gateway.url``) until the block
+    ends."""
     keys = settings.pop("keys", frozenset())
     head_timeout = settings.pop("head_timeout", HEAD_TIMEOUT)
-    port = free_port()
+    port = settings.pop("port", None) or free_port()
     bus = await MessageBus(bus_address=bus_address).connect()
     presets = Presets(bus)
     await presets.attach()

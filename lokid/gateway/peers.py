@@ -1,0 +1,250 @@
+"""The gateway's peers (issue 30, item 1): what each other lokid gateway of
+``[gateway] peers`` serves, and whether it is up; the routing rule itself is
+:mod:`lokid.core.fleet.route`.
+
+Rules, each for a failure it prevents:
+
+- each peer's ``GET /v1/models`` is read every :data:`POLL_EVERY` seconds while it is
+  up, with the peer's own key (never a client's) and the hop mark (:data:`HOP_HEADER`:
+  the peer lists only its own presets, so hosts that list each other never count a
+  model twice); the read is bounded (:data:`READ_TIMEOUT`, :data:`MAX_LISTING`);
+- a peer that refuses or times out the read, answers other than 200 or sends what is no
+  model list is **down**: its models are unavailable at once (a client is answered 503
+  naming the peer, rather than kept waiting on a dead host), and it is read again after
+  a backoff (:data:`BACKOFF`, from 1 s to 30 s), then routed to as soon as a read
+  succeeds. A request that could not reach a peer marks it down the same way;
+- what a peer said last stays known while it is down, so a model only it serves is
+  answered "on gpu2, which is down" (503) rather than "no such model" (404);
+- the requests this gateway has in flight to a peer count with what the peer last said
+  (the larger of the two), so a burst between two reads is spread over the replicas;
+- no peer's address reaches a client: replies and listings name the peer only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..core.fleet.peers import Peer, peer_key_credential
+from ..core.fleet.route import LOCAL, READY, Host, Model, Route, route
+from .replies import GatewayError
+from .upstream import read_key
+
+log = logging.getLogger("lokid.gateway")
+
+# The mark a forwarded request carries: a gateway answers it from its own presets only,
+# never sends it on, and lists only its own presets to it.
+HOP_HEADER = "Lokid-Hop"
+POLL_EVERY = 2.0            # seconds between two reads of an up peer's models
+READ_TIMEOUT = 3.0          # seconds a read may take, connect included
+BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # seconds before a down peer is read again
+MAX_LISTING = 4 * 1024 * 1024   # bytes of a peer's /v1/models, at most
+UNAVAILABLE = "unavailable"     # the state a down peer's models are listed in
+EXTERNAL = "external"
+
+
+@dataclass
+class PeerState:
+    peer: Peer
+    up: bool = False
+    read: bool = False                       # a listing was read once at least
+    models: dict[str, Model] = field(default_factory=dict)
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)   # its lokid facts
+    why_down: str = "not read yet"
+    failures: int = 0
+    since: float = field(default_factory=time.monotonic)   # up or down since
+    sent: Counter[str] = field(default_factory=Counter)    # our requests in flight there
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def model_of(facts: Any) -> Model:
+    """A peer's /v1/models entry's ``lokid`` facts as the routing rule reads them; an
+    entry without them (an OpenAI API, not a lokid gateway) counts as ready."""
+    if not isinstance(facts, dict) or "state" not in facts:
+        return Model(READY)
+    state = facts.get("state")
+    if state == EXTERNAL:
+        return Model(READY, kind=EXTERNAL)
+    in_flight = facts.get("in_flight")
+    fits = facts.get("fits")
+    return Model(state if isinstance(state, str) else "unknown",
+                 in_flight if isinstance(in_flight, int) and in_flight >= 0 else 0,
+                 facts.get("on_demand") is True, fits if isinstance(fits, bool) else None)
+
+
+def listing_of(data: Any) -> dict[str, dict[str, Any]]:
+    """Model id → its ``lokid`` facts ({} when none), from a /v1/models answer;
+    ValueError for what is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise ValueError("its /v1/models answer is not a model list")
+    out = {}
+    for entry in data["data"]:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]:
+            facts = entry.get("lokid")
+            out[entry["id"][:256]] = facts if isinstance(facts, dict) else {}
+    return out
+
+
+class Peers:
+    def __init__(self, peers: Sequence[Peer],
+                 client: Callable[[], aiohttp.ClientSession | None]):
+        self.states = {p.name: PeerState(p) for p in peers}
+        self.client = client
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.states)
+
+    def start(self) -> None:
+        self.tasks = [asyncio.get_running_loop().create_task(self._follow(s))
+                      for s in self.states.values()]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks = []
+
+    def key(self, peer: Peer) -> str | None:
+        """The key presented to ``peer`` (its credential under systemd); GatewayError 503
+        when its file cannot be used."""
+        if not peer.api_key_file:
+            return None
+        return read_key(peer.name, peer.api_key_file, credential=peer_key_credential(peer.name),
+                        label=f"peer gateway {peer.name!r}")
+
+    async def _follow(self, s: PeerState) -> None:
+        while True:
+            await self.read(s)
+            pause = POLL_EVERY if s.up else BACKOFF[min(s.failures, len(BACKOFF)) - 1]
+            s.wake.clear()
+            try:
+                await asyncio.wait_for(s.wake.wait(), pause)
+            except TimeoutError:
+                pass
+
+    async def read(self, s: PeerState) -> None:
+        """Read ``s``'s models once: up with them, or down with why."""
+        try:
+            listing = await asyncio.wait_for(self._get(s.peer), READ_TIMEOUT)
+        except TimeoutError:
+            self.down(s.peer.name, f"its /v1/models did not answer in {READ_TIMEOUT:g} s")
+            return
+        except GatewayError:
+            self.down(s.peer.name, "its api_key_file cannot be used")
+            return
+        except (aiohttp.ClientError, OSError, ValueError) as e:
+            self.down(s.peer.name, _reason(e))
+            return
+        s.models = {name: model_of(facts) for name, facts in listing.items()}
+        s.facts = listing
+        s.read = True
+        if not s.up:
+            log.info("peer gateway %s is up: %d model(s)", s.peer.name, len(listing))
+            s.up, s.since = True, time.monotonic()
+        s.failures, s.why_down = 0, ""
+
+    async def _get(self, peer: Peer) -> dict[str, dict[str, Any]]:
+        client = self.client()
+        if client is None:
+            raise ValueError("the gateway is not serving yet")
+        headers = {HOP_HEADER: "1"}
+        key = self.key(peer)
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        async with client.get(peer.url + "/v1/models", headers=headers,
+                              allow_redirects=False) as answer:
+            if answer.status != 200:
+                raise ValueError(f"its /v1/models answered {answer.status}"
+                                 + (" (is its key right?)" if answer.status == 401 else ""))
+            data = b""
+            async for chunk in answer.content.iter_any():
+                data += chunk
+                if len(data) > MAX_LISTING:
+                    raise ValueError(f"its /v1/models is over {MAX_LISTING} bytes")
+        try:
+            return listing_of(json.loads(data))
+        except ValueError:
+            raise ValueError("its /v1/models answer is not a model list") from None
+
+    def down(self, name: str, why: str) -> None:
+        """Mark peer ``name`` down (a read or a request could not reach it)."""
+        s = self.states[name]
+        s.failures += 1
+        if s.up or s.why_down != why:
+            log.warning("peer gateway %s is down: %s", name, why)
+        if s.up:
+            s.since = time.monotonic()
+        s.up, s.why_down = False, why
+        if s.failures == 1:
+            s.wake.set()   # read again soon: the first backoff step
+
+    def hosts(self, local: Model | None, name: str) -> list[Host]:
+        """This host (its view of model ``name``: ``local``, None when it has no such
+        preset) and each peer, as the routing rule reads them."""
+        out = [Host(LOCAL, True, {name: local} if local is not None else {})]
+        for s in self.states.values():
+            models: Mapping[str, Model] | None = None
+            if s.up:
+                models = s.models
+                sent = s.sent.get(name, 0)
+                if sent and name in models and models[name].in_flight < sent:
+                    m = models[name]
+                    models = {name: Model(m.state, sent, m.on_demand, m.fits, m.kind)}
+            out.append(Host(s.peer.name, s.up, models, s.why_down))
+        return out
+
+    def route(self, name: str, local: Model | None, hopped: bool = False) -> Route:
+        return route(name, self.hosts(local, name), hopped)
+
+    def knows(self, name: str) -> bool:
+        """Whether a peer lists ``name``, or listed it when last read, or could (it was
+        never read): a request for it is then answered 503 naming the peers, not 404."""
+        return any(name in s.models or not s.read for s in self.states.values())
+
+    @contextlib.contextmanager
+    def sending(self, peer: str, name: str) -> Iterator[None]:
+        """Count a request of ours for ``name`` in flight to ``peer`` while the block runs."""
+        sent = self.states[peer].sent
+        sent[name] += 1
+        try:
+            yield
+        finally:
+            sent[name] -= 1
+            if sent[name] <= 0:
+                del sent[name]
+
+    def listing(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every model a peer serves or served: name → peer → its facts (a down peer's
+        in the state "unavailable", saying why)."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for s in self.states.values():
+            for name, facts in s.facts.items():
+                shown = dict(facts) if s.up else {
+                    "state": UNAVAILABLE, "status": f"peer gateway {s.peer.name} is down: "
+                    f"{s.why_down}"}
+                out.setdefault(name, {})[s.peer.name] = shown
+        return out
+
+    def summary(self) -> dict[str, str]:
+        """Peer name → "" when up, else why it is down."""
+        return {name: "" if s.up else s.why_down for name, s in self.states.items()}
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, aiohttp.ClientConnectorError):   # its text names the address: not shown
+        number = e.os_error.errno
+        return f"cannot connect ({os.strerror(number) if number else type(e.os_error).__name__})"
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "it closed the connection"
+    return str(e) or type(e).__name__

@@ -1,0 +1,115 @@
+"""Reading a peer gateway's models (lokid.gateway.peers) from peers that misbehave: real
+HTTP servers (aiohttp) answering what a broken or hostile host could. Each leaves the
+peer down with a reason that names no address, bounded in time and memory; a good
+answer brings it back up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from support.enginekit import free_port
+
+from lokid.core.fleet.peers import Peer
+from lokid.gateway import peers as peers_mod
+from lokid.gateway.peers import HOP_HEADER, Peers
+from lokid.gateway.relay import session
+
+GOOD = {"object": "list", "data": [
+    {"id": "qwen", "object": "model", "lokid": {"state": "ready", "on_demand": True,
+                                                "status": "", "in_flight": 3, "fits": True}},
+    {"id": "api", "object": "model", "lokid": {"state": "external", "on_demand": False}},
+    {"id": "plain", "object": "model"}]}
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A server whose /v1/models answers what ``mode["answer"]`` says, keeping the
+    headers it was sent."""
+    mode: dict[str, Any] = {"answer": "good", "seen": [], "release": asyncio.Event()}
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        mode["seen"].append(dict(request.headers))
+        answer = mode["answer"]
+        if answer == "good":
+            return web.json_response(GOOD)
+        if answer == "500":
+            return web.Response(status=500, text="oops")
+        if answer == "junk":
+            return web.Response(text="<html>not json</html>")
+        if answer == "huge":   # an endless body: read no more than the bound
+            response = web.StreamResponse()
+            await response.prepare(request)
+            chunk = b" " * 65536
+            for _ in range(200):
+                await response.write(chunk)
+            return response
+        await mode["release"].wait()   # silent until the test ends
+        return web.json_response(GOOD)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}", mode
+    finally:
+        mode["release"].set()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("answer,why", [
+    ("500", "its /v1/models answered 500"),
+    ("junk", "its /v1/models answer is not a model list"),
+    ("huge", f"its /v1/models is over {peers_mod.MAX_LISTING} bytes"),
+    ("silent", "its /v1/models did not answer in 0.5 s"),
+])
+async def test_a_peer_that_misbehaves_is_down_with_why_then_up_again(
+        peer: tuple[str, dict[str, Any]], answer: str, why: str,
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setattr(peers_mod, "READ_TIMEOUT", 0.5)
+    url, mode = peer
+    key = tmp_path / "k"
+    key.write_text("sk-peer\n")
+    client = session()
+    peers = Peers([Peer("gpu2", url, str(key))], lambda: client)
+    state = peers.states["gpu2"]
+    try:
+        await peers.read(state)
+        assert state.up and peers.summary() == {"gpu2": ""}
+        assert set(state.models) == {"qwen", "api", "plain"}
+        assert state.models["qwen"].in_flight == 3 and state.models["qwen"].fits is True
+        assert state.models["api"].state == "ready" and state.models["api"].kind == "external"
+        assert state.models["plain"].state == "ready"   # an OpenAI API, not a lokid
+        # the peer key and the hop mark were sent
+        assert mode["seen"][-1]["Authorization"] == "Bearer sk-peer"
+        assert mode["seen"][-1][HOP_HEADER] == "1"
+        mode["answer"] = answer
+        await peers.read(state)
+        assert not state.up and peers.summary()["gpu2"] == why
+        assert "127.0.0.1" not in why
+        # what it served is listed unavailable, and a request for it is known to be there
+        assert peers.listing()["qwen"]["gpu2"]["state"] == "unavailable"
+        assert peers.knows("qwen") and not peers.knows("other")
+        assert [h.name for h in peers.hosts(None, "qwen") if not h.up] == ["gpu2"]
+        mode["answer"] = "good"
+        await peers.read(state)
+        assert state.up and state.failures == 0
+    finally:
+        await client.close()
+
+
+async def test_a_peer_that_refuses_the_connection_is_down_without_its_address(
+        tmp_path: Any) -> None:
+    client = session()
+    peers = Peers([Peer("gpu2", f"http://127.0.0.1:{free_port()}")], lambda: client)
+    try:
+        await peers.read(peers.states["gpu2"])
+    finally:
+        await client.close()
+    assert peers.summary() == {"gpu2": "cannot connect (Connection refused)"}
