@@ -163,6 +163,10 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
     lines += [[name, "broken", "-", "-", "-", "-", "-", error]
               for name, error in sorted(broken.items())]
     print(ctlstats.columns(lines))
+    peers = ctlstats.peers_text(dict((await c.properties(OBJECT_PATH, MANAGER_INTERFACE))
+                                     .get("Peers") or {}))
+    if peers:   # where the gateway relays what this host does not serve
+        print("\n" + peers)
     return EXIT_OK
 
 
@@ -225,9 +229,10 @@ async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
 
     async def devices(width: int | None = None) -> str:
         manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
-        waits = ctlstats.waits_text(dict(manager.get("Waits") or {}), width)
-        return ctlstats.devices_table(manager.get("Devices") or [], width) + (
-            "\n\n" + waits if waits else "")
+        said = [ctlstats.waits_text(dict(manager.get("Waits") or {}), width),
+                ctlstats.peers_text(dict(manager.get("Peers") or {}), width)]
+        return "\n\n".join([ctlstats.devices_table(manager.get("Devices") or [], width),
+                            *(text for text in said if text)])
 
     if as_json:
         waits = dict((await c.properties(OBJECT_PATH, MANAGER_INTERFACE)).get("Waits") or {})

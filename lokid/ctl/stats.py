@@ -199,6 +199,18 @@ def waits_text(waits: dict[str, Any], width: int | None = None) -> str:
         for line in lines)
 
 
+def peers_text(peers: dict[str, Any], width: int | None = None) -> str:
+    """The manager's Peers under the devices: each peer gateway up or down with why
+    ("" without peers)."""
+    if not peers:
+        return ""
+    lines = [f"  {name}: {'up' if not why else 'DOWN: ' + str(why)}"
+             for name, why in sorted(peers.items())]
+    return "peer gateways:\n" + "\n".join(
+        line if width is None or len(line) <= width else line[:width - 1] + "…"
+        for line in lines)
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 

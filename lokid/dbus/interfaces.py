@@ -390,6 +390,10 @@ class ManagerInterface(ServiceInterface):
     def Waits(self) -> "a{ss}":
         return self.backend.telemetry.room.waits()
 
+    @dbus_property(access=PropertyAccess.READ)
+    def Peers(self) -> "a{ss}":
+        return self.backend.telemetry.sight.peers()
+
     @method()
     @access(READ)
     @guarded
@@ -436,6 +440,15 @@ class ManagerInterface(ServiceInterface):
                                    f"most {MAX_WHY} characters")
         if self.backend.telemetry.room.report_waits(waits):
             self.emit_properties_changed({"Waits": self.backend.telemetry.room.waits()})
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def ReportPeers(self, peers: "a{ss}") -> None:
+        sight = self.backend.telemetry.sight
+        sight.check_reporter(await self.backend.caller(), "ReportPeers")
+        if sight.report_peers(peers):
+            self.emit_properties_changed({"Peers": sight.peers()})
 
     @method()
     @access(MANAGE)

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.errors import InvalidArgsError, PermissionDeniedError
+from ..core.errors import InvalidArgsError, PermissionDeniedError, printable
 from ..core.names import GATEWAY_USER
 from ..runners.runner import FAILED, INACTIVE, LIVE, LOADING, READY, STOPPING, EngineState
 from .registry import Registry
@@ -46,6 +46,8 @@ STARTING = "starting for a request"
 STARTED_BY_HAND = "starting"
 IDLE_STOPPED = "stopped when idle"
 MAX_REPORT = 4096   # entries of one GatewayReport, at most
+MAX_PEERS = 64      # peers in one ReportPeers (lokid.core.fleet.peers: at most 64)
+PEERS_FRESH = 30.0  # seconds a ReportPeers holds (the gateway repeats it every 10 s)
 
 
 def on_demand_state(on_demand: bool, idle_stop: bool, state: str, for_request: bool,
@@ -94,6 +96,8 @@ class Sight:
         self.cold: dict[str, ColdStarts] = {}
         self.requests: dict[str, Counter[int]] = {}   # the gateway's, by status code
         self.swaps: Counter[str] = Counter()     # by group
+        self.peer_word: dict[str, str] = {}      # the gateway's ReportPeers: peer → why down
+        self.peers_at = float("-inf")
         self.evictions: dict[str, Counter[str]] = {}   # preset → reason → count
         self.last_request: dict[str, float] = {}
         self.said: dict[tuple[str, str], Any] = {}
@@ -183,6 +187,25 @@ class Sight:
                 self.swaps[str(group)] += int(count)
                 for member in self._members(str(group)):
                     self.mark(member)
+
+    def report_peers(self, peers: dict[str, str]) -> bool:
+        """ReportPeers: each peer gateway of the gateway, "" when up, else why it is down,
+        replacing the last word. Whether what :meth:`peers` shows changed."""
+        if len(peers) > MAX_PEERS or any(len(k) > 64 or len(v) > 2000
+                                         for k, v in peers.items()):
+            raise InvalidArgsError(f"ReportPeers: at most {MAX_PEERS} peers, each name at "
+                                   "most 64 characters and each why at most 2000")
+        before = self.peers()
+        self.peer_word = {printable(k): printable(v) for k, v in peers.items()}
+        self.peers_at = time.monotonic()
+        return self.peers() != before
+
+    def peers(self) -> dict[str, str]:
+        """The gateway's peers, "" for one up, else why it is down; {} once the gateway
+        has not said so for PEERS_FRESH seconds (a gateway gone leaves nothing stale)."""
+        if time.monotonic() - self.peers_at > PEERS_FRESH:
+            return {}
+        return dict(self.peer_word)
 
     # --- what it shows ------------------------------------------------------------------
 

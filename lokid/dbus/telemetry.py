@@ -256,8 +256,9 @@ class Telemetry:
             views = {n: self.daemon.registry.presets.get(n) for n in names}
             states = {n: self.daemon.engine_state(n).state for n in names}
             broken = sorted(self.daemon.registry.unstartable())
+            waits, peers = sorted(self.room.waits()), self.sight.peers()
             key = [(n, states[n], v.model if v else "", v.auto_blocked if v else "")
-                   for n, v in views.items()], broken
+                   for n, v in views.items()], broken, waits, sorted(peers.items())
             if not tf.due(bool(figures), key, time.monotonic()):
                 return
             records = []
@@ -270,7 +271,7 @@ class Telemetry:
                                       self.room.memory(n)))
             await asyncio.to_thread(tf.write, render(records, time.time(), broken,
                                                      dict(self.sight.swaps),
-                                                     self.room.devices()))
+                                                     self.room.devices(), waits, peers))
         except Exception as e:  # a defect of ours (the writer logs its OSErrors itself):
             if not tf.render_failed:  # the Stats and the engines go on
                 tf.render_failed = True

@@ -17,7 +17,11 @@ Rules, each for a failure it prevents:
   answered "on gpu2, which is down" (503) rather than "no such model" (404);
 - the requests this gateway has in flight to a peer count with what the peer last said
   (the larger of the two), so a burst between two reads is spread over the replicas;
-- no peer's address reaches a client: replies and listings name the peer only.
+- no peer's address reaches a client: replies and listings name the peer only;
+- the daemon is told which peers are down (``ReportPeers``: lokictl top, Prometheus's
+  ``lokid_peer_up``) when that changes, and again every :data:`REPORT_EVERY` seconds
+  (it forgets a word not repeated); a report that fails is logged once, never in the
+  way of a request.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +53,7 @@ POLL_EVERY = 2.0            # seconds between two reads of an up peer's models
 READ_TIMEOUT = 3.0          # seconds a read may take, connect included
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # seconds before a down peer is read again
 MAX_LISTING = 4 * 1024 * 1024   # bytes of a peer's /v1/models, at most
+REPORT_EVERY = 10.0             # seconds between two ReportPeers when nothing changed
 UNAVAILABLE = "unavailable"     # the state a down peer's models are listed in
 EXTERNAL = "external"
 
@@ -97,17 +102,21 @@ def listing_of(data: Any) -> dict[str, dict[str, Any]]:
 
 class Peers:
     def __init__(self, peers: Sequence[Peer],
-                 client: Callable[[], aiohttp.ClientSession | None]):
+                 client: Callable[[], aiohttp.ClientSession | None],
+                 report: Callable[[dict[str, str]], Awaitable[None]] | None = None):
         self.states = {p.name: PeerState(p) for p in peers}
         self.client = client
+        self.report = report     # ReportPeers to the daemon
         self.tasks: list[asyncio.Task[None]] = []
 
     def __bool__(self) -> bool:
         return bool(self.states)
 
     def start(self) -> None:
-        self.tasks = [asyncio.get_running_loop().create_task(self._follow(s))
-                      for s in self.states.values()]
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._follow(s)) for s in self.states.values()]
+        if self.states and self.report is not None:
+            self.tasks.append(loop.create_task(self._reporting(self.report)))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -122,6 +131,23 @@ class Peers:
             return None
         return read_key(peer.name, peer.api_key_file, credential=peer_key_credential(peer.name),
                         label=f"peer gateway {peer.name!r}")
+
+    async def _reporting(self, report: Callable[[dict[str, str]], Awaitable[None]]) -> None:
+        sent: dict[str, str] | None = None
+        at, failed = float("-inf"), False
+        while True:
+            now = self.summary()
+            if now != sent or time.monotonic() - at >= REPORT_EVERY:
+                at = time.monotonic()
+                try:
+                    await report(now)
+                    sent, failed = now, False
+                except Exception as e:   # the daemon away, older, or refusing: logged once
+                    if not failed:
+                        log.info("peers: the daemon was not told which peers are up: %s",
+                                 getattr(e, "text", "") or f"{type(e).__name__}: {e}")
+                    failed = True
+            await asyncio.sleep(1.0)
 
     async def _follow(self, s: PeerState) -> None:
         while True:

@@ -289,6 +289,11 @@ class Presets:
         await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "ReportWaits",
                    "a{ss}", [{k: v[:2000] for k, v in waits.items()}])
 
+    async def report_peers(self, peers: dict[str, str]) -> None:
+        """ReportPeers: each peer gateway, "" when up, else why it is down."""
+        await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "ReportPeers",
+                   "a{ss}", [{k: v[:2000] for k, v in peers.items()}])
+
     async def stop(self, name: str) -> str:
         """StopPreset, as ``lokictl stop`` (a swap in a GPU group): the job's id."""
         (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StopPreset",

@@ -99,7 +99,8 @@ class Gateway:
         self.cors = Cors(settings.cors_origins)
         self.liveness = Liveness(lambda: self.client)
         self.faults = Faults()
-        self.peers = Peers(settings.peers, lambda: self.client)   # other lokid gateways
+        self.peers = Peers(settings.peers, lambda: self.client,   # other lokid gateways
+                           presets.report_peers)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,

@@ -127,6 +127,12 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("lokid_device_memory_bytes", "gauge",
      "Each device's memory (GPU0..., host) by kind: total, free (now), reserved ([placement] "
      "reserve), lokid (held by lokid's running engines), others (held by other processes)."),
+    ("lokid_memory_waiting", "gauge",
+     "1 while requests for the preset wait for memory (the gateway's placement holds its "
+     "start until room is made; lokictl top says why), 0 once none waits."),
+    ("lokid_peer_up", "gauge",
+     "Whether the gateway reads each peer gateway of [gateway] peers (1), or finds it down "
+     "(0: its models are unavailable through this gateway; lokictl top says why)."),
 )
 FAMILY_NAMES = tuple(name for name, _, _ in FAMILIES)
 
@@ -203,12 +209,14 @@ class _Samples:
 
 def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
            swaps: Mapping[str, int] | None = None,
-           devices: Iterable[Mapping[str, Any]] = ()) -> str:
+           devices: Iterable[Mapping[str, Any]] = (), waits: Iterable[str] = (),
+           peers: Mapping[str, str] | None = None) -> str:
     """The textfile for ``records`` (one per preset) written at ``now`` (Unix time);
     ``broken``: the presets that cannot start (the Manager's BrokenPresets), each with
     its ``lokid_preset_broken`` 1 whether it has a record or not (a file that does not
     parse has none); ``swaps``: the GPU groups' swaps, by group; ``devices``: the
-    Manager's Devices rows."""
+    Manager's Devices rows; ``waits``: the presets whose requests wait for memory now
+    (the Manager's Waits); ``peers``: the gateway's peers, "" for one up (its Peers)."""
     out = _Samples()
     out.add("lokid_textfile_timestamp_seconds", (), round(now, 3))
     records = sorted(records, key=lambda r: r.preset)
@@ -217,6 +225,12 @@ def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
         out.add("lokid_preset_broken", (("preset", name),), 1 if name in down else 0)
     for r in records:
         _preset(out, r)
+    waiting = set(waits)
+    for r in records:
+        out.add("lokid_memory_waiting", (("preset", r.preset), ("model", r.model)),
+                1 if r.preset in waiting else 0)
+    for peer, why in sorted((peers or {}).items()):
+        out.add("lokid_peer_up", (("peer", peer),), 0 if why else 1)
     for group, count in sorted((swaps or {}).items()):
         out.add("lokid_group_swaps_total", (("group", group),), count)
     for d in devices:

@@ -156,6 +156,18 @@ async def test_a_gateway_report_is_taken_from_root_alone_and_checked(
         assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
         await manager.call_report_waits({})
         assert await manager.get_waits() == {}
+        # which peer gateways are down (lokictl top, lokid_peer_up): the same
+        peers = ("call", BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "ReportPeers", "a{ss}",
+                 "1", "gpu2", "forged")
+        r = await asyncio.to_thread(busctl_as, open_bus_address, "nobody", "users", *peers)
+        assert r.returncode != 0
+        assert "ReportPeers: only the gateway (user loki-gateway)" in r.stderr, r.stderr
+        assert await manager.get_peers() == {}
+        await manager.call_report_peers({"gpu2": "", "gpu3": "cannot connect\x1b[2J"})
+        assert await manager.get_peers() == {"gpu2": "", "gpu3": "cannot connect\\u001b[2J"}
+        with pytest.raises(DBusError) as e:
+            await manager.call_report_peers({f"p{i}": "" for i in range(65)})
+        assert e.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
 
 
 def test_the_gateways_own_user_may_report() -> None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
 from lokid.core.fleet.peers import Peer
+from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.gateway import peers as peers_mod
 from lokid.gateway.peers import HOP_HEADER
 from lokid.gateway.report import PRESET_KEY
@@ -204,6 +206,21 @@ async def test_a_replica_answers_when_a_host_is_gone_and_a_preset_only_there_is_
         models = await listed(a)
         assert models["beta"]["lokid"]["state"] == "unavailable"
         assert models["shared"]["lokid"]["host"] == "c"
+        # the daemon is told (lokictl presets and top, Prometheus's lokid_peer_up)
+        assert a.running is not None
+        manager = await a.running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+
+        async def b_down() -> bool:
+            peers = await manager.get_peers()
+            return peers.get("c") == "" and peers.get("b", "").startswith("cannot connect")
+
+        await until(b_down, 20, "A's daemon told that B is down")
+        ctl = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "lokid.ctl", "--address", a.address, "presets",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        shown = (await asyncio.wait_for(ctl.communicate(), 60))[0].decode()
+        assert "peer gateways:\n  b: DOWN: cannot connect (Connection refused)\n  c: up" \
+            in shown, shown
         # back up: routed to B again
         await b.start_gateway()
         await until(lambda: all_up(a), 20, "B seen up again")

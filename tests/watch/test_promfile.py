@@ -169,7 +169,8 @@ def test_every_family_follows_the_naming_conventions() -> None:
 
 
 def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -> None:
-    text = render(records(), now=1764547200.25, swaps={"gpu0": 2}, devices=DEVICES)
+    text = render(records(), now=1764547200.25, swaps={"gpu0": 2}, devices=DEVICES,
+                  waits=["big"], peers={"gpu2": "", "gpu3": "cannot connect"})
     fams = parse(text)
     declared = {name: (kind, help_text) for name, kind, help_text in FAMILIES}
     assert set(fams) <= set(declared)
@@ -183,8 +184,21 @@ def test_a_rendered_file_parses_strictly_with_help_and_type_for_every_family() -
     for fam in fams.values():
         for labels in fam.samples:
             if fam.name not in ("lokid_textfile_timestamp_seconds", "lokid_preset_broken",
-                                "lokid_group_swaps_total", "lokid_device_memory_bytes"):
+                                "lokid_group_swaps_total", "lokid_device_memory_bytes",
+                                "lokid_peer_up"):
                 assert {"preset", "model"} <= dict(labels).keys(), (fam.name, labels)
+
+
+def test_memory_waits_and_peers_are_series_of_their_own() -> None:
+    fams = parse(render(records(), now=0.0, waits=["big", "gone"],
+                        peers={"gpu2": "", "gpu3": "cannot connect (Connection refused)"}))
+    assert series(fams, "lokid_memory_waiting", preset="big", model="glm-3b.gguf") == 1
+    others = [dict(labels)["preset"] for labels, value in fams["lokid_memory_waiting"].samples
+              .items() if value == 0]
+    assert others and "big" not in others
+    assert series(fams, "lokid_peer_up", peer="gpu2") == 1
+    assert series(fams, "lokid_peer_up", peer="gpu3") == 0
+    assert "lokid_peer_up" not in parse(render(records(), now=0.0))   # no peers: no series
 
 
 def test_the_figures_are_the_snapshots_in_base_units() -> None:
@@ -248,7 +262,8 @@ def test_idle_stops_are_counted_for_a_preset_with_idle_stop_only() -> None:
 def test_a_preset_that_served_nothing_has_state_but_no_counters() -> None:
     fams = parse(render([Record("never", "other.gguf", "inactive")], now=0.0))
     assert set(fams) == {"lokid_textfile_timestamp_seconds", "lokid_preset_broken",
-                         "lokid_engine_up", "lokid_engine_state", "lokid_auto_spec_blocked"}
+                         "lokid_engine_up", "lokid_engine_state", "lokid_auto_spec_blocked",
+                         "lokid_memory_waiting"}
 
 
 def test_a_broken_preset_has_a_series_to_alert_on() -> None:
