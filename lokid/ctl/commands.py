@@ -116,7 +116,7 @@ async def _preset_rows(c: Client) -> list[dict[str, Any]]:
     return rows
 
 
-async def _shown_rows(c: Client) -> tuple[list[dict[str, Any]], dict[str, str]]:
+async def shown_rows(c: Client) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Every preset object's properties, with the broken ones marked: a preset whose next
     start cannot be planned gets its ``Error`` and, unless its engine runs, the state
     "broken" (the bus's State is its engine's: inactive). Also the broken files that
@@ -136,16 +136,31 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
     """Every preset, the broken ones too: a file that does not parse (no object) and a
     preset whose next start cannot be planned (BrokenPresets has both): state "broken"
     unless its engine runs, and the error."""
-    rows, broken = await _shown_rows(c)
+    rows, broken = await shown_rows(c)
     if as_json:
         _print_json(rows + [{"Name": name, "State": "broken", "Error": error}
                             for name, error in sorted(broken.items())])
         return EXIT_OK
+    from . import stats as ctlstats
+
+    print(ctlstats.columns([list(PRESETS_COLUMNS), *preset_lines(rows, broken)]))
+    peers = ctlstats.peers_text(dict((await c.properties(OBJECT_PATH, MANAGER_INTERFACE))
+                                     .get("Peers") or {}))
+    if peers:   # where the gateway relays what this host does not serve
+        print("\n" + peers)
+    return EXIT_OK
+
+
+PRESETS_COLUMNS = ("PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "NEEDS", "MODEL")
+
+
+def preset_lines(rows: list[dict[str, Any]], broken: dict[str, str]) -> list[list[str]]:
+    """The cells of ``lokictl presets`` (:data:`PRESETS_COLUMNS`), one line a preset."""
     from . import sight as ctlsight
     from . import stats as ctlstats
 
     now = time.time()
-    lines = [["PRESET", "STATE", "SPEC", "URL", "UP", "GPU MEM", "NEEDS", "MODEL"]]
+    lines = []
     for r in rows:
         top = ctlstats.row(r)   # what is live only (URL, uptime, memory) is "-" otherwise
         blocked = "  (auto cut: " + r["AutoSpecBlocked"] + ")" if r["AutoSpecBlocked"] else ""
@@ -160,14 +175,8 @@ async def cmd_presets(c: Client, as_json: bool) -> int:
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
                       ctlstats.need_text(r.get("Memory") or {}),
                       f"{r['Model']}{blocked}{idle}{error}{_fit(r)}"])
-    lines += [[name, "broken", "-", "-", "-", "-", "-", error]
-              for name, error in sorted(broken.items())]
-    print(ctlstats.columns(lines))
-    peers = ctlstats.peers_text(dict((await c.properties(OBJECT_PATH, MANAGER_INTERFACE))
-                                     .get("Peers") or {}))
-    if peers:   # where the gateway relays what this host does not serve
-        print("\n" + peers)
-    return EXIT_OK
+    return lines + [[name, "broken", "-", "-", "-", "-", "-", error]
+                    for name, error in sorted(broken.items())]
 
 
 def _fit(r: dict[str, Any]) -> str:
@@ -222,7 +231,7 @@ async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
 
     async def rows() -> list[dict[str, Any]]:
         # what each is: an external API and a broken preset are not "inactive" engines
-        shown, broken = await _shown_rows(c)
+        shown, broken = await shown_rows(c)
         return [ctlstats.row(r) for r in shown] + [
             ctlstats.row({"Name": name, "State": "broken", "Error": error})
             for name, error in sorted(broken.items())]

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="a D-Bus address to use instead of --bus")
     p.add_argument("-H", "--host", metavar="[USER@]HOST[:PORT]",
                    help="lokid on another machine, over ssh (as busctl -H)")
+    p.add_argument("--hosts", metavar="HOST,HOST…",
+                   help="presets and top across hosts in one table, each over ssh "
+                   "as --host ('.': this host)")
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (("status", "the daemon and its presets"),
                            ("presets", "every preset, one line each"),
@@ -168,6 +171,14 @@ async def _edit_command(c: Client, args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace) -> int:
     bus_type = BusType.SESSION if args.bus == "session" else BusType.SYSTEM
+    if args.hosts:
+        from .fleet import FLEET_COMMANDS, cmd_fleet, hosts_of
+
+        if args.host or args.command not in FLEET_COMMANDS:
+            raise CtlError(f"--hosts: for {' and '.join(FLEET_COMMANDS)} only, without "
+                           "--host", EXIT_USAGE)
+        return await cmd_fleet(hosts_of(str(args.hosts)), str(args.command),
+                               bool(args.json), bus_type, args.address)
     ssh = None
     if args.host:
         bus, ssh = await connect_over_ssh(str(args.host))

@@ -203,6 +203,49 @@ def test_host_reaches_the_bus_through_ssh_and_systemd_stdio_bridge(daemon: str,
                                               "systemd-stdio-bridge"]
 
 
+def test_hosts_shows_every_host_in_one_table_and_names_the_one_not_reached(
+        daemon: str, tmp_path: Path) -> None:
+    """--hosts .,gpu-7,gpu-9: this host's bus, gpu-7 over (a stand-in for) ssh to the real
+    systemd-stdio-bridge, and gpu-9 that ssh cannot reach: one table, a HOST column,
+    gpu-9 one line saying why, exit 1."""
+    fake = tmp_path / "ssh"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import os, sys\n"
+                    "if 'gpu-9' in sys.argv:\n"
+                    "    sys.stderr.write('ssh: connect to host gpu-9 port 22: '\n"
+                    "                     'No route to host\\n')\n"
+                    "    sys.exit(255)\n"
+                    "os.execvp('systemd-stdio-bridge', ['systemd-stdio-bridge', "
+                    f"'--bus-path={daemon}'])\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "SYSTEMD_SSH": str(fake)}
+
+    def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "lokid.ctl", "--address", daemon,
+                               "--hosts", ".,gpu-7,gpu-9", *args], capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    r = fleet("presets")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:3] == ["HOST", "PRESET", "STATE"], r.stdout
+    for host in (".", "gpu-7"):
+        for preset, state in (("busy", "inactive"), ("tiny", "inactive"), ("broken", "broken")):
+            assert any(line.split()[:3] == [host, preset, state] for line in lines), r.stdout
+    gone = [line for line in lines if line.startswith("gpu-9")]
+    assert len(gone) == 1 and "cannot reach lokid on gpu-9 over ssh" in gone[0], r.stdout
+    assert "No route to host" in r.stderr   # ssh's own word, on the terminal
+    r = fleet("top", "--json")
+    assert r.returncode == 1
+    rows = json.loads(r.stdout)
+    assert {(row["host"], row.get("preset")) for row in rows if "unreachable" not in row} == {
+        (h, p) for h in (".", "gpu-7") for p in ("busy", "tiny", "broken")}
+    assert [row["host"] for row in rows if "unreachable" in row] == ["gpu-9"]
+    r = subprocess.run([sys.executable, "-m", "lokid.ctl", "--hosts", "a,b", "start", "x"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--hosts: for presets and top only" in r.stderr, r.stderr
+
+
 def test_host_unreachable_is_a_clear_error(tmp_path: Path) -> None:
     fake = tmp_path / "ssh"
     fake.write_text(f"#!{sys.executable}\nimport sys\n"

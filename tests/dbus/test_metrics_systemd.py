@@ -212,3 +212,16 @@ def test_the_sandbox_opens_only_node_exporters_directory(lk: LokidSystem) -> Non
     # back to the default: written again
     wait_textfile(ct, 'lokid_engine_up{preset="demo",model="llama.gguf"} 0')
     assert "Traceback" not in ct.journal("lokid.service")
+
+
+def test_the_shipped_alert_rules_pass_promtool(metrics_container: Container) -> None:
+    """data/prometheus (installed under /usr/share/lokid/prometheus): Debian's promtool
+    checks the rules and runs their tests (each alert fires on its recorded series and
+    not on its healthy twin), and accepts the scrape job as a prometheus.yml."""
+    ct = metrics_container
+    r = ct.run(["sh", "-c", "cp -r /opt/lokid/data/prometheus /tmp/rules && cd /tmp/rules && "
+                "promtool check rules lokid.rules.yml && promtool test rules "
+                "lokid.rules.test.yml && promtool check config lokid-scrape.yml"],
+               check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 7 rules found" in r.stdout + r.stderr

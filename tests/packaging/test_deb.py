@@ -141,7 +141,9 @@ def test_lokid_keeps_its_python_package_and_commands_and_not_the_page(build: Bui
     files = package_files(build.deb)
     for path in ("/usr/bin/lokid", "/usr/bin/lokictl",
                  "/usr/lib/python3/dist-packages/lokid/__init__.py",
-                 "/usr/share/dbus-1/interfaces/org.lokid.Lokid1.xml"):
+                 "/usr/share/dbus-1/interfaces/org.lokid.Lokid1.xml",
+                 "/usr/share/lokid/prometheus/lokid.rules.yml",
+                 "/usr/share/lokid/prometheus/lokid-scrape.yml"):
         assert path in files, path
     assert [f for f in files if "cockpit" in f] == []
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import REPO
 
 from lokid.watch import promfile
 from lokid.watch.meter import Meters
@@ -463,3 +464,29 @@ def test_each_device_by_kind_and_each_presets_footprint_by_source() -> None:
     # a device row with a figure missing or not a number leaves that series out
     fams = parse(render([], now=1.0, devices=[{"device": "GPU1", "total": 8, "free": "x"}]))
     assert fams[dev].samples == {(("device", "GPU1"), ("kind", "total")): 8}
+
+
+def test_the_shipped_alert_rules_use_only_series_lokid_writes() -> None:
+    """data/prometheus/lokid.rules.yml (promtool runs it in the container test): every
+    lokid_ name its expressions and tests use is a family the daemon writes, with the
+    labels it writes (a renamed family would leave an alert that never fires)."""
+    import re as re_
+
+    rules = (REPO / "data" / "prometheus" / "lokid.rules.yml").read_text()
+    tests = (REPO / "data" / "prometheus" / "lokid.rules.test.yml").read_text()
+    declared = {name for name, _, _ in FAMILIES}
+    used = set(re_.findall(r"\b(lokid_[a-z_]+)", rules + tests))
+    assert used and used <= declared, used - declared
+    for name in ("lokid_peer_up", "lokid_memory_waiting", "lokid_preset_broken",
+                 "lokid_engine_state", "lokid_engine_starts_total"):
+        assert name in rules, name
+    # the test series carry the labels render() writes
+    text = render(records(), now=0.0, waits=["big"], peers={"gpu2": ""})
+    for series_text in re_.findall(r"series: '([a-z_]+)\{([^}]*)\}'", tests):
+        name, labels = series_text
+        keys = {pair.split("=")[0] for pair in labels.split(",")} - {"instance"}
+        written = [line for line in text.splitlines()
+                   if line.startswith(name + ("{" if keys else " "))]
+        assert written, name
+        assert any(keys == set(re_.findall(r'(\w+)="', line)) for line in written), \
+            (name, keys, written[:2])
