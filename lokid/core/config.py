@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from . import external, flags, secrets
 from .errors import ConfigError, NotFoundError
 from .external import External
+from .fleet.rpc import parse_rpc
 from .place.settings import PLACEMENT_KEYS, PlacementConfig, parse_placement
 from .presetname import check_preset_name
 from .serve import GATEWAY_KEYS, SERVE_KEYS, GatewayConfig, Serve, parse_gateway, parse_serve
@@ -59,7 +60,7 @@ DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
-    "serve", "kind", "url", "upstream_model",
+    "serve", "kind", "url", "upstream_model", "rpc",
 )
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
 SPEC_MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
@@ -148,6 +149,8 @@ class Preset:
     serve: Serve = field(default_factory=Serve)   # [serve]: on demand, idle stop, group
     # kind = "external": an API elsewhere (lokid.core.external), no engine; model is ""
     external: External | None = None
+    # llama.cpp's RPC workers the model is split with (lokid.core.fleet.rpc): --rpc
+    rpc: tuple[str, ...] = ()
 
 
 def _path_setting(c: Checker, key: str, value: str) -> str:
@@ -281,6 +284,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         api_key_file=api_key_file,
         secrets=secret_files,
         serve=parse_serve(_table(c, "serve", SERVE_KEYS)),
+        rpc=parse_rpc(c, extra_args),
     )
 
 

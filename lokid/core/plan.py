@@ -24,6 +24,7 @@ from . import flags, secrets
 from .caps import EngineCaps, backend_label
 from .config import GlobalConfig, Preset
 from .flags import flag_value, has_flag
+from .fleet.rpc import rpc_args
 from .modelinfo import ModelInfo
 from .portunit import held_note
 from .serve import serve_notes
@@ -316,6 +317,11 @@ def build_plan(inp: PlanInputs) -> Plan:
     secret_args, secret_list = _secret_args(inp, notes)
     argv += secret_args
     argv += _slot_args(inp, arg_env, notes)
+    if p.rpc:
+        argv += rpc_args(p.rpc)
+        notes.append(f"rpc: the model is split with the RPC worker{'s' if len(p.rpc) > 1 else ''}"
+                     f" {', '.join(p.rpc)} (ggml-rpc-server, loki-rpc@ there): each must "
+                     "answer at every start, and serves one engine at a time")
     argv += p.extra_args
     notes += serve_notes(p.serve)
 

@@ -64,6 +64,7 @@ from ..core.conflicts import port_conflicts
 from ..core.errors import ConfigError, printable
 from ..core.external import ip_host, key_credential
 from ..core.fleet.peers import peer_key_credential
+from ..core.fleet.worker import worker_dropin
 from ..core.names import engine_unit
 from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
 from ..core.secrets import API_KEY_TARGET, credential_id
@@ -206,7 +207,42 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
     except OSError as e:
         _warn(f"the on-demand ports' units: cannot write them ({e})")
         ports = []
-    return written + ports + gateway
+    return written + ports + gateway + rpc_units(config_dir, out_dir)
+
+
+def rpc_units(config_dir: str, out_dir: str) -> list[str]:
+    """A drop-in for ``loki-rpc@<name>.service`` per ``rpc/<name>.toml`` (the RPC workers
+    of this host, :mod:`lokid.core.fleet.worker`): who may connect. One that cannot be
+    read is said and skipped; its unit then refuses to start (lokid rpc-worker)."""
+    from ..core.fleet.worker import parse_worker
+    from ..core.presetname import valid_preset_name
+    from ..core.tomlread import read_text
+
+    directory = os.path.join(config_dir, "rpc")
+    try:
+        names = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".toml"))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        _warn(f"{directory}: cannot list the RPC workers ({e.strerror})")
+        return []
+    written = []
+    for name in names:
+        path = os.path.join(directory, f"{name}.toml")
+        unit = f"loki-rpc@{name}.service"
+        try:
+            if not valid_preset_name(name):
+                raise ConfigError(f"{name!r} is not a worker name", path)
+            text = worker_dropin(parse_worker(read_text(path), path, name))
+            os.makedirs(os.path.join(out_dir, unit + ".d"), exist_ok=True)
+            with open(os.path.join(out_dir, unit + ".d", DROPIN_NAME), "w",
+                      encoding="utf-8") as f:
+                f.write(text)
+        except (ConfigError, OSError) as e:
+            _warn(f"skipping RPC worker {name}: {e}")
+            continue
+        written.append(unit)
+    return written
 
 
 def gateway_keys(presets: Mapping[str, cfg.Preset]) -> dict[str, str]:

@@ -1,16 +1,13 @@
 """What ``loki-engine@.service`` runs: ``lokid prestart`` (ExecStartPre), ``lokid engine``
-(ExecStart) and ``lokid stopped`` (ExecStopPost).
+(ExecStart) and ``lokid stopped`` (ExecStopPost). ``prestart`` (:func:`prestart_step`),
+the planning step:
 
-``prestart`` (:func:`prestart_step`), the planning step:
-
-1. the crash-loop rule (:mod:`lokid.core.crashloop`): after too many failures
-   the start must not run; a start by hand (systemd's ``NRestarts`` is 0)
-   forgets the failures first;
-2. plan the launch (:func:`prestart`; or the last ready start's plan, when
-   nothing it was made from changed: :mod:`lokid.store.plancache`), refuse a
-   busy port before touching any attempt token (peek, then settle), write the
-   plan of this invocation (:class:`lokid.core.runtimeplan.RuntimePlan`) to
-   ``$LOKI_RUNTIME_DIR/<preset>.json``;
+1. the crash-loop rule (:mod:`lokid.core.crashloop`): after too many failures the
+   start must not run; a start by hand (``NRestarts`` 0) forgets the failures first;
+2. plan the launch (:func:`prestart`; or the last ready start's plan, when nothing it
+   came from changed: :mod:`lokid.store.plancache`), refuse a busy port before touching
+   any attempt token (peek, then settle), write the plan of this invocation
+   (:class:`lokid.core.runtimeplan.RuntimePlan`) to ``$LOKI_RUNTIME_DIR/<preset>.json``;
 3. leave the outcome to ``engine`` (:mod:`lokid.store.handoff`). A start that
    must not run is logged and handed over as refused, and the step exits 0:
    systemd reads ``RestartPreventExitStatus=`` from the main process only and
@@ -19,9 +16,8 @@
    :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
 
 A SIGTERM while it plans (a stop or restart) ends it at once with status 0
-(:class:`_StopGuard`): systemd counts a control process killed by its own
-SIGTERM as ``failed (signal)``. Between setting the attempt token and writing
-the plan that lets ``stopped`` excuse it, the stop waits.
+(:class:`_StopGuard`): systemd counts a control process killed by its own SIGTERM as
+``failed (signal)``. Between setting the token and writing the plan, the stop waits.
 
 ``engine`` is the unit's main process: its STATUS= lines and exit status are
 what ``systemctl status`` shows. It runs the plan its prestart step wrote (or,
@@ -45,9 +41,9 @@ automatic launch was loading clears its attempt token, since a stop is not
 the launch failing. A crash, a hang (watchdog) or a start timeout leaves the
 token, and the next start cuts automatic speculation.
 
-The planning and state modules are imported inside the functions that use
-them: both steps are on the path from ``systemctl start`` to READY, and
-``engine`` with a plan handed over imports neither before the engine spawns.
+Planning and state modules are imported where used: both steps are on the path to
+READY, and ``engine`` with a plan handed over imports neither before the spawn. A start
+with RPC workers checks them first (:mod:`lokid.unit.workers`).
 """
 
 from __future__ import annotations
@@ -57,6 +53,7 @@ import os
 from ..host.journallog import journal_log
 from ..store.runtimedir import read_runtime_plan
 from .clearing import clear_token
+from .workers import EXIT_WORKERS, WorkersDown, check_workers, workers_after_exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -100,6 +97,7 @@ def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     environ = dict(os.environ if environ is None else environ)
     inputs = gather(config_dir, name, environ, state_dir=state_dir)
     cleared = read_cleared(runtime_dir, name)
+    check_workers(inputs.preset.rpc, inputs.preset.extra_args)
     # The slow part (probing the engine, reading the model) is done: a stop from here
     # waits until the token and the plan that lets `lokid stopped` excuse it are written.
     _stop.hold()
@@ -200,6 +198,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     if rp.socket != marked_socket(name, environ):
         return None   # planned where systemd held the port and not now, or the other way
     cleared = read_cleared(runtime_dir, name)
+    check_workers((), rp.argv)   # before the token: a worker down is no failed launch
     try:
         with StateDB(state_dir) as db:
             now = db.peek(name, rp.mark, cleared=cleared)
@@ -401,6 +400,8 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         if _reuse(state_dir, runtime_dir, name, invocation, os.environ) is not None:
             return handoff.Planned([], "", 0)
         planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
+    except WorkersDown as e:   # restarted by the unit: a worker may come back
+        return handoff.Refused(EXIT_WORKERS, str(e))
     except LokiError as e:
         return handoff.Refused(EXIT_CONFIG, str(e))
     from ..store.plancache import inputs_paths
@@ -473,7 +474,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
     except LokiError as e:
         notifier.send(f"STATUS={e}")
         journal_log(name, str(e), priority=3)
-        return EXIT_CONFIG
+        return EXIT_WORKERS if isinstance(e, WorkersDown) else EXIT_CONFIG
     from .supervisor import Launch, supervise
 
     launch = Launch.of(name, rp.argv, engine_env, rp.host, rp.port, rp.socket)
@@ -533,8 +534,9 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         journal_log(name, message, priority=3)
         return EXIT_CONFIG, message
 
-    return supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
-                     on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused)
+    rc = supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
+                   on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused)
+    return workers_after_exit(name, launch.argv, rc, notifier)
 
 
 def _load_the_rest(planned_here: bool) -> None:

@@ -74,3 +74,19 @@ def test_each_peer_key_is_a_credential_of_the_gateway_and_a_missing_one_is_left_
     assert "gpu3" not in service and "gpu4" not in service and "sk-peer" not in service
     assert f"peer gpu3: api_key_file {tmp_path / 'none'} does not exist" in \
         capsys.readouterr().err
+
+
+def test_the_generator_writes_each_rpc_workers_dropin_and_skips_a_broken_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lokid.unit.generator import rpc_units
+
+    rpc = tmp_path / "rpc"
+    rpc.mkdir()
+    (rpc / "gpu.toml").write_text('listen = "10.0.0.2:50052"\nheads = ["10.0.0.1"]\n')
+    (rpc / "open.toml").write_text('listen = "0.0.0.0:50052"\n')
+    out = tmp_path / "out"
+    assert rpc_units(str(tmp_path), str(out)) == ["loki-rpc@gpu.service"]
+    text = (out / "loki-rpc@gpu.service.d" / "50-lokid-preset.conf").read_text()
+    assert "IPAddressAllow=localhost 10.0.0.1\n" in text
+    assert "skipping RPC worker open" in capsys.readouterr().err
+    assert not (out / "loki-rpc@open.service.d").exists()

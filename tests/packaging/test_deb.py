@@ -101,6 +101,7 @@ def test_the_units_are_under_usr_on_every_release(build: Build) -> None:
                      "/usr/lib/systemd/system/loki-engine@.service",
                      "/usr/lib/systemd/system/loki-port@.socket",
                      "/usr/lib/systemd/system/loki-port@.service",
+                     "/usr/lib/systemd/system/loki-rpc@.service",
                      "/usr/lib/systemd/system-generators/lokid-engine-generator"):
             assert unit in files, (deb.name, unit)
 
