@@ -217,12 +217,16 @@ class Peers:
 
     def hosts(self, local: Model | None, name: str) -> list[Host]:
         """This host (its view of model ``name``: ``local``, None when it has no such
-        preset) and each peer, as the routing rule reads them."""
+        preset) and each peer, as the routing rule reads them. A peer's model of another
+        kind than the local preset of that name (an engine here, an external API there,
+        or the other way) is no replica: the local preset wins (:func:`conflicts`)."""
         out = [Host(LOCAL, True, {name: local} if local is not None else {})]
         for s in self.states.values():
             models: Mapping[str, Model] | None = None
             if s.up:
                 models = s.models
+                if local is not None and name in models and models[name].kind != local.kind:
+                    models = {k: v for k, v in models.items() if k != name}
                 sent = s.sent.get(name, 0)
                 if sent and name in models and models[name].in_flight < sent:
                     m = models[name]

@@ -367,7 +367,16 @@ def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
         replicas = listing[name]
         mine = entries.get(name)
         if mine is not None and name not in broken:
-            mine["lokid"]["replicas"] = replicas
+            external = mine["lokid"]["state"] == EXTERNAL
+            other = sorted(h for h, f in replicas.items() if "state" in f
+                           and f["state"] != UNAVAILABLE_PEER
+                           and (f["state"] == EXTERNAL) != external)
+            if other:   # another kind of model under this name: the local preset wins
+                mine["lokid"]["conflict"] = (
+                    f"{', '.join(other)} serve{'s' if len(other) == 1 else ''} another kind "
+                    f"of model named {name!r} ({'an engine' if external else 'an external API'}"
+                    "): this host's preset is the one routed to")
+            mine["lokid"]["replicas"] = {h: f for h, f in replicas.items() if h not in other}
             continue
         broken.pop(name, None)
         host = min(replicas, key=lambda h: (replicas[h].get("state") != READY,

@@ -3,7 +3,7 @@ and its peers (issue 30, item 1)."""
 
 from __future__ import annotations
 
-from lokid.core.fleet.route import LOCAL, Host, Model, conflicts, route
+from lokid.core.fleet.route import LOCAL, Host, Model, route
 
 
 def hosts(**views: dict[str, Model] | None) -> list[Host]:
@@ -58,10 +58,3 @@ def test_nowhere_says_why_per_host() -> None:
                      "(connect refused); c has it inactive")
     assert route("z", hosts(here={}, b={})).why == \
         "model 'z' cannot be answered: no host lists it"
-
-
-def test_a_name_in_two_kinds_is_a_conflict_the_local_one_listed() -> None:
-    views = hosts(here={"gpt": Model("ready"), "m": Model("ready")},
-                  b={"gpt": Model("ready", kind="external"), "m": Model("ready")})
-    assert conflicts(views) == {"gpt": "gpt is an engine here and an external API on b: "
-                                       "the local preset is listed"}

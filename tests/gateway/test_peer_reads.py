@@ -113,3 +113,59 @@ async def test_a_peer_that_refuses_the_connection_is_down_without_its_address(
     finally:
         await client.close()
     assert peers.summary() == {"gpu2": "cannot connect (Connection refused)"}
+
+
+async def test_a_name_of_another_kind_on_a_peer_is_no_replica_and_the_conflict_is_shown(
+        peer: tuple[str, dict[str, Any]]) -> None:
+    """The peer serves "api" as an external API and "qwen" as an engine; here "api" is an
+    engine and "qwen" an external preset: the local presets win, each conflict said."""
+    from lokid.core.fleet.route import LOCAL, Model
+    from lokid.gateway.server import with_peers
+
+    url, _ = peer
+    client = session()
+    peers = Peers([Peer("gpu2", url)], lambda: client)
+    try:
+        await peers.read(peers.states["gpu2"])
+    finally:
+        await client.close()
+    assert peers.route("api", Model("inactive", on_demand=False)).candidates == ()
+    assert peers.route("api", None).candidates == ("gpu2",)   # not here: the peer's
+    assert peers.route("qwen", Model("ready", kind="external")).candidates == (LOCAL,)
+    entries = {"api": {"id": "api", "lokid": {"state": "inactive"}},
+               "qwen": {"id": "qwen", "lokid": {"state": "external"}}}
+    with_peers(entries, {}, peers.listing())
+    assert entries["api"]["lokid"]["replicas"] == {}
+    assert entries["api"]["lokid"]["conflict"] == (
+        "gpu2 serves another kind of model named 'api' (an external API): this host's "
+        "preset is the one routed to")
+    assert "an engine" in entries["qwen"]["lokid"]["conflict"]
+    assert "plain" in entries and entries["plain"]["lokid"]["host"] == "gpu2"
+
+
+async def test_a_peer_listing_thousands_of_models_is_read_whole(
+        tmp_path: Any) -> None:
+    """5,000 models (some 600 KiB): under the bound, every one listed and routed."""
+    many = {"object": "list", "data": [
+        {"id": f"m{i:05d}", "object": "model", "lokid": {"state": "inactive", "on_demand":
+                                                         True, "in_flight": 0, "fits": True}}
+        for i in range(5000)]}
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response(many)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    client = session()
+    peers = Peers([Peer("big", f"http://127.0.0.1:{port}")], lambda: client)
+    try:
+        await peers.read(peers.states["big"])
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert len(peers.states["big"].models) == 5000
+    assert peers.route("m04999", None).candidates == ("big",)

@@ -22,10 +22,9 @@ The answer is every candidate in that order: the relay tries the next only when 
 byte of the request reached the one before (connect refused, a pooled connection closed
 before any answer), never after, so nothing is generated twice.
 
-The same name on several hosts is one model with replicas; where this host has a preset
-of that name and a peer lists it too, the local preset's facts are the ones listed, and
-the conflict is shown (:func:`conflicts`) when the two differ in kind (an engine here,
-an external API there).
+The same name on several hosts is one model with replicas; a peer's model of another
+kind than this host's preset of that name (an engine here, an external API there) is no
+replica: the gateway leaves it out, and shows the conflict (:mod:`lokid.gateway.peers`).
 """
 
 from __future__ import annotations
@@ -118,26 +117,3 @@ def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
 
 def _label(name: str) -> str:
     return "this host" if name == LOCAL else name
-
-
-def conflicts(hosts: Sequence[Host]) -> dict[str, str]:
-    """Model names a peer lists in another kind than this host's preset of that name
-    (an engine here, an external API there, or the other way): name → what differs.
-    The local preset is the one listed and routed here first."""
-    local = next((h for h in hosts if h.name == LOCAL), None)
-    if local is None or local.models is None:
-        return {}
-    out: dict[str, str] = {}
-    for host in hosts:
-        if host.name == LOCAL or host.models is None:
-            continue
-        for name, m in host.models.items():
-            mine = local.models.get(name)
-            if mine is not None and mine.kind != m.kind and name not in out:
-                out[name] = (f"{name} is {_kind(mine.kind)} here and {_kind(m.kind)} on "
-                             f"{host.name}: the local preset is listed")
-    return out
-
-
-def _kind(kind: str) -> str:
-    return "an external API" if kind == "external" else "an engine"
