@@ -182,6 +182,14 @@ def cmd_stopped(preset: str) -> int:
     return stopped(paths.state_dir(), paths.runtime_dir(), preset)
 
 
+def cmd_check(config_dir: str, presets: list[str] | None, workers: list[str] | None) -> int:
+    from .unit.check import check
+
+    ok, lines = check(config_dir, presets, workers)
+    print("\n".join(lines))
+    return 0 if ok else EXIT_CONFIG
+
+
 def cmd_rpc_worker(config_dir: str, name: str) -> int:
     from .unit.rpcworker import run_worker
 
@@ -340,6 +348,13 @@ def _parser() -> argparse.ArgumentParser:
                      "after one warm-up: each figure's median and spread (1 to "
                      f"{MAX_REPEAT}, default 1)")
     bch.add_argument("--json", action="store_true", help="machine-readable output")
+    chk = sub.add_parser("check", help="check lokid.toml, presets and RPC workers with "
+                         "lokid's own rules and planner, starting nothing (all of them "
+                         "unless some are named)")
+    chk.add_argument("--preset", action="append", metavar="NAME", help="this preset only "
+                     "(repeatable)")
+    chk.add_argument("--rpc", action="append", metavar="NAME", help="this RPC worker only "
+                     "(repeatable)")
     rpcw = sub.add_parser("rpc-worker", help="ExecStart of loki-rpc@.service: run the RPC "
                           "worker of rpc/NAME.toml (llama.cpp's ggml-rpc-server)")
     rpcw.add_argument("name")
@@ -379,6 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_stopped(args.preset)
         if command == "watch":
             return cmd_watch()
+        if command == "check":
+            named = args.preset is not None or args.rpc is not None
+            return cmd_check(config_dir, list(args.preset or []) if named else None,
+                             list(args.rpc or []) if named else None)
         if command == "rpc-worker":
             return cmd_rpc_worker(config_dir, args.name)
         if command == "bench":

@@ -1,0 +1,64 @@
+"""``lokid check``: lokid.toml, presets and RPC workers checked by lokid's own rules and
+planner without starting anything, as ``nginx -t`` checks nginx's config: what a tool
+that writes the config (the Ansible collection's ``lokid_file``, an operator's script)
+runs on a candidate before it replaces the real one.
+
+Each preset asked (every one when none is named) is parsed and planned as its unit would
+plan it (its model, its engine's flags, its secrets as the engine's user reads them),
+without the checks of the moment (a port busy, the attempt state): a preset whose
+engine runs now is checked as its next start. An external preset is parsed. Each RPC
+worker asked is checked as ``lokid rpc-worker`` would run it. The first line of each
+item says ``ok`` or why not; the exit status is 0 when all are ok.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from ..core.errors import LokiError
+
+
+def check(config_dir: str, presets: Sequence[str] | None = None,
+          workers: Sequence[str] | None = None) -> tuple[bool, list[str]]:
+    """(all ok, the lines to print)."""
+    from ..core import config as cfg
+    from ..core.plan import build_plan
+    from ..core.secrets import mask_argv
+    from ..planning.gather import gather
+    from .rpcworker import RPC_DIR, worker_command
+
+    lines: list[str] = []
+    ok = True
+    try:
+        cfg.load_global(config_dir)
+        lines.append("lokid.toml: ok")
+    except LokiError as e:
+        return False, [f"lokid.toml: {e}"]
+    if presets is None:
+        parsed, broken = cfg.load_presets(config_dir)
+        names = sorted(set(parsed) | set(broken))
+    else:
+        names = list(presets)
+    for name in names:
+        try:
+            preset = cfg.load_preset(config_dir, name)
+            if preset.external is not None:
+                lines.append(f"preset {name}: ok (an external API at {preset.external.url})")
+                continue
+            plan = build_plan(gather(config_dir, name, for_unit=True, preset=preset))
+            lines.append(f"preset {name}: ok: {' '.join(mask_argv(plan.argv))}")
+        except LokiError as e:
+            ok = False
+            lines.append(f"preset {name}: {e}")
+    if workers is None:
+        directory = os.path.join(config_dir, RPC_DIR)
+        workers = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".toml")) \
+            if os.path.isdir(directory) else []
+    for name in workers:
+        try:
+            lines.append(f"rpc worker {name}: ok: {' '.join(worker_command(config_dir, name))}")
+        except LokiError as e:
+            ok = False
+            lines.append(f"rpc worker {name}: {e}")
+    return ok, lines

@@ -1,0 +1,48 @@
+"""``lokid check``: the config checked by lokid's own rules and planner, nothing started
+(what the Ansible collection runs on a candidate before it replaces the real file)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.enginekit import write_config, write_preset
+
+pytestmark = pytest.mark.engine
+
+
+def check(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lokid.cli", "--config-dir", str(config),
+                           "check", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_check_plans_each_preset_and_names_what_is_wrong(tmp_path: Path, engine: str,
+                                                          models: Any) -> None:
+    assert Path(models.llama).name == "llama.gguf"
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "good", 'model = "llama.gguf"\nctx = 2048\nport = 18555\n')
+    write_preset(config, "api", 'kind = "external"\nurl = "http://10.0.0.9:9000/v1"\n')
+    (config / "rpc").mkdir()
+    (config / "rpc" / "w.toml").write_text('listen = "127.0.0.1:50052"\n')
+    r = check(config)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines()[0] == "lokid.toml: ok"
+    assert "preset good: ok: " in r.stdout and " -c 2048 " in r.stdout
+    assert "preset api: ok (an external API at http://10.0.0.9:9000/v1)" in r.stdout
+    assert "rpc worker w: ok: " in r.stdout and "--host 127.0.0.1 --port 50052" in r.stdout
+    # a model missing, a key misspelt: each named, the others still ok, exit 2
+    write_preset(config, "gone", 'model = "nope.gguf"\n')
+    write_preset(config, "typo", 'model = "llama.gguf"\nctxx = 4096\n')
+    r = check(config)
+    assert r.returncode == 2
+    assert "preset gone: " in r.stdout and "nope.gguf" in r.stdout
+    assert "preset typo: " in r.stdout and "did you mean 'ctx'" in r.stdout
+    assert "preset good: ok" in r.stdout and "Traceback" not in r.stderr
+    # one named: the others are not asked
+    r = check(config, "--preset", "good")
+    assert r.returncode == 0 and "gone" not in r.stdout and "rpc worker" not in r.stdout
+    r = check(config, "--rpc", "w")
+    assert r.returncode == 0 and "preset" not in r.stdout
