@@ -80,7 +80,7 @@ deb: system
 	    ../lokid_$$(dpkg-parsechangelog -S Version)_$$(dpkg --print-architecture).changes
 
 lint: venv
-	$(VENV)/bin/ruff check lokid tests benchmarks scripts
+	$(VENV)/bin/ruff check lokid tests benchmarks scripts ansible
 	$(VENV)/bin/mypy
 	# the benchmarks too: they import the test helpers (support.*) and each other
 	MYPYPATH=tests:benchmarks $(VENV)/bin/mypy --explicit-package-bases benchmarks

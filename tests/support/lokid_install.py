@@ -5,7 +5,8 @@ container tests need the repository's code as it is being changed, so this
 module lays out the same files by hand in a booted container
 (tests/support/systemd_harness.py), with the repository bound read-only at /opt/lokid:
 
-- ``/usr/bin/lokid``: Debian's python3 running the repository's lokid;
+- ``/usr/bin/lokid`` and ``/usr/bin/lokictl``: Debian's python3 running the repository's
+  lokid;
 - the ``loki`` system user and group, a member of ``video`` and ``render``,
   created by ``systemd-sysusers`` from the shipped ``data/sysusers.d/lokid.conf``;
 - ``units/loki-engine@.service`` in /etc/systemd/system (unmodified),
@@ -21,7 +22,6 @@ module lays out the same files by hand in a booted container
 engine wrappers, and remembers what it wrote so :meth:`LokidSystem.cleanup`
 can stop the units and remove it all after each test.
 """
-
 from __future__ import annotations
 
 import json
@@ -46,6 +46,7 @@ GENERATOR_DIR = "/etc/systemd/system-generators"
 GENERATED_DIR = "/run/systemd/generator"
 TEMPLATE = "loki-engine@.service"
 PORT_TEMPLATES = ("loki-port@.socket", "loki-port@.service")
+RPC_TEMPLATE = "loki-rpc@.service"   # the RPC workers' (rpc/<name>.toml)
 GATEWAY_UNITS = ("loki-gateway.socket", "loki-gateway.service")
 PACKAGE_UNIT_DIR = "/usr/lib/systemd/system"
 GENERATOR = "lokid-engine-generator"
@@ -58,6 +59,11 @@ LOKID_WRAPPER = f"""#!/bin/sh
 # Test stand-in for the Debian package's /usr/bin/lokid.
 PYTHONPATH={INSIDE_REPO} exec /usr/bin/python3 -m lokid.cli "$@"
 """
+LOKICTL_WRAPPER = f"""#!/bin/sh
+# Test stand-in for the Debian package's /usr/bin/lokictl.
+PYTHONPATH={INSIDE_REPO} exec /usr/bin/python3 -m lokid.ctl "$@"
+"""
+
 
 # Reads the attempt token and the failed marks of one preset, as JSON. Plain
 # sqlite3 rather than lokid.store.state: StateDB() migrates, i.e. writes, on open.
@@ -93,6 +99,7 @@ class LokidSystem:
         """Install lokid; idempotent (a second call rewrites the same files)."""
         ct = self.ct
         ct.write_file("/usr/bin/lokid", LOKID_WRAPPER, mode=0o755)
+        ct.write_file("/usr/bin/lokictl", LOKICTL_WRAPPER, mode=0o755)
         # The user as the package creates it: in video and render (the GPU device
         # nodes' groups, which the unit's SupplementaryGroups= needs), render made
         # if missing (Debian creates it with udev, which a minimal container lacks).
@@ -103,7 +110,7 @@ class LokidSystem:
         # An on-demand preset's port units, where the package puts them: the generator's
         # sockets.target.wants link names that path, and an on-demand engine's drop-in
         # wants its socket (its engine listens on /run/loki/<preset>.sock then).
-        for name in PORT_TEMPLATES:
+        for name in (*PORT_TEMPLATES, RPC_TEMPLATE):
             ct.write_file(f"{PACKAGE_UNIT_DIR}/{name}", (REPO / "units" / name).read_bytes())
         ct.write_file(f"{GENERATOR_DIR}/{GENERATOR}", (REPO / "units" / GENERATOR).read_bytes(),
                       mode=0o755)
