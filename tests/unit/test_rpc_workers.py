@@ -161,3 +161,30 @@ def test_a_start_whose_worker_is_down_is_refused_before_the_token_naming_it(
     # no attempt token was set: a worker down is no failed launch of this configuration
     with StateDB(dirs.state) as db:
         assert db.attempt("split") is None
+
+
+def test_a_model_split_over_a_worker_answers_as_on_one_host(
+        dirs: Dirs, worker: Worker, tmp_path: Path, engine: str, models: Any) -> None:
+    """The real llama-server with every layer on the worker (-ngl 99 --rpc), and the same
+    engine alone: with a fixed seed and greedy sampling, the same tokens."""
+    from support.enginekit import running as engine_running
+
+    body = {"prompt": "The capital of France is", "n_predict": 24, "temperature": 0,
+            "seed": 7, "cache_prompt": False}
+    answers = []
+
+    def accepted() -> int:
+        return worker.log.read_text().count("Accepted client connection")
+
+    for extra in ([], ["-ngl", "99", "--rpc", worker.endpoint]):
+        before = accepted()
+        port = free_port()
+        with engine_running([engine, "-m", models.llama, "--host", "127.0.0.1", "--port",
+                             str(port), "-c", "512", *extra],
+                            tmp_path / f"engine-{len(answers)}.log"):
+            r = httpx.post(f"http://127.0.0.1:{port}/completion", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            answers.append(r.json()["content"])
+        # the engine alone never reached the worker; the split one did
+        assert (accepted() > before) == bool(extra)
+    assert answers[0] and answers[0] == answers[1], answers
