@@ -345,7 +345,8 @@ class Container:
     ``binds`` and ``rw_binds`` map a path inside the container to a host path,
     bound read-only and read-write. The container shares the host's network
     (pick ports with a free-port helper); ``private_network=True`` gives it a
-    loopback of its own instead.
+    loopback of its own instead, and ``network_bridge`` a network of its own whose
+    interface ``host0`` is joined to that host bridge (:mod:`support.fleetkit`).
     """
 
     def __init__(self, binds: Mapping[str, str] | None = None, *,
@@ -353,6 +354,7 @@ class Container:
                  packages: Sequence[str] = PACKAGES,
                  suite: str = SUITE,
                  private_network: bool = False,
+                 network_bridge: str = "",
                  boot_timeout: float = 90.0) -> None:
         self.binds = dict(binds or {})
         self.rw_binds = dict(rw_binds or {})
@@ -362,6 +364,7 @@ class Container:
         self.packages = tuple(packages)
         self.suite = suite
         self.private_network = private_network
+        self.network_bridge = network_bridge   # a host bridge its veth (host0) joins
         self.boot_timeout = boot_timeout
         self.name = f"lokid-{os.getpid()}-{secrets.token_hex(4)}"
         self.workdir: Path | None = None
@@ -443,7 +446,9 @@ class Container:
                 # and DevicePolicy=: tests would pass on options that do nothing.
                 "--system-call-filter=bpf",
                 "--link-journal=no", "--settings=no"]
-        if self.private_network:
+        if self.network_bridge:   # a network of its own, on the test's bridge
+            argv.append(f"--network-bridge={self.network_bridge}")
+        elif self.private_network:
             argv.append("--private-network")
         for inside, host in self.binds.items():
             argv.append(f"--bind-ro={_escape_bind(host)}:{_escape_bind(inside)}")
