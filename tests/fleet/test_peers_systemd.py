@@ -11,13 +11,18 @@ kernel (IPAddressAllow=)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from support.fleetkit import CLIENT_KEY, FleetHost, answered, fleet, headers
+from support.systemd_harness import PACKAGES
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
@@ -26,7 +31,7 @@ ON_DEMAND = 'model = "llama.gguf"\n[serve]\non_demand = true\n'
 
 @pytest.fixture(scope="module")
 def hosts(models: Any) -> Iterator[dict[str, FleetHost]]:
-    with fleet(("a", "b", "c"), [models.llama]) as found:
+    with fleet(("a", "b", "c"), [models.llama], (*PACKAGES, "openssh-server")) as found:
         serves = {"a": ("alpha",), "b": ("beta", "shared"), "c": ("shared",)}
         for name, h in found.items():
             h.gateway([p for p in found.values() if p is not h],
@@ -155,3 +160,42 @@ def test_an_rpc_worker_answers_the_heads_it_allows_only(hosts: dict[str, FleetHo
     status = json.loads(a.ct.run(["lokictl", "presets", "--json"]).stdout)
     assert {p["Name"]: p["State"] for p in status}["split"] == "ready", status
     b.ct.systemctl("stop", "loki-rpc@w.service", timeout=60)
+
+
+def test_lokictl_reaches_a_host_over_ssh_and_that_hosts_polkit_decides(
+        hosts: dict[str, FleetHost], tmp_path: Path) -> None:
+    """lokictl -H user@a: real ssh to a's sshd, systemd-stdio-bridge there, a's polkit
+    deciding: a member of group loki may stop a preset, another user may only read."""
+    a = hosts["a"]
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    for user, group in (("op", "loki"), ("guest", "")):
+        a.ct.run(["useradd", "-m", "-s", "/bin/sh", *(["-G", group] if group else []), user])
+        a.ct.run(["install", "-d", "-m", "0700", "-o", user, "-g", user, f"/home/{user}/.ssh"])
+        a.ct.write_file(f"/home/{user}/.ssh/authorized_keys", Path(f"{key}.pub").read_text(),
+                        mode=0o600)
+        a.ct.run(["chown", f"{user}:{user}", f"/home/{user}/.ssh/authorized_keys"])
+    a.ct.write_file("/etc/ssh/sshd_config.d/lokid-test.conf",
+                    f"ListenAddress {a.address}\nPasswordAuthentication no\n")
+    a.ct.run(["ssh-keygen", "-A"])
+    a.ct.systemctl("restart", "ssh.service", timeout=60)
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f"#!/bin/sh\nexec ssh -i {key} -o StrictHostKeyChecking=no "
+                   "-o UserKnownHostsFile=/dev/null -o BatchMode=yes \"$@\"\n")
+    ssh.chmod(0o755)
+
+    def lokictl(user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "lokid.ctl", "-H", f"{user}@{a.address}",
+                               *args], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "SYSTEMD_SSH": str(ssh)})
+
+    r = lokictl("guest", "presets", "--json")
+    assert r.returncode == 0, r.stderr   # anyone may read
+    assert [p["Name"] for p in json.loads(r.stdout)][:1] == ["alpha"]
+    a.ct.systemctl("start", "loki-engine@alpha.service", timeout=120)
+    r = lokictl("guest", "stop", "alpha")
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)   # refused by a's polkit
+    assert answered(a, "loki-engine@alpha.service") == "active"
+    r = lokictl("op", "stop", "alpha")
+    assert r.returncode == 0, r.stderr
+    assert answered(a, "loki-engine@alpha.service") != "active"
