@@ -91,15 +91,10 @@ def container_engine(systemd_container: systemd_harness.Container) -> str:
 @pytest.fixture
 def bus_address(tmp_path: Path) -> Iterator[str]:
     """A private session bus: the real dbus-daemon, its own socket."""
-    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
-                             f"--address=unix:path={tmp_path / 'bus'}"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()
-    assert address.startswith("unix:"), address
-    yield address
-    proc.terminate()
-    proc.wait(10)
+    from support.daemonkit import private_bus
+
+    with private_bus(tmp_path) as address:
+        yield address
 
 
 OPEN_BUS_CONFIG = """<busconfig>

@@ -95,6 +95,16 @@ def ssh_argv(host: str) -> list[str]:
             "systemd-stdio-bridge"]
 
 
+async def close(bus: MessageBus, ssh: asyncio.subprocess.Process | None) -> None:
+    """Disconnect, and let the ssh carrying the connection end (killed after 5 s)."""
+    bus.disconnect()
+    if ssh is not None:
+        try:
+            await asyncio.wait_for(ssh.wait(), 5)
+        except TimeoutError:
+            ssh.kill()
+
+
 async def connect_over_ssh(host: str) -> tuple[MessageBus, asyncio.subprocess.Process]:
     """A bus connection through ssh: a private socket whose one connection ssh carries."""
     import os

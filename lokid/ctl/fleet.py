@@ -22,7 +22,15 @@ from dbus_fast.aio import MessageBus
 from ..core.names import MANAGER_INTERFACE, OBJECT_PATH
 from ..dbus.wire import SafeMessageBus
 from . import stats as ctlstats
-from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError, connect_over_ssh
+from .client import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Client,
+    CtlError,
+    close,
+    connect_over_ssh,
+)
 from .commands import PRESETS_COLUMNS, preset_lines, shown_rows
 
 FLEET_COMMANDS = ("presets", "top")
@@ -62,12 +70,7 @@ async def _gather(host: str, bus_type: BusType, address: str | None) -> dict[str
             return {"error": "lokid is not running there"}
         return {"error": e.text}
     finally:
-        bus.disconnect()
-        if ssh is not None:
-            try:
-                await asyncio.wait_for(ssh.wait(), 5)
-            except TimeoutError:
-                ssh.kill()
+        await close(bus, ssh)
 
 
 async def cmd_fleet(hosts: Sequence[str], command: str, as_json: bool,

@@ -23,6 +23,7 @@ from .client import (
     EXIT_USAGE,
     Client,
     CtlError,
+    close,
     connect_over_ssh,
     exit_code_of,
 )
@@ -237,12 +238,7 @@ async def _main(args: argparse.Namespace) -> int:
                            EXIT_FAILED) from None
         raise CtlError(e.text, exit_code_of(e)) from None
     finally:
-        bus.disconnect()
-        if ssh is not None:
-            try:
-                await asyncio.wait_for(ssh.wait(), 5)
-            except TimeoutError:
-                ssh.kill()
+        await close(bus, ssh)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support.daemonkit import Running, daemon_on
+from support.daemonkit import Running, daemon_on, private_bus
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
@@ -41,20 +40,6 @@ SERVES = {"a": ("alpha",), "b": ("beta", "shared"), "c": ("shared",)}
 def chat(model: str, **more: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "Hello"}],
             "max_tokens": 4, "temperature": 0, **more}
-
-
-@contextlib.contextmanager
-def private_bus(root: Path) -> Iterator[str]:
-    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
-                             f"--address=unix:path={root / 'bus'}"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    address = proc.stdout.readline().strip()
-    try:
-        yield address
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 class Host:

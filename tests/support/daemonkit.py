@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,24 @@ async def owned(client: MessageBus) -> bool:
     intro = await client.introspect("org.freedesktop.DBus", "/org/freedesktop/DBus")
     dbus = client.get_proxy_object("org.freedesktop.DBus", "/org/freedesktop/DBus", intro)
     return bool(await dbus.get_interface("org.freedesktop.DBus").call_name_has_owner(BUS_NAME))
+
+
+@contextlib.contextmanager
+def private_bus(root: Path) -> Iterator[str]:
+    """A private session bus (the real dbus-daemon, its socket ``root``/bus): its address."""
+    import subprocess
+
+    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address",
+                             f"--address=unix:path={root / 'bus'}"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()
+    try:
+        assert address.startswith("unix:"), address
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @contextlib.asynccontextmanager
