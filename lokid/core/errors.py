@@ -86,6 +86,11 @@ class EngineError(LokiError):
     not in the state a request needs (not ready for a benchmark, a job systemd refused)."""
 
 
+class WorkersDown(EngineError):
+    """An RPC worker of the preset's ``--rpc`` does not answer (lokid.unit.workers): the
+    start waits for it, restarted by its unit."""
+
+
 class ExternalPresetError(EngineError):
     """The preset is an external API (``kind = "external"``): it has no engine here to
     start, stop, plan or benchmark."""

@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.errors import LokiError
+from ..core.errors import WorkersDown
+
+__all__ = ["EXIT_WORKERS", "WorkersDown", "check_workers", "workers_after_exit"]
 
 EXIT_WORKERS = 75   # EX_TEMPFAIL: a worker down; not in RestartPreventExitStatus=
-
-
-class WorkersDown(LokiError):
-    """A worker of the start's --rpc does not answer."""
 
 
 def check_workers(rpc: Sequence[str], argv: Sequence[str]) -> None:
