@@ -50,11 +50,10 @@ from __future__ import annotations
 
 import os
 
-from ..core.errors import WorkersDown
 from ..host.journallog import journal_log
 from ..store.runtimedir import read_runtime_plan
 from .clearing import clear_token
-from .workers import EXIT_WORKERS, check_workers, workers_after_exit
+from .workers import EXIT_WORKERS, WorkersDown, check_workers, workers_after_exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
