@@ -541,15 +541,15 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
 
 def _load_the_rest(planned_here: bool) -> None:
     """Import, while the engine loads, every module this step runs once the engine answers
-    or exits (clearing the token, the ready mark, the plan cache, an engine's refusal).
-
-    An upgrade or a downgrade of the package while a model loads (minutes on a GPU
-    server) replaces lokid's files under this process, and a release may move modules:
-    imported only at READY, they were gone, and a ready engine lost its token's clearing.
-    Imported here, they are in memory whatever apt does next; the start does not wait for
-    them (the engine loads meanwhile).
-    """
+    or exits (clearing the token, the ready mark, the plan cache, an engine's refusal, the
+    RPC workers named). An upgrade while a model loads replaces lokid's files under this
+    process, and a release may move modules: imported only at READY, they were gone, and
+    a ready engine lost its token's clearing. Imported here, they are in memory whatever
+    apt does next; the start does not wait for them (the engine loads meanwhile)."""
+    from ..core import crashloop  # noqa: F401
     from ..core.errors import StateError  # noqa: F401
+    from ..core.fleet import rpc  # noqa: F401
+    from ..host import rpcprobe  # noqa: F401
     from ..store import cleared, exits, plancache, state  # noqa: F401
     from . import argcheck  # noqa: F401
 

@@ -22,11 +22,11 @@ _lokid_init() {
 _lokid() {
     local cur prev words cword
     _lokid_init
-    local commands="plan run bench prestart engine generate watch daemon"
+    local commands="plan run bench check prestart engine generate watch daemon rpc-worker"
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            plan|run|bench|prestart|engine|generate|watch|daemon) cmd="${words[i]}"; break ;;
+            plan|run|bench|check|prestart|engine|generate|watch|daemon|rpc-worker) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
@@ -34,6 +34,7 @@ _lokid() {
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         --runner) COMPREPLY=($(compgen -W "auto systemd local" -- "$cur")); return ;;
         --predict|--prompt|--repeat) return ;;
+        --preset) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")); return ;;
     esac
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$commands --config-dir --debug --version --help" -- "$cur")) ;;
@@ -41,6 +42,7 @@ _lokid() {
         run|prestart|engine) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
         bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --repeat --json" -- "$cur")) ;;
         generate) COMPREPLY=($(compgen -d -- "$cur")) ;;
+        check) COMPREPLY=($(compgen -W "--preset --rpc" -- "$cur")) ;;
         daemon) COMPREPLY=($(compgen -W "--bus --bus-address --runner" -- "$cur")) ;;
     esac
 }
@@ -105,7 +107,7 @@ _lokictl() {
     done
     case "$prev" in
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
-        -H|--host) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
+        -H|--host|--hosts) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --timeout|--address|--predict|--prompt|--repeat|--since|-n|--lines) return ;;
     esac
@@ -117,7 +119,7 @@ _lokictl() {
     local verbs="status presets devices top stats logs show plan start stop restart unload reload clear-failures bench
 new set unset rm mv cat edit"
     case "$cmd" in
-        "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --help" -- "$cur")) ;;
+        "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --hosts --help" -- "$cur")) ;;
         status|presets|devices) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
         show|plan) COMPREPLY=($(compgen -W "$(_lokid_presets) --json" -- "$cur")) ;;
         start|stop|restart) COMPREPLY=($(compgen -W "$(_lokid_presets) --wait --timeout" -- "$cur")) ;;
