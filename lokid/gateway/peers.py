@@ -70,6 +70,7 @@ class PeerState:
     since: float = field(default_factory=time.monotonic)   # up or down since
     sent: Counter[str] = field(default_factory=Counter)    # our requests in flight there
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    tried: asyncio.Event = field(default_factory=asyncio.Event)   # its first read ended
 
 
 def model_of(facts: Any) -> Model:
@@ -161,6 +162,19 @@ class Peers:
 
     async def read(self, s: PeerState) -> None:
         """Read ``s``'s models once: up with them, or down with why."""
+        try:
+            await self._read(s)
+        finally:
+            s.tried.set()
+
+    async def first_reads(self, timeout: float = READ_TIMEOUT + 0.5) -> None:
+        """Until every peer was read once (or ``timeout``): a gateway just started does
+        not answer "down (not read yet)" for a peer it is reading."""
+        waiting = [s.tried.wait() for s in self.states.values() if not s.tried.is_set()]
+        if waiting:
+            await asyncio.wait([asyncio.ensure_future(w) for w in waiting], timeout=timeout)
+
+    async def _read(self, s: PeerState) -> None:
         try:
             listing = await asyncio.wait_for(self._get(s.peer), READ_TIMEOUT)
         except TimeoutError:

@@ -208,6 +208,7 @@ class Gateway:
         any of it answers whatever happens (nothing is generated twice)."""
         local = None if preset is None or name in self.presets.broken \
             else self._local_model(preset)
+        await self.peers.first_reads()   # just started: each peer read once first
         decision = self.peers.route(name, local)
         for host in decision.candidates:
             if host == LOCAL:

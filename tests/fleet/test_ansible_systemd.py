@@ -187,7 +187,7 @@ def test_the_rpc_role_runs_the_workers_and_the_rolling_upgrade_unloads_one_host_
     # the engines run on both hosts; the upgrade unloads them, one host at a time
     for h in hosts.values():
         h.ct.systemctl("start", "loki-engine@chat.service", timeout=120)
-    r = playbook(inv, "rolling_upgrade")
+    r = playbook(inv, "rolling_upgrade", "-e", "lokid_upgrade_unload=true")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     # serial: 1: one batch a host, gpu1's before gpu2's
     batches = r.stdout.split("PLAY RECAP")[0].split("PLAY [Rolling upgrade]")[1:]

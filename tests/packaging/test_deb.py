@@ -28,10 +28,11 @@ from typing import Any
 import pytest
 from support import REPO
 from support.debpkg import (
+    NEXT,
     PYTHON,
     SUITES,
     Build,
-    build_in_container,
+    cached_build,
     not_ignored,
     runtime_packages,
 )
@@ -40,7 +41,6 @@ from support.systemd_harness import Container, _say
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
-NEXT = "+ci1"                  # the version suffix of the upgrade's build
 EXPOSURE_GOAL = 3.0            # lokid.service, as tests/dbus/test_daemon_systemd.py
 BUS = "org.lokid.Lokid1"
 ENGINE_DIR = "/opt/engine"
@@ -51,7 +51,7 @@ MODEL_DIR = "/srv/models"
 def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Build:
     """dpkg-buildpackage -us -uc -b in a container of the release, lintian on the result."""
     suite: str = request.param
-    b = build_in_container(suite, tmp_path_factory.mktemp(f"deb-{suite}"), NEXT)
+    b = cached_build(suite, tmp_path_factory.mktemp(f"deb-{suite}"))
     assert b.rc == 0, f"dpkg-buildpackage failed on {suite}:\n{b.log[-6000:]}"
     return b
 

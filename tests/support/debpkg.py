@@ -140,3 +140,16 @@ def build_in_container(suite: str, work: Path, next_suffix: str = "") -> Build:
                     "dpkg-buildpackage -us -uc -b >/build/next.log 2>&1"], timeout=900)
             b.next_deb = work / f"lokid_{v}{next_suffix}_all.deb"
     return b
+
+
+NEXT = "+ci1"   # the version suffix of the upgrade's build
+_BUILT: dict[str, Build] = {}
+
+
+def cached_build(suite: str, work: Path) -> Build:
+    """:func:`build_in_container` of ``suite`` (with its :data:`NEXT` build), once per test
+    session: the package tests and the fleet tests install the same build. ``work``: where
+    the first caller's build lands."""
+    if suite not in _BUILT:
+        _BUILT[suite] = build_in_container(suite, work, NEXT)
+    return _BUILT[suite]

@@ -16,6 +16,7 @@ import random
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .enginekit import engine_binary
@@ -58,6 +59,16 @@ class FleetHost:
     def url(self) -> str:
         return f"http://{self.address}:{GATEWAY_PORT}"
 
+    def ssh_root(self, public_key: str) -> None:
+        """sshd on the host's address, root logging in with ``public_key`` only."""
+        self.ct.write_file("/etc/ssh/sshd_config.d/lokid-test.conf",
+                           f"ListenAddress {self.address}\nPasswordAuthentication no\n"
+                           "PermitRootLogin prohibit-password\n")
+        self.ct.run(["install", "-d", "-m", "0700", "/root/.ssh"])
+        self.ct.write_file("/root/.ssh/authorized_keys", public_key, mode=0o600)
+        self.ct.run(["ssh-keygen", "-A"])
+        self.ct.systemctl("restart", "ssh.service", timeout=60)
+
     def gateway(self, peers: Sequence[FleetHost], presets: dict[str, str]) -> None:
         """lokid.toml with the gateway on its address (client keys and the peer key),
         its peers, and ``presets`` (name → text); the daemon and the gateway's socket
@@ -81,10 +92,24 @@ class FleetHost:
         ct.systemctl("restart", "loki-gateway.socket", timeout=60)
 
 
+def install_deb(ct: Container, deb: Path, engine: str, models: Sequence[str]) -> LokidSystem:
+    """lokid from its real .deb (``dpkg -i``: its dependencies are in the rootfs, the
+    bridge has no route to a mirror), the models in MODEL_DIR."""
+    ct.write_file(f"/var/cache/{deb.name}", deb.read_bytes())
+    ct.run(["dpkg", "-i", f"/var/cache/{deb.name}"], timeout=300)
+    ct.run(["mkdir", "-p", f"{CONFIG_DIR}/presets", MODEL_DIR])
+    system = LokidSystem(ct, engine)
+    for path in models:
+        system.add_model(path)
+    return system
+
+
 @contextlib.contextmanager
 def fleet(names: Sequence[str], models: Sequence[str],
-          packages: Sequence[str] = PACKAGES) -> Iterator[dict[str, FleetHost]]:
-    """Booted hosts on a private bridge, lokid (and its gateway's units) installed."""
+          packages: Sequence[str] = PACKAGES, deb: Path | None = None
+          ) -> Iterator[dict[str, FleetHost]]:
+    """Booted hosts on a private bridge, lokid (and its gateway's units) installed: laid
+    out as the package does (:mod:`support.lokid_install`), or from ``deb`` itself."""
     engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
     hosts: dict[str, FleetHost] = {}
     with private_bridge() as (bridge, prefix):
@@ -98,7 +123,8 @@ def fleet(names: Sequence[str], models: Sequence[str],
                 ct.run(["ip", "addr", "add", f"{address}/24", "dev", "host0"])
                 ct.run(["ip", "link", "set", "host0", "up"])
                 ct.run(["hostnamectl", "set-hostname", name], check=False)
-                system = install(ct, engine, models, gateway=True)
+                system = install_deb(ct, deb, engine, models) if deb is not None \
+                    else install(ct, engine, models, gateway=True)
                 hosts[name] = FleetHost(name, address, ct, system)
             yield hosts
         finally:
