@@ -12,7 +12,6 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from ..core.fleet import rpc
 from ..core.fleet.rpc import WorkerView
@@ -79,5 +78,7 @@ def probe_all(endpoints: Sequence[str], timeout: float = TIMEOUT) -> list[Worker
     """Every worker at once (threads: a probe waits on the network), in order."""
     if not endpoints:
         return []
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=min(len(endpoints), 16)) as pool:
         return list(pool.map(lambda e: probe(e, timeout), endpoints))

@@ -479,6 +479,9 @@ async def test_an_overlong_engine_line_is_dropped_whole_and_the_lines_after_it_a
     wrapper.write_text(
         "#!/bin/sh\n"
         f'case " $* " in *" --help "*|*" --version "*) exec {engine} "$@";; esac\n'
+        # after lokid's own lines of this start (its plan, logged once the engine is
+        # spawned): written meanwhile on the same pipe, they would cut the long line
+        "sleep 1\n"
         f"head -c {local_runner.LINE_LIMIT + 200_000} /dev/zero | tr '\\0' x\n"
         "echo; echo 'the line after the long one'\n"
         f'exec {engine} "$@"\n')
