@@ -29,9 +29,8 @@ from typing import Any, Protocol
 
 from ..core.errors import LokiError, StalePlanError, printable
 from ..core.place.need import Sizing, size_plan
-from ..core.place.policy import never_fits
 from ..host.devices import Room, listed_gpus, read_room, room_json
-from ..planning.sizing import Memory
+from ..planning.sizing import Memory, never_fits_here
 from ..store.runtimedir import read_runtime_plan
 
 log = logging.getLogger("lokid.daemon")
@@ -82,7 +81,10 @@ class DeviceRoom:
         sizing = self.sizing(name)
         if sizing is None:
             return {}
-        never = never_fits(sizing.need, self.room.devices) if self.room is not None else ""
+        view = self.host.daemon.registry.presets.get(name)
+        argv = view.plan.argv if view is not None and view.plan is not None else ()
+        never = never_fits_here(argv, sizing, self.room.devices) if self.room is not None \
+            else ""
         out = Memory(sizing, never).to_json()   # as lokid plan --json shows it
         if sizing.need.count and name in self.host.daemon.active_presets():
             running = self.sizing(name, running=True)   # where its start put it

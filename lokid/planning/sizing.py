@@ -12,13 +12,14 @@ could only fail out of memory.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.errors import ConfigError, DoesNotFitError
 from ..core.flags import flag_value
 from ..core.place.footprint import Footprint, memory_key
 from ..core.place.need import DRAFT, MMPROJ, Sizing, size_plan
-from ..core.place.policy import never_fits
+from ..core.place.policy import Device, never_fits
 from ..core.plan import Plan, PlanInputs
 from ..host.devices import Room
 
@@ -83,7 +84,16 @@ def size(plan: Plan, inputs: PlanInputs, room: Room, gpu_engine: bool,
                            gpu_capacity={d.name: d.capacity for d in room.devices})
     except ValueError as e:
         raise ConfigError(str(e), inputs.preset.path) from None
-    return Memory(sizing, never_fits(sizing.need, room.devices))
+    return Memory(sizing, never_fits_here(plan.argv, sizing, room.devices))
+
+
+def never_fits_here(argv: Sequence[str], sizing: Sizing, devices: Sequence[Device]) -> str:
+    """Why the plan can never fit on this host ("" when it can). A plan split with RPC
+    workers (--rpc) is never refused so: the estimate counts every layer here, where the
+    engine puts some on the workers (their devices are not this host's)."""
+    from ..core.fleet.rpc import workers_of
+
+    return "" if workers_of(argv) else never_fits(sizing.need, devices)
 
 
 def refuse(memory: Memory, preset: str) -> None:

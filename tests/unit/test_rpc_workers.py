@@ -188,3 +188,26 @@ def test_a_model_split_over_a_worker_answers_as_on_one_host(
         # the engine alone never reached the worker; the split one did
         assert (accepted() > before) == bool(extra)
     assert answers[0] and answers[0] == answers[1], answers
+
+
+def test_a_preset_split_with_workers_is_not_refused_by_this_hosts_room(
+        dirs: Dirs, worker: Worker) -> None:
+    """The estimate counts every layer on this host; with --rpc some go to the workers:
+    lokid plan refuses the preset alone (it needs more than the host's bounded room,
+    10 MiB) and not the one split with a worker."""
+    toml = dirs.config / "lokid.toml"
+    toml.write_text(toml.read_text() + '[placement]\nhost_memory = "10M"\n')
+
+    def plan(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "lokid.cli", "plan", name],
+                              env=dirs.env(), capture_output=True, text=True, timeout=120)
+
+    dirs.preset("alone", 'model = "llama.gguf"\n')   # about 29 MiB, over the room
+    r = plan("alone")
+    assert r.returncode == 2 and "does not fit" not in r.stdout, (r.stdout, r.stderr)
+    assert "needs" in r.stderr, r.stderr
+    (dirs.config / "presets" / "alone.toml").unlink()   # its port is the next one's
+    dirs.preset("split", f'model = "llama.gguf"\nrpc = ["{worker.endpoint}"]\n')
+    r = plan("split")
+    assert r.returncode == 0, r.stderr
+    assert "RPC workers:" in r.stdout
