@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from support import REPO
 from support.enginekit import engine_binary, free_port
+from support.fleetkit import ssh_key
 from support.lokid_install import CONFIG_DIR, LokidSystem, install
 from support.systemd_harness import PACKAGES, Container
 
@@ -40,10 +41,7 @@ class Host:
 
 @pytest.fixture(scope="module")
 def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ssh") / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
-                   check=True)
-    return path
+    return ssh_key(tmp_path_factory.mktemp("ssh"))
 
 
 @pytest.fixture(scope="module")

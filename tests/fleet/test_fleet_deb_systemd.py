@@ -20,7 +20,7 @@ import httpx
 import pytest
 from support import REPO
 from support.debpkg import NEXT, Build, cached_build
-from support.fleetkit import FleetHost, fleet, headers
+from support.fleetkit import FleetHost, fleet, headers, ssh_key
 from support.systemd_harness import PACKAGES
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
@@ -39,10 +39,7 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
 
 @pytest.fixture(scope="module")
 def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ssh") / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
-                   check=True)
-    return path
+    return ssh_key(tmp_path_factory.mktemp("ssh"))
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.fleetkit import CLIENT_KEY, FleetHost, answered, fleet, headers
+from support.fleetkit import CLIENT_KEY, FleetHost, answered, fleet, headers, ssh_key
 from support.systemd_harness import PACKAGES
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
@@ -167,8 +167,7 @@ def test_lokictl_reaches_a_host_over_ssh_and_that_hosts_polkit_decides(
     """lokictl -H user@a: real ssh to a's sshd, systemd-stdio-bridge there, a's polkit
     deciding: a member of group loki may stop a preset, another user may only read."""
     a = hosts["a"]
-    key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    key = ssh_key(tmp_path)
     for user, group in (("op", "loki"), ("guest", "")):
         a.ct.run(["useradd", "-m", "-s", "/bin/sh", *(["-G", group] if group else []), user])
         a.ct.run(["install", "-d", "-m", "0700", "-o", user, "-g", user, f"/home/{user}/.ssh"])

@@ -6,6 +6,7 @@ answer brings it back up."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,21 @@ GOOD = {"object": "list", "data": [
                                                 "status": "", "in_flight": 3, "fits": True}},
     {"id": "api", "object": "model", "lokid": {"state": "external", "on_demand": False}},
     {"id": "plain", "object": "model"}]}
+
+
+@contextlib.asynccontextmanager
+async def serving(models: Any) -> AsyncIterator[str]:
+    """A real aiohttp server on loopback whose GET /v1/models is ``models``: its URL."""
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
 
 
 @pytest.fixture
@@ -50,17 +66,11 @@ async def peer() -> AsyncIterator[tuple[str, dict[str, Any]]]:
         await mode["release"].wait()   # silent until the test ends
         return web.json_response(GOOD)
 
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}", mode
-    finally:
-        mode["release"].set()
-        await runner.cleanup()
+    async with serving(models) as url:
+        try:
+            yield url, mode
+        finally:
+            mode["release"].set()   # the silent answer ends: the server can stop
 
 
 @pytest.mark.parametrize("answer,why", [
@@ -154,18 +164,12 @@ async def test_a_peer_listing_thousands_of_models_is_read_whole(
     async def models(_: web.Request) -> web.Response:
         return web.json_response(many)
 
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     client = session()
-    peers = Peers([Peer("big", f"http://127.0.0.1:{port}")], lambda: client)
-    try:
-        await peers.read(peers.states["big"])
-    finally:
-        await client.close()
-        await runner.cleanup()
+    async with serving(models) as url:
+        peers = Peers([Peer("big", url)], lambda: client)
+        try:
+            await peers.read(peers.states["big"])
+        finally:
+            await client.close()
     assert len(peers.states["big"].models) == 5000
     assert peers.route("m04999", None).candidates == ("big",)

@@ -29,6 +29,14 @@ CLIENT_KEY = "client-key-7d1c"
 PEER_KEY = "peer-key-a93f"
 
 
+def ssh_key(directory: Path) -> Path:
+    """A new passphrase-less ed25519 key in ``directory`` (its .pub beside it)."""
+    path = directory / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+                   check=True)
+    return path
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
