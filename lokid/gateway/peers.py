@@ -172,7 +172,10 @@ class Peers:
         not answer "down (not read yet)" for a peer it is reading."""
         waiting = [s.tried.wait() for s in self.states.values() if not s.tried.is_set()]
         if waiting:
-            await asyncio.wait([asyncio.ensure_future(w) for w in waiting], timeout=timeout)
+            try:
+                await asyncio.wait_for(asyncio.gather(*waiting), timeout)
+            except TimeoutError:
+                pass
 
     async def _read(self, s: PeerState) -> None:
         try:

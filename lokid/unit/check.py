@@ -13,7 +13,6 @@ item says ``ok`` or why not; the exit status is 0 when all are ok.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from ..core.errors import LokiError
@@ -26,7 +25,7 @@ def check(config_dir: str, presets: Sequence[str] | None = None,
     from ..core.plan import build_plan
     from ..core.secrets import mask_argv
     from ..planning.gather import gather
-    from .rpcworker import RPC_DIR, worker_command
+    from .rpcworker import worker_command, worker_names
 
     lines: list[str] = []
     ok = True
@@ -52,9 +51,10 @@ def check(config_dir: str, presets: Sequence[str] | None = None,
             ok = False
             lines.append(f"preset {name}: {e}")
     if workers is None:
-        directory = os.path.join(config_dir, RPC_DIR)
-        workers = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".toml")) \
-            if os.path.isdir(directory) else []
+        try:
+            workers = worker_names(config_dir)
+        except OSError as e:
+            return False, [*lines, f"rpc workers: cannot list them ({e.strerror})"]
     for name in workers:
         try:
             lines.append(f"rpc worker {name}: ok: {' '.join(worker_command(config_dir, name))}")

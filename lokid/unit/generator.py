@@ -217,12 +217,11 @@ def rpc_units(config_dir: str, out_dir: str) -> list[str]:
     from ..core.fleet.worker import parse_worker
     from ..core.presetname import valid_preset_name
     from ..core.tomlread import read_text
+    from .rpcworker import RPC_DIR, worker_names
 
-    directory = os.path.join(config_dir, "rpc")
+    directory = os.path.join(config_dir, RPC_DIR)
     try:
-        names = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".toml"))
-    except FileNotFoundError:
-        return []
+        names = worker_names(config_dir)
     except OSError as e:
         _warn(f"{directory}: cannot list the RPC workers ({e.strerror})")
         return []

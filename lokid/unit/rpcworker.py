@@ -17,6 +17,16 @@ from ..core.presetname import valid_preset_name
 RPC_DIR = "rpc"
 
 
+def worker_names(config_dir: str) -> list[str]:
+    """The RPC workers of this host (``rpc/<name>.toml``), sorted; [] without the
+    directory. OSError when it cannot be listed."""
+    try:
+        files = os.listdir(os.path.join(config_dir, RPC_DIR))
+    except FileNotFoundError:
+        return []
+    return sorted(f[:-5] for f in files if f.endswith(".toml"))
+
+
 def worker_command(config_dir: str, name: str) -> list[str]:
     """The worker's argv; ConfigError saying what is wrong."""
     from ..core.config import load_global
