@@ -114,8 +114,16 @@ def test_a_non_members_benchmark_is_refused_in_words(cockpit_site: Any,
         b.login_to_page(cockpit_site.outsider.user, cockpit_site.outsider.password)
         b.open_preset("bench2")
         b.find("#lk-bench-run").click()
-        b.wait_js("return document.getElementById('lk-bench-status')"
-                  ".textContent.startsWith('Not permitted')", what="the refusal")
+        # polkit asks the session's agent (Cockpit's bridge) before it refuses: 20 s ran
+        # out once in a loaded CI run, with no sign of which step was slow; now the
+        # failure says whether the click was seen (events) and what the status said
+        try:
+            b.wait_js("return document.getElementById('lk-bench-status')"
+                      ".textContent.startsWith('Not permitted')", what="the refusal",
+                      timeout=60)
+        except AssertionError as e:
+            raise AssertionError(f"events {bench_events(b)}, status "
+                                 f"{b.find('#lk-bench-status').text!r}: {e}") from None
         status = b.find("#lk-bench-status").text
         assert "Bench bench2 failed" in status, status
         # polkit's words, not the engine's state: the refusal comes first
