@@ -12,12 +12,10 @@ snapshot (:class:`Backend`: the registry and the runner's engine states) and
 hand the verbs to it. A verb returns as soon as the job is under way; the
 engine's progress comes as ``EngineStateChanged`` and ``PropertiesChanged``.
 
-Deny by default: every exported method declares who may call it with
-:func:`access`: ``READ`` (anyone; the bus policy lets anyone call those) or
-a polkit action, checked by :mod:`lokid.dbus.authz` before the method runs. A
-test walks the interfaces and fails on a method that does not declare one.
-Preset names are checked at the boundary (the preset file name rule, so
-at most 64 characters) before anything else sees them.
+Deny by default: every exported method declares who may call it
+(:func:`lokid.dbus.access.access`: anyone, or a polkit action checked before it runs); a
+test walks the interfaces and fails on a method that does not declare one. Preset names
+are checked at the boundary (the preset file name rule) before anything else sees them.
 
 Secrets: a preset's command line and environment may hold them. ``Plan()``
 shows env values and secret flag values only to a caller with the edit right
@@ -25,149 +23,49 @@ shows env values and secret flag values only to a caller with the edit right
 :mod:`lokid.dbus.reveal`, which answers their property reads with the caller's
 rights; signals always carry them masked.
 
-No traceback crosses the bus: :func:`guarded` turns lokid's own errors into
-their ``org.lokid.Lokid1.Error.*`` names with the operator's message, and
-anything unexpected into a generic error, logged in full locally.
+No traceback crosses the bus (:func:`lokid.dbus.access.guarded`).
 """
 
-import functools
-import inspect
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
-from dbus_fast import DBusError, PropertyAccess, Variant
+from dbus_fast import PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from .. import __version__
 from ..core.errors import (
-    FAILED,
     DoesNotFitError,
     InvalidArgsError,
-    LokiError,
-    NotFoundError,
-    dbus_name,
     printable,
 )
 from ..core.names import (
-    ACTION_BENCH,
-    ACTION_EDIT,
-    ACTION_MANAGE,
-    ACTION_READ_LOGS,
     MANAGER_INTERFACE,
     PRESET_INTERFACE,
     preset_object_path,
 )
 from ..core.presetname import valid_preset_name
 from ..planning.sizing import REMEDY
-from ..runners.runner import EngineState
+from .access import (  # noqa: F401  (ACCESS_ATTR, READ_LOGS: read by the tests here)
+    ACCESS_ATTR,
+    BENCH,
+    EDIT,
+    MANAGE,
+    READ,
+    READ_LOGS,
+    Backend,
+    access,
+    checked_name,
+    guarded,
+    to_dbus_error,
+)
 from .reach import Reachability
-from .registry import PresetView, Registry
+from .registry import PresetView
 from .variants import json_variant, plan_variant, shown_argv
 
 log = logging.getLogger("lokid.dbus")
 EVICTION_REASONS = ("room", "cut")   # EvictPreset: idle and evicted, or cut after its drain
 MAX_WHY = 2000                       # characters of an eviction's reason, at most
 MAX_WAITS = 1024                     # presets in one ReportWaits, at most
-
-READ = "read"            # anyone may call it
-MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per call
-BENCH = ACTION_BENCH     # running a benchmark against an engine
-EDIT = ACTION_EDIT       # reading a preset's source, creating, changing, removing presets
-READ_LOGS = ACTION_READ_LOGS  # reading an engine's journal (lines, past request figures)
-ACCESS_ATTR = "_lokid_access"
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Backend(Protocol):
-    """What the interfaces need from the daemon."""
-
-    registry: Registry
-    editor: Any   # lokid.dbus.editing.Editor
-    logs: Any     # lokid.dbus.logs.Logs
-    # lokid.dbus.telemetry.Telemetry (its idle stops: IdleStopAt, RequestsInFlight; its
-    # sight, lokid.dbus.sight: OnDemandState, GroupHolder, the gateway's reports)
-    telemetry: Any
-    unloads: Any  # lokid.dbus.unload.Unloads
-
-    def engine_state(self, name: str) -> EngineState: ...
-    def spec_active(self, name: str) -> list[str]: ...
-    def active_presets(self) -> list[str]: ...
-    def runner_in_use(self) -> str: ...
-    def stats(self, name: str) -> dict[str, Any]: ...
-    def pending_restart(self, name: str) -> bool: ...
-    def running_argv(self, name: str) -> list[str]: ...
-    async def authorize(self, member: str, action: str) -> None: ...
-    async def reveals(self) -> bool: ...
-    async def caller(self) -> Any: ...   # lokid.core.access.User, None for root
-    async def start(self, name: str) -> str: ...
-    async def stop(self, name: str) -> str: ...
-    async def restart(self, name: str) -> str: ...
-    async def reload(self) -> None: ...
-    async def clear_failures(self, name: str) -> int: ...
-    async def bench(self, name: str, mode: str, predict: int, prompt: int,
-                    repeat: int = 1) -> dict[str, Any]: ...
-
-
-def access(level: str) -> Callable[[F], F]:
-    """Declare who may call a D-Bus method: READ, or a polkit action checked before it runs.
-
-    The method must be a coroutine of an interface with a ``backend``; its
-    errors (including a refusal) become D-Bus errors.
-    """
-    def mark(fn: F) -> F:
-        setattr(fn, ACCESS_ATTR, level)
-        if level == READ:
-            return fn
-
-        @functools.wraps(fn)
-        async def checked(self: Any, *args: Any) -> Any:
-            try:
-                await self.backend.authorize(fn.__name__, level)
-            except Exception as e:
-                raise to_dbus_error(e) from None
-            return await fn(self, *args)
-        return checked  # type: ignore[return-value]
-    return mark
-
-
-def checked_name(name: str) -> str:
-    """A preset name from a caller: NotFound unless it could name a preset file."""
-    if not valid_preset_name(name):
-        shown = name if len(name) <= 64 else name[:64] + "…"
-        raise NotFoundError(f"no preset {shown!r}: preset names are 1 to 64 characters "
-                            "A-Z a-z 0-9 _ . - starting with a letter or a digit")
-    return name
-
-
-def to_dbus_error(e: BaseException) -> DBusError:
-    if isinstance(e, DBusError):
-        return e
-    if isinstance(e, LokiError):
-        return DBusError(dbus_name(e), str(e))
-    log.exception("unexpected error in a D-Bus call")
-    return DBusError(FAILED, "internal error in lokid; details are in its log")
-
-
-def guarded(fn: F) -> F:
-    """Errors of ``fn`` become D-Bus errors with a name and a message, never a traceback."""
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def async_wrapper(*args: Any, **kw: Any) -> Any:
-            try:
-                return await fn(*args, **kw)
-            except Exception as e:
-                raise to_dbus_error(e) from None
-        return async_wrapper  # type: ignore[return-value]
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kw: Any) -> Any:
-        try:
-            return fn(*args, **kw)
-        except Exception as e:
-            raise to_dbus_error(e) from None
-    return wrapper  # type: ignore[return-value]
 
 
 class PresetInterface(ServiceInterface):
@@ -311,6 +209,10 @@ class PresetInterface(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def RequestsInFlight(self) -> "u":
         return int(self.backend.telemetry.idle.in_flight(self.preset))
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Unloading(self) -> "b":
+        return bool(self.backend.unloads.unloading(self.preset))
 
     @dbus_property(access=PropertyAccess.READ)
     def OnDemandState(self) -> "s":

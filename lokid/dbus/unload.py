@@ -16,6 +16,12 @@ steps, each for a failure it prevents:
   result, state, detail)`` says how it ended once the engine is stopped; the detail says
   what it waited for ("waited 2.1 s for 1 request in flight to finish"). A second
   unload of the same preset meanwhile gets the same job;
+- while the job runs the preset's ``Unloading`` property is true (PropertiesChanged at
+  its start and its end): the gateway sends no new request to the engine meanwhile (a
+  peer's replica answers, or the request waits for the unload's end and then starts the
+  engine again, as any request for a stopped on-demand preset does). Without it a
+  steady client kept the drain from ever reaching 0, and its next request, started
+  during the stop, cancelled the stop: the unload of a preset in use never ended;
 - an external preset is refused at once with what it is, as ``StopPreset`` refuses it:
   nothing runs here. (It used to get a job that failed at its stop, and lokictl then
   advised its logs and a start, neither of which an external API has.)
@@ -47,6 +53,7 @@ class UnloadHost(Protocol):
 
     registry: Registry
     manager: Any     # its JobFinished signal
+    exported: dict[str, Any]   # preset → its PresetInterface (PropertiesChanged)
     telemetry: Any   # telemetry.idle.in_flight: RequestsInFlight
 
     def engine_state(self, name: str) -> EngineState: ...
@@ -73,10 +80,20 @@ class Unloads:
             self.host.registry.get(name)   # NotFound for a name neither known nor running
         job = f"unload-{next(self.ids)}"
         self.jobs[name] = job
+        self._say(name)
         task = asyncio.get_running_loop().create_task(self._run(name, job))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return job
+
+    def unloading(self, name: str) -> bool:
+        """The Unloading property: an unload of ``name`` is under way."""
+        return name in self.jobs
+
+    def _say(self, name: str) -> None:
+        iface = self.host.exported.get(name)
+        if iface is not None:
+            iface.emit_properties_changed({"Unloading": self.unloading(name)})
 
     def in_flight(self, name: str) -> int:
         return int(self.host.telemetry.idle.in_flight(name))
@@ -89,6 +106,7 @@ class Unloads:
             result, detail = "failed", f"internal error in lokid: {type(e).__name__}"
         finally:
             self.jobs.pop(name, None)
+            self._say(name)
         state = self.host.engine_state(name).state
         log.info("preset %s: unloaded (%s)", name, detail)
         self.host.manager.JobFinished(name, job, "unload", result, state, detail)

@@ -23,6 +23,11 @@ Rules, each for a failure it prevents:
   next request starts the preset;
 - a preset not on demand is never started by a request: the reply says
   ``lokictl start <preset>``;
+- a preset being unloaded (its ``Unloading``, ``lokictl unload``) gets no new request:
+  it waits for the unload's end (bounded by :data:`START_TIMEOUT`), then goes as to any
+  stopped preset (started again when on demand; else the reply says how to start it).
+  Sent to the engine meanwhile, a steady client kept the unload's drain from reaching 0
+  and restarted the engine during its stop: the unload never ended;
 - no wait is endless: :data:`START_TIMEOUT` bounds a start.
 """
 
@@ -66,6 +71,8 @@ class Starter:
 
     async def url(self, preset: Preset) -> str:
         """The URL of the preset's ready engine; GatewayError (503) when there is none."""
+        if preset.unloading:
+            await self._unloaded(preset)
         if preset.state == READY and preset.url:
             self.failed.pop(preset.name, None)
             return preset.url
@@ -84,6 +91,17 @@ class Starter:
             task.add_done_callback(lambda t: self._done(preset.name, t))
         await asyncio.shield(task)   # the start goes on if this request is cancelled
         return preset.url
+
+    async def _unloaded(self, preset: Preset) -> None:
+        """Until the preset's unload ended (its Unloading false), or 503 past START_TIMEOUT."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while preset.unloading and not self.presets.unreachable:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise GatewayError(503, f"preset {preset.name!r} is being unloaded "
+                                   f"(`lokictl unload`), still after {START_TIMEOUT:.0f} s",
+                                   UNAVAILABLE, "model_unloading")
+            await self.presets.changed(preset, left)
 
     def _done(self, name: str, task: asyncio.Task[None]) -> None:
         if self.starting.get(name) is task:   # not a newer start of the same preset

@@ -73,6 +73,7 @@ class Preset:
     cold_start_wait: float | None = None   # Stats cold_start_last_wait_seconds
     load_seconds: float | None = None      # Stats load_seconds (its engine's last load)
     keep: bool = False         # serve.keep: never evicted to make room (Keep)
+    unloading: bool = False    # Unloading: an unload is under way (no new request to it)
     # Memory: what a start needs per device (needs, sources, per_gpu, gpu_count), {} unknown
     memory: dict[str, Any] = field(default_factory=dict)
     # futures of requests waiting for this preset's next change
@@ -85,6 +86,12 @@ class Preset:
         if state != self.state:
             self.moves += 1
         self.state = state
+
+    @property
+    def shown_state(self) -> str:
+        """Its state for routing and listings: a ready engine being unloaded takes no new
+        request, so it shows as stopping."""
+        return "stopping" if self.unloading and self.state == "ready" else self.state
 
     def update(self, props: dict[str, Any]) -> None:
         if "State" in props:
@@ -99,6 +106,8 @@ class Preset:
             self.drain = float(props["Drain"])
         if "Keep" in props:
             self.keep = bool(props["Keep"])
+        if "Unloading" in props:
+            self.unloading = bool(props["Unloading"])
         if isinstance(props.get("Memory"), dict):
             self.memory = dict(props["Memory"])
         if "RequestsInFlight" in props:

@@ -244,7 +244,7 @@ class Gateway:
         """This host's view of preset ``p`` for the routing rule."""
         if p.kind == EXTERNAL:
             return Model(READY, kind=EXTERNAL)
-        state = UNRESPONSIVE if self.liveness.state(p.name) else p.state
+        state = UNRESPONSIVE if self.liveness.state(p.name) else p.shown_state
         fits = None
         if state != READY and p.on_demand:
             fits = self.placer.fits(p, self.placer.residents(self.placer.clock()))
@@ -323,7 +323,8 @@ class Gateway:
         if unresponsive:
             return model_entry(p.name, UNRESPONSIVE, p.on_demand, public(unresponsive),
                                in_flight, False)
-        return model_entry(p.name, p.state, p.on_demand, public(p.status), in_flight,
+        return model_entry(p.name, p.shown_state, p.on_demand,
+                           "unloading" if p.unloading else public(p.status), in_flight,
                            self.placer.fits(p, residents))
 
     def _model_of(self, request: web.Request, scan: Scan | None) -> str:

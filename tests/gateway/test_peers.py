@@ -269,3 +269,46 @@ async def test_a_peer_whose_key_is_refused_is_down_with_why(
         r = await c.post(a.url + "/v1/chat/completions", json=chat("beta"))
     assert r.status_code == 503 and "b is down" in r.json()["error"]["message"]
     assert not fleet["b"].answered
+
+
+async def test_a_host_unloading_its_replica_sends_new_requests_to_a_ready_one(
+        fleet: dict[str, Host], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``lokictl unload shared`` on B while C's replica is ready: B's gateway sends the
+    requests that come meanwhile to C, not to the engine being unloaded, and lists its
+    own as stopping; once the unload ended, B serves again. (The unload is held open
+    at its start by a gate here: with nothing in flight it lasts a few milliseconds.)"""
+    b, c_host = fleet["b"], fleet["c"]
+    await until(lambda: all_up(b), 20, "B's peers read")
+    async with client("client-key-c") as c:
+        r = await c.post(c_host.url + "/v1/chat/completions", json=chat("shared"))
+        assert r.status_code == 200, r.text   # C's replica started: ready there
+    assert b.running is not None and b.gateway is not None
+    gateway, unloads = b.gateway, b.running.daemon.unloads
+    gate = asyncio.Event()
+    drain_and_stop = unloads._drain_and_stop
+
+    async def held(name: str) -> Any:
+        await gate.wait()
+        return await drain_and_stop(name)
+
+    monkeypatch.setattr(unloads, "_drain_and_stop", held)
+    async with client("client-key-b") as c:
+        r = await c.post(b.url + "/v1/chat/completions", json=chat("shared"))
+        assert r.status_code == 200 and b.answered == [("shared", 200)], b.answered
+        await until(lambda: asyncio.sleep(0, gateway.peers.listing().get("shared", {})
+                                          .get("c", {}).get("state") == "ready"), 20,
+                    "C's replica seen ready by B")
+        manager = await b.running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        await manager.call_unload_preset("shared")
+        await until(lambda: asyncio.sleep(0, gateway.presets.presets["shared"].unloading),
+                    10, "B's gateway told of the unload")
+        c_host.answered.clear()
+        r = await c.post(b.url + "/v1/chat/completions", json=chat("shared"))
+        assert r.status_code == 200, r.text
+        assert c_host.answered == [("shared", 200)] and b.answered == [("shared", 200)]
+        mine = (await listed(b, "client-key-b", **{HOP_HEADER: "1"}))["shared"]["lokid"]
+        assert mine["state"] == "stopping" and mine["status"] == "unloading", mine
+        gate.set()
+        await until(lambda: asyncio.sleep(0, not gateway.presets.presets["shared"].unloading
+                                          and gateway.presets.presets["shared"].state
+                                          == "inactive"), 30, "B's unload ended")
