@@ -46,12 +46,14 @@ from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Client, CtlError
 INT64 = range(-(2**63), 2**63)
 
 # Every key `lokictl set` and `unset` complete (packaging/completion/lokid.bash lists them
-# too, for bash); `env.` takes the variable's name after the dot.
+# too, for bash); `env.` takes the variable's name after the dot. Every preset key is here
+# but the secrets table (its files are named in lokictl edit).
 KNOWN_KEYS = ("model", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port", "mmproj",
               "extra_args", "env.", "op_offload_min_batch", "spec.mode", "spec.draft", "spec.n_max",
               "spec.sampling", "chat.reasoning_effort", "chat.temperature", "chat.top_p",
               "chat.top_k", "chat.min_p", "serve.on_demand", "serve.idle_stop", "serve.group",
-              "serve.drain", "kind", "url", "upstream_model")
+              "serve.drain", "serve.keep", "kind", "url", "upstream_model", "rpc",
+              "api_key_file")
 
 
 # --- the pure parts ---------------------------------------------------------------------

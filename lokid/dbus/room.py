@@ -8,6 +8,8 @@ what each preset needs on it.
 - **Memory** (a preset's ``Memory``): its need per device (:mod:`lokid.core.place.need`)
   on this room, each figure's source, one sentence, and why it can never fit here
   (``does_not_fit``: the refusal the gateway answers at once, and ``lokid plan`` too).
+  A preset split with RPC workers (``rpc``) has none until its first load is measured:
+  the estimate would count every layer here, where the engine puts some on the workers.
 
 When it is read: at the daemon's start, when an engine changes state, and when a reader
 finds the last reading older than :data:`FRESH` seconds (then at once from the last
@@ -28,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..core.errors import LokiError, StalePlanError, printable
+from ..core.fleet.rpc import workers_of
 from ..core.place.need import Sizing, size_plan
 from ..host.devices import Room, listed_gpus, read_room, room_json
 from ..planning.sizing import Memory, never_fits_here
@@ -83,6 +86,11 @@ class DeviceRoom:
             return {}
         view = self.host.daemon.registry.presets.get(name)
         argv = view.plan.argv if view is not None and view.plan is not None else ()
+        if workers_of(argv) and not sizing.measured:
+            # split with RPC workers: the estimate counts every layer here, where the
+            # engine puts some on the workers; unknown until its first load is measured,
+            # so the gateway's placement neither holds its start back nor evicts for it
+            return {}
         never = never_fits_here(argv, sizing, self.room.devices) if self.room is not None \
             else ""
         out = Memory(sizing, never).to_json()   # as lokid plan --json shows it

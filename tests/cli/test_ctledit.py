@@ -233,6 +233,17 @@ def test_the_completions_keys_are_those_lokictl_set_knows() -> None:
     assert keys == {k.rstrip(".") for k in ctledit.KNOWN_KEYS}
 
 
+def test_lokictl_set_knows_every_preset_key_but_the_secrets_table() -> None:
+    from lokid.core.config import CHAT_KEYS, PRESET_KEYS, SPEC_KEYS
+    from lokid.core.serve import SERVE_KEYS
+    from lokid.ctl import edit as ctledit
+
+    tables = {"spec": SPEC_KEYS, "chat": CHAT_KEYS, "serve": SERVE_KEYS}
+    every = {f"{t}.{k}" for t, keys in tables.items() for k in keys} | {
+        k for k in PRESET_KEYS if k not in tables and k not in ("env", "secrets")} | {"env"}
+    assert {k.rstrip(".") for k in ctledit.KNOWN_KEYS} == every
+
+
 # --- against the real daemon -----------------------------------------------------------
 
 TINY = 'model = "llama.gguf"\nctx = 2048\nport = {port}\n[spec]\nmode = "ngram"\n'
