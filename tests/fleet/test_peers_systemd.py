@@ -6,7 +6,8 @@ key a systemd credential), under real systemd.
 Host a serves ``alpha``; b ``beta`` and ``shared``; c ``shared`` (all on demand). The
 client is this test, on the bridge, with the client key: it asks a only. Then an RPC
 worker on b that allows a only: a's connection is answered, c's is dropped by the
-kernel (IPAddressAllow=)."""
+kernel (IPAddressAllow=); a's preset split over it serves, and the worker killed
+mid-answer ends the client's stream with an error and the engine into its restarts."""
 
 from __future__ import annotations
 
@@ -152,13 +153,42 @@ def test_an_rpc_worker_answers_the_heads_it_allows_only(hosts: dict[str, FleetHo
     assert "1 device" not in said and ("does not answer" in said or "cannot connect" in said), \
         said
     # the head's plan shows the worker (lokid plan on a)
-    a.system.preset("split", f'model = "llama.gguf"\nrpc = ["{b.address}:50052"]\n')
+    # a context long enough that the answer below is still streaming when its worker dies
+    a.system.write_preset_text("split", 'port = 8091\nctx = 16384\nmodel = "llama.gguf"\n'
+                               f'rpc = ["{b.address}:50052"]\n')
     shown = a.ct.run(["lokid", "plan", "split"], timeout=120).stdout
     assert f"RPC workers:\n  {b.address}:50052: 1 device" in shown, shown
     # started on a, the engine serves with its layers on b's worker
     a.ct.systemctl("start", "loki-engine@split.service", timeout=180)
     status = json.loads(a.ct.run(["lokictl", "presets", "--json"]).stdout)
     assert {p["Name"]: p["State"] for p in status}["split"] == "ready", status
+
+    # the worker killed mid-answer: the client's stream ends with an error, the engine's
+    # unit fails into its restarts, and serves again once the worker is back (its own
+    # Restart=on-failure, 5 s)
+    def restarts() -> int:
+        return int(a.ct.run(["systemctl", "show", "-P", "NRestarts",
+                             "loki-engine@split.service"]).stdout.strip() or 0)
+
+    before = restarts()
+    events: list[str] = []
+    with httpx.stream("POST", a.url + "/v1/chat/completions", headers=headers(), timeout=120,
+                      json=chat("split", stream=True, max_tokens=16000, ignore_eos=True)) as s:
+        assert s.status_code == 200
+        for line in s.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 5:
+                    b.ct.run(["systemctl", "kill", "-s", "KILL", "loki-rpc@w.service"])
+    assert len(events) < 16000 and '"error"' in events[-1], events[-3:]
+    assert "failed mid-answer" in events[-1], events[-1]
+    until(lambda: restarts() > before, 60, "the engine's unit restarted")
+    until(lambda: answered(a, "loki-engine@split.service") == "active"
+          and "ready" in a.ct.run(["lokictl", "presets"]).stdout.split("split", 1)[1][:60],
+          180, "the split engine ready again with its worker back")
+    r = httpx.post(a.url + "/v1/chat/completions", json=chat("split"), headers=headers(),
+                   timeout=120)
+    assert r.status_code == 200, r.text
     b.ct.systemctl("stop", "loki-rpc@w.service", timeout=60)
 
 
