@@ -568,6 +568,27 @@ class Container:
             self.leader = 0
             _live.discard(self)
 
+    def reboot(self, timeout: float = 60.0) -> None:
+        """``systemctl reboot`` inside, as an operator does: nspawn exits asking to be run
+        again (status 133), and the same root is booted again; what was written inside
+        stays (its tmpfs is the host's), what ran or was configured at run time (an
+        address added by hand) is gone."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise HarnessError(f"container {self.name} is not running")
+        self.run(["systemctl", "reboot", "--no-block"], check=False, timeout=10)
+        try:
+            status = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise HarnessError(f"container {self.name} did not reboot in {timeout:.0f} s"
+                               ) from None
+        if status != 133:
+            raise HarnessError(f"systemd-nspawn exited with {status} on a reboot, not 133")
+        for cg in self._cgroups:
+            _remove_cgroup(cg)
+        self._proc, self.leader = None, 0
+        self._boot()
+
     @staticmethod
     def _signal(pid: int, sig: int) -> None:
         if pid > 0:
