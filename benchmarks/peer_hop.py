@@ -96,8 +96,11 @@ async def until_routed(session: aiohttp.ClientSession, a: str, peer: str, up: bo
     raise SystemExit(f"A did not see {peer} {'ready' if up else 'gone'} in 30 s")
 
 
-async def measure(a: str, b: str, requests: int, rounds: int, tokens: int) -> None:
-    async with aiohttp.ClientSession() as session:
+async def measure(a: str, b: str, requests: int, rounds: int, tokens: int,
+                  headers: dict[str, str] | None = None) -> None:
+    """Latency pairs and stream rounds, B's gateway against through A, interleaved;
+    ``headers``: what each request carries (a client key)."""
+    async with aiohttp.ClientSession(headers=headers) as session:
         await until_routed(session, a, "b", True)   # B ready (started by a first request)
         for _ in range(20):
             await one(session, b, PRESET)
