@@ -44,7 +44,7 @@ PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "Sp
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
                      "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain", "Keep",
                      "IdleStopAt", "Kind", "Url", "UpstreamModel", "Reachable",
-                     "OnDemandState", "LastRequestAt", "GroupHolder", "Memory")
+                     "OnDemandState", "LastRequestAt", "GroupHolder", "Memory", "Unloading")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset",
          "unload": "UnloadPreset"}
 SPINNER = "|/-\\"
@@ -171,7 +171,8 @@ def preset_lines(rows: list[dict[str, Any]], broken: dict[str, str]) -> list[lis
             lines.append([r["Name"], "external", "-", r.get("Url") or "-", "-", "-", "-",
                           f"{r.get('UpstreamModel')}  ({r.get('Reachable')})"])
             continue
-        lines.append([r["Name"], r["State"], r["SpecMode"], top["url"] or "-",
+        state = r["State"] + (" (unloading)" if r.get("Unloading") else "")
+        lines.append([r["Name"], state, r["SpecMode"], top["url"] or "-",
                       ctlstats.duration(top["uptime_seconds"]), ctlstats.gpu_text(top),
                       ctlstats.need_text(r.get("Memory") or {}),
                       f"{r['Model']}{blocked}{idle}{error}{_fit(r)}"])

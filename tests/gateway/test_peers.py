@@ -308,6 +308,12 @@ async def test_a_host_unloading_its_replica_sends_new_requests_to_a_ready_one(
         assert c_host.answered == [("shared", 200)] and b.answered == [("shared", 200)]
         mine = (await listed(b, "client-key-b", **{HOP_HEADER: "1"}))["shared"]["lokid"]
         assert mine["state"] == "stopping" and mine["status"] == "unloading", mine
+        ctl = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "lokid.ctl", "--address", b.address, "presets",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        shown = (await asyncio.wait_for(ctl.communicate(), 60))[0].decode()
+        assert any(line.split()[:3] == ["shared", "ready", "(unloading)"]
+                   for line in shown.splitlines()), shown
         gate.set()
         await until(lambda: asyncio.sleep(0, not gateway.presets.presets["shared"].unloading
                                           and gateway.presets.presets["shared"].state
