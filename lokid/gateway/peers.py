@@ -11,7 +11,7 @@ Rules, each for a failure it prevents:
 - a peer that refuses or times out the read, answers other than 200 or sends what is no
   model list is **down**: its models are unavailable at once (a client is answered 503
   naming the peer, rather than kept waiting on a dead host), and it is read again after
-  a backoff (:data:`BACKOFF`, from 1 s to 30 s), then routed to as soon as a read
+  a backoff (:data:`BACKOFF`, from 1 s to 5 s), then routed to as soon as a read
   succeeds. A request that could not reach a peer marks it down the same way;
 - what a peer said last stays known while it is down, so a model only it serves is
   answered "on gpu2, which is down" (503) rather than "no such model" (404);
@@ -51,7 +51,10 @@ log = logging.getLogger("lokid.gateway")
 HOP_HEADER = "Lokid-Hop"
 POLL_EVERY = 2.0            # seconds between two reads of an up peer's models
 READ_TIMEOUT = 3.0          # seconds a read may take, connect included
-BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)   # seconds before a down peer is read again
+# Seconds before a down peer is read again. Capped at 5 s: a read of a down host costs
+# nothing worth saving, and with 30 s a host rebooted in 3 s (the fleet walk) stayed
+# "down" for its clients some 6 s after it was back.
+BACKOFF = (1.0, 2.0, 4.0, 5.0)
 MAX_LISTING = 4 * 1024 * 1024   # bytes of a peer's /v1/models, at most
 REPORT_EVERY = 10.0             # seconds between two ReportPeers when nothing changed
 UNAVAILABLE = "unavailable"     # the state a down peer's models are listed in

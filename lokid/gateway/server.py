@@ -166,7 +166,7 @@ class Gateway:
             if answer is not None:
                 return answer
         if preset is None or name in self.presets.broken:
-            raise self._unknown(name)
+            raise self._unknown(name, everywhere=not hopped)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
         # the preset's own key, never the client's (lokid.gateway.upstream)
         key = read_key(name, preset.key_file) if preset.key_file else None
@@ -311,7 +311,7 @@ class Gateway:
         if path.startswith("/v1/models/"):
             name = path[len("/v1/models/"):]
             if name not in entries:
-                raise self._unknown(name)
+                raise self._unknown(name, everywhere=not here_only)
             return web.json_response(entries[name])
         return web.json_response({"object": "list", "data": [
             e for name, e in sorted(entries.items()) if name not in broken]})
@@ -336,15 +336,19 @@ class Gateway:
             model = self.settings.default_model
         if not isinstance(model, str) or not model:
             raise GatewayError(400, "which model? give \"model\" in the request (one of "
-                               f"{self._known()})", code="model_required")
+                               f"{self._known(HOP_HEADER not in request.headers)})",
+                               code="model_required")
         return model
 
-    def _known(self) -> str:
-        names = sorted(n for n in self.presets.presets if n not in self.presets.broken)
+    def _known(self, everywhere: bool = False) -> str:
+        """The models a client may ask for here; ``everywhere``: its peers' too (what they
+        listed), for a request that may be sent on."""
+        names = sorted({n for n in self.presets.presets if n not in self.presets.broken}
+                       | (set(self.peers.listing()) if everywhere and self.peers else set()))
         shown = ", ".join(names[:KNOWN_SHOWN]) + (", ..." if len(names) > KNOWN_SHOWN else "")
         return shown or "none: lokid has no preset that can answer"
 
-    def _unknown(self, name: str) -> GatewayError:
+    def _unknown(self, name: str, everywhere: bool = False) -> GatewayError:
         if self.presets.unreachable and not self.presets.presets:
             return GatewayError(503, "lokid is not reachable (lokid.service); the gateway's "
                                 "log says why", UNAVAILABLE, "lokid_unreachable")
@@ -353,7 +357,8 @@ class Gateway:
             return GatewayError(503, f"preset {shown!r} is broken: "
                                 f"{public(self.presets.broken[name])}",
                                 UNAVAILABLE, "model_broken")
-        return GatewayError(404, f"no model {shown!r}: the known ones are {self._known()}",
+        return GatewayError(404, f"no model {shown!r}: the known ones are "
+                            f"{self._known(everywhere)}",
                             code="model_not_found")
 
 

@@ -183,15 +183,24 @@ def test_the_rpc_role_runs_the_workers_and_the_rolling_upgrade_unloads_one_host_
                       "loki-rpc@w.service"]).stdout
     assert "IPAddressDeny=" in shown and "0.0.0.0/0" in shown, shown
     # the engines run on both hosts; the upgrade unloads them, one host at a time
+    started = {}
     for h in hosts.values():
         h.ct.systemctl("start", "loki-engine@chat.service", timeout=120)
-    r = playbook(inv, "rolling_upgrade", "-e", "lokid_upgrade_unload=true")
+        started[h.name] = h.ct.run(["systemctl", "show", "-P", "InvocationID",
+                                    "loki-engine@chat.service"]).stdout.strip()
+    r = playbook(inv, "rolling_upgrade")   # unloads by default
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     # serial: 1: one batch a host, gpu1's before gpu2's
     batches = r.stdout.split("PLAY RECAP")[0].split("PLAY [Rolling upgrade]")[1:]
     assert len(batches) == 2 and "gpu2" not in batches[0] and "gpu1" not in batches[1], \
         r.stdout[-4000:]
+    # each engine unloaded, then (not on demand) started again on the new package
     for h in hosts.values():
+        # the unload's item and the start's (the label is the preset's name)
+        assert r.stdout.count(f"changed: [{h.name}] => (item=chat)") == 2, r.stdout[-4000:]
         state = h.ct.run(["systemctl", "is-active", "loki-engine@chat.service"],
                          check=False).stdout.strip()
-        assert state == "inactive", (h.name, state)
+        assert state == "active", (h.name, state)
+        again = h.ct.run(["systemctl", "show", "-P", "InvocationID",
+                          "loki-engine@chat.service"]).stdout.strip()
+        assert again and again != started[h.name], h.name   # a new start, not the old one

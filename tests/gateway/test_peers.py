@@ -244,10 +244,14 @@ async def test_a_marked_request_is_never_sent_on(fleet: dict[str, Host]) -> None
         r = await c.post(a.url + "/v1/chat/completions", json=chat("beta"),
                          headers={HOP_HEADER: "1"})
         assert r.status_code == 404, r.text
+        assert "the known ones are alpha" in r.text and "beta" not in r.json()["error"][
+            "message"].split("known ones")[1], r.text   # this host's only
         assert not b.answered
         r = await c.post(a.url + "/v1/chat/completions", json=chat("nowhere"))
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "model_not_found"
+        # a client's 404 names the fleet's models, not only this host's
+        assert "the known ones are alpha, beta, shared" in r.json()["error"]["message"], r.text
 
 
 async def test_a_peer_whose_key_is_refused_is_down_with_why(
