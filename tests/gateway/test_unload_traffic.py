@@ -63,8 +63,11 @@ async def steady(c: httpx.AsyncClient, model: str, until: asyncio.Event,
 async def unload_under_load(running: Running, gateway: Gateway, bus_address: str,
                             model: str) -> tuple[subprocess.CompletedProcess[str],
                                                  list[tuple[int, str]], bool]:
-    """``lokictl unload`` while CLIENTS clients keep asking for ``model``: lokictl's
-    result, every answer, and whether the gateway saw the preset unloading."""
+    """``model`` started, then ``lokictl unload`` while CLIENTS clients keep asking for
+    it: lokictl's result, every answer, and whether the gateway saw it unloading."""
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset(model)
+    await running.wait_event(model, "ready")
     codes: list[tuple[int, str]] = []
     stop = asyncio.Event()
     seen_unloading = False
@@ -91,9 +94,6 @@ async def unload_under_load(running: Running, gateway: Gateway, bus_address: str
 
 async def test_an_on_demand_preset_in_use_unloads_then_starts_again_for_its_clients(
         running: Running, gateway: Gateway, bus_address: str) -> None:
-    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
-    await manager.call_start_preset("lazy")
-    await running.wait_event("lazy", "ready")
     r, codes, seen = await unload_under_load(running, gateway, bus_address, "lazy")
     assert r.returncode == 0, r
     assert r.stdout.startswith("lazy: inactive (") and r.stdout.rstrip().endswith(
@@ -108,9 +108,6 @@ async def test_an_on_demand_preset_in_use_unloads_then_starts_again_for_its_clie
 
 async def test_a_preset_not_on_demand_unloads_and_its_next_requests_say_how_to_start_it(
         running: Running, gateway: Gateway, bus_address: str) -> None:
-    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
-    await manager.call_start_preset("held")
-    await running.wait_event("held", "ready")
     r, codes, seen = await unload_under_load(running, gateway, bus_address, "held")
     assert r.returncode == 0, r
     assert seen
