@@ -14,7 +14,9 @@ through a Python pipe a stalled reader could block), then:
   failure is one logged line, never a reason to stop the healthy engine;
 - on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
   after a grace period), and return the engine's status (0 when our SIGTERM
-  killed it: a stop while loading is still a clean stop);
+  killed it: a stop while loading is still a clean stop). At a shutdown, a ready
+  engine gets its SIGTERM once the gateway is gone, so the requests the gateway
+  lets end run on it (:mod:`lokid.core.drainmark`);
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
   failure even with status 0, so that ``Restart=on-failure`` applies); one that
   exits with a status before it was ready is asked ``refused`` (the caller's:
@@ -42,6 +44,7 @@ import signal
 import subprocess
 import time
 
+from ..core import drainmark
 from ..core.address import engine_url
 from ..core.errors import EngineError
 from ..host.notify import Notifier
@@ -83,16 +86,17 @@ class Launch:
     (an on-demand preset's port unit): /health is asked there; host:port stay the
     address clients use, which STATUS= shows."""
 
-    __slots__ = ("argv", "env", "host", "port", "label", "socket")
+    __slots__ = ("argv", "env", "host", "port", "label", "socket", "preset")
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], host: str, port: int,
-                 label: str, socket: str = ""):
+                 label: str, socket: str = "", preset: str = ""):
         self.argv = tuple(argv)
         self.env = dict(env)
         self.host = host
         self.port = port
         self.label = label
         self.socket = socket
+        self.preset = preset   # "" outside a preset's unit (no drain to wait for)
 
     @classmethod
     def of(cls, preset: str, argv: Sequence[str], env: Mapping[str, str], host: str,
@@ -101,7 +105,7 @@ class Launch:
         model = argv[list(argv).index("-m") + 1] if "-m" in argv else ""
         label = f"{preset} ({model.rsplit('/', 1)[-1]})" if model else preset
         return cls(argv=tuple(argv), env=dict(env), host=host, port=port, label=label,
-                   socket=socket)
+                   socket=socket, preset=preset)
 
 
 def supervise(launch: Launch, *, log: Callable[[str], None],
@@ -185,6 +189,24 @@ def _end_group(proc: subprocess.Popen[bytes], log: Callable[[str], None]) -> Non
         time.sleep(0.01)
 
 
+def gateway_up(path: str = drainmark.GATEWAY_RUNTIME_DIR) -> bool:
+    """Whether loki-gateway.service runs (its runtime directory exists)."""
+    return os.path.isdir(path)
+
+
+def system_state() -> str:
+    """``systemctl is-system-running``'s word; "" when it cannot be read. Asked only for
+    the stop of a ready engine while the gateway runs (a few ms of systemctl)."""
+    if not gateway_up():
+        return ""
+    try:
+        r = subprocess.run(["systemctl", "is-system-running"], capture_output=True,
+                           text=True, timeout=2, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return r.stdout.strip()
+
+
 def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
           log: Callable[[str], None], on_ready: Callable[[str], None] | None,
           stop: list[int], unexpected_exit_fails: bool,
@@ -193,6 +215,8 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
     url = engine_url(launch.host, launch.port)
     ready = False
     stopping_since: float | None = None
+    held_since: float | None = None   # the stop waits for the gateway's drain since
+    asked_system = False   # whether the system's state was read for this stop
     resent = False
     next_status = started
     next_extend = started + EXTEND_EVERY
@@ -208,7 +232,19 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
         if rc is not None:
             break
         now = time.monotonic()
-        if stop and stopping_since is None:
+        if stop and stopping_since is None and held_since is None and not asked_system \
+                and ready and launch.preset:
+            asked_system = True
+            if drainmark.waits_for_gateway(gateway_up(), system_state()):
+                held_since = now
+                notifier.send("STOPPING=1", "STATUS=stopping once the gateway has let its "
+                              "requests end (the system is shutting down)")
+                log("the system is shutting down: stopping the engine once the gateway "
+                    "has let its requests end")
+        if held_since is not None and stopping_since is None and (
+                now - held_since >= drainmark.WAIT or not gateway_up()):
+            held_since = None
+        if stop and stopping_since is None and held_since is None:
             notifier.send("STOPPING=1", "STATUS=stopping")
             log("stopping the engine")
             _signal_group(proc, signal.SIGTERM)
