@@ -370,6 +370,7 @@ class Container:
         self.workdir: Path | None = None
         self.leader = 0            # host pid of the container's PID 1
         self.boot_seconds = 0.0
+        self.shutdown_console = ""   # the console of the last reboot's shutdown
         self.failed_units: list[str] = []
         self._proc: subprocess.Popen[bytes] | None = None
         self._rootdir: Path | None = None
@@ -582,6 +583,8 @@ class Container:
         except subprocess.TimeoutExpired:
             raise HarnessError(f"container {self.name} did not reboot in {timeout:.0f} s"
                                ) from None
+        # what the shutdown printed (the next boot writes the console anew)
+        self.shutdown_console = self.console(200)
         if status != 133:
             raise HarnessError(f"systemd-nspawn exited with {status} on a reboot, not 133")
         for cg in self._cgroups:
