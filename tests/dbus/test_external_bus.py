@@ -19,6 +19,7 @@ import pytest
 from dbus_fast import DBusError
 from support.daemonkit import Running, daemon_on
 from support.enginekit import free_port, write_config, write_preset
+from support.gatewaykit import app_on_loopback
 
 from lokid.core.errors import ENGINE_FAILED
 from lokid.core.external import BENCH_REFUSAL
@@ -36,14 +37,8 @@ async def api() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        await runner.cleanup()
+    async with app_on_loopback(app) as url:
+        yield f"{url}/v1"
 
 
 @pytest.fixture
@@ -137,18 +132,13 @@ async def announced(running: Running) -> None:
 
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with app_on_loopback(app, port):
         async def up() -> bool:
             return str(await gone.get_reachable()).startswith("reachable")
 
         await until(up)
         await until(lambda: _true(any(c.startswith("reachable") for c in changes)))
         assert changes[-1] == f"reachable (GET {url}/models: HTTP 200)"
-    finally:
-        await runner.cleanup()
     # a read once the last result is due for a check: that result, with its age
     await asyncio.sleep(0.3)
     stale = str(await gone.get_reachable())

@@ -21,7 +21,7 @@ from dbus_fast import Message, MessageType
 from support.daemonkit import Running
 from support.enginekit import Engine, free_port, write_config, write_preset
 from support.enginekit import running as engine_running
-from support.gatewaykit import gateway_on
+from support.gatewaykit import app_on_loopback, gateway_on
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE
 from lokid.gateway.server import Gateway
@@ -62,14 +62,8 @@ async def recorder() -> AsyncIterator[tuple[str, list[tuple[dict[str, Any], dict
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/v1", seen
-    finally:
-        await runner.cleanup()
+    async with app_on_loopback(app) as url:
+        yield f"{url}/v1", seen
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from support.enginekit import write_config, write_preset
-from support.gatewaykit import gateway_on
+from support.gatewaykit import app_on_loopback, gateway_on
 
 from lokid.gateway import body as gateway_body
 from lokid.gateway import silence
@@ -47,15 +47,8 @@ async def recorder() -> AsyncIterator[tuple[str, list[tuple[str, str, dict[str, 
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", anything)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    from support.enginekit import free_port
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with app_on_loopback(app) as url:
+        yield url, seen
 
 
 @pytest.fixture

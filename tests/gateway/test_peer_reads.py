@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from support.enginekit import free_port
+from support.gatewaykit import app_on_loopback
 
 from lokid.core.fleet.peers import Peer
 from lokid.gateway import peers as peers_mod
@@ -31,14 +32,8 @@ async def serving(models: Any) -> AsyncIterator[str]:
     """A real aiohttp server on loopback whose GET /v1/models is ``models``: its URL."""
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with app_on_loopback(app) as url:
+        yield url
 
 
 @pytest.fixture

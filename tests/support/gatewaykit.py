@@ -51,3 +51,19 @@ async def until(check: Any, timeout: float, what: str) -> Any:
             return got
         await asyncio.sleep(0.1)
     raise AssertionError(f"not {what} in {timeout} s")
+
+
+@contextlib.asynccontextmanager
+async def app_on_loopback(app: Any, port: int | None = None) -> AsyncIterator[str]:
+    """A real aiohttp ``app`` served on 127.0.0.1 (``port``, else a free one) for the
+    block: its base URL, ``http://127.0.0.1:PORT``."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port() if port is None else port
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
