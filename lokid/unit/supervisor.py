@@ -197,8 +197,6 @@ def gateway_up(path: str = drainmark.GATEWAY_RUNTIME_DIR) -> bool:
 def system_state() -> str:
     """``systemctl is-system-running``'s word; "" when it cannot be read. Asked only for
     the stop of a ready engine while the gateway runs (a few ms of systemctl)."""
-    if not gateway_up():
-        return ""
     try:
         r = subprocess.run(["systemctl", "is-system-running"], capture_output=True,
                            text=True, timeout=2, check=False)
@@ -235,7 +233,8 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
         if stop and stopping_since is None and held_since is None and not asked_system \
                 and ready and launch.preset:
             asked_system = True
-            if drainmark.waits_for_gateway(gateway_up(), system_state()):
+            up = gateway_up()
+            if drainmark.waits_for_gateway(up, system_state() if up else ""):
                 held_since = now
                 notifier.send("STOPPING=1", "STATUS=stopping once the gateway has let its "
                               "requests end (the system is shutting down)")
