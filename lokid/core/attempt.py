@@ -7,14 +7,14 @@ the token left by the last launch and the marks recorded as failed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .record import record
 
 NEVER_ANSWERED = "the last automatic launch with this configuration never answered"
 LOADING_NOW = ("an automatic launch of this configuration is loading now: if it never "
                "answers, the next start runs without automatic speculation")
 
 
-@dataclass(frozen=True)
+@record
 class Mark:
     """One combination of preset configuration and engine binary."""
 
@@ -26,7 +26,7 @@ class Mark:
         return f"{self.fingerprint}|{self.engine}|{self.build}"
 
 
-@dataclass(frozen=True)
+@record
 class Verdict:
     """Why automatic speculation is cut for a mark ("" = allowed), and whether
     settling must record that as a new failure."""

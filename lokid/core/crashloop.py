@@ -18,7 +18,7 @@ Pure: the failures are given, with the time; :mod:`lokid.store.exits` keeps them
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .record import record
 
 BURST = 5
 WINDOW = 600.0
@@ -31,7 +31,7 @@ EXIT_CRASH_LOOP = 69      # this rule stopped the restarts ("UNAVAILABLE")
 NO_RESTART = (EXIT_CONFIG, EXIT_CRASH_LOOP)
 
 
-@dataclass(frozen=True)
+@record
 class Failure:
     """One start that ended badly."""
 

@@ -20,7 +20,8 @@ Spellings are those of llama.cpp b11434's ``--help`` (``tests/data/engine/``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from .record import record
 
 # A flag: its spellings and the environment variable the engine reads for it.
 Flag = tuple[tuple[str, ...], str]
@@ -125,7 +126,7 @@ def is_set(args: Sequence[str], env: Mapping[str, str], flag: Flag) -> bool:
     return setting(args, env, flag) is not None
 
 
-@dataclass(frozen=True)
+@record
 class Placement:
     """Where the flags put the model's layers, each answer with its reason ("" = no)."""
 

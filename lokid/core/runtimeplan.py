@@ -15,16 +15,15 @@ later without a new schema since an older reader ignores them): an engine starte
 previous release is still understood after an upgrade, which restarts the
 daemon but leaves engines running. A newer schema is refused, not guessed.
 
-Kept light (dataclasses, and the attempt mark): ``lokid engine`` reads it
+Kept light (records of :mod:`lokid.core.record`, and the attempt mark): ``lokid engine`` reads it
 between ``systemctl start`` and the engine's own start.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from . import secrets
 from .attempt import Mark
+from .record import field, record
 from .secrets import Secret
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 SCHEMA = 1
 
 
-@dataclass(frozen=True)
+@record
 class RuntimePlan:
     """The plan of one start: the engine's command line and environment, its address,
     the speculation it runs and the attempt mark its token was set under."""

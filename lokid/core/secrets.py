@@ -34,10 +34,10 @@ Pure: names, paths and strings only; :mod:`lokid.host.credentials` reads the fil
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 
 from . import flags
+from .record import record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def _pattern(text: str, ignore_case: bool = False) -> re.Pattern[str]:
     return re.compile(text, re.I if ignore_case else 0)
 
 
-@dataclass(frozen=True)
+@record
 class Secret:
     """One secret of a plan: what it becomes (``--api-key-file`` or a variable name),
     the file it comes from, its systemd credential, and the path read at start (the

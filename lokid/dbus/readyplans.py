@@ -30,9 +30,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from ..core.errors import LokiError, StateError
+from ..core.record import replace
 from ..core.runtimeplan import RuntimePlan
 from ..planning.gather import decide, gather
 from ..store import plancache

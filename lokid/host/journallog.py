@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TextIO
 
 from ..core.names import SYSLOG_IDENTIFIER
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on a start's path
+if TYPE_CHECKING:
+    from typing import TextIO
 
 
 def stderr_is_journal() -> bool:

@@ -113,8 +113,10 @@ def _resolve(host: str, port: int, source: ListenSource) -> list[tuple[int, tupl
 
     if host.endswith(".sock"):
         raise _config_error(unix_socket(host, source.host.key), source.host)
+    # an ASCII name as bytes: the same lookup, without loading the IDNA codec (a start's path)
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
         raise _config_error(unresolvable(host, source.host.key, e.strerror or str(e)),
                             source.host) from None

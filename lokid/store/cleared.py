@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+
+from ..core.record import record
 
 CLEARED_SUFFIX = ".cleared"   # $LOKI_RUNTIME_DIR/<preset>.cleared
 
 
-@dataclass(frozen=True)
+@record
 class Token:
     """An attempt token: the mark it was set for, and when (which tells it from a later
     token of the same mark)."""

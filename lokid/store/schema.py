@@ -26,12 +26,12 @@ defaults when this one writes a row.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 
 from ..core.errors import StateError
+from ..core.record import record
 
 
-@dataclass(frozen=True)
+@record
 class Migration:
     """One step of the schema: ``sql`` (statements separated by ``;``), whether an older
     lokid can no longer use the file after it, and the first release that has it."""
@@ -117,7 +117,7 @@ def level_of(version: int) -> int:
     return max((n + 1 for n, m in enumerate(MIGRATIONS[:version]) if m.breaking), default=0)
 
 
-@dataclass(frozen=True)
+@record
 class Schema:
     """What a file says of itself: its version, its level, and the release its level
     needs ("" when the file does not say)."""

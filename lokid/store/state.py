@@ -63,10 +63,10 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from ..core.errors import StateError
+from ..core.record import record
 from ..host.journallog import journal_log
 from . import schema
 from .cleared import Token, forget_cleared, note_cleared, read_cleared
@@ -97,7 +97,7 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 
-@dataclass(frozen=True)
+@record
 class SavedBench:
     """A complete benchmark result as saved: what it measured, and when."""
 
@@ -109,7 +109,7 @@ class SavedBench:
     at: float
 
 
-@dataclass(frozen=True)
+@record
 class Failure:
     mark: str
     reason: str

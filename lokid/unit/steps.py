@@ -178,8 +178,6 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     found = plancache.reusable(runtime_dir, name, environ)
     if found is None:
         return None
-    from dataclasses import replace
-
     from ..core.errors import StateError
     from ..core.runtimeplan import RuntimePlan
     from ..planning.endpoint import check_listen_free
@@ -194,6 +192,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     if rp.gpu_choice is not None:
         return None   # its GPUs are chosen anew at each start (lokid.planning.gpuchoice)
     from ..core.portunit import marked_socket
+    from ..core.record import replace
 
     if rp.socket != marked_socket(name, environ):
         return None   # planned where systemd held the port and not now, or the other way
@@ -485,14 +484,12 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
 
     if not fresh and AHEAD in rp.notes:
         how = " (planned ahead by the daemon: nothing it was made from has changed)"
-    command_line = rp.command_line()
 
     def on_spawned() -> None:
         if isinstance(left, handoff.Planned):
             # the plan names the process that supervises its engine (lokid plan's
             # "loading"): this one, not the prestart step that wrote it
-            from dataclasses import replace
-
+            from ..core.record import replace
             from ..store.runtimedir import write_runtime_plan
 
             try:
@@ -500,7 +497,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
             except OSError as e:
                 journal_log(name, f"the runtime plan was not updated: {e}", priority=4)
         _load_the_rest(planned_here=planned is not None)
-        _log_plan(name, rp.notes, command_line, how)
+        _log_plan(name, rp.notes, rp.command_line(), how)   # shlex: once the engine runs
 
     def on_ready(url: str) -> None:
         from ..store import exits, plancache

@@ -9,10 +9,12 @@ counts against an automatic launch's configuration.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from ..core.errors import WorkersDown
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on a start's path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 __all__ = ["EXIT_WORKERS", "WorkersDown", "check_workers", "workers_after_exit"]
 
@@ -22,6 +24,8 @@ EXIT_WORKERS = 75   # EX_TEMPFAIL: a worker down; not in RestartPreventExitStatu
 def check_workers(rpc: Sequence[str], argv: Sequence[str]) -> None:
     """WorkersDown naming each worker that does not answer, of the preset's ``rpc`` and
     of ``argv``'s --rpc (a plan's command line, or the preset's extra_args)."""
+    if not rpc and not _names_workers(argv):
+        return   # the common case, on every start's path: nothing of the RPC code imported
     from ..core.fleet.rpc import rpc_args, workers_of, workers_problem
 
     workers = workers_of([*rpc_args(rpc), *argv])
@@ -40,10 +44,13 @@ def workers_after_exit(name: str, argv: Sequence[str], rc: int, notifier: Any) -
     connection drops, and its own line names no worker); ``rc`` returned as it is, so
     systemd's restart logic and the crash-loop rule apply."""
     from ..core.crashloop import EXIT_CONFIG
+
+    if rc in (0, EXIT_CONFIG) or not _names_workers(argv):
+        return rc
     from ..core.fleet.rpc import workers_of, workers_problem
 
     workers = workers_of(argv)
-    if rc in (0, EXIT_CONFIG) or not workers:
+    if not workers:
         return rc
     from ..host.journallog import journal_log
     from ..host.rpcprobe import probe_all
@@ -54,3 +61,9 @@ def workers_after_exit(name: str, argv: Sequence[str], rc: int, notifier: Any) -
         notifier.send(f"STATUS={said}")
         journal_log(name, said, priority=3)
     return rc
+
+
+def _names_workers(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` may name RPC workers: ``--rpc`` or ``--rpc=…`` in it (what
+    :func:`lokid.core.fleet.rpc.workers_of` reads)."""
+    return any(a == "--rpc" or a.startswith("--rpc=") for a in argv)

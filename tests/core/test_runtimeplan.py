@@ -58,7 +58,7 @@ def test_a_damaged_plan_is_a_value_error_saying_what(change: dict[str, object],
 
 
 def test_a_chosen_start_keeps_its_choice_and_claim() -> None:
-    from dataclasses import replace
+    from lokid.core.record import replace
 
     rp = replace(RuntimePlan.of(replace(PLAN, gpu_choice=0), MARK), claim={"GPU1": 5 << 30})
     data = json.loads(json.dumps(rp.to_json()))

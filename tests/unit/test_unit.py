@@ -383,8 +383,7 @@ def test_lokid_plan_shows_what_the_next_start_runs(dirs: Dirs, models: Any) -> N
         db.clear_failures("p")
     dirs.prestart("p", INVOCATION_ID="now")  # its token
     rp = read_runtime_plan(dirs.runtime, "p")
-    from dataclasses import replace
-
+    from lokid.core.record import replace
     from lokid.store.runtimedir import write_runtime_plan
 
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
