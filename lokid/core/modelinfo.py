@@ -55,13 +55,14 @@ import os
 import stat
 import struct
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from .archs import HYBRID_ARCHS, RECURRENT_KEY_PREFIXES
 from .errors import ModelError
 from .ggmltypes import GGML_BLOCKS
 from .notgguf import not_gguf
+from .record import replace
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,6 @@ Part of the pure core: names and text only.
 
 from __future__ import annotations
 
-import ipaddress
-
 from .flags import flag_value
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
@@ -65,6 +63,8 @@ def listen_stream(host: str, port: int) -> str | None:
     """``ListenStream=``'s value for the engine's host:port; None when the host is a
     name (a socket unit takes addresses only, and a generator must not wait on DNS).
     A wildcard means every address, as the engine's bind does."""
+    import ipaddress  # here: a start's path reads this module, never this function
+
     try:
         address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:

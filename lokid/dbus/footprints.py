@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
 from typing import Any, Protocol
 
 from ..core.errors import StateError
@@ -47,6 +46,7 @@ from ..core.place.footprint import (
 )
 from ..core.place.oomline import asked, visible_of
 from ..core.place.policy import HOST, size_text
+from ..core.record import replace
 from ..host.nvml import GpuMemory
 from ..runners.local_runner import LocalRunner
 from ..runners.runner import FAILED, LOADING, READY, EngineState, restarting

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..core import config as cfg
@@ -40,6 +40,7 @@ from ..core.names import engine_unit
 from ..core.place.footprint import Footprint
 from ..core.place.settings import PlacementConfig
 from ..core.plan import Plan
+from ..core.record import replace
 from ..core.serve import Serve
 from ..host.probe import Outcome
 from ..planning.gather import decide, gather
@@ -178,9 +179,8 @@ class Registry:
         """Presets that would listen where another one that holds the address does (the
         one that started on it last, else the first by name): each gets the error, as
         ``lokid plan`` and its start report it; the holder keeps its plan."""
-        from dataclasses import replace
-
         from ..core import conflicts
+        from ..core.record import replace
         from ..planning.gather import last_starts
 
         found = {name: conflicts.Endpoint(*v.listen, v.path)

@@ -104,29 +104,41 @@ def _config_error(message: str, where: Setting) -> ConfigError:
     return ConfigError(message, where.path, None, where.key)
 
 
-def _resolve(host: str, port: int, source: ListenSource) -> list[tuple[int, tuple[Any, ...]]]:
+def _known(source: ListenSource | None) -> ListenSource:
+    """``source``, or the one that names no file: imported on an error's path only (the
+    conflicts module is not on a start's path when the port is free)."""
+    from ..core.conflicts import UNKNOWN_SOURCE
+
+    return source or UNKNOWN_SOURCE
+
+
+def _resolve(host: str, port: int, source: ListenSource | None
+             ) -> list[tuple[int, tuple[Any, ...]]]:
     """Where a bind to ``host`` goes, as llama-server resolves it (getaddrinfo, passive):
     (family, address) in the resolver's order; ConfigError when nothing."""
     import socket
 
-    from ..core.conflicts import unix_socket, unresolvable
-
     if host.endswith(".sock"):
-        raise _config_error(unix_socket(host, source.host.key), source.host)
+        from ..core.conflicts import unix_socket
+
+        raise _config_error(unix_socket(host, _known(source).host.key), _known(source).host)
     # an ASCII name as bytes: the same lookup, without loading the IDNA codec (a start's path)
     name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:
         found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise _config_error(unresolvable(host, source.host.key, e.strerror or str(e)),
-                            source.host) from None
-    except ValueError as e:     # UnicodeError (an IDNA label too long), a NUL in the name
-        raise _config_error(unresolvable(host, source.host.key, str(e)), source.host) from None
+    except (socket.gaierror, ValueError) as e:
+        # ValueError: UnicodeError (an IDNA label too long), a NUL in the name
+        from ..core.conflicts import unresolvable
+
+        why = (e.strerror or str(e)) if isinstance(e, socket.gaierror) else str(e)
+        where = _known(source).host
+        raise _config_error(unresolvable(host, where.key, why), where) from None
     return [(family, address) for family, _, _, _, address in found
             if family in (socket.AF_INET, socket.AF_INET6)]
 
 
-def _bind(host: str, port: int, source: ListenSource, any_port: bool = False) -> OSError | None:
+def _bind(host: str, port: int, source: ListenSource | None,
+          any_port: bool = False) -> OSError | None:
     """Bind ``host``:``port`` (port 0 with ``any_port``) as the engine will, trying each
     address in turn; None once one binds, else the first address's error."""
     import socket
@@ -170,16 +182,13 @@ def check_port_free(host: str, port: int, runtime_dir: str | None = None,
     (:func:`lokid.core.conflicts.listen_source`)."""
     import errno
 
-    from ..core.conflicts import UNKNOWN_SOURCE
-
-    source = source or UNKNOWN_SOURCE
     e = _bind(host, port, source)
     if e is None:
         return
     if e.errno == errno.EADDRINUSE:
         raise PortBusyError(f"port {port} on {host} is already in use by "
                             f"{_holder(host, port, runtime_dir)}")
-    raise _refused(e, host, port, source, _my_name())
+    raise _refused(e, host, port, _known(source), _my_name())
 
 
 def check_address(host: str, port: int, user: User | None = None,

@@ -20,7 +20,6 @@ import os
 import pwd
 import stat
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..core import access, conflicts, secrets
@@ -30,6 +29,7 @@ from ..core.errors import ConfigError, EngineError, ExternalPresetError, ModelEr
 from ..core.external import nothing_runs
 from ..core.modelinfo import probe_model
 from ..core.plan import Plan, PlanInputs, build_plan, config_fingerprint
+from ..core.record import replace
 from ..core.spec import DraftInput
 from ..host.probe import probe_engine
 

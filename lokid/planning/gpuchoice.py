@@ -30,11 +30,11 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
 
 from ..core.attempt import Mark
 from ..core.place.choose import Choice, choose
 from ..core.plan import Plan, PlanInputs
+from ..core.record import replace
 from ..core.runtimeplan import RuntimePlan
 from ..host.devices import Room
 from ..store.runtimedir import RUNTIME_SUFFIX
