@@ -145,16 +145,57 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
                                     preexec_fn=orphan_guard)
         except OSError as e:
             raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
+        waker = _Waker(proc.pid)
         try:
             if on_spawned is not None:
                 on_spawned()
             return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
-                         unexpected_exit_fails, refused)
+                         unexpected_exit_fails, refused, waker.wait)
         finally:
+            waker.close()
             _end_group(proc, log)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+class _Waker:
+    """The supervisor's pauses, ended at once by what it waits for: a signal to this
+    process (SIGTERM: a stop; through :func:`signal.set_wakeup_fd`) or the engine's exit
+    (its pidfd turns readable). A stop and its end are seen when they happen, not at the
+    next poll: a swap waits on both. Where either cannot be had (not the main thread, no
+    pidfd), the pause is a plain sleep for that part."""
+
+    def __init__(self, pid: int):
+        self.old: int | None = None
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            self.old = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        except ValueError:   # not the main thread: signals are seen at the next poll
+            pass
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):   # Linux before 5.3: its exit at the next poll
+            self.pidfd = -1
+
+    def wait(self, seconds: float) -> None:
+        import select
+
+        fds = [fd for fd in (self.r, self.pidfd) if fd >= 0]
+        ready, _, _ = select.select(fds, [], [], max(0.0, seconds))
+        if self.r in ready:
+            try:
+                while os.read(self.r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        if self.old is not None:
+            signal.set_wakeup_fd(self.old)
+        for fd in (self.r, self.w, self.pidfd):
+            if fd >= 0:
+                os.close(fd)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -208,7 +249,8 @@ def system_state() -> str:
 def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
           log: Callable[[str], None], on_ready: Callable[[str], None] | None,
           stop: list[int], unexpected_exit_fails: bool,
-          refused: Callable[[], tuple[int, str] | None] | None = None) -> int:
+          refused: Callable[[], tuple[int, str] | None] | None = None,
+          pause: Callable[[float], None] = time.sleep) -> int:
     started = time.monotonic()
     url = engine_url(launch.host, launch.port)
     ready = False
@@ -260,7 +302,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             if now - stopping_since > STOP_GRACE and not notifier.enabled:
                 log(f"the engine ignored SIGTERM for {STOP_GRACE:.0f} s: killing it")
                 _signal_group(proc, signal.SIGKILL)
-            time.sleep(0.05)
+            pause(0.05)   # the engine's exit ends it
             continue
 
         if not ready:
@@ -293,7 +335,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             if watchdog_every and now >= next_watchdog:
                 notifier.send("WATCHDOG=1")  # alive and loading: the start timeout judges
                 next_watchdog = now + watchdog_every
-            time.sleep(POLL_LOADING)
+            pause(POLL_LOADING)
             continue
 
         if now >= next_check:
@@ -310,7 +352,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                     notifier.send(f"STATUS=not answering /health: {launch.label} at {url}")
                     log("the engine stopped answering /health")
             next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
-        time.sleep(0.05)
+        pause(0.05)   # a stop's SIGTERM ends it
 
     if stopping_since is not None and (rc == -signal.SIGTERM or (resent and rc == 1)):
         # The stop we asked for. llama-server installs its SIGTERM handler only once

@@ -99,3 +99,36 @@ def test_a_failing_on_ready_never_stops_a_healthy_engine(tmp_path: Path) -> None
     assert answered == [200], logged  # still serving a second after the failure
     assert rc == 0, logged            # and ended by the stop, not by the error
     assert any("OperationalError: database or disk is full" in m for m in logged), logged
+
+
+def test_a_pause_ends_at_the_engines_exit_or_at_a_signal_not_at_its_timeout() -> None:
+    """The supervisor's pauses (its stop path, issue 31's swaps) end when the engine
+    exits or a signal (a stop's SIGTERM) arrives: 30 s pauses that each end well before
+    their time."""
+    import os
+    import subprocess
+    import threading
+
+    got: list[int] = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, _frame: got.append(signum))
+    child = subprocess.Popen(["sleep", "0.3"])
+    waker = supervisor._Waker(child.pid)
+    try:
+        t = time.monotonic()
+        waker.wait(30)                  # the child's exit
+        exited = time.monotonic() - t
+        assert child.wait(5) == 0
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+        timer.start()
+        waker.close()                   # an exited child's pidfd stays readable: a new one
+        waker = supervisor._Waker(os.getpid())   # this process: it does not exit
+        t = time.monotonic()
+        waker.wait(30)                  # the signal
+        signalled = time.monotonic() - t
+        timer.join()
+    finally:
+        waker.close()
+        signal.signal(signal.SIGUSR1, old)
+    assert exited < 15 and signalled < 15, (exited, signalled)
+    assert got == [signal.SIGUSR1]
+    assert signal.set_wakeup_fd(-1) == -1   # what was there before is back (none)
