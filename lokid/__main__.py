@@ -1,7 +1,6 @@
 """``python -m lokid``: the ``lokid`` command (the daemon's local runner starts its helpers so)."""
 
-import sys
 
-from .cli import main
+from .cli import entry
 
-sys.exit(main())
+entry()

@@ -176,7 +176,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 @atexit.register
-def _kill_running() -> None:
+def kill_running() -> None:
     """A probe in a background thread dies with the process: its engine must too (it is
     in a session of its own, out of reach of the terminal's signals)."""
     with _lock:

@@ -384,8 +384,9 @@ class LocalRunner(Runner):
             proc.send_signal(signal.SIGTERM)
             asyncio.get_running_loop().call_later(STOP_TIMEOUT, self._kill_if_alive, eng, proc)
         try:
-            await output.done  # every writer gone: the child, and the engine it started
             rc = await proc.wait()
+            output.read_now()   # its end is there: no wait for the next batch of lines
+            await output.done  # every writer gone: the child, and the engine it started
         finally:
             output.close()
             self.by_pid.pop(proc.pid, None)

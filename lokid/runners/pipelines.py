@@ -44,7 +44,7 @@ class PipeLines:
         self.loop.remove_reader(self.fd)
         self.timer = self.loop.call_later(self.coalesce, self._read)
 
-    def _read(self) -> None:
+    def _read(self, to_the_end: bool = False) -> None:
         self.timer = None
         eof = False
         while True:
@@ -59,7 +59,7 @@ class PipeLines:
                 eof = True
                 break
             self._feed(data)
-            if len(data) < READ_CHUNK:
+            if len(data) < READ_CHUNK and not to_the_end:
                 break  # drained (a burst bigger than the pipe: the reader fires again)
         if eof:
             if self.rest and not self.skipping:
@@ -67,6 +67,18 @@ class PipeLines:
             self.close()
         else:
             self.loop.add_reader(self.fd, self._readable)
+
+    def read_now(self) -> None:
+        """Read what is there now, without the burst's wait: the child exited, and its
+        output's end is at hand (a stop is over once it is read, not 20 ms later)."""
+        if self.fd < 0:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        else:
+            self.loop.remove_reader(self.fd)
+        self._read(to_the_end=True)   # until EOF, or until nothing more is there yet
 
     def _feed(self, data: bytes) -> None:
         *lines, self.rest = (self.rest + data).split(b"\n") if self.rest else data.split(b"\n")

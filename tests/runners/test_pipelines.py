@@ -63,3 +63,21 @@ async def test_close_stops_reading_and_is_idempotent() -> None:
         os.close(w)
     await asyncio.sleep(0.1)
     assert got == [[b"one"]]
+
+
+async def test_read_now_ends_the_output_at_the_writers_exit_without_the_bursts_wait() -> None:
+    """The local runner calls read_now once its child exited: the end of a stop is its
+    exit, not the next batch (a burst's wait of 30 s here would hold it that long)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    got: list[list[bytes]] = []
+    proc = await asyncio.create_subprocess_exec("sh", "-c", "echo last words; printf bye",
+                                                stdout=w, stderr=w)
+    os.close(w)
+    reader = PipeLines(r, got.append, 1 << 20, coalesce=30)
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    await asyncio.sleep(0.05)   # the reader saw it readable: its 30 s wait began
+    assert not reader.done.done() and got == []
+    reader.read_now()
+    await asyncio.wait_for(reader.done, 5)
+    assert got == [[b"last words"], [b"bye"]]
+    reader.read_now()   # once closed: nothing
