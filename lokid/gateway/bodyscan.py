@@ -57,12 +57,14 @@ class BodyError(ValueError):
 class Scan:
     """What the walk found: the top-level ``model`` (the last one, as ``json.loads``
     reads duplicates), where each top-level string ``model`` value is, where the
-    object opens; ``model_kind`` names a ``model`` that is not a string."""
+    object opens; ``model_kind`` names a ``model`` that is not a string; ``stream``:
+    whether the request asks to stream (:mod:`lokid.gateway.tunnel` carries it)."""
 
     model: str | None = None
     spans: list[tuple[int, int]] = field(default_factory=list)
     opens_at: int = 0
     model_kind: str = ""
+    stream: bool = False   # a top-level "stream": true (the last one): the answer streams
 
 
 def _invalid(message: str) -> BodyError:
@@ -113,7 +115,11 @@ def walk(body: bytes, max_tokens: int = MAX_TOKENS,
             pos = end
             if len(stack) == 1:   # a key (or a stray string) of the top-level object
                 colon = _SPACE.match(body, end).end()   # type: ignore[union-attr]
-                if body[colon:colon + 1] == b":" and _text(body[m.start():end]) == "model":
+                key = _text(body[m.start():end]) if body[colon:colon + 1] == b":" else ""
+                if key == "stream":
+                    value = _SPACE.match(body, colon + 1).end()   # type: ignore[union-attr]
+                    scan.stream = body[value:value + 4] == b"true"
+                elif key == "model":
                     value = _SPACE.match(body, colon + 1).end()   # type: ignore[union-attr]
                     if body[value:value + 1] == b'"':
                         value_end = _string_end(body, value)

@@ -1,4 +1,6 @@
-"""One request carried to an engine and its answer carried back, with aiohttp's client.
+"""One request carried to an engine and its answer carried back, with aiohttp's client;
+a request that asks one of this host's engines to stream, by :mod:`lokid.gateway.tunnel`
+(its answer carried as bytes, the rules below kept).
 
 aiohttp's client, not httpx: measured here against the real engine, one keep-alive
 request at a time, it answered in 0.26-0.31 ms p50 where httpx took 0.69-0.79 ms,
@@ -36,7 +38,9 @@ from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
+from . import tunnel
 from .replies import SERVER, GatewayError, sse_error
 from .silence import EngineSilent, Patience, StreamWatch, within
 
@@ -126,7 +130,7 @@ def _gone(request: web.Request) -> bool:
 async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
                 keep_auth: bool, patience: Patience, *, key: str | None = None,
                 target: str = "", what: str = "", renamer: Renamer | None = None,
-                hop: str = "") -> web.StreamResponse:
+                hop: str = "", stream: bool = False) -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
     what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
     the URL when it is not ``url`` and the client's path (an external preset's);
@@ -134,7 +138,9 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     ``patience``: how long its silence is borne (:mod:`lokid.gateway.silence`);
     ``renamer``: an external API's model named as the preset in its answer; ``hop``: the
     header that marks a request sent to a peer gateway (:mod:`lokid.gateway.peers`),
-    which then fails with :class:`Unreached` when none of it reached the peer."""
+    which then fails with :class:`Unreached` when none of it reached the peer;
+    ``stream``: the request asks to stream: to one of our engines, its answer is carried
+    as bytes (:mod:`lokid.gateway.tunnel`)."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, keep_auth and key is None, local)
@@ -143,6 +149,10 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     if hop:
         headers[hop] = "1"
     side = what or "the engine"
+    if stream and local and renamer is None and not hop and request.version >= (1, 1):
+        engine = URL(url)
+        if engine.scheme == "http" and engine.host and engine.port:
+            return await _tunnelled(request, engine, body, headers, patience, side, url)
 
     async def send() -> aiohttp.ClientResponse:
         answer = await client.request(request.method, target, data=body or None,
@@ -221,6 +231,39 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             raise ClientGone(response) from None   # a write to a client that went away
         finally:
             watch.close()
+        return response
+
+
+async def _tunnelled(request: web.Request, engine: URL, body: bytes, headers: Mapping[str, str],
+                     patience: Patience, side: str, url: str) -> web.StreamResponse:
+    """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them."""
+    assert engine.host is not None and engine.port is not None
+    try:
+        return await tunnel.carry(request, engine.host, engine.port, engine.raw_authority,
+                                  body, headers, HOP_BY_HOP, patience, side)
+    except EngineSilent as e:
+        raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
+    except (OSError, tunnel.EngineGone) as e:   # no connection, or closed before its head
+        raise _unreachable(side, url, e) from None
+    except tunnel.ClientLeft:
+        raise ClientGone(web.StreamResponse()) from None
+    except tunnel.Failed as e:
+        response = e.response
+        if isinstance(e.cause, tunnel.ClientLeft) or _gone(request):
+            raise ClientGone(response) from None
+        log.warning("%s at %s failed mid-answer: %s", side, url, e.cause or
+                    type(e.cause).__name__)
+        if e.content_type.startswith("text/event-stream"):
+            reason = str(e.cause) if isinstance(e.cause, EngineSilent) else \
+                f"{side} failed mid-answer: {type(e.cause).__name__}"
+            try:
+                await response.write(sse_error(reason))
+                await response.write_eof()
+            except ConnectionResetError:
+                raise ClientGone(response) from None
+        else:
+            assert request.transport is not None
+            request.transport.close()   # cut off: the client sees an incomplete answer
         return response
 
 

@@ -198,7 +198,8 @@ class Gateway:
                 return await self._props(request, url, key, patience)
             return await relay(self.client, request, url, body, keep_auth=not self.keys,
                                patience=patience, key=key,
-                               what=f"the engine of preset {name!r}")
+                               what=f"the engine of preset {name!r}",
+                               stream=scan is not None and scan.stream)
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
                          preset: Preset | None) -> web.StreamResponse | None:

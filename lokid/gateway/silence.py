@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
@@ -89,11 +89,17 @@ async def within(aw: Awaitable[T], patience: Patience, what: str) -> T:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
+class Endable(Protocol):
+    """What a stream's watch ends: aiohttp's reader, or the tunnel's engine side."""
+
+    def set_exception(self, exc: BaseException) -> None: ...
+
+
 class StreamWatch:
     """One stream's silence, watched by a timer; :meth:`touch` at each chunk. When it is
     over, the stream's reader is given EngineSilent, which the relay's read raises."""
 
-    def __init__(self, reader: aiohttp.StreamReader, patience: Patience, what: str):
+    def __init__(self, reader: aiohttp.StreamReader | Endable, patience: Patience, what: str):
         self.loop = asyncio.get_running_loop()
         self.reader = reader
         self.patience = patience

@@ -1,0 +1,336 @@
+"""A streamed answer carried as bytes (issue 31, item 3): no parse of it per chunk.
+
+Through aiohttp's client, each chunk of an engine's stream was parsed by its HTTP
+parser, queued in a stream reader, handed to the relaying task (one wake-up of it per
+chunk) and written again by aiohttp's server: 30 µs of the gateway's CPU per token
+where systemd-socket-proxyd, which copies bytes, spends 15-17. A request that asks to
+stream (``"stream": true`` at its top level) to one of this host's engines goes here
+instead, on a connection of its own:
+
+- the request is written as it came (its head rebuilt from the forwarded headers, its
+  body as read, ``Connection: close``); the answer's head is read and parsed once;
+- an answer in chunks (what llama-server streams) is then carried by the engine's
+  connection's protocol itself: each read is cut out of its chunk framing (sizes found,
+  nothing parsed inside) and written to the client's connection as one chunk, from the
+  event loop's read callback, with no task woken; aiohttp's response still writes the
+  head (its hooks: CORS, the drain's count) and the last chunk;
+- an answer with a length (an error, a refusal) is read whole and answered as such; one
+  delimited by the end of its connection is carried as it comes;
+- the gateway's rules stay: the engine's connection is never pooled (it is closed at the
+  end); a client gone is seen at the next read and closes the engine's connection,
+  which frees its slot (499); an engine gone, or silent past its patience
+  (:class:`lokid.gateway.silence.StreamWatch`), ends an event stream with a last error
+  event; a client slower than the engine pauses the engine's reads (its buffer is
+  bounded).
+
+HTTP/1.0 clients, external APIs (their model renamed in the answer) and peer gateways
+(a failed connect there goes to another replica) keep the relay's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import cast
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from .silence import EngineSilent, Patience, StreamWatch, within
+
+log = logging.getLogger("lokid.gateway")
+
+MAX_HEAD = 64 * 1024          # bytes of the answer's head, at most
+HIGH, LOW = 256 * 1024, 64 * 1024   # the client's write buffer: pause the engine above
+RESUME_EVERY = 0.005          # seconds between looks at a paused client's buffer
+CONNECT_TIMEOUT = 10.0        # as the relay's pool's (TimeoutError: an OSError, a 502)
+
+
+class EngineGone(Exception):
+    """The engine's connection ended before its answer did."""
+
+
+class ClientLeft(Exception):
+    """The client's connection closed mid-answer."""
+
+
+class _Head:
+    __slots__ = ("status", "reason", "headers", "chunked", "length")
+
+    def __init__(self, status: int, reason: str, headers: CIMultiDict[str], chunked: bool,
+                 length: int | None):
+        self.status, self.reason, self.headers = status, reason, headers
+        self.chunked, self.length = chunked, length
+
+
+def _parse_head(raw: bytes) -> _Head:
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise EngineGone(f"an answer that is not HTTP/1.x: {lines[0][:80]!r}")
+    headers: CIMultiDict[str] = CIMultiDict()
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep and name and name == name.strip():
+            headers.add(name, value.strip())
+    chunked = "chunked" in headers.get("Transfer-Encoding", "").lower()
+    length = headers.get("Content-Length")
+    return _Head(int(parts[1]), parts[2] if len(parts) > 2 else "", headers, chunked,
+                 int(length) if length is not None and length.isdigit() else None)
+
+
+def _one_chunk(data: bytes) -> bool:
+    """Whether ``data`` is exactly one whole chunk, not the last (what llama-server writes
+    per event, and mostly what one read gets): carried as it is."""
+    eol = data.find(b"\r\n", 0, 18)
+    if eol <= 0:
+        return False
+    try:
+        size = int(data[:eol], 16)
+    except ValueError:   # an extension (";"), or no size
+        return False
+    return size > 0 and len(data) == eol + 4 + size and data.endswith(b"\r\n")
+
+
+class _Engine(asyncio.Protocol):
+    """The engine's side: the head (a future), then the body, whole or carried."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.head: asyncio.Future[_Head] = self.loop.create_future()
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.parsed: _Head | None = None
+        self.client: asyncio.Transport | None = None   # set once the answer is carried
+        self.watch: StreamWatch | None = None
+        self.left = 0            # bytes left of the chunk being read
+        self.state = "size"      # size, data, crlf, trailer (chunked); raw
+        self.paused = False
+        self.ended = False       # the engine's connection closed
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream transport (uvloop's is one without being asyncio.Transport's subclass)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.client is not None:
+            self._carry(data)
+            return
+        self.buffer += data
+        if self.parsed is None:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buffer) > MAX_HEAD:
+                    self._fail(EngineGone(f"an answer head over {MAX_HEAD} bytes"))
+                return
+            try:
+                self.parsed = _parse_head(bytes(self.buffer[:end]))
+            except (EngineGone, ValueError) as e:
+                self._fail(e if isinstance(e, EngineGone) else EngineGone(str(e)))
+                return
+            del self.buffer[:end + 4]
+            if not self.head.done():
+                self.head.set_result(self.parsed)
+        if self.parsed.length is not None and not self.parsed.chunked \
+                and len(self.buffer) >= self.parsed.length:
+            del self.buffer[self.parsed.length:]
+            self._finish()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.ended = True
+        if self.parsed is not None and self.parsed.length is None and not self.parsed.chunked:
+            self._finish()   # an answer delimited by its connection's end: whole
+        elif self.parsed is not None and self.parsed.chunked and self.client is None:
+            pass   # not carried yet: what came is read first (carry), then it ends
+        else:
+            self._fail(EngineGone(f"the connection closed ({exc})" if exc else
+                                  "the connection closed"))
+
+    # -- the body -----------------------------------------------------------------------
+
+    def carry(self, client: asyncio.Transport, watch: StreamWatch) -> None:
+        """From now on, each read goes to ``client`` as one chunk (what came with the
+        head first)."""
+        self.client, self.watch = client, watch
+        assert self.parsed is not None
+        self.state = "size" if self.parsed.chunked else "raw"
+        if self.buffer:
+            data, self.buffer = bytes(self.buffer), bytearray()
+            self._carry(data)
+        if self.ended and not self.done.done():   # it closed before its answer's end
+            self._fail(EngineGone("the connection closed"))
+
+    def _carry(self, data: bytes) -> None:
+        client = self.client
+        assert client is not None and self.watch is not None
+        if client.is_closing():
+            self._fail(ClientLeft())
+            return
+        self.watch.touch()
+        ended = False
+        if self.state == "size" and not self.buffer and _one_chunk(data):
+            client.write(data)   # one whole chunk, framed as the engine framed it
+        else:
+            if self.state == "raw":
+                payload = data
+            else:
+                payload, ended = self._unframe(data)
+            if payload:
+                client.write(b"%x\r\n%b\r\n" % (len(payload), payload))
+        if not self.paused and client.get_write_buffer_size() > HIGH \
+                and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+            self.loop.call_later(RESUME_EVERY, self._resume)
+        if ended:
+            self._finish()
+
+    def _unframe(self, data: bytes) -> tuple[bytes, bool]:
+        """The chunks' payload in ``data`` (the framing read and dropped: sizes, CRLFs,
+        trailers), and whether the last chunk was read."""
+        out: list[bytes] = []
+        view = self.buffer + data if self.buffer else data
+        self.buffer = bytearray()
+        pos, n = 0, len(view)
+        while pos < n:
+            if self.state == "data":
+                take = min(self.left, n - pos)
+                out.append(bytes(view[pos:pos + take]))
+                pos += take
+                self.left -= take
+                if self.left == 0:
+                    self.state = "crlf"
+            elif self.state == "crlf":
+                if n - pos < 2:
+                    self.buffer = bytearray(view[pos:])
+                    break
+                pos += 2
+                self.state = "size"
+            else:   # "size" or "trailer": a line
+                eol = view.find(b"\r\n", pos)
+                if eol < 0:
+                    if n - pos > MAX_HEAD:
+                        self._fail(EngineGone("a chunk size line that does not end"))
+                        return b"".join(out), False
+                    self.buffer = bytearray(view[pos:])
+                    break
+                line = bytes(view[pos:eol])
+                pos = eol + 2
+                if self.state == "trailer":
+                    if not line:
+                        return b"".join(out), True
+                    continue
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    self._fail(EngineGone(f"a bad chunk size {line[:40]!r}"))
+                    return b"".join(out), False
+                if size == 0:
+                    self.state = "trailer"
+                else:
+                    self.state, self.left = "data", size
+        return b"".join(out), False
+
+    def _resume(self) -> None:
+        if not self.paused or self.done.done() or self.transport is None:
+            return
+        client = self.client
+        if client is None or client.is_closing():
+            self._fail(ClientLeft())
+            return
+        if client.get_write_buffer_size() > LOW:
+            self.loop.call_later(RESUME_EVERY, self._resume)
+            return
+        self.paused = False
+        self.transport.resume_reading()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+        self.close()
+
+    def _fail(self, e: BaseException) -> None:
+        if not self.head.done():
+            self.head.set_exception(e)
+            self.head.exception()   # retrieved: whoever awaits it reads it again
+        if not self.done.done():
+            self.done.set_exception(e)
+            self.done.exception()
+        self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def set_exception(self, e: BaseException) -> None:
+        """The stream's watch: the engine was silent past its patience."""
+        self._fail(e)
+
+
+def request_head(method: str, path_qs: str, host: str, headers: Mapping[str, str],
+                 length: int) -> bytes:
+    """The request's head for the engine, with its body's length and ``Connection: close``."""
+    lines = [f"{method} {path_qs} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()
+              if k.lower() not in ("host", "content-length", "connection", "transfer-encoding")]
+    lines += [f"Content-Length: {length}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+async def carry(request: web.Request, host: str, port: int, authority: str, body: bytes,
+                headers: Mapping[str, str], hop_by_hop: frozenset[str], patience: Patience,
+                side: str) -> web.StreamResponse:
+    """The engine at ``host``:``port``'s answer to ``request`` (its ``body`` read already,
+    ``headers`` the forwarded ones), its stream carried as bytes. OSError when no
+    connection was made (the caller's 502); EngineSilent or EngineGone before the
+    answer's head; ClientLeft once the client went away mid-answer."""
+    loop = asyncio.get_running_loop()
+    engine = _Engine()
+    transport, _ = await asyncio.wait_for(loop.create_connection(lambda: engine, host, port),
+                                          CONNECT_TIMEOUT)
+    try:
+        transport.write(request_head(request.method, request.path_qs, authority, headers,
+                                     len(body)) + body)
+        head = await within(asyncio.shield(engine.head), patience, side)
+        answer_headers = CIMultiDict((k, v) for k, v in head.headers.items()
+                                     if k.lower() not in hop_by_hop)
+        if head.length is not None and not head.chunked:
+            await within(asyncio.shield(engine.done), patience, side)
+            return web.Response(status=head.status, reason=head.reason or None,
+                                body=bytes(engine.buffer), headers=answer_headers)
+        response = web.StreamResponse(status=head.status, reason=head.reason or None,
+                                      headers=answer_headers)
+        await response.prepare(request)
+        await response.write(b"")   # the head on its way (aiohttp may hold it for a body)
+        client = request.transport
+        if client is None or client.is_closing():
+            raise ClientLeft()
+        watch = StreamWatch(engine, patience, side)
+        try:
+            engine.carry(client, watch)
+            failure: BaseException | None = None
+            try:
+                await engine.done
+            except (EngineGone, EngineSilent, ClientLeft) as e:
+                failure = e
+        finally:
+            watch.close()
+        if failure is None:
+            await response.write_eof()
+            return response
+        raise Failed(response, failure, head.headers.get("Content-Type", ""))
+    finally:
+        engine.close()
+
+
+class Failed(Exception):
+    """An answer under way that did not end: its response, why, its content type."""
+
+    def __init__(self, response: web.StreamResponse, cause: BaseException, content_type: str):
+        super().__init__(str(cause))
+        self.response, self.cause, self.content_type = response, cause, content_type
