@@ -298,7 +298,9 @@ async def latency(session: aiohttp.ClientSession, sides: list[Side], direct: str
     engine reached directly (lokid's preset's own port), through each side."""
     urls = {"direct": direct, **{side.name: side.url for side in sides}}
     got: dict[str, list[float]] = {name: [] for name in urls}
-    for _ in range(20):   # each started and warm (connections, the prompt cache)
+    for side in sides:   # each started (lokid's on demand: its engine is "direct")
+        await first_byte(session, side.url, COLD)
+    for _ in range(20):   # each warm (connections, the prompt cache)
         for url in urls.values():
             await first_byte(session, url, COLD)
     for _ in range(requests):
