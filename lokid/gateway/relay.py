@@ -149,10 +149,11 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     if hop:
         headers[hop] = "1"
     side = what or "the engine"
-    if stream and local and renamer is None and not hop and request.version >= (1, 1):
-        engine = URL(url)
-        if engine.scheme == "http" and engine.host and engine.port:
-            return await _tunnelled(request, engine, body, headers, patience, side, url)
+    if stream and (local or hop) and renamer is None and request.version >= (1, 1):
+        other = URL(target)   # an engine of ours, or a peer gateway: plain HTTP only
+        if other.scheme == "http" and other.host and other.port:
+            return await _tunnelled(request, other, body, headers, patience, side, url,
+                                    bool(hop))
 
     async def send() -> aiohttp.ClientResponse:
         answer = await client.request(request.method, target, data=body or None,
@@ -234,16 +235,22 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
         return response
 
 
-async def _tunnelled(request: web.Request, engine: URL, body: bytes, headers: Mapping[str, str],
-                     patience: Patience, side: str, url: str) -> web.StreamResponse:
-    """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them."""
-    assert engine.host is not None and engine.port is not None
+async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Mapping[str, str],
+                     patience: Patience, side: str, url: str, hop: bool) -> web.StreamResponse:
+    """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them; to a
+    peer gateway (``hop``), a connection never made is :class:`Unreached` (nothing of the
+    request reached it: another replica may take it), anything later is not."""
+    assert other.host is not None and other.port is not None
     try:
-        return await tunnel.carry(request, engine.host, engine.port, engine.raw_authority,
-                                  body, headers, HOP_BY_HOP, patience, side)
+        return await tunnel.carry(request, other.host, other.port, other.raw_authority,
+                                  other.raw_path_qs, body, headers, HOP_BY_HOP, patience, side)
     except EngineSilent as e:
         raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
-    except (OSError, tunnel.EngineGone) as e:   # no connection, or closed before its head
+    except OSError as e:   # no connection (refused, or its connect timed out)
+        if hop:
+            raise Unreached(side, url, e) from None
+        raise _unreachable(side, url, e) from None
+    except tunnel.EngineGone as e:   # it closed before its answer's head
         raise _unreachable(side, url, e) from None
     except tunnel.ClientLeft:
         raise ClientGone(web.StreamResponse()) from None

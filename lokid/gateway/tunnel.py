@@ -23,8 +23,9 @@ instead, on a connection of its own:
   event; a client slower than the engine pauses the engine's reads (its buffer is
   bounded).
 
-HTTP/1.0 clients, external APIs (their model renamed in the answer) and peer gateways
-(a failed connect there goes to another replica) keep the relay's path.
+A peer gateway's stream (plain HTTP) is carried so too: a connection never made there
+goes to another replica, as on the relay's path. HTTP/1.0 clients and external APIs
+(TLS, their model renamed in the answer) keep the relay's path.
 """
 
 from __future__ import annotations
@@ -282,11 +283,13 @@ def request_head(method: str, path_qs: str, host: str, headers: Mapping[str, str
     return "\r\n".join(lines).encode("latin-1")
 
 
-async def carry(request: web.Request, host: str, port: int, authority: str, body: bytes,
+async def carry(request: web.Request, host: str, port: int, authority: str, path_qs: str,
+                body: bytes,
                 headers: Mapping[str, str], hop_by_hop: frozenset[str], patience: Patience,
                 side: str) -> web.StreamResponse:
-    """The engine at ``host``:``port``'s answer to ``request`` (its ``body`` read already,
-    ``headers`` the forwarded ones), its stream carried as bytes. OSError when no
+    """The answer of the engine (or peer gateway) at ``host``:``port`` to ``request`` sent
+    to ``path_qs`` (its ``body`` read already, ``headers`` the forwarded ones), its stream
+    carried as bytes. OSError when no
     connection was made (the caller's 502); EngineSilent or EngineGone before the
     answer's head; ClientLeft once the client went away mid-answer."""
     loop = asyncio.get_running_loop()
@@ -294,8 +297,8 @@ async def carry(request: web.Request, host: str, port: int, authority: str, body
     transport, _ = await asyncio.wait_for(loop.create_connection(lambda: engine, host, port),
                                           CONNECT_TIMEOUT)
     try:
-        transport.write(request_head(request.method, request.path_qs, authority, headers,
-                                     len(body)) + body)
+        transport.write(request_head(request.method, path_qs, authority, headers, len(body))
+                        + body)
         head = await within(asyncio.shield(engine.head), patience, side)
         answer_headers = CIMultiDict((k, v) for k, v in head.headers.items()
                                      if k.lower() not in hop_by_hop)

@@ -240,3 +240,47 @@ def test_one_whole_chunk_is_carried_as_it_is_and_nothing_else_is() -> None:
     assert not tunnel._one_chunk(b"0\r\n\r\n")                     # the last
     assert not tunnel._one_chunk(b"5;x=1\r\nhello\r\n")            # an extension: unframed
     assert not tunnel._one_chunk(b"zz\r\nhello\r\n")
+
+
+async def test_a_peer_stream_that_never_connected_may_go_elsewhere_one_that_did_may_not(
+        ) -> None:
+    """To a peer gateway (a hop), a stream whose connection was never made is Unreached
+    (another replica may take it: nothing of it reached the peer); one the peer took and
+    closed unanswered is a 502, never sent twice."""
+    from support.enginekit import free_port
+
+    from lokid.gateway.relay import Unreached
+    from lokid.gateway.replies import GatewayError
+
+    async def closer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")   # the request reached it
+        writer.close()
+    server = await asyncio.start_server(closer, "127.0.0.1", 0)
+    taker = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    nobody = f"http://127.0.0.1:{free_port()}"
+    seen: dict[str, str] = {}
+    client = session()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        peer = request.query["peer"]
+        try:
+            await relay(client, request, peer, b'{"stream": true}', keep_auth=False,
+                        patience=Patience(10, 10), target=peer + "/v1/chat/completions",
+                        hop="X-Lokid-Hop", stream=True)
+        except Unreached:
+            seen[peer] = "unreached"
+        except GatewayError as e:
+            seen[peer] = str(e.status)
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_post("/", handler)
+    try:
+        async with app_on_loopback(app) as url, aiohttp.ClientSession() as c:
+            for peer in (nobody, taker):
+                async with c.post(url + "/", params={"peer": peer}) as r:
+                    assert r.status == 200
+    finally:
+        server.close()
+        await client.close()
+    assert seen == {nobody: "unreached", taker: "502"}
