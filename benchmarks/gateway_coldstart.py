@@ -20,7 +20,9 @@ printed apart for that reason, and left out of the medians.
 
 Measured on the 2-CPU machine of issue 22 (other helpers' tests running beside it): raw
 spawn -> /health median 71 ms, request -> first byte through the gateway 247 ms: +176 ms,
-within the goal.
+within the goal. After issue 31's lighter start path (lokid's modules byte-compiled, as
+an installed package has them), --rounds 7, nothing else running: raw 25 ms, through the
+gateway 94 ms (69-150): +69 ms. benchmarks/vs_router.py puts it beside llama.cpp's router.
 
     .venv/bin/python benchmarks/gateway_coldstart.py [--rounds 5]
 """

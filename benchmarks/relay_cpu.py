@@ -21,6 +21,15 @@ relay's own CPU (``utime + stime`` of its process, ``/proc/<pid>/stat``: the gat
 proxyd's, the router's parent; never the engine's) per carried token: median and spread
 over the rounds. Goal: lokid's CPU per token <= 1.3 x proxyd's.
 
+Measured on the 2-CPU machine of issue 31 (its first session; the four sides' engines on
+the same two CPUs, load up to 2.7), --rounds 7: 16 streams at ~143 tokens/s each on
+every side (direct 2,281 tok/s, proxyd 2,302, lokid 2,267, router 2,264); relay CPU per
+token: proxyd 19.5 us (17.1-24.4), lokid 24.4 us (22.0-28.1), the router 43.9 us
+(42.7-50.0): lokid 1.25 x proxyd's (goal met), the router 2.25 x. Before the byte
+tunnel (lokid.gateway.tunnel), the same script, --rounds 5: lokid 36.6 us (31.7-52.5),
+2.00 x proxyd's 18.3 us. /proc counts CPU in 10 ms ticks: 8,192 tokens a round make a
+tick ~1.2 us a token.
+
     .venv/bin/python benchmarks/relay_cpu.py [--rounds 5] [--streams 16] [--tokens 512]
 """
 
