@@ -275,10 +275,13 @@ class _Engine(asyncio.Protocol):
 
 def request_head(method: str, path_qs: str, host: str, headers: Mapping[str, str],
                  length: int) -> bytes:
-    """The request's head for the engine, with its body's length and ``Connection: close``."""
+    """The request's head for the engine, with its body's length and ``Connection: close``;
+    a client's ``Expect: 100-continue`` stays here (the gateway has its body already, and
+    an interim 100 would be read as the answer's head)."""
     lines = [f"{method} {path_qs} HTTP/1.1", f"Host: {host}"]
     lines += [f"{k}: {v}" for k, v in headers.items()
-              if k.lower() not in ("host", "content-length", "connection", "transfer-encoding")]
+              if k.lower() not in ("host", "content-length", "connection", "transfer-encoding",
+                                   "expect")]
     lines += [f"Content-Length: {length}", "Connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1")
 

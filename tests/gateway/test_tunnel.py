@@ -232,6 +232,27 @@ def test_the_framing_is_read_whatever_the_reads_cut() -> None:
     assert asyncio.run(run()) == (b"hello 0123456789", True)
 
 
+async def test_a_client_that_expects_100_continue_gets_the_stream(
+        front: tuple[str, list[str]]) -> None:
+    """The gateway reads the body itself (aiohttp answers the client's 100); the engine is
+    not asked for one, whose interim head would be taken for the answer's."""
+    url, carried = front
+    body = json.dumps({"stream": True, "n": 4}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+    writer.write(b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Expect: 100-continue\r\nConnection: close\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body))
+    await writer.drain()
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+    writer.write(body)
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower(), answer
+    assert all(event in rest for event in EVENTS[:4])
+    assert carried == ["/stream"]
+
+
 def test_one_whole_chunk_is_carried_as_it_is_and_nothing_else_is() -> None:
     assert tunnel._one_chunk(b"5\r\nhello\r\n")
     assert tunnel._one_chunk(b"A\r\n0123456789\r\n")
