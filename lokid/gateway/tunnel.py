@@ -66,7 +66,7 @@ class _Head:
 
 
 def _parse_head(raw: bytes) -> _Head:
-    lines = raw.decode("latin-1").split("\r\n")
+    lines = raw.decode("utf-8", "surrogateescape").split("\r\n")   # as aiohttp's parser
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
         raise EngineGone(f"an answer that is not HTTP/1.x: {lines[0][:80]!r}")
@@ -283,7 +283,8 @@ def request_head(method: str, path_qs: str, host: str, headers: Mapping[str, str
               if k.lower() not in ("host", "content-length", "connection", "transfer-encoding",
                                    "expect")]
     lines += [f"Content-Length: {length}", "Connection: close", "", ""]
-    return "\r\n".join(lines).encode("latin-1")
+    # the client's bytes again: aiohttp read its head as UTF-8 with surrogateescape
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 
 async def carry(request: web.Request, host: str, port: int, authority: str, path_qs: str,

@@ -58,7 +58,8 @@ class Engine:
         body = await request.json()
         r = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                         "X-Seen-Connection": request.headers.get("Connection",
-                                                                                 "")})
+                                                                                 ""),
+                                        "X-Seen-Note": request.headers.get("X-Note", "")})
         r.enable_chunked_encoding()
         await r.prepare(request)
         for event in EVENTS[:body.get("n", len(EVENTS))]:
@@ -153,9 +154,11 @@ async def test_a_stream_is_carried_whole_and_its_connection_kept(
     url, carried = front
     async with aiohttp.ClientSession() as c:
         for n in (40, 3):   # two streams on one kept-alive connection of the client's
-            async with c.post(url + "/stream", json={"stream": True, "n": n}) as r:
+            async with c.post(url + "/stream", json={"stream": True, "n": n},
+                              headers={"X-Note": "日本 é"}) as r:
                 assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
                 assert r.headers["X-Seen-Connection"] == "close"   # the engine's: not pooled
+                assert r.headers["X-Seen-Note"] == "日本 é"   # a client's UTF-8 as it sent it
                 got = await r.read()
             assert got == b"".join(EVENTS[:n])
         async with c.post(url + "/stream", json={"stream": False, "n": 2}) as r:
