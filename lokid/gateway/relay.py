@@ -216,18 +216,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                 aiohttp.ClientOSError, EngineSilent) as e:
             if isinstance(e, ConnectionResetError) or _gone(request):
                 raise ClientGone(response) from None   # the client went away: nothing to tell it
-            log.warning("%s at %s failed mid-answer: %s", side, url, e or type(e).__name__)
-            if upstream.content_type == "text/event-stream":
-                reason = str(e) if isinstance(e, EngineSilent) else \
-                    f"{side} failed mid-answer: {type(e).__name__}"
-                try:
-                    await response.write(sse_error(reason))
-                    await response.write_eof()
-                except ConnectionResetError:
-                    raise ClientGone(response) from None
-            else:
-                assert request.transport is not None
-                request.transport.close()   # cut off: the client sees an incomplete answer
+            await _end_failed(request, response, e, upstream.content_type == "text/event-stream",
+                              side, url)
         except ConnectionResetError:
             raise ClientGone(response) from None   # a write to a client that went away
         finally:
@@ -255,23 +245,30 @@ async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Map
     except tunnel.ClientLeft:
         raise ClientGone(web.StreamResponse()) from None
     except tunnel.Failed as e:
-        response = e.response
         if isinstance(e.cause, tunnel.ClientLeft) or _gone(request):
-            raise ClientGone(response) from None
-        log.warning("%s at %s failed mid-answer: %s", side, url, e.cause or
-                    type(e.cause).__name__)
-        if e.content_type.startswith("text/event-stream"):
-            reason = str(e.cause) if isinstance(e.cause, EngineSilent) else \
-                f"{side} failed mid-answer: {type(e.cause).__name__}"
-            try:
-                await response.write(sse_error(reason))
-                await response.write_eof()
-            except ConnectionResetError:
-                raise ClientGone(response) from None
-        else:
-            assert request.transport is not None
-            request.transport.close()   # cut off: the client sees an incomplete answer
-        return response
+            raise ClientGone(e.response) from None
+        await _end_failed(request, e.response, e.cause,
+                          e.content_type.startswith("text/event-stream"), side, url)
+        return e.response
+
+
+async def _end_failed(request: web.Request, response: web.StreamResponse, e: BaseException,
+                      events: bool, side: str, url: str) -> None:
+    """An answer under way whose engine failed (``e``): a stream of ``events`` gets a last
+    one holding the error; any other answer is cut off (its connection closed before its
+    end), which a client reads as an error."""
+    log.warning("%s at %s failed mid-answer: %s", side, url, e or type(e).__name__)
+    if not events:
+        assert request.transport is not None
+        request.transport.close()
+        return
+    reason = str(e) if isinstance(e, EngineSilent) else \
+        f"{side} failed mid-answer: {type(e).__name__}"
+    try:
+        await response.write(sse_error(reason))
+        await response.write_eof()
+    except ConnectionResetError:
+        raise ClientGone(response) from None
 
 
 def _unreachable(side: str, url: str, e: BaseException) -> GatewayError:
