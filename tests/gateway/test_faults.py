@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
-from support.gatewaykit import gateway_on
+from support.gatewaykit import LOOPS, gateway_on, loop_policy
 
 from lokid.gateway.server import Gateway
 
@@ -32,15 +32,11 @@ def config(tmp_path: Path, engine: str, models: Any) -> Path:
     return config
 
 
-@pytest.fixture(params=["asyncio", "uvloop"])
+@pytest.fixture(params=LOOPS)
 def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
     """Each test on both loops the gateway runs on (lokid.gateway.server.run): uvloop's
     transports and timers are not asyncio's."""
-    if request.param == "uvloop":
-        import uvloop  # a test dependency (pyproject's test extra)
-
-        return uvloop.EventLoopPolicy()
-    return asyncio.DefaultEventLoopPolicy()
+    return loop_policy(request.param)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from support.gatewaykit import app_on_loopback
+from support.gatewaykit import LOOPS, app_on_loopback, loop_policy
 
 from lokid.gateway import relay as relay_module
 from lokid.gateway import tunnel
@@ -24,15 +24,11 @@ from lokid.gateway.relay import ClientGone, relay, session
 from lokid.gateway.silence import Patience
 
 
-@pytest.fixture(params=["asyncio", "uvloop"])
+@pytest.fixture(params=LOOPS)
 def event_loop_policy(request: pytest.FixtureRequest) -> asyncio.AbstractEventLoopPolicy:
     """Each test on both loops the gateway runs on (lokid.gateway.server.run): uvloop's
     transports are no subclasses of asyncio's."""
-    if request.param == "uvloop":
-        import uvloop  # a test dependency (pyproject's test extra)
-
-        return uvloop.EventLoopPolicy()
-    return asyncio.DefaultEventLoopPolicy()
+    return loop_policy(request.param)
 
 
 EVENTS = [f'data: {{"i": {i}, "text": "{"x" * (i % 7)}"}}\n\n'.encode() for i in range(40)]

@@ -67,3 +67,17 @@ async def app_on_loopback(app: Any, port: int | None = None) -> AsyncIterator[st
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+LOOPS = ("asyncio", "uvloop")   # the loops the gateway runs on (lokid.gateway.server.run)
+
+
+def loop_policy(name: str) -> asyncio.AbstractEventLoopPolicy:
+    """The event loop policy of one of :data:`LOOPS`: a test module's
+    ``event_loop_policy`` fixture, parametrized over them, runs each test on both (uvloop's
+    transports and timers are not asyncio's)."""
+    if name == "uvloop":
+        import uvloop  # a test dependency (pyproject's test extra)
+
+        return uvloop.EventLoopPolicy()
+    return asyncio.DefaultEventLoopPolicy()
