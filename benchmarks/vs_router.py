@@ -36,7 +36,11 @@ Then, ``--rounds`` times (5) each, interleaved (the side that goes first alterna
   through lokid's gateway, through the router: p50 and p99, and each side's p50 over
   direct;
 - idle: ``--connections`` (1,000) connections to each side, each asked ``/health`` once
-  and left open: the side's memory and threads over its figures before.
+  and left open: the side's memory and threads over its figures before;
+- burst: six streamed requests A B A A C B (64 tokens each) sent 5 ms apart with A loaded,
+  one model at a time (lokid: C in A and B's group), ``--rounds`` times after each model
+  was started once: the order they are served in, and when the last one's first byte
+  comes.
 
 lokid's modules are byte-compiled first, as the package's installation does.
 
@@ -57,10 +61,12 @@ session 1, after its changes; before them, in brackets, the helper's three runs)
   is slower than lokid here, unexplained; benchmarks/gateway_latency.py, which measures
   lokid's added latency alone, gave +0.53 ms the same hour);
 - 1,000 idle connections: lokid +9.1 MiB (9 KiB each), threads 5 -> 5; router
-  +58.2 MiB (60 KiB each), threads 8 -> 1,005.
+  +58.2 MiB (60 KiB each), threads 8 -> 1,005;
+- burst (--rounds 5, alone): both served A A A B B C (two loads); the last first byte
+  after 432 ms (412-463) through lokid, 227 ms (161-235) through the router: behind.
 
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
-        [--connections 1000] [--only cold|swap|memory|latency|idle ...]
+        [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E
 
 COLD = "tiny"            # gateway_coldstart's PRESET: planned_argv plans it
 GROUP = ("A", "B")
+THIRD = "C"              # with A and B, the burst row's third model (in their group)
+BURST = ("A", "B", "A", "A", "C", "B")
 SERVE = '[serve]\non_demand = true\n'
 REST = 0.3               # after a stop: its port released, its stop step run
 TIMEOUT = aiohttp.ClientTimeout(total=120)
@@ -365,6 +373,45 @@ async def idle(sides: list[Side], pids: dict[str, int], connections: int) -> Non
               f"{t0} -> {t1}")
 
 
+async def burst(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
+                tokens: int) -> None:
+    """Six streamed requests A B A A C B sent 5 ms apart with A loaded (one model at a
+    time): the order they are served in (their first bytes), and when the last one is."""
+    got: dict[str, list[float]] = {"lokid": [], "router": []}
+    orders: dict[str, list[str]] = {"lokid": [], "router": []}
+    for side in sides:   # each model started once on each side: lokid's loads measured
+        for model in (*GROUP, THIRD):
+            await first_byte(session, side.url, model)
+    for i in range(rounds):
+        for side in order(sides, i):
+            for model in (THIRD, GROUP[1]):
+                await side.stop(session, model)
+            await first_byte(session, side.url, GROUP[0])   # A loaded
+            await asyncio.sleep(0.5)
+            t0 = time.perf_counter()
+
+            async def one(k: int, model: str, side: Side = side, t0: float = t0
+                          ) -> tuple[float, str]:
+                await asyncio.sleep(0.005 * k)
+                body = bytearray()
+                first = 0.0
+                async with session.post(side.url + "/v1/chat/completions",
+                                        json=chat(model, tokens)) as r:
+                    assert r.status == 200, await r.text()
+                    async for chunk in r.content.iter_any():
+                        first = first or time.perf_counter()
+                        body += chunk
+                return first - t0, model
+            served = sorted(await asyncio.gather(*(one(k, m) for k, m in enumerate(BURST))))
+            got[side.name].append(served[-1][0])
+            orders[side.name].append(" ".join(m for _, m in served))
+    print(f"\n6. {' '.join(BURST)} together (5 ms apart, A loaded, {tokens} tokens each), "
+          f"{rounds} rounds: the last request's first byte")
+    for name in got:
+        print(f"  {name:7} {spread(got[name])}   (served: "
+              f"{', '.join(sorted(set(orders[name])))})")
+
+
 SWAP_LINE = re.compile(r"swapping (\S+) out for (\S+): (.*); loading \S+ costs ([\d.]+) s "
                        r"\(([^)]*)\)")
 
@@ -454,6 +501,8 @@ async def measure(rows: list[str], lokid_url: str, address: str, router_url: str
                 await latency(session, sides, direct, requests)
             if "idle" in rows:
                 await idle(sides, pids, connections)
+            if "burst" in rows:
+                await burst(session, sides, rounds, 64)
     finally:
         bus.disconnect()
 
@@ -465,10 +514,10 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=300, help="the latency row's rounds")
     p.add_argument("--connections", type=int, default=1000, help="the idle row's")
     p.add_argument("--only", action="append",
-                   choices=("cold", "swap", "memory", "latency", "idle"),
+                   choices=("cold", "swap", "memory", "latency", "idle", "burst"),
                    help="a row to run (repeatable; default: all)")
     args = p.parse_args()
-    rows = args.only or ["cold", "swap", "memory", "latency", "idle"]
+    rows = args.only or ["cold", "swap", "memory", "latency", "idle", "burst"]
     import compileall
     from importlib.metadata import version
 
@@ -484,11 +533,11 @@ def main() -> int:
         root = Path(tmp)
         port, raw_port, gw_port, router_port = free_port(), free_port(), free_port(), free_port()
         config = tiny_config(root, COLD, f"port = {port}\n" + SERVE)
-        for name in GROUP:
+        for name in (*GROUP, THIRD):
             write_preset(config, name, f'model = "tiny.gguf"\nctx = 2048\nport = {free_port()}\n'
                          + SERVE + 'group = "gpu0"\n')
         argv = planned_argv(config, root, raw_port)
-        ini = router_ini(root, [COLD, *GROUP])
+        ini = router_ini(root, [COLD, *GROUP, THIRD])
         log, gateway_log = root / "router.log", root / "gateway.log"
         try:
             with daemon_process(config, root) as daemon, gateway_log.open("wb") as out, \
