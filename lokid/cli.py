@@ -172,6 +172,18 @@ def cmd_prestart(config_dir: str, preset: str) -> int:
 
 
 def cmd_engine(config_dir: str, preset: str) -> int:
+    import os
+
+    from .unit.supervisor import PARENT_PID
+
+    parent = os.environ.get(PARENT_PID, "")
+    if parent.isdigit():   # the daemon's local runner: this step dies with it
+        import signal
+
+        from .host.proc import guard_self
+
+        if not guard_self(int(parent), signal.SIGTERM):
+            return 0   # the daemon died while this step was being spawned
     from .unit.steps import engine
 
     return engine(config_dir, paths.state_dir(), paths.runtime_dir(), preset)

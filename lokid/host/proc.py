@@ -36,6 +36,15 @@ if TYPE_CHECKING:
 # The supervisor (on the path to READY) imports this module: the sample type and
 # ctypes are imported where used.
 
+def guard_self(parent: int, sig: int) -> bool:
+    """This process gets ``sig`` when its parent dies (PR_SET_PDEATHSIG, set by itself
+    rather than by a ``preexec_fn``, which makes its spawn a fork of the whole parent
+    instead of a vfork); False when ``parent`` is already gone (it died before the guard
+    was set: nobody is there to stop this process)."""
+    die_with_parent(sig)()
+    return os.getppid() == parent
+
+
 def die_with_parent(sig: int) -> Callable[[], None]:
     """A ``preexec_fn`` that has the child receive ``sig`` when its parent dies
     (PR_SET_PDEATHSIG). libc is loaded here, in the parent: the child only calls it."""

@@ -50,8 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import crashloop
 from ..core.logring import LogRing
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
-from ..host.proc import die_with_parent
-from ..unit.supervisor import DIE_WITH_PARENT
+from ..unit.supervisor import DIE_WITH_PARENT, PARENT_PID
 from .pipelines import PipeLines
 from .runner import (
     CANCELED,
@@ -117,8 +116,6 @@ class LocalRunner(Runner):
         self.job_count = 0
         # each preset's last lines: `lokictl logs` where there is no journal
         self.logs: dict[str, LogRing] = {}
-        # SIGTERM: a daemon that dies lets each `lokid engine` stop its engine cleanly.
-        self.orphan_guard = die_with_parent(signal.SIGTERM)
 
     # -- the notify socket ------------------------------------------------------
 
@@ -311,7 +308,10 @@ class LocalRunner(Runner):
         return {**os.environ, "LOKI_CONFIG_DIR": self.config_dir,
                 "LOKI_STATE_DIR": self.state_dir, "LOKI_RUNTIME_DIR": self.runtime_dir,
                 "INVOCATION_ID": eng.invocation, "NOTIFY_SOCKET": self.notify_address,
-                DIE_WITH_PARENT: "1", "PYTHONUNBUFFERED": "1"}
+                DIE_WITH_PARENT: "1", "PYTHONUNBUFFERED": "1",
+                # its own PR_SET_PDEATHSIG (SIGTERM: it stops its engine cleanly when the
+                # daemon dies), set by itself: no preexec_fn, so the spawn is a vfork
+                PARENT_PID: str(os.getpid())}
 
     async def _spawn(self, eng: _Engine, command: str
                      ) -> tuple[asyncio.subprocess.Process, PipeLines]:
@@ -320,8 +320,7 @@ class LocalRunner(Runner):
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.lokid, command, eng.preset, env=self._env(eng),
-                stdin=asyncio.subprocess.DEVNULL, stdout=write_end, stderr=write_end,
-                preexec_fn=self.orphan_guard)
+                stdin=asyncio.subprocess.DEVNULL, stdout=write_end, stderr=write_end)
         except BaseException:
             os.close(read_end)
             raise
