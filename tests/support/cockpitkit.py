@@ -279,10 +279,21 @@ class Browser:
 
     def open_preset(self, name: str) -> None:
         """From the lokid page's overview to preset ``name``'s view, as a click on its name
-        does, once its view's header is drawn."""
+        does, once its view's header is drawn. A click the overview's redraw took (its row
+        replaced as the click landed: a full run saw the page stay on the overview for
+        20 s, once) is made again, at most twice, as a person would."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
         self.wait_text(name)
-        self.driver.find_element("css selector", f"tr[data-preset='{name}'] a.lk-name").click()
-        self.find("#lk-preset-name")
+        for attempt in range(3):
+            try:
+                self.driver.find_element(
+                    "css selector", f"tr[data-preset='{name}'] a.lk-name").click()
+                self.find("#lk-preset-name", timeout=None if attempt == 2 else 8)
+                return
+            except (AssertionError, StaleElementReferenceException):
+                if attempt == 2:
+                    raise
 
     def top(self) -> None:
         """Back to the shell from a page's frame."""
