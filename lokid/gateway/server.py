@@ -161,8 +161,9 @@ class Gateway:
         scan = await self._scan(body)
         name = self._model_of(request, scan)
         preset = self.presets.presets.get(name)
+        stream = scan is not None and scan.stream   # carried as bytes (lokid.gateway.tunnel)
         if self.peers and not hopped:
-            answer = await self._via_peers(request, raw_path, body, name, preset)
+            answer = await self._via_peers(request, raw_path, body, name, preset, stream)
             if answer is not None:
                 return answer
         if preset is None or name in self.presets.broken:
@@ -198,11 +199,10 @@ class Gateway:
                 return await self._props(request, url, key, patience)
             return await relay(self.client, request, url, body, keep_auth=not self.keys,
                                patience=patience, key=key,
-                               what=f"the engine of preset {name!r}",
-                               stream=scan is not None and scan.stream)
+                               what=f"the engine of preset {name!r}", stream=stream)
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
-                         preset: Preset | None) -> web.StreamResponse | None:
+                         preset: Preset | None, stream: bool) -> web.StreamResponse | None:
         """The answer of the peer gateway the routing rule chose (lokid.core.fleet.route),
         or None when this host answers (its preset, or its refusal). A peer none of whose
         request reached it is marked down and the next candidate tried; one that took
@@ -215,7 +215,7 @@ class Gateway:
             if host == LOCAL:
                 return None
             try:
-                return await self._to_peer(host, request, raw_path, body, name)
+                return await self._to_peer(host, request, raw_path, body, name, stream)
             except Unreached as e:
                 self.peers.down(host, "a request could not reach it "
                                 f"({type(e.cause).__name__})")
@@ -225,7 +225,7 @@ class Gateway:
                            "model_unavailable")
 
     async def _to_peer(self, host: str, request: web.Request, raw_path: str, body: bytes,
-                       name: str) -> web.StreamResponse:
+                       name: str, stream: bool) -> web.StreamResponse:
         """The request relayed to peer gateway ``host``: on the route asked (a constant of
         lokid.gateway.routes, never the client's path), with the peer's key and the hop
         mark, never the client's key."""
@@ -239,7 +239,7 @@ class Gateway:
         with self.peers.sending(host, name):
             return await relay(self.client, request, peer.url, body, keep_auth=False,
                                patience=patience, key=key, target=target,
-                               what=f"peer gateway {host!r}", hop=HOP_HEADER)
+                               what=f"peer gateway {host!r}", hop=HOP_HEADER, stream=stream)
 
     def _local_model(self, p: Preset) -> Model:
         """This host's view of preset ``p`` for the routing rule."""

@@ -27,6 +27,7 @@ from support.gatewaykit import gateway_on, until
 from lokid.core.fleet.peers import Peer
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.gateway import peers as peers_mod
+from lokid.gateway import tunnel
 from lokid.gateway.peers import HOP_HEADER
 from lokid.gateway.report import PRESET_KEY
 from lokid.gateway.server import Gateway
@@ -155,9 +156,17 @@ async def test_a_request_is_answered_by_the_host_that_serves_it(fleet: dict[str,
         assert r.status_code == 200 and ("alpha", 200) in a.answered
 
 
-async def test_a_stream_through_two_gateways_ends_in_full(fleet: dict[str, Host]) -> None:
+async def test_a_stream_through_two_gateways_ends_in_full(
+        fleet: dict[str, Host], monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = fleet["a"], fleet["b"]
     await until(lambda: all_up(a), 20, "A's peers read")
+    carried: list[int] = []   # the ports each stream was carried to as bytes
+    real = tunnel.carry
+
+    async def spy(request: Any, host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        carried.append(port)
+        return await real(request, host, port, *args, **kwargs)
+    monkeypatch.setattr(tunnel, "carry", spy)
     events = []
     async with client() as c, c.stream("POST", a.url + "/v1/chat/completions",
                                        json=chat("beta", stream=True, max_tokens=12)) as r:
@@ -171,6 +180,8 @@ async def test_a_stream_through_two_gateways_ends_in_full(fleet: dict[str, Host]
     assert not any("error" in e for e in chunks), chunks
     assert any(e["choices"] and e["choices"][0].get("finish_reason") for e in chunks)
     assert ("beta", 200) in b.answered
+    # through the tunnel both times: A to B's gateway, B to its engine
+    assert len(carried) == 2 and carried[0] == int(b.url.rsplit(":", 1)[1]), carried
 
 
 async def test_a_replica_answers_when_a_host_is_gone_and_a_preset_only_there_is_503(
