@@ -121,7 +121,8 @@ def _resolve(host: str, port: int, source: ListenSource | None
     if host.endswith(".sock"):
         from ..core.conflicts import unix_socket
 
-        raise _config_error(unix_socket(host, _known(source).host.key), _known(source).host)
+        where = _known(source).host
+        raise _config_error(unix_socket(host, where.key), where)
     # an ASCII name as bytes: the same lookup, without loading the IDNA codec (a start's path)
     name: str | bytes = host.encode("ascii") if host.isascii() else host
     try:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import crashloop
 from ..core.logring import LogRing
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
-from ..unit.supervisor import DIE_WITH_PARENT, PARENT_PID
+from ..unit.supervisor import PARENT_PID
 from .pipelines import PipeLines
 from .runner import (
     CANCELED,
@@ -308,9 +308,8 @@ class LocalRunner(Runner):
         return {**os.environ, "LOKI_CONFIG_DIR": self.config_dir,
                 "LOKI_STATE_DIR": self.state_dir, "LOKI_RUNTIME_DIR": self.runtime_dir,
                 "INVOCATION_ID": eng.invocation, "NOTIFY_SOCKET": self.notify_address,
-                DIE_WITH_PARENT: "1", "PYTHONUNBUFFERED": "1",
-                # its own PR_SET_PDEATHSIG (SIGTERM: it stops its engine cleanly when the
-                # daemon dies), set by itself: no preexec_fn, so the spawn is a vfork
+                "PYTHONUNBUFFERED": "1",
+                # the step and its engine die with the daemon (lokid.unit.supervisor)
                 PARENT_PID: str(os.getpid())}
 
     async def _spawn(self, eng: _Engine, command: str

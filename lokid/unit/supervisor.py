@@ -66,12 +66,11 @@ EXTEND_BY = 30.0         # seconds granted per extension
 STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
 STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
 LEFTOVER_WAIT = 5.0      # how long the engine's group may take to die after SIGKILL
-# Set by lokid's local runner, which gives a notify socket but is no service
-# manager: nothing else would take the engine down with its supervisor.
-DIE_WITH_PARENT = "LOKI_DIE_WITH_PARENT"
-# Set by the local runner for ``lokid engine``: the daemon's pid. The step sets its own
-# PR_SET_PDEATHSIG (SIGTERM: a daemon that dies lets each engine step stop its engine
-# cleanly): spawned without a preexec_fn, the daemon's fork is a vfork (2.5 ms less a start).
+# Set by lokid's local runner for ``lokid engine``: the daemon's pid. The runner gives a
+# notify socket but is no service manager: nothing else would take the engine down with
+# its supervisor (so it gets PR_SET_PDEATHSIG here), nor the step down with the daemon
+# (so the step sets its own: SIGTERM, which lets it stop its engine cleanly; spawned
+# without a preexec_fn, the daemon's fork is a vfork, 2.5 ms less a start).
 PARENT_PID = "LOKI_PARENT_PID"
 
 
@@ -141,7 +140,7 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
         # direct child only: a wrapper script's own children outlive a supervisor
         # killed with SIGKILL (under systemd, the cgroup does not let them).
         orphan_guard = None
-        if "NOTIFY_SOCKET" not in os.environ or os.environ.get(DIE_WITH_PARENT) == "1":
+        if "NOTIFY_SOCKET" not in os.environ or os.environ.get(PARENT_PID):
             orphan_guard = die_with_parent(signal.SIGKILL)
         try:
             proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
