@@ -30,9 +30,12 @@ through A at 72 % of B's gateway (6,881 against 4,980 tok/s). That goal is not m
 here: the tiny engine emits ~7,000 chunks a second on two CPUs, and each chunk is
 relayed by one more Python gateway (about 30 us of CPU a token, issue 31's byte tunnel
 is the remedy); at a GPU engine's 16 x 90 tok/s the hop's CPU is some 4 % of one core.
-With that tunnel (lokid.gateway.tunnel carries a stream to a peer too), --requests 100
---rounds 2 --failovers 5, load 0.7: hop +0.59 ms p50, streams through A at 87.3 % of B's
-gateway (6,371 against 7,301 tok/s), failover -0.12 ms p50 (max 13.1 ms).
+With that tunnel at B only (its engine's streams), --requests 100 --rounds 2
+--failovers 5, load 0.7: hop +0.59 ms p50, streams through A at 87.3 % of B's gateway
+(6,371 against 7,301 tok/s), failover -0.12 ms p50 (max 13.1 ms). With A's hop to B
+tunnelled too, two runs (--rounds 2, then --rounds 3): streams through A at 94.3 % and
+86.5 % of B's (4,663 against 4,946 and 3,942 against 4,558 tok/s); the hop's p50 in the
+second run +1.80 ms (p99 +9.7 ms): the two CPUs' noise is as large as the hop here.
 
     .venv/bin/python benchmarks/peer_hop.py [--requests 300] [--rounds 3] [--tokens 64]
                                             [--failovers 10]
