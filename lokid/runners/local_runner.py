@@ -4,7 +4,9 @@ On a developer machine, in a container or on the session bus, the daemon runs
 what ``loki-engine@.service`` would run, with the unit's semantics:
 
 - ``lokid engine <preset>`` (it plans the start, then supervises the
-  engine) with a fresh ``INVOCATION_ID`` as systemd would give;
+  engine) with a fresh ``INVOCATION_ID`` as systemd would give; one such step is
+  started ahead and told its preset when a start comes (:mod:`lokid.runners.spare`),
+  so that a start does not wait for a new interpreter;
 - readiness through a notify socket the daemon owns (an abstract AF_UNIX
   datagram socket, ``NOTIFY_SOCKET`` for the children): READY=1, STATUS=,
   STOPPING=1, accepted only from the engine's main process (NotifyAccess=main,
@@ -67,6 +69,7 @@ from .runner import (
     Listener,
     Runner,
 )
+from .spare import Spare
 
 if TYPE_CHECKING:
     from ..core.iosample import IOSampler
@@ -116,6 +119,8 @@ class LocalRunner(Runner):
         self.job_count = 0
         # each preset's last lines: `lokictl logs` where there is no journal
         self.logs: dict[str, LogRing] = {}
+        # a `lokid engine -` started ahead: a start does not wait for an interpreter
+        self.spare = Spare([*self.lokid, "engine"], lambda: self._env(None))
 
     # -- the notify socket ------------------------------------------------------
 
@@ -128,6 +133,7 @@ class LocalRunner(Runner):
         self.sock = sock
         self.notify_address = "@" + name
         asyncio.get_running_loop().add_reader(sock.fileno(), self._on_notify)
+        self.spare.fill_soon()
 
     def _on_notify(self) -> None:
         assert self.sock is not None
@@ -162,6 +168,7 @@ class LocalRunner(Runner):
                                           else current.detail))
         if state == READY:
             self._end_jobs(eng, {"start": DONE, "restart": DONE})
+            self.spare.fill_soon()   # the start it served is done: the next one's
 
     # -- jobs ---------------------------------------------------------------------
 
@@ -279,6 +286,7 @@ class LocalRunner(Runner):
 
     async def close(self) -> None:
         """Stop every engine (they are our children) and wait for them."""
+        await self.spare.close()
         running = [e for e in self.engines.values() if e.task is not None and not e.task.done()]
         for eng in running:
             eng.again = False
@@ -304,21 +312,31 @@ class LocalRunner(Runner):
 
     # -- one preset's life ------------------------------------------------------
 
-    def _env(self, eng: _Engine) -> dict[str, str]:
-        return {**os.environ, "LOKI_CONFIG_DIR": self.config_dir,
-                "LOKI_STATE_DIR": self.state_dir, "LOKI_RUNTIME_DIR": self.runtime_dir,
-                "INVOCATION_ID": eng.invocation, "NOTIFY_SOCKET": self.notify_address,
-                "PYTHONUNBUFFERED": "1",
-                # the step and its engine die with the daemon (lokid.unit.supervisor)
-                PARENT_PID: str(os.getpid())}
+    def _env(self, invocation: str | None) -> dict[str, str]:
+        """A step's environment; its ``INVOCATION_ID`` (None: the spare's, told later)."""
+        env = {**os.environ, "LOKI_CONFIG_DIR": self.config_dir,
+               "LOKI_STATE_DIR": self.state_dir, "LOKI_RUNTIME_DIR": self.runtime_dir,
+               "NOTIFY_SOCKET": self.notify_address, "PYTHONUNBUFFERED": "1",
+               # the step and its engine die with the daemon (lokid.unit.supervisor)
+               PARENT_PID: str(os.getpid())}
+        if invocation is None:
+            env.pop("INVOCATION_ID", None)
+        else:
+            env["INVOCATION_ID"] = invocation
+        return env
 
-    async def _spawn(self, eng: _Engine, command: str
+    async def _spawn(self, eng: _Engine,
+                     taken: tuple[asyncio.subprocess.Process, int] | None
                      ) -> tuple[asyncio.subprocess.Process, PipeLines]:
-        """The child, and the reader of its output (stdout and stderr: one pipe)."""
+        """The step (``taken``: the spare, told this start; else a new one), and the reader
+        of its output (stdout and stderr: one pipe)."""
+        if taken is not None:
+            proc, read_end = taken
+            return proc, PipeLines(read_end, lambda lines: self._lines(eng, lines), LINE_LIMIT)
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.lokid, command, eng.preset, env=self._env(eng),
+                *self.lokid, "engine", eng.preset, env=self._env(eng.invocation),
                 stdin=asyncio.subprocess.DEVNULL, stdout=write_end, stderr=write_end)
         except BaseException:
             os.close(read_end)
@@ -374,8 +392,16 @@ class LocalRunner(Runner):
         eng.invocation = uuid.uuid4().hex
         eng.ready = False
         eng.last_line = ""
-        self._set(eng.preset, EngineState(LOADING, "", "starting"))
-        proc, output = await self._spawn(eng, "engine")
+        # the spare first: it plans and spawns the engine while the state is announced
+        taken = self.spare.take(eng.preset, eng.invocation)
+        try:
+            self._set(eng.preset, EngineState(LOADING, "", "starting"))
+        except BaseException:
+            if taken is not None:   # told already: it must not run unsupervised
+                taken[0].kill()
+                os.close(taken[1])
+            raise
+        proc, output = await self._spawn(eng, taken)
         eng.proc = proc
         self.by_pid[proc.pid] = eng
         if eng.stop_requested:  # asked while it was being spawned
@@ -389,6 +415,7 @@ class LocalRunner(Runner):
             output.close()
             self.by_pid.pop(proc.pid, None)
             eng.proc = None
+            self.spare.fill_soon()
         if eng.stop_requested:
             if not eng.ready:
                 await asyncio.to_thread(self._forgive_stop, eng)

@@ -2,7 +2,7 @@
 
 ``lokid engine`` sets its own PR_SET_PDEATHSIG when the local runner spawns it (the
 runner's spawn has no preexec_fn, so the daemon's fork is a vfork): a daemon killed with
-SIGKILL leaves no engine step and no engine behind."""
+SIGKILL leaves no engine step, no engine and no spare step behind."""
 
 from __future__ import annotations
 
@@ -41,7 +41,13 @@ def test_an_engine_step_and_its_engine_die_with_a_killed_daemon(tmp_path: Path) 
         while health_status("127.0.0.1", port, 1.0) != 200:
             assert time.monotonic() < deadline, "the engine did not answer in 120 s"
             time.sleep(0.1)
-        (step,) = children(daemon.proc.pid)
+        # the step that runs the engine, and the spare started once it was ready
+        spare_deadline = time.monotonic() + 30
+        while len(children(daemon.proc.pid)) < 2:
+            assert time.monotonic() < spare_deadline, "no spare step in 30 s"
+            time.sleep(0.05)
+        (step,) = [p for p in children(daemon.proc.pid) if children(p)]
+        (spare,) = [p for p in children(daemon.proc.pid) if p != step]
         environ = Path(f"/proc/{step}/environ").read_bytes().split(b"\0")
         # the premise: the step was told its parent (and guards itself)
         assert f"{PARENT_PID}={daemon.proc.pid}".encode() in environ
@@ -50,8 +56,8 @@ def test_an_engine_step_and_its_engine_die_with_a_killed_daemon(tmp_path: Path) 
         os.kill(daemon.proc.pid, signal.SIGKILL)
         daemon.proc.wait(10)
         deadline = time.monotonic() + 60
-        while any(alive(p) for p in (step, *engines)):
+        while any(alive(p) for p in (step, spare, *engines)):
             assert time.monotonic() < deadline, "left behind: " + ", ".join(
-                str(p) for p in (step, *engines) if alive(p))
+                str(p) for p in (step, spare, *engines) if alive(p))
             time.sleep(0.1)
     assert health_status("127.0.0.1", port, 1.0) is None   # nothing answers there any more
