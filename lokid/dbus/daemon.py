@@ -78,6 +78,9 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
+# Seconds after an engine became ready before its preset is planned again (for
+# `lokictl`'s view of the next start): not while its first request is answered.
+REPLAN_AFTER_READY = 0.5
 
 
 class Daemon:
@@ -407,8 +410,10 @@ class Daemon:
         if moved and self.signalled.get(name) in (LOADING, STOPPING) \
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
             # a start ended (ready, stopped or failed): its attempt token is settled, and
-            # the next start's plan may differ
-            self.background.spawn(self._refresh(name), f"planning preset {name} again")
+            # the next start's plan may differ (once ready, a moment later: the request
+            # that started it is being answered, on the same cores on a small host)
+            self.background.spawn(self._refresh(name, REPLAN_AFTER_READY if state.state == READY
+                                                else 0.0), f"planning preset {name} again")
         if moved:  # the signal is for states; Status changes are PropertiesChanged only
             self.signalled[name] = state.state
             log.info("preset %s: %s%s", name, state.state,
@@ -442,7 +447,9 @@ class Daemon:
         self.background.spawn(self._refresh(verdict.preset),
                               f"planning preset {verdict.preset} again")
 
-    async def _refresh(self, name: str) -> None:
+    async def _refresh(self, name: str, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         try:
             view = await asyncio.to_thread(self.registry.refresh, name)
         except LokiError as e:

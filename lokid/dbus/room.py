@@ -11,7 +11,9 @@ what each preset needs on it.
   A preset split with RPC workers (``rpc``) has none until its first load is measured:
   the estimate would count every layer here, where the engine puts some on the workers.
 
-When it is read: at the daemon's start, when an engine changes state, and when a reader
+When it is read: at the daemon's start, when an engine changes state (:data:`AFTER_READY`
+seconds after one became ready: the request that started it is being answered, on the
+same cores on a small host), and when a reader
 finds the last reading older than :data:`FRESH` seconds (then at once from the last
 reading, and again once the new one is in, by ``PropertiesChanged``), after a footprint
 was measured and at each reload: a daemon nobody asks reads nothing. Each reading
@@ -39,6 +41,7 @@ from ..store.runtimedir import read_runtime_plan
 log = logging.getLogger("lokid.daemon")
 
 FRESH = 2.0          # seconds a reading serves readers before another is made
+AFTER_READY = 0.1    # seconds after an engine answers: its first request has the cores
 LIST_EVERY = 60.0    # seconds between two --list-devices of one engine
 WAITS_FRESH = 30.0   # seconds a ReportWaits of the gateway holds (it repeats every 10 s)
 
@@ -62,6 +65,7 @@ class DeviceRoom:
         self.read_at = float("-inf")
         self.task: asyncio.Task[None] | None = None
         self.again = False   # a change came during a reading: one more
+        self.later: asyncio.TimerHandle | None = None
         self.notes: tuple[str, ...] = ()
         self.listed: dict[str, tuple[float, tuple[dict[str, tuple[int, int, str]], str]]] = {}
         self.shown: dict[str, dict[str, Any]] = {}   # the Memory each preset last announced
@@ -179,9 +183,19 @@ class DeviceRoom:
             return
         self.changed()
 
-    def changed(self) -> None:
+    def changed(self, delay: float = 0.0) -> None:
         """Something the room depends on changed (an engine's state): read it again (once
-        more after a reading under way, which may have read before the change)."""
+        more after a reading under way, which may have read before the change); after
+        ``delay`` seconds when told (a reading due sooner makes it)."""
+        if self.later is not None:
+            self.later.cancel()
+            self.later = None
+        if delay > 0:
+            try:
+                self.later = asyncio.get_running_loop().call_later(delay, self.changed)
+            except RuntimeError:
+                pass
+            return
         if self.task is not None and not self.task.done():
             self.again = True
             return
@@ -260,5 +274,7 @@ class DeviceRoom:
         return found
 
     def close(self) -> None:
+        if self.later is not None:
+            self.later.cancel()
         if self.task is not None:
             self.task.cancel()

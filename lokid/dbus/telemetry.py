@@ -28,14 +28,14 @@ from typing import Any, Protocol
 
 from ..core.errors import LokiError
 from ..host.nvml import GpuMemory
-from ..runners.runner import EngineState, Runner
+from ..runners.runner import READY, EngineState, Runner
 from ..watch.meter import BLIND_AFTER, Meters
 from ..watch.promfile import Textfile
 from .footprints import Footprints
 from .idle import IdleStops
 from .interfaces import PresetInterface
 from .registry import Registry
-from .room import DeviceRoom
+from .room import AFTER_READY, DeviceRoom
 from .sight import Sight
 
 
@@ -98,7 +98,7 @@ class Telemetry:
         self.idle.on_state(name, state)
         self.sight.on_state(name, state)
         self.footprints.on_state(name, state)
-        self.room.changed()
+        self.room.changed(AFTER_READY if state.state == READY else 0.0)
 
     def _devices_moved(self, rows: list[dict[str, Any]]) -> None:
         from .variants import json_variant

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 # what loads while it loads costs no readiness time.
 
 POLL_LOADING = 0.002     # /health polls while loading (a refused connect costs ~0.1 ms)
+POLL_FIRST = 0.001       # ... within the load's first FIRST_FOR seconds: a small model is
+FIRST_FOR = 0.25         # ready in ~20 ms, and each poll's lag is on a cold start's path
 POLL_READY = 1.0         # /health polls once ready (STATUS and watchdog)
 STATUS_EVERY = 2.0       # STATUS= refresh while loading
 EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
@@ -338,7 +340,7 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             if watchdog_every and now >= next_watchdog:
                 notifier.send("WATCHDOG=1")  # alive and loading: the start timeout judges
                 next_watchdog = now + watchdog_every
-            pause(POLL_LOADING)
+            pause(POLL_FIRST if now - started < FIRST_FOR else POLL_LOADING)
             continue
 
         if now >= next_check:
