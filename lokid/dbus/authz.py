@@ -56,6 +56,7 @@ POLKIT_AUTHORITY = POLKIT + ".Authority"
 # How long a caller's right to read secrets is remembered (allows), and for how many.
 ALLOWS_CACHE_SECONDS = 5.0
 ALLOWS_CACHE_MAX = 1024
+CREDENTIALS_CACHE_MAX = 1024   # callers whose credentials are kept (then all forgotten)
 
 _current: contextvars.ContextVar[Message | None] = contextvars.ContextVar(
     "lokid_current_call", default=None)
@@ -72,6 +73,7 @@ class Authority:
         self.group = group
         self.use_polkit = use_polkit
         self._allowed: dict[tuple[str, str], tuple[float, bool]] = {}
+        self._credentials: dict[str, dict[str, Any]] = {}
 
     def install(self) -> None:
         self.bus.add_message_handler(self.note)
@@ -85,6 +87,22 @@ class Authority:
     async def _call(self, destination: str, path: str, interface: str, member: str,
                     signature: str, body: list[Any]) -> list[Any]:
         return await call(self.bus, destination, path, interface, member, signature, body)
+
+    async def _credentials_of(self, sender: str) -> dict[str, Any]:
+        """The bus's ``GetConnectionCredentials`` of ``sender``, asked once per unique
+        name: a connection's credentials are those of its socket when it connected, and a
+        unique name is never given again while the bus runs (one round trip less on each
+        call of the same client, such as the gateway's StartForRequest). DBusError as the
+        bus answers."""
+        found = self._credentials.get(sender)
+        if found is None:
+            (found,) = await self._call(DBUS, DBUS_PATH, DBUS, "GetConnectionCredentials",
+                                        "s", [sender])
+            if sender.startswith(":"):
+                if len(self._credentials) >= CREDENTIALS_CACHE_MAX:
+                    self._credentials.clear()
+                self._credentials[sender] = found
+        return found
 
     async def check(self, member: str, action: str) -> None:
         """Return if the current caller of ``member`` may do ``action``; else PermissionDenied."""
@@ -121,8 +139,7 @@ class Authority:
         if msg is None or not msg.sender:
             raise PermissionDeniedError("cannot tell who is calling; refused")
         try:
-            (creds,) = await self._call(DBUS, DBUS_PATH, DBUS, "GetConnectionCredentials",
-                                        "s", [msg.sender])
+            creds = await self._credentials_of(msg.sender)
         except DBusError as e:
             raise PermissionDeniedError(f"the bus does not say who is calling ({e.text}); "
                                         "refused") from None
@@ -139,8 +156,7 @@ class Authority:
                        interactive: bool) -> str:
         """Why the caller of ``msg`` may not do ``action``, or "" when it may."""
         try:
-            (creds,) = await self._call(DBUS, DBUS_PATH, DBUS, "GetConnectionCredentials",
-                                        "s", [msg.sender])
+            creds = await self._credentials_of(msg.sender)
         except DBusError as e:
             return f"{member}: the bus does not say who is calling ({e.text}); refused"
         uid = int(creds["UnixUserID"].value) if "UnixUserID" in creds else -1
