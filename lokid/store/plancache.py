@@ -72,17 +72,24 @@ def _planner_files() -> list[str]:
     return [*out, os.path.join(package, "host", "probe.py")]
 
 
+_SHA256: Any = None
+
+
 def _sha256(data: bytes) -> Any:
     """SHA-256 from CPython's own implementation where it has one: hashlib loads
-    OpenSSL's libcrypto first (~3 ms on a start's path); the digest is the same."""
-    try:
-        from _sha2 import sha256  # type: ignore[import-not-found]  # CPython 3.12+
-    except ImportError:
+    OpenSSL's libcrypto first (~3 ms on a start's path); the digest is the same. The
+    constructor is found once (a failed import searches the whole path each time)."""
+    global _SHA256
+    if _SHA256 is None:
         try:
-            from _sha256 import sha256  # type: ignore[import-not-found]  # 3.11
+            from _sha2 import sha256  # type: ignore[import-not-found]  # CPython 3.12+
         except ImportError:
-            from hashlib import sha256
-    return sha256(data)
+            try:
+                from _sha256 import sha256  # type: ignore[import-not-found]  # 3.11
+            except ImportError:
+                from hashlib import sha256
+        _SHA256 = sha256
+    return _SHA256(data)
 
 
 def key(preset: str, paths: Iterable[str], environ: Mapping[str, str]) -> tuple[str, int]:
