@@ -24,7 +24,10 @@ swapped out for them. The rules, each against a failure seen in other tools or i
   costs: with a fast load and every client waiting for the other preset, a second of
   pause cost two thirds of the requests served). A client at work sends its next
   request a few milliseconds after its answer, and the holder used to be swapped out in
-  that gap (issue 28 again);
+  that gap (issue 28 again). The pause is for clients that come back: a holder whose
+  clients took longer than the pause to come back each of the last :data:`RETURNS_KEPT`
+  times it went idle (the caller's ``back``, the shortest of them) has none taken, since
+  waiting for them only delays the swap (issue 31: 40 ms of a 117 ms swap);
 - no preset starves: the holder takes new requests of its own ahead of the others for
   at most :data:`MAX_WAIT` (or its ``drain``, if shorter) once another preset's request
   waits; then its new requests wait their turn too;
@@ -64,6 +67,9 @@ DEFAULT_COST = 10.0
 # gap between a client's answer and its next request (milliseconds for a program, an
 # agent's next turn), shorter than a person's.
 PAUSE = 1.0
+# How many of a holder's last returns (from idle to its next request) tell whether its
+# clients come back within a pause.
+RETURNS_KEPT = 8
 NEVER = float("-inf")
 
 
@@ -89,6 +95,9 @@ class Holder:
     # when its last request in flight ended, or when it became ready if that is later
     # (read when in_flight is 0)
     idle_since: float = NEVER
+    # the shortest time its clients took to send a request after it went idle, over its
+    # last RETURNS_KEPT times (None: not seen yet, and the pause is taken)
+    back: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,11 @@ def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
         return Decision(admit=mine, again_at=closes)
     if holder.in_flight <= 0:
         pause = min(pause, cost)
+        if holder.back is not None and holder.back > pause:
+            return Decision(swap_to=first.preset, why=f"{holder.preset} has had no request "
+                            f"for {now - max(holder.idle_since, holder.ready_since):.1f} s, "
+                            f"and its clients took {holder.back:.1f} s at the soonest to come "
+                            f"back (its last {RETURNS_KEPT} times idle): no pause; {chosen}")
         if now >= closes:
             return Decision(swap_to=first.preset, why=f"{holder.preset}'s turn is over (its "
                             f"head start of {span_text(min(max_wait, holder.drain))}) and it has "

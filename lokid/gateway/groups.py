@@ -15,7 +15,10 @@ says in the preset's ``Stats`` (which the gateway follows anyway): its last cold
 wait from the ask to READY (``cold_start_last_wait_seconds``, what a waiting request
 pays), else its engine's last load (``load_seconds``), else the rule's default. The
 holder's idle time counts from its last request in flight (the gateway's, or the
-daemon's count moving to 0) or its READY. Each swap's log line says why it happened,
+daemon's count moving to 0) or its READY; each request for a member with nothing of its
+own in flight or waiting notes how long after that it came (its clients came back), and
+the holder carries the shortest of the last few (the rule's pause is only for clients
+that come back within it). Each swap's log line says why it happened,
 what the load costs and where the figure comes from, and how many requests waited for
 it and how long.
 
@@ -44,13 +47,22 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from dbus_fast import DBusError
 
-from ..core.swaps import MAX_WAIT, NEVER, Decision, Holder, Waiting, cost_of, decide
+from ..core.swaps import (
+    MAX_WAIT,
+    NEVER,
+    RETURNS_KEPT,
+    Decision,
+    Holder,
+    Waiting,
+    cost_of,
+    decide,
+)
 from .ondemand import LOADING, READY, STOPPING, Starter
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
@@ -84,6 +96,8 @@ class Group:
         self.waiting: list[_Waiter] = []
         self.own: Counter[str] = Counter()   # the gateway's requests in flight, by preset
         self.active_at: dict[str, float] = {}   # when each last had one in flight (monotonic)
+        # per preset, how long its clients took to come back after it went idle, lately
+        self.returns: dict[str, deque[float]] = {}
         self.turn = ""          # the preset the group was last given to
         self.since = 0.0        # when (monotonic)
         self.swaps = 0
@@ -111,8 +125,10 @@ class Group:
             self.active_at[held.name] = now
         idle_since = max(self.active_at.get(held.name, NEVER), held.ready_at,
                          held.in_flight_at if ready else NEVER)
+        returns = self.returns.get(held.name)
         return Holder(held.name, ready, self.since, in_flight, held.drain,
-                      held.ready_at if ready else NEVER, idle_since)
+                      held.ready_at if ready else NEVER, idle_since,
+                      min(returns) if returns else None)
 
     def costs(self) -> dict[str, float]:
         """What a swap to each member costs, where it was measured (seconds)."""
@@ -125,6 +141,7 @@ class Group:
         failed. A request cancelled meanwhile (its client gone) leaves the queue."""
         waiter = _Waiter(next(self.keys), preset, time.monotonic(),
                          asyncio.get_running_loop().create_future())
+        self._returned(preset, waiter.since)
         self.waiting.append(waiter)
         self._step(time.monotonic())   # a ready holder's request goes on without a wait
         if not waiter.admitted.done():
@@ -139,6 +156,15 @@ class Group:
                   and waiter.admitted.exception() is None):
                 self.leave(preset)   # admitted, then cancelled before it went on
             raise
+
+    def _returned(self, preset: str, now: float) -> None:
+        """A request for ``preset`` arrived: how long after its last one ended, when none
+        of its own is in flight or waiting (its clients came back; lokid.core.swaps)."""
+        last = self.active_at.get(preset)
+        if last is None or self.own[preset] > 0 or \
+                any(w.preset == preset for w in self.waiting):
+            return
+        self.returns.setdefault(preset, deque(maxlen=RETURNS_KEPT)).append(now - last)
 
     def leave(self, preset: str) -> None:
         """A request admitted for ``preset`` ended."""

@@ -4,11 +4,14 @@ The local runner reads its engines' output itself (under systemd, journald does)
 An engine serving 50 requests a second writes a few lines per request in as many
 writes; waking the daemon for each, through asyncio's stream machinery, cost it
 more CPU than all it does with the lines. So :class:`PipeLines` watches the
-pipe's fd with a plain reader callback and, once it is readable, waits
-:data:`COALESCE` seconds for the rest of the burst before it reads everything
-there is: one wake-up and one batch of lines (to ``on_lines``) per burst, at most
-``1 / COALESCE`` a second however fast the engine writes. A line longer than
-``limit`` bytes is dropped whole; nothing beyond it is ever held.
+pipe's fd with a plain reader callback and reads at most once every
+:data:`COALESCE` seconds: what comes within that time after a read waits for the
+next one, with the rest of its burst (one wake-up and one batch of lines, to
+``on_lines``, per burst, at most ``1 / COALESCE`` a second however fast the engine
+writes). What comes after a quiet spell is read at once: the line that says a
+request ended moves the engine's count of requests in flight, which a GPU group's
+swap waits for (20 ms of each swap, issue 31). A line longer than ``limit`` bytes
+is dropped whole; nothing beyond it is ever held.
 """
 
 from __future__ import annotations
@@ -36,16 +39,22 @@ class PipeLines:
         self.rest = b""
         self.skipping = False  # inside a line over the limit
         self.timer: asyncio.TimerHandle | None = None
+        self.read_at = float("-inf")   # the last read (the loop's clock)
         self.done: asyncio.Future[None] = self.loop.create_future()
         os.set_blocking(fd, False)
         self.loop.add_reader(fd, self._readable)
 
     def _readable(self) -> None:
         self.loop.remove_reader(self.fd)
-        self.timer = self.loop.call_later(self.coalesce, self._read)
+        wait = self.read_at + self.coalesce - self.loop.time()
+        if wait <= 0:   # after a quiet spell: at once
+            self._read()
+        else:
+            self.timer = self.loop.call_later(wait, self._read)
 
     def _read(self, to_the_end: bool = False) -> None:
         self.timer = None
+        self.read_at = self.loop.time()
         eof = False
         while True:
             try:

@@ -18,6 +18,7 @@ from lokid.core.swaps import (
     DEFAULT_COST,
     MAX_WAIT,
     PAUSE,
+    RETURNS_KEPT,
     Decision,
     Holder,
     Waiting,
@@ -185,6 +186,23 @@ def test_a_swap_is_worth_its_cost(held: Holder, waiting: list[Waiting], now: flo
     assert decide(held, waiting, now, costs=costs) == expected
 
 
+@pytest.mark.parametrize("back, expected", [
+    # A idle 10 ms, B waiting: A's clients were never seen back yet: the pause is taken
+    (None, Decision(again_at=20.99)),
+    # they came back within it once lately (5 ms after an answer): taken
+    (0.005, Decision(again_at=20.99)),
+    # they came back 3 s after A went idle at the soonest, each of the last times: none
+    (3.0, Decision(swap_to="B")),
+])
+def test_the_pause_is_for_clients_that_come_back(back: float | None,
+                                                 expected: Decision) -> None:
+    held = replace(ready_holder(-100.0, 19.99), back=back)
+    d = decide(held, [Waiting(1, "B", 0.0)], 20.0, costs={"B": COST})
+    assert d == expected
+    if back == 3.0:
+        assert "took 3.0 s at the soonest to come back" in d.why
+
+
 def test_the_cost_before_a_load_was_measured() -> None:
     assert cost_of("B", {"B": 2.5}) == 2.5
     assert cost_of("B", {}) == cost_of("B", None) == cost_of("B", {"B": -1.0}) == DEFAULT_COST
@@ -283,9 +301,12 @@ def team(choose: str, old: bool, clients: int = 8, until: float = 180.0,
     request, has its answer ``serve`` seconds after its admission (its preset's READY
     during a start), and sends the next ``gap`` later; ``choose`` "sticky" (client i
     always asks for A or B by its parity) or "random" (each request, seeded). A swap's
-    start takes ``start``, measured so. Returns the swaps and the share of the time the
-    group spent starting."""
+    start takes ``start``, measured so. The holder's ``back`` is learned as the gateway
+    learns it (lokid.gateway.groups): each request for a preset with nothing of its own
+    in flight or waiting notes how long after its last answer it came. Returns the swaps
+    and the share of the time the group spent starting."""
     import random
+    from collections import deque
 
     rng = random.Random(28)
 
@@ -299,23 +320,33 @@ def team(choose: str, old: bool, clients: int = 8, until: float = 180.0,
     answers: dict[int, tuple[str, float]] = {}            # client -> (preset, answer time)
     waiting: list[Waiting] = []
     current: Holder | None = None
+    ended: dict[str, float] = {}                          # preset -> its last answer
+    returns: dict[str, deque[float]] = {}
     ready_at, swaps, starting, t, last_end = 0.0, 0, 0.0, 0.0, -100.0
     while t < until:
         for c, at in list(sends.items()):
             if at <= t:
                 del sends[c]
                 asked[c] = pick(c)
+                busy = any(p == asked[c] for p, _ in answers.values()) or \
+                    any(w.preset == asked[c] for w in waiting)
+                if asked[c] in ended and not busy:
+                    returns.setdefault(asked[c], deque(maxlen=RETURNS_KEPT)).append(
+                        at - ended[asked[c]])
                 waiting.append(Waiting(c, asked[c], at))
         for c, (p, end) in list(answers.items()):
             if end <= t:
                 del answers[c]
                 sends[c] = end + gap
+                ended[p] = max(ended.get(p, end), end)
                 last_end = max(last_end, end) if current and p == current.preset else last_end
         if current is not None:
             if not current.ready and t >= ready_at:
                 current = replace(current, ready=True, ready_since=ready_at)
+            back = returns.get(current.preset)
             current = replace(current, idle_since=max(current.ready_since, last_end),
-                              in_flight=sum(p == current.preset for p, _ in answers.values()))
+                              in_flight=sum(p == current.preset for p, _ in answers.values()),
+                              back=min(back) if back and not old else None)
         d = decide(current, waiting, t, costs=costs, pause=pause)
         if d.admit:
             assert current is not None
