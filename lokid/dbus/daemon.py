@@ -78,9 +78,7 @@ log = logging.getLogger("lokid.daemon")  # as the journal has always said it
 # an engine that hangs there must not hold the daemon's readiness. Its presets are
 # served meanwhile with "has not answered --help yet", and planned again at its end.
 PROBE_BUDGET = 1.0
-# Seconds after an engine became ready before its preset is planned again (for
-# `lokictl`'s view of the next start): not while its first request is answered.
-REPLAN_AFTER_READY = 0.5
+REPLAN_AFTER_READY = 0.5   # s: a ready engine's first request is answered meanwhile
 
 
 class Daemon:
@@ -410,8 +408,7 @@ class Daemon:
         if moved and self.signalled.get(name) in (LOADING, STOPPING) \
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
             # a start ended (ready, stopped or failed): its attempt token is settled, and
-            # the next start's plan may differ (once ready, a moment later: the request
-            # that started it is being answered, on the same cores on a small host)
+            # the next start's plan may differ (planned a moment after a READY)
             self.background.spawn(self._refresh(name, REPLAN_AFTER_READY if state.state == READY
                                                 else 0.0), f"planning preset {name} again")
         if moved:  # the signal is for states; Status changes are PropertiesChanged only
@@ -448,8 +445,7 @@ class Daemon:
                               f"planning preset {verdict.preset} again")
 
     async def _refresh(self, name: str, delay: float = 0.0) -> None:
-        if delay:
-            await asyncio.sleep(delay)
+        await asyncio.sleep(delay)
         try:
             view = await asyncio.to_thread(self.registry.refresh, name)
         except LokiError as e:
