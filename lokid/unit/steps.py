@@ -178,11 +178,10 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     found = plancache.reusable(runtime_dir, name, environ)
     if found is None:
         return None
-    from ..core.errors import StateError
     from ..core.runtimeplan import RuntimePlan
     from ..planning.endpoint import check_listen_free
+    from ..store.cleared import read_cleared
     from ..store.runtimedir import write_runtime_plan
-    from ..store.state import StateDB, read_cleared
 
     data, verdict = found
     try:
@@ -198,6 +197,19 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         return None   # planned where systemd held the port and not now, or the other way
     cleared = read_cleared(runtime_dir, name)
     check_workers((), rp.argv)   # before the token: a worker down is no failed launch
+    if rp.spec_mode == "off" and not rp.auto and not verdict and cleared is None:
+        # no speculation in this plan, nor any the attempt verdict could have cut: the
+        # state DB has nothing to say (the start that recorded the plan settled it, and
+        # any edit since changed the plan's key); 1 ms less on a cold start's path
+        check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
+        _stop.hold()
+        rp = replace(rp, invocation=invocation, pid=os.getpid())
+        write_runtime_plan(runtime_dir, rp)
+        _stop.release()
+        return rp, None
+    from ..core.errors import StateError
+    from ..store.state import StateDB
+
     try:
         with StateDB(state_dir) as db:
             now = db.peek(name, rp.mark, cleared=cleared)

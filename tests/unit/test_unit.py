@@ -464,6 +464,35 @@ def test_a_restart_reuses_the_last_ready_plan_only_while_nothing_changed(
     assert "nothing it was made from has changed" not in start()
 
 
+def test_a_restart_without_speculation_reuses_its_plan_without_the_state_db(
+        dirs: Dirs, models: Any, tmp_path: Path) -> None:
+    """spec.mode = "off": no attempt verdict can change the plan, and the start that kept it
+    settled the state DB; a restart reuses it without opening the DB (1 ms of a cold
+    start), so a DB that could not even be opened now does not hold it up. The same DB
+    makes a preset with automatic speculation plan afresh."""
+    dirs.preset("p", f'model = "{models.llama}"\n')
+    time.sleep(1.1)  # a plan is kept only when its files had not changed for a second
+
+    def start() -> str:
+        h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID=f"i{time.monotonic_ns()}")
+        try:
+            h.notify.wait_for("READY=1")
+            time.sleep(0.3)  # on_ready records after READY=1
+        finally:
+            h.stop()
+        return h.log.read_text()
+
+    start()
+    db = Path(dirs.state, "state.db")
+    assert Path(dirs.runtime, "p.reuse").exists() and db.exists()
+    for leftover in Path(dirs.state).glob("state.db*"):
+        leftover.unlink()
+    db.mkdir()   # a state DB nobody can open
+    again = start()
+    assert "(the last ready start's: nothing it was made from has changed)" in again, again
+    assert db.is_dir() and not any(Path(dirs.state).glob("state.db.damaged-*"))
+
+
 # --- state DB faults ---------------------------------------------------------------------
 
 
