@@ -463,7 +463,8 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
 
 async def memory(session: aiohttp.ClientSession, sides: list[Side], pids: dict[str, int],
                  rounds: int) -> None:
-    got: dict[str, list[float]] = {"gateway": [], "daemon": [], "lokid": [], "router": []}
+    got: dict[str, list[float]] = {"gateway": [], "daemon": [], "spare": [], "lokid": [],
+                                   "router": []}
     for i in range(rounds):
         for side in order(sides, i):
             await first_byte(session, side.url, COLD)
@@ -471,11 +472,14 @@ async def memory(session: aiohttp.ClientSession, sides: list[Side], pids: dict[s
         await asyncio.sleep(1.0)
         for name in ("gateway", "daemon", "router"):
             got[name].append(rss_mib(pids[name]))
-        got["lokid"].append(got["gateway"][-1] + got["daemon"][-1])
+        # the local runner's spare engine step (lokid engine -), waiting for a start
+        got["spare"].append(sum(rss_mib(p) for p in children(pids["daemon"])))
+        got["lokid"].append(got["gateway"][-1] + got["daemon"][-1] + got["spare"][-1])
     print(f"\n3. resting memory (VmRSS), {rounds} rounds: each side answered a request, its "
           "model stopped/unloaded, 1 s later")
-    for name, label in (("lokid", "lokid gateway + daemon"), ("gateway", "  gateway alone"),
-                        ("daemon", "  daemon alone"), ("router", "router (parent only)")):
+    for name, label in (("lokid", "lokid: all its processes"), ("gateway", "  gateway"),
+                        ("daemon", "  daemon"), ("spare", "  spare engine step"),
+                        ("router", "router (parent only)")):
         print(f"  {label:23} {spread(got[name], 1.0, 'MiB', '.1f')}")
     med = {k: statistics.median(v) for k, v in got.items()}
     print(f"  lokid - router: {med['lokid'] - med['router']:+.1f} MiB (lokid / router "
