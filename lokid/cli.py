@@ -92,7 +92,7 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     from .planning.endpoint import check_address
     from .planning.gather import check_port_conflicts, unit_user
     from .planning.sizing import memory_now, refuse
-    from .unit.steps import plan_inputs_now
+    from .unit.planview import plan_inputs_now
 
     ext = _external(config_dir, preset)
     if ext is not None:   # nothing runs here: what the gateway does with it instead

@@ -197,79 +197,31 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         return None   # planned where systemd held the port and not now, or the other way
     cleared = read_cleared(runtime_dir, name)
     check_workers((), rp.argv)   # before the token: a worker down is no failed launch
+    token: Token | None = None
     if rp.spec_mode == "off" and not rp.auto and not verdict and cleared is None:
         # no speculation in this plan, nor any the attempt verdict could have cut: the
         # state DB has nothing to say (the start that recorded the plan settled it, and
         # any edit since changed the plan's key); 1 ms less on a cold start's path
         check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
         _stop.hold()
-        rp = replace(rp, invocation=invocation, pid=os.getpid())
-        write_runtime_plan(runtime_dir, rp)
-        _stop.release()
-        return rp, None
-    from ..core.errors import StateError
-    from ..store.state import StateDB
+    else:
+        from ..core.errors import StateError
+        from ..store.state import StateDB
 
-    try:
-        with StateDB(state_dir) as db:
-            now = db.peek(name, rp.mark, cleared=cleared)
-            if now.why != verdict or now.record:
-                return None
-            check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
-            _stop.hold()  # as in _prestart: the token and its plan, both or neither
-            token = _settle(db, runtime_dir, name, rp.mark, now, rp.auto, cleared)
-    except StateError:
-        return None
+        try:
+            with StateDB(state_dir) as db:
+                now = db.peek(name, rp.mark, cleared=cleared)
+                if now.why != verdict or now.record:
+                    return None
+                check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
+                _stop.hold()  # as in _prestart: the token and its plan, both or neither
+                token = _settle(db, runtime_dir, name, rp.mark, now, rp.auto, cleared)
+        except StateError:
+            return None
     rp = replace(rp, invocation=invocation, pid=os.getpid())
     write_runtime_plan(runtime_dir, rp)
     _stop.release()
     return rp, token
-
-
-def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
-             environ: Mapping[str, str] | None = None) -> Plan:
-    """The plan the next start of ``name`` runs, as ``lokid plan`` shows it: the attempt
-    verdict read from the state DB without changing it (the DB is never created or
-    written here), and a token of a launch that is loading now shown as such.
-
-    A state DB that cannot be read (damaged, or not readable by this user) is read as
-    empty, said in a note (:class:`~lokid.store.state.StateReader`).
-    """
-    return plan_inputs_now(config_dir, state_dir, runtime_dir, name, environ)[0]
-
-
-def plan_inputs_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
-                    environ: Mapping[str, str] | None = None) -> tuple[Plan, PlanInputs]:
-    """:func:`plan_now`, and the inputs it was made of (the model's header, the engine)."""
-    from ..planning.gather import decide, gather
-    from ..store.state import StateReader, read_cleared
-
-    inputs = gather(config_dir, name, environ, for_unit=True, state_dir=state_dir)
-    with StateReader(state_dir) as db:
-        plan, _, _ = decide(inputs, db, loading=_loading(runtime_dir, name),
-                            cleared=read_cleared(runtime_dir, name))
-    return plan, inputs
-
-
-def _loading(runtime_dir: str, name: str) -> bool:
-    """Whether a start of ``name`` is under way and its engine has not answered yet: its
-    runtime plan names a supervisor that still runs, and no READY is on record for it."""
-    from ..core.errors import StalePlanError
-    from ..store import exits
-
-    try:
-        rp = read_runtime_plan(runtime_dir, name)
-    except StalePlanError:
-        return False
-    if not rp.pid or exits.was_ready(runtime_dir, name, rp.invocation):
-        return False
-    try:
-        with open(f"/proc/{rp.pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return False
-    # the local runner's spare step is told its preset on its input (lokid.unit.standby)
-    return b"engine" in argv and (name.encode() in argv or b"-" in argv)
 
 
 def _check_name(name: str) -> None:

@@ -11,7 +11,7 @@ from support.enginekit import write_config, write_preset
 
 from lokid.core.plan import build_plan
 from lokid.planning.gather import gather
-from lokid.unit.steps import plan_now
+from lokid.unit.planview import plan_now
 
 GROUP = 'model = "llama.gguf"\nport = 18611\n[serve]\non_demand = true\ngroup = "gpu0"\n'
 

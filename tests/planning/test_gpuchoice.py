@@ -27,7 +27,7 @@ from lokid.core.runtimeplan import RuntimePlan
 from lokid.host.nvml import GpuMemory
 from lokid.planning.gpuchoice import choosing, claimed, place
 from lokid.store.runtimedir import read_runtime_plan, write_runtime_plan
-from lokid.unit import steps
+from lokid.unit import planview, steps
 
 MiB, GiB = 2**20, 2**30
 TOTAL, DRIVER = 143155 * MiB, (143155 - 142629) * MiB
@@ -66,7 +66,7 @@ def tree(tmp_path: Path, engine: str, models: Any) -> dict[str, str]:
 
 
 def planned(tree: dict[str, str], name: str) -> tuple[Any, Any]:
-    return steps.plan_inputs_now(tree["config"], tree["state"], tree["runtime"], name, {})
+    return planview.plan_inputs_now(tree["config"], tree["state"], tree["runtime"], name, {})
 
 
 def test_auto_takes_the_best_fitting_gpu_and_says_why(tree: dict[str, str]) -> None:

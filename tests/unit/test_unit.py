@@ -362,7 +362,7 @@ def test_lokid_plan_shows_what_the_next_start_runs(dirs: Dirs, models: Any) -> N
     a token left by a launch that never answered cuts auto; one whose engine is loading
     now is shown as such."""
     from lokid.core.attempt import LOADING_NOW
-    from lokid.unit.steps import plan_now
+    from lokid.unit.planview import plan_now
 
     dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
     assert plan_now(str(dirs.config), dirs.state, dirs.runtime, "p").spec.auto
