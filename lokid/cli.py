@@ -185,13 +185,16 @@ def cmd_engine(config_dir: str, preset: str) -> int:
         if not guard_self(int(parent), signal.SIGTERM):
             return 0   # the daemon died while this step was being spawned
         if preset == "-":   # the runner's spare step (lokid.unit.standby), told later
-            from .unit.standby import preload, told
+            from .unit.standby import Launcher, preload, told
+            from .unit.steps import engine
 
             preload()
+            launcher = Launcher()   # its child dies with this step when it is not used
             told_preset = told()
             if told_preset is None:
                 return 0   # the runner closed the pipe: not needed any more
-            preset = told_preset
+            return engine(config_dir, paths.state_dir(), paths.runtime_dir(), told_preset,
+                          spawn=launcher.spawn)
     from .unit.steps import engine
 
     return engine(config_dir, paths.state_dir(), paths.runtime_dir(), preset)

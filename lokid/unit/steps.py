@@ -57,7 +57,8 @@ from .workers import EXIT_WORKERS, WorkersDown, check_workers, workers_after_exi
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
     from ..core.attempt import Mark, Verdict
     from ..core.plan import Plan, PlanInputs
@@ -387,9 +388,11 @@ def _slot_dir(name: str, argv: Sequence[str]) -> None:
             journal_log(name, f"the slots' directory {path} cannot be made: {e}", priority=4)
 
 
-def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
+def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+           spawn: Callable[[list[str], dict[str, str]], Any] | None = None) -> int:
     """Supervise the engine of this invocation, as its prestart step planned it (or plan
-    first, when none ran: the daemon's local runner); the exit status for systemd."""
+    first, when none ran: the daemon's local runner); the exit status for systemd.
+    ``spawn``: how the engine is started (:func:`lokid.unit.supervisor.supervise`)."""
     from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..core.errors import LokiError
     from ..host.notify import Notifier
@@ -497,7 +500,8 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str) -> int:
         return EXIT_CONFIG, message
 
     rc = supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
-                   on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused)
+                   on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused,
+                   spawn=spawn)
     return workers_after_exit(name, launch.argv, rc, notifier)
 
 

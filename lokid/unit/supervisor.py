@@ -54,6 +54,7 @@ from ..planning.endpoint import health_status
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
 
 # socket and ctypes are imported where used: the engine is spawned first, and
 # what loads while it loads costs no readiness time.
@@ -118,12 +119,16 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
               on_ready: Callable[[str], None] | None = None,
               on_spawned: Callable[[], None] | None = None,
               unexpected_exit_fails: bool = False,
-              refused: Callable[[], tuple[int, str] | None] | None = None) -> int:
+              refused: Callable[[], tuple[int, str] | None] | None = None,
+              spawn: Callable[[list[str], dict[str, str]], Any] | None = None) -> int:
     """Run the engine until it exits or we are told to stop; return the exit status.
 
     The engine is spawned before anything else is set up; ``notifier`` None
     means one from this process's environment, made once the engine runs;
     ``on_spawned`` runs then too (what the caller can do while the engine loads).
+    ``spawn``: how the engine is started, given its command line and environment (the
+    local runner's spare step: a child forked ahead, :class:`lokid.unit.standby.Launcher`);
+    by default ``subprocess`` (its own process group, PR_SET_PDEATHSIG outside systemd).
     """
     stop: list[int] = []
 
@@ -145,9 +150,12 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
         if "NOTIFY_SOCKET" not in os.environ or os.environ.get(PARENT_PID):
             orphan_guard = die_with_parent(signal.SIGKILL)
         try:
-            proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
-                                    stdin=subprocess.DEVNULL, process_group=0,
-                                    preexec_fn=orphan_guard)
+            if spawn is not None:
+                proc = spawn(list(launch.argv), {**os.environ, **launch.env})
+            else:
+                proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
+                                        stdin=subprocess.DEVNULL, process_group=0,
+                                        preexec_fn=orphan_guard)
         except OSError as e:
             raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
         waker = _Waker(proc.pid)
