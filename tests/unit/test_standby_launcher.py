@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import REPO
+from support.enginekit import alive
 
 from lokid.unit.standby import Launcher
 
@@ -27,14 +28,6 @@ child = launcher.spawn(["sleep", "60"], dict(os.environ))
 print(child.pid, flush=True)
 time.sleep(60)
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def test_the_engine_gets_what_subprocess_would_give_it(tmp_path: Path) -> None:

@@ -7,18 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from support.enginekit import free_port
+from support.enginekit import alive, free_port
 
 from lokid.unit import supervisor
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not: it holds nothing)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def launch(script: str, port: int) -> supervisor.Launch:

@@ -414,6 +414,17 @@ def test_the_unit_helpers_check_the_name_before_any_file(dirs: Dirs, tmp_path: P
     assert planted.read_text() == '[{"at": 1, "ready": false, "why": "planted"}]'
 
 
+def ready_start(dirs: Dirs, tmp_path: Path) -> str:
+    """A start of preset p until READY (and its plan recorded), stopped; its log."""
+    h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID=f"i{time.monotonic_ns()}")
+    try:
+        h.notify.wait_for("READY=1")
+        time.sleep(0.3)  # on_ready records after READY=1
+    finally:
+        h.stop()
+    return h.log.read_text()
+
+
 def test_a_restart_reuses_the_last_ready_plan_only_while_nothing_changed(
         dirs: Dirs, models: Any, tmp_path: Path) -> None:
     """The plan of a start that became ready is run again while none of its inputs changed
@@ -423,13 +434,7 @@ def test_a_restart_reuses_the_last_ready_plan_only_while_nothing_changed(
     time.sleep(1.1)  # a plan is kept only when its files had not changed for a second
 
     def start() -> str:
-        h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID=f"i{time.monotonic_ns()}")
-        try:
-            h.notify.wait_for("READY=1")
-            time.sleep(0.3)  # on_ready records after READY=1
-        finally:
-            h.stop()
-        return h.log.read_text()
+        return ready_start(dirs, tmp_path)
 
     first = start()
     assert "plan: " in first and "nothing it was made from has changed" not in first
@@ -474,13 +479,7 @@ def test_a_restart_without_speculation_reuses_its_plan_without_the_state_db(
     time.sleep(1.1)  # a plan is kept only when its files had not changed for a second
 
     def start() -> str:
-        h = EngineHelper(dirs, "p", tmp_path, INVOCATION_ID=f"i{time.monotonic_ns()}")
-        try:
-            h.notify.wait_for("READY=1")
-            time.sleep(0.3)  # on_ready records after READY=1
-        finally:
-            h.stop()
-        return h.log.read_text()
+        return ready_start(dirs, tmp_path)
 
     start()
     db = Path(dirs.state, "state.db")
