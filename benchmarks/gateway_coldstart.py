@@ -10,8 +10,9 @@ in its own process, as the unit runs it. Then, ``--rounds`` times (5), interleav
   on 127.0.0.1 and the preset's port),
   polled on ``/health`` every 5 ms until 200, then stopped;
 - gateway: a streaming chat completion of one token sent for the stopped preset; the
-  time to the answer's first byte (the daemon's start: ``lokid prestart``, ``lokid
-  engine``, the engine's load, the gateway's wait for READY; then the token), then
+  time to the answer's first byte (the daemon's start: its spare ``lokid engine`` told
+  the preset, the kept plan reused, the engine's load, the gateway's wait for READY;
+  then the token), then
   ``StopPreset`` and a wait until the daemon says it is inactive.
 
 The difference of the medians is what lokid adds to a cold start (goal: <= +300 ms).
@@ -22,7 +23,10 @@ Measured on the 2-CPU machine of issue 22 (other helpers' tests running beside i
 spawn -> /health median 71 ms, request -> first byte through the gateway 247 ms: +176 ms,
 within the goal. After issue 31's lighter start path (lokid's modules byte-compiled, as
 an installed package has them), --rounds 7, nothing else running: raw 25 ms, through the
-gateway 94 ms (69-150): +69 ms. benchmarks/vs_router.py puts it beside llama.cpp's router.
+gateway 94 ms (69-150): +69 ms. Issue 31's second session (the local runner's spare engine
+step, its launcher, the kept plan reused without the state DB), --rounds 7: raw 22 ms,
+through the gateway 37 ms (31-65): +15 ms. benchmarks/vs_router.py puts it beside
+llama.cpp's router.
 
     .venv/bin/python benchmarks/gateway_coldstart.py [--rounds 5]
 """

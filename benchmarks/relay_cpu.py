@@ -27,8 +27,10 @@ every side (direct 2,281 tok/s, proxyd 2,302, lokid 2,267, router 2,264); relay 
 token: proxyd 19.5 us (17.1-24.4), lokid 24.4 us (22.0-28.1), the router 43.9 us
 (42.7-50.0): lokid 1.25 x proxyd's (goal met), the router 2.25 x. Before the byte
 tunnel (lokid.gateway.tunnel), the same script, --rounds 5: lokid 36.6 us (31.7-52.5),
-2.00 x proxyd's 18.3 us. /proc counts CPU in 10 ms ticks: 8,192 tokens a round make a
-tick ~1.2 us a token.
+2.00 x proxyd's 18.3 us. Its second session, --rounds 5, nothing else running: proxyd
+22.0 us (19.5-23.2), lokid 24.4 us (23.2-29.3), the router 45.2 us (43.9-52.5): lokid
+1.11 x proxyd's, the router 2.06 x. /proc counts CPU in 10 ms ticks: 8,192 tokens a round
+make a tick ~1.2 us a token.
 
     .venv/bin/python benchmarks/relay_cpu.py [--rounds 5] [--streams 16] [--tokens 512]
 """

@@ -28,7 +28,8 @@ Then, ``--rounds`` times (5) each, interleaved (the side that goes first alterna
   and B's start included). Rounds alternate A -> B and B -> A, so that each one swaps
   once, after a warm-up that started each model once on each side and a 0.5 s rest;
 - memory: after each side answered a request for ``tiny`` and it was stopped/unloaded
-  (1 s later), ``VmRSS`` (``/proc/PID/status``) of lokid's gateway + daemon processes,
+  (1 s later), ``VmRSS`` (``/proc/PID/status``) of lokid's gateway + daemon processes + the
+  local runner's spare engine step (the daemon's child waiting as ``lokid engine -``),
   against the router's own process (the parent llama-server, not its children).
 
 - latency: one short chat at a time (1 token, kept-alive connections), ``--requests``
@@ -47,23 +48,25 @@ lokid's modules are byte-compiled first, as the package's installation does.
 Goals (issue 31): cold start <= router + 10 ms; swap gap <= router's; gateway RSS
 <= 25 MiB; latency and idle connections ahead of the router or level.
 
-Measured on the 2-CPU machine of issue 31, nothing else running, --rounds 7 (issue 31's
-session 1, after its changes; before them, in brackets, the helper's three runs):
+Measured on the 2-CPU machine of issue 31, nothing else running, --rounds 11 (its second
+session, after the spare engine step, the launcher, the swap's pause for returning clients;
+the first session's figures in brackets):
 
-- cold start: raw spawn 24 ms, lokid 83 ms (70-109), router 24 ms (21-34): lokid +59 ms
-  over the router [+95 to +121 ms]; goal +10 ms: not met (lokid's engine step is a new
-  Python interpreter: ~10 ms to start, ~27 ms to spawn the engine);
-- swap gap: lokid 213 ms (187-236; 179 and 192 in two other runs) [404-785], router
-  81 ms (37-91): not met; ~100 ms of lokid's is the rule's idle pause (the swap's
-  measured cost, lokid.core.swaps.PAUSE), which the router does not have;
-- resting memory: gateway 44.1 + daemon 35.0 = 79.2 MiB, router 18.1 MiB: not met;
-- latency p50: direct 3.59 ms, lokid 2.41 ms, router 6.83 ms (this script's "direct"
-  is slower than lokid here, unexplained; benchmarks/gateway_latency.py, which measures
-  lokid's added latency alone, gave +0.53 ms the same hour);
+- cold start: raw spawn 27 ms, lokid 40 ms (35-70), router 26 ms (22-45): lokid +14 ms
+  over the router [+59 ms]; goal +10 ms: not met in this run (+9, +9, +10, +12, +12, +16
+  in other runs of --rounds 11 the same day: the machine's noise is as large as the gap);
+- swap gap: lokid 64 ms (55-72) [213 ms], router 80 ms (26-114): met. The router's is
+  bimodal: 26-34 ms or 75-114 ms, by when its child llama-server notices SIGTERM (an
+  engine listening on TCP takes ~100 ms to exit, one on a UNIX socket ~10 ms, as lokid's
+  on-demand presets do); its median was 41 ms in another run, where lokid's 76 ms was not;
+- resting memory: gateway 44.3 + daemon 35.3 + the local runner's spare engine step 16.0 =
+  95.5 MiB [79.2, without a spare], router 18.1 MiB: not met;
+- latency p50: direct 4.19 ms, lokid 3.66 ms, router 8.46 ms (this script's "direct" is
+  slower than lokid's, unexplained; benchmarks/gateway_latency.py gave +0.53 ms);
 - 1,000 idle connections: lokid +9.1 MiB (9 KiB each), threads 5 -> 5; router
-  +58.2 MiB (60 KiB each), threads 8 -> 1,005;
-- burst (--rounds 5, alone): both served A A A B B C (two loads); the last first byte
-  after 432 ms (412-463) through lokid, 227 ms (161-235) through the router: behind.
+  +58.1 MiB (60 KiB each), threads 8 -> 1,005;
+- burst: both served A A A B B C (two loads); the last first byte after 257 ms (232-303)
+  through lokid [432 ms], 241 ms (131-265) through the router: behind by 16 ms.
 
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
         [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
