@@ -159,10 +159,12 @@ def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
     if holder.in_flight <= 0:
         pause = min(pause, cost)
         if holder.back is not None and holder.back > pause:
+            since = max(holder.idle_since, holder.ready_since)
+            idle = f"for {now - since:.1f} s" if since > NEVER else "since the gateway started"
             return Decision(swap_to=first.preset, why=f"{holder.preset} has had no request "
-                            f"for {now - max(holder.idle_since, holder.ready_since):.1f} s, "
-                            f"and its clients took {holder.back:.1f} s at the soonest to come "
-                            f"back (its last {RETURNS_KEPT} times idle): no pause; {chosen}")
+                            f"{idle}, and its clients took {holder.back:.1f} s at the soonest "
+                            f"to come back (its last {RETURNS_KEPT} times idle): no pause; "
+                            f"{chosen}")
         if now >= closes:
             return Decision(swap_to=first.preset, why=f"{holder.preset}'s turn is over (its "
                             f"head start of {span_text(min(max_wait, holder.drain))}) and it has "
