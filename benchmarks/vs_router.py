@@ -53,8 +53,9 @@ session, after the spare engine step, the launcher, the swap's pause for returni
 the first session's figures in brackets):
 
 - cold start: raw spawn 27 ms, lokid 40 ms (35-70), router 26 ms (22-45): lokid +14 ms
-  over the router [+59 ms]; goal +10 ms: not met in this run (+9, +9, +10, +12, +12, +16
-  in other runs of --rounds 11 the same day: the machine's noise is as large as the gap);
+  over the router [+59 ms]; goal +10 ms: not met in this run (+16 and +10 in two other
+  runs of --rounds 11 of the same code, +9 to +14 in five before the launcher: the
+  machine's noise is as large as what is left of the gap);
 - swap gap: lokid 64 ms (55-72) [213 ms], router 80 ms (26-114): met. The router's is
   bimodal: 26-34 ms or 75-114 ms, by when its child llama-server notices SIGTERM (an
   engine listening on TCP takes ~100 ms to exit, one on a UNIX socket ~10 ms, as lokid's
