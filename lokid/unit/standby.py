@@ -22,10 +22,6 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
 STANDBY = "-"          # `lokid engine -`: the preset is told on standard input
 LINE_LIMIT = 4096
 
@@ -71,11 +67,6 @@ class Launcher:
     on a cold start's path. Forked while the spare is single-threaded."""
 
     def __init__(self) -> None:
-        import signal
-
-        from ..host.proc import die_with_parent
-
-        guard = die_with_parent(signal.SIGKILL)   # libc loaded here, not in the child
         parent = os.getpid()
         told_r, self.told = os.pipe2(os.O_CLOEXEC)
         self.failed, failed_w = os.pipe2(os.O_CLOEXEC)
@@ -83,7 +74,7 @@ class Launcher:
         if self.pid == 0:   # pragma: no cover (the child; its exec ends this code)
             os.close(self.told)     # the parent's ends: the child's read sees EOF once
             os.close(self.failed)   # the parent closed its own
-            _become_the_engine(told_r, failed_w, guard, parent)
+            _become_the_engine(told_r, failed_w, parent)
         os.close(told_r)
         os.close(failed_w)
 
@@ -121,19 +112,20 @@ class Launcher:
             pass
 
 
-def _become_the_engine(told: int, failed: int, guard: Callable[[], None],
-                       parent: int) -> None:
+def _become_the_engine(told: int, failed: int, parent: int) -> None:
     """The launcher's child: its own process group, death with its parent, /dev/null as
     input (the spare's is the runner's pipe), the signals Python ignores restored, then
-    the command line it is told, exec'd; status 0 when told nothing, 127 on a failure."""
+    the command line it is told, exec'd; status 0 when told nothing, 127 on a failure.
+    All of it but the exec is done while the spare waits, off a start's path."""
     import signal
+
+    from ..host.proc import guard_self
 
     status = 127
     try:
         os.setpgid(0, 0)
-        guard()
-        if os.getppid() != parent:
-            os._exit(0)
+        if not guard_self(parent, signal.SIGKILL):
+            os._exit(0)   # the spare died before the guard was set
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)

@@ -146,13 +146,14 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
         # _loop): nothing else would take it down. PR_SET_PDEATHSIG reaches the
         # direct child only: a wrapper script's own children outlive a supervisor
         # killed with SIGKILL (under systemd, the cgroup does not let them).
-        orphan_guard = None
-        if "NOTIFY_SOCKET" not in os.environ or os.environ.get(PARENT_PID):
-            orphan_guard = die_with_parent(signal.SIGKILL)
+        # (a ``spawn`` given sets up its child so itself: the local runner's spare step)
         try:
             if spawn is not None:
                 proc = spawn(list(launch.argv), {**os.environ, **launch.env})
             else:
+                orphan_guard = None
+                if "NOTIFY_SOCKET" not in os.environ or os.environ.get(PARENT_PID):
+                    orphan_guard = die_with_parent(signal.SIGKILL)
                 proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
                                         stdin=subprocess.DEVNULL, process_group=0,
                                         preexec_fn=orphan_guard)
