@@ -379,11 +379,17 @@ class Daemon:
         self.background.spawn(self.load_presets(), "planning the presets after the probe")
 
     def _on_engine(self, name: str, state: EngineState) -> None:
-        """A runner saw an engine change: properties, the signal, the summary."""
-        moved = self.signalled.get(name) != state.state  # Status alone may have changed
+        """A runner saw an engine change: the signal, properties, the summary."""
+        before_state = self.signalled.get(name)
+        moved = before_state != state.state  # Status alone may have changed
+        if moved:  # the signal is for states; Status changes are PropertiesChanged only
+            # first: a request waiting for this engine (the gateway's) goes on at once,
+            # while what follows (the runtime plan read, the properties) is done
+            self.signalled[name] = state.state
+            self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
         changed: dict[str, Any] = {"State": state.state, "Status": state.status}
         if moved and (state.state == READY or (state.state == LOADING and
-                                                self.signalled.get(name) not in LIVE)):
+                                                before_state not in LIVE)):
             self.last_errors.forget(name)  # a start by hand, or one that answers
         if moved:  # the runtime plan is read once per state, not per STATUS= line
             before = self.spec_in_use.get(name, [])
@@ -405,17 +411,15 @@ class Daemon:
         if iface is not None:
             iface.emit_properties_changed(changed)
         self.telemetry.on_state(name, state)   # the idle stop's clock, the on-demand state
-        if moved and self.signalled.get(name) in (LOADING, STOPPING) \
+        if moved and before_state in (LOADING, STOPPING) \
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
             # a start ended (ready, stopped or failed): its attempt token is settled, and
             # the next start's plan may differ (planned a moment after a READY)
             self.background.spawn(self._refresh(name, REPLAN_AFTER_READY if state.state == READY
                                                 else 0.0), f"planning preset {name} again")
-        if moved:  # the signal is for states; Status changes are PropertiesChanged only
-            self.signalled[name] = state.state
+        if moved:
             log.info("preset %s: %s%s", name, state.state,
                      f" ({state.detail})" if state.detail else "")
-            self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
             self.manager.emit_properties_changed({"ActivePresets": self.active_presets()})
             self.notifier.send(f"STATUS={self.status()}")
 
