@@ -53,7 +53,7 @@ import os
 from ..host.journallog import journal_log
 from ..store.runtimedir import read_runtime_plan
 from .clearing import clear_token
-from .workers import EXIT_WORKERS, WorkersDown, check_workers, workers_after_exit
+from .workers import EXIT_WORKERS, WorkersDown, check_workers, names_workers, workers_after_exit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -169,11 +169,16 @@ def _log_plan(name: str, notes: tuple[str, ...], command_line: str, how: str = "
 
 
 def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
-           environ: Mapping[str, str]) -> tuple[RuntimePlan, Token | None] | None:
+           environ: Mapping[str, str], defer_write: bool = False
+           ) -> tuple[RuntimePlan, Token | None, bool] | None:
     """The plan of the last start that became ready, settled and written for this start,
     with its token, when nothing it came from changed and the attempt verdict is the one
     it was planned with (:mod:`lokid.store.plancache`); None: plan afresh (the state DB
-    failing included: planning afresh says what that means)."""
+    failing included: planning afresh says what that means). The third item is True when
+    the runtime plan is left for the caller to write: ``defer_write`` asked for it, and
+    no token was settled (a token and the plan that lets ``lokid stopped`` excuse it are
+    written together). The engine step writes it once its engine is spawned: ~1 ms off
+    a cold start's path."""
     from ..store import plancache
 
     found = plancache.reusable(runtime_dir, name, environ)
@@ -204,6 +209,8 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         # state DB has nothing to say (the start that recorded the plan settled it, and
         # any edit since changed the plan's key); 1 ms less on a cold start's path
         check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
+        if defer_write:
+            return replace(rp, invocation=invocation, pid=os.getpid()), None, True
         _stop.hold()
     else:
         from ..core.errors import StateError
@@ -222,7 +229,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     rp = replace(rp, invocation=invocation, pid=os.getpid())
     write_runtime_plan(runtime_dir, rp)
     _stop.release()
-    return rp, token
+    return rp, token, False
 
 
 def _check_name(name: str) -> None:
@@ -415,6 +422,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     planned_at = time.time_ns()
     planned: _Planned | None = None
     token: Token | None = None
+    unwritten = False   # the reused runtime plan, written once the engine is spawned
     try:
         if isinstance(left, handoff.Planned):
             rp = read_runtime_plan(runtime_dir, name, invocation)
@@ -425,14 +433,15 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
                 notifier.send(f"STATUS={message}")
                 journal_log(name, message, priority=3)
                 return EXIT_CRASH_LOOP
-            reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ)
+            reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ,
+                            defer_write=True)
             if reused is None:
                 # the notes are logged once the engine is spawned: the journal's client
                 # library loads while the engine does, not before it
                 planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
                 rp, token = planned.runtime, planned.token
             else:
-                rp, token = reused
+                rp, token, unwritten = reused
         engine_env = rp.env
         if rp.secrets:  # the [secrets] variables: the engine's environment alone, never rp's
             from ..host.credentials import secret_env
@@ -454,6 +463,13 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         how = " (planned ahead by the daemon: nothing it was made from has changed)"
 
     def on_spawned() -> None:
+        if unwritten:
+            from ..store.runtimedir import write_runtime_plan
+
+            try:
+                write_runtime_plan(runtime_dir, rp)
+            except OSError as e:
+                journal_log(name, f"the runtime plan was not written: {e}", priority=4)
         if isinstance(left, handoff.Planned):
             # the plan names the process that supervises its engine (lokid plan's
             # "loading"): this one, not the prestart step that wrote it
@@ -464,7 +480,9 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
                 write_runtime_plan(runtime_dir, replace(rp, pid=os.getpid()))
             except OSError as e:
                 journal_log(name, f"the runtime plan was not updated: {e}", priority=4)
-        _load_the_rest(planned_here=planned is not None)
+
+    def while_loading() -> None:
+        _load_the_rest(planned_here=planned is not None, argv=rp.argv)
         _log_plan(name, rp.notes, rp.command_line(), how)   # shlex: once the engine runs
 
     def on_ready(url: str) -> None:
@@ -500,24 +518,28 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         return EXIT_CONFIG, message
 
     rc = supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
-                   on_spawned=on_spawned, unexpected_exit_fails=True, refused=refused,
+                   on_spawned=on_spawned, while_loading=while_loading,
+                   unexpected_exit_fails=True, refused=refused,
                    spawn=spawn)
     return workers_after_exit(name, launch.argv, rc, notifier)
 
 
-def _load_the_rest(planned_here: bool) -> None:
+def _load_the_rest(planned_here: bool, argv: Sequence[str] | None = None) -> None:
     """Import, while the engine loads, every module this step runs once the engine answers
     or exits (clearing the token, the ready mark, the plan cache, an engine's refusal, the
-    RPC workers named). An upgrade while a model loads replaces lokid's files under this
-    process, and a release may move modules: imported only at READY, they were gone, and
-    a ready engine lost its token's clearing. Imported here, they are in memory whatever
-    apt does next; the start does not wait for them (the engine loads meanwhile)."""
+    RPC workers named: only when ``argv`` names some, or is not known yet). An upgrade
+    while a model loads replaces lokid's files under this process, and a release may move
+    modules: imported only at READY, they were gone, and a ready engine lost its token's
+    clearing. Imported here, they are in memory whatever apt does next; the start does
+    not wait for them (the engine loads meanwhile, or answers already)."""
     from ..core import crashloop  # noqa: F401
     from ..core.errors import StateError  # noqa: F401
-    from ..core.fleet import rpc  # noqa: F401
-    from ..host import rpcprobe  # noqa: F401
     from ..store import cleared, exits, plancache, state  # noqa: F401
     from . import argcheck  # noqa: F401
+
+    if argv is None or names_workers(argv):
+        from ..core.fleet import rpc  # noqa: F401
+        from ..host import rpcprobe  # noqa: F401
 
     if planned_here:   # plancache.inputs_paths, for a plan this step made itself
         from ..core import config  # noqa: F401

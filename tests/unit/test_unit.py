@@ -482,6 +482,7 @@ def test_a_restart_without_speculation_reuses_its_plan_without_the_state_db(
         return ready_start(dirs, tmp_path)
 
     start()
+    first = read_runtime_plan(dirs.runtime, "p")
     db = Path(dirs.state, "state.db")
     assert Path(dirs.runtime, "p.reuse").exists() and db.exists()
     for leftover in Path(dirs.state).glob("state.db*"):
@@ -490,6 +491,11 @@ def test_a_restart_without_speculation_reuses_its_plan_without_the_state_db(
     again = start()
     assert "(the last ready start's: nothing it was made from has changed)" in again, again
     assert db.is_dir() and not any(Path(dirs.state).glob("state.db.damaged-*"))
+    # no token to pair it with: its runtime plan was written once the engine was spawned,
+    # and it names this start, not the one whose plan it reused
+    plan = read_runtime_plan(dirs.runtime, "p")
+    assert plan.invocation != first.invocation and plan.pid not in (0, first.pid)
+    assert plan.argv == first.argv
 
 
 # --- state DB faults ---------------------------------------------------------------------
