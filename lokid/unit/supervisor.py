@@ -63,6 +63,7 @@ POLL_LOADING = 0.002     # /health polls while loading (a refused connect costs 
 POLL_FIRST = 0.001       # ... within the load's first FIRST_FOR seconds: a small model is
 FIRST_FOR = 0.25         # ready in ~20 ms, and each poll's lag is on a cold start's path
 POLL_READY = 1.0         # /health polls once ready (STATUS and watchdog)
+WORK_AFTER = 0.05        # seconds of loading before the caller's while_loading runs
 STATUS_EVERY = 2.0       # STATUS= refresh while loading
 EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
 EXTEND_BY = 30.0         # seconds granted per extension
@@ -118,6 +119,7 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
               notifier: Notifier | None = None,
               on_ready: Callable[[str], None] | None = None,
               on_spawned: Callable[[], None] | None = None,
+              while_loading: Callable[[], None] | None = None,
               unexpected_exit_fails: bool = False,
               refused: Callable[[], tuple[int, str] | None] | None = None,
               spawn: Callable[[list[str], dict[str, str]], Any] | None = None) -> int:
@@ -125,7 +127,11 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
 
     The engine is spawned before anything else is set up; ``notifier`` None
     means one from this process's environment, made once the engine runs;
-    ``on_spawned`` runs then too (what the caller can do while the engine loads).
+    ``on_spawned`` runs then too (what must follow the spawn at once); ``while_loading``
+    (what the caller can do while the engine loads: imports, a log line) once the engine
+    did not answer for :data:`WORK_AFTER` seconds, else at READY, after READY=1 (a small
+    model answers in ~20 ms: work done before the first probes delayed its READY by as
+    much as it took), or at the engine's exit before it answered.
     ``spawn``: how the engine is started, given its command line and environment (the
     local runner's spare step: a child forked ahead, :class:`lokid.unit.standby.Launcher`);
     by default ``subprocess`` (its own process group, PR_SET_PDEATHSIG outside systemd).
@@ -164,7 +170,7 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
             if on_spawned is not None:
                 on_spawned()
             return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
-                         unexpected_exit_fails, refused, waker.wait)
+                         unexpected_exit_fails, refused, waker.wait, while_loading)
         finally:
             waker.close()
             _end_group(proc, log)
@@ -264,8 +270,10 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
           log: Callable[[str], None], on_ready: Callable[[str], None] | None,
           stop: list[int], unexpected_exit_fails: bool,
           refused: Callable[[], tuple[int, str] | None] | None = None,
-          pause: Callable[[float], None] = time.sleep) -> int:
+          pause: Callable[[float], None] = time.sleep,
+          while_loading: Callable[[], None] | None = None) -> int:
     started = time.monotonic()
+    pending = while_loading   # not run yet
     url = engine_url(launch.host, launch.port)
     ready = False
     stopping_since: float | None = None
@@ -325,6 +333,9 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                 took = now - started
                 notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
                               f"(loaded in {took:.1f} s)")
+                if pending is not None:
+                    work, pending = pending, None
+                    work()
                 log(f"ready at {url}")
                 if watchdog_every:
                     notifier.send("WATCHDOG=1")
@@ -336,6 +347,10 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                         log(f"ready, but what follows READY failed: {type(e).__name__}: {e}")
                 next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
                 continue
+            if pending is not None and now - started >= WORK_AFTER:
+                work, pending = pending, None
+                work()
+                continue   # it took a while: probe again at once
             if now >= next_status:
                 notifier.send(f"STATUS=loading {launch.label}: {now - started:.0f} s"
                               f"{_resident(proc.pid)}")
@@ -368,6 +383,8 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             next_check = now + min(POLL_READY, watchdog_every or POLL_READY)
         pause(0.05)   # a stop's SIGTERM ends it
 
+    if pending is not None:   # the engine ended before it answered: its plan is still said
+        pending()
     if stopping_since is not None and (rc == -signal.SIGTERM or (resent and rc == 1)):
         # The stop we asked for. llama-server installs its SIGTERM handler only once
         # the model is loaded, so a stop while loading kills it with our signal, and

@@ -24,7 +24,7 @@ EXIT_WORKERS = 75   # EX_TEMPFAIL: a worker down; not in RestartPreventExitStatu
 def check_workers(rpc: Sequence[str], argv: Sequence[str]) -> None:
     """WorkersDown naming each worker that does not answer, of the preset's ``rpc`` and
     of ``argv``'s --rpc (a plan's command line, or the preset's extra_args)."""
-    if not rpc and not _names_workers(argv):
+    if not rpc and not names_workers(argv):
         return   # the common case, on every start's path: nothing of the RPC code imported
     from ..core.fleet.rpc import rpc_args, workers_of, workers_problem
 
@@ -45,7 +45,7 @@ def workers_after_exit(name: str, argv: Sequence[str], rc: int, notifier: Any) -
     systemd's restart logic and the crash-loop rule apply."""
     from ..core.crashloop import EXIT_CONFIG
 
-    if rc in (0, EXIT_CONFIG) or not _names_workers(argv):
+    if rc in (0, EXIT_CONFIG) or not names_workers(argv):
         return rc
     from ..core.fleet.rpc import workers_of, workers_problem
 
@@ -63,7 +63,7 @@ def workers_after_exit(name: str, argv: Sequence[str], rc: int, notifier: Any) -
     return rc
 
 
-def _names_workers(argv: Sequence[str]) -> bool:
+def names_workers(argv: Sequence[str]) -> bool:
     """Whether ``argv`` may name RPC workers: ``--rpc`` or ``--rpc=…`` in it (what
     :func:`lokid.core.fleet.rpc.workers_of` reads)."""
     return any(a == "--rpc" or a.startswith("--rpc=") for a in argv)
