@@ -41,6 +41,9 @@ EXIT_BUSY = 1
 # does `prestart` (ExecStartPre: by hand, exit 2 as here; in the unit, exit 0 and
 # `engine` says it).
 PRESET_COMMANDS = ("plan", "run", "prestart", "stopped", "bench")
+# The engine unit's steps (ExecStartPre, ExecStart, ExecStopPost): `lokid <step> <preset>`
+# runs without argparse, and ends without Python's teardown (:func:`entry`)
+UNIT_STEPS = ("prestart", "engine", "stopped")
 
 
 def _preset_name(name: str) -> str:
@@ -391,14 +394,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 2 and argv[0] in ("prestart", "engine") and argv[1] not in ("-h", "--help"):
-        # The unit's ExecStartPre and ExecStart, fixed command lines: skip argparse
-        # (and the regular-expression machinery it imports) on the way to READY.
+    if len(argv) == 2 and argv[0] in UNIT_STEPS and argv[1] not in ("-h", "--help"):
+        # The unit's ExecStartPre, ExecStart and ExecStopPost, fixed command lines: skip
+        # argparse and the parser's own imports (the bench's rules: ~20 ms under the
+        # unit's sandbox, which a stop, and so a restart or a swap, waited for).
         # Whatever the instance name, even "-rf": argparse would exit 2, which the unit
         # restarts forever; `prestart` leaves a bad name to `engine`, which refuses it
-        # with 78, which the unit does not restart.
+        # with 78, which the unit does not restart; `stopped` refuses it (exit 2, which
+        # ExecStopPost=- ignores).
+        name = argv[1]
+        if argv[0] == "stopped":
+            return _guard(lambda: cmd_stopped(name), debug=False)
         step = cmd_prestart if argv[0] == "prestart" else cmd_engine
-        return _guard(lambda: step(paths.config_dir(), argv[1]), debug=False)
+        return _guard(lambda: step(paths.config_dir(), name), debug=False)
     args = _parser().parse_args(argv)
     config_dir: str = args.config_dir or paths.config_dir()
     command: str = args.command
@@ -438,10 +446,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The ``lokid`` command (and ``python -m lokid``): :func:`main`, then the process's
-    end; a unit step's (``prestart``, ``engine``) without Python's teardown."""
+    end; a unit step's (``prestart``, ``engine``, ``stopped``) without Python's teardown."""
     status = main()
     argv = sys.argv[1:]
-    if len(argv) == 2 and argv[0] in ("prestart", "engine"):
+    if len(argv) == 2 and argv[0] in UNIT_STEPS:
         _exit_now(status)
     sys.exit(status)
 
