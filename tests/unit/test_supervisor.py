@@ -123,3 +123,77 @@ def test_a_pause_ends_at_the_engines_exit_or_at_a_signal_not_at_its_timeout() ->
     assert exited < 15 and signalled < 15, (exited, signalled)
     assert got == [signal.SIGUSR1]
     assert signal.set_wakeup_fd(-1) == -1   # what was there before is back (none)
+
+
+class Told:
+    """What the supervisor tells systemd, in order (its notifier's interface)."""
+    enabled = True
+    watchdog_interval = None
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def send(self, *fields: str) -> None:
+        self.events.append(fields[0])
+
+
+def test_the_callers_work_while_loading_never_delays_a_ready_engines_ready(
+        tmp_path: Path) -> None:
+    """``while_loading`` (the step's imports, the plan's log line) runs once the engine has
+    loaded for WORK_AFTER seconds; an engine that answers sooner gets READY=1 first (a small
+    model answered in ~20 ms, and the work done before the first probe delayed it), and one
+    that exits before it answers still gets it done (the plan's line is in its journal)."""
+    import os
+    import subprocess
+    import threading
+
+    def run(script: str, port: int) -> tuple[int, list[str]]:
+        events: list[str] = []
+
+        def on_ready(url: str) -> None:
+            events.append("on_ready")
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+        rc = supervisor.supervise(launch(script, port), log=lambda m: events.append(m),
+                                  notifier=Told(events), on_ready=on_ready,  # type: ignore[arg-type]
+                                  on_spawned=lambda: events.append("spawned"),
+                                  while_loading=lambda: events.append("work"))
+        return rc, events
+
+    def at(events: list[str], what: str) -> int:
+        return next(i for i, e in enumerate(events) if e.startswith(what))
+
+    server = tmp_path / "server.py"   # one that a SIGTERM ends (there is no systemd here
+    server.write_text(HEALTHY.replace(  # to kill one that does not: the notifier is on)
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)", ""))
+    # answering at once: an engine whose port already answers (the first probe's 200)
+    port = free_port()
+    up = subprocess.Popen([sys.executable, str(server), str(port)])
+    try:
+        while True:
+            from lokid.planning.endpoint import health_status
+
+            if health_status("127.0.0.1", port, timeout=1) == 200:
+                break
+            time.sleep(0.01)
+        rc, events = run("exec sleep 30", port)
+    finally:
+        up.kill()
+        up.wait()
+    assert rc == 0, events
+    assert at(events, "spawned") < at(events, "READY=1") < at(events, "work") \
+        < at(events, "on_ready"), events
+    assert events.count("work") == 1, events
+
+    # loading for a while: the work is done meanwhile, before READY=1
+    port = free_port()
+    rc, events = run(f'sleep 0.4; exec "{sys.executable}" {server} {port}', port)
+    assert rc == 0, events
+    assert at(events, "spawned") < at(events, "work") < at(events, "READY=1"), events
+    assert events.count("work") == 1, events
+
+    # exiting before it ever answered: the work done all the same, before the exit's line
+    rc, events = run("exit 3", free_port())
+    assert rc == 3, events
+    assert events.count("work") == 1 and at(events, "work") < at(events, "the engine exited"), \
+        events
