@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+from ..host.spawn import RESTORED, Spawned
+
 STANDBY = "-"          # `lokid engine -`: the preset is told on standard input
 LINE_LIMIT = 4096
 
@@ -129,9 +131,8 @@ def _become_the_engine(told: int, failed: int, parent: int) -> None:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        for sig in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):   # as subprocess's restore_signals
-            if hasattr(signal, sig):
-                signal.signal(getattr(signal, sig), signal.SIG_DFL)
+        for sig in RESTORED:   # as subprocess's restore_signals
+            signal.signal(sig, signal.SIG_DFL)
         data = b""
         while chunk := os.read(told, 1 << 16):
             data += chunk
@@ -149,31 +150,3 @@ def _become_the_engine(told: int, failed: int, parent: int) -> None:
     except BaseException:   # nothing of Python's teardown in a forked child
         pass
     os._exit(status)
-
-
-class Spawned:
-    """The engine the launcher exec'd, as the supervisor uses a ``subprocess.Popen``."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def _reaped(self, status: int) -> int:
-        self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                return self._reaped(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        if self.returncode is None:
-            return self._reaped(os.waitpid(self.pid, 0)[1])
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, sig)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 from ..core import drainmark
@@ -49,10 +48,12 @@ from ..core.address import engine_url
 from ..core.errors import EngineError
 from ..host.notify import Notifier
 from ..host.proc import die_with_parent, group_members, progress_counters, resident_kib
+from ..host.spawn import spawn as spawn_plain
 from ..planning.endpoint import health_status
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
@@ -134,7 +135,8 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
     much as it took), or at the engine's exit before it answered.
     ``spawn``: how the engine is started, given its command line and environment (the
     local runner's spare step: a child forked ahead, :class:`lokid.unit.standby.Launcher`);
-    by default ``subprocess`` (its own process group, PR_SET_PDEATHSIG outside systemd).
+    by default its own process group: ``subprocess`` with PR_SET_PDEATHSIG outside
+    systemd, ``posix_spawn`` under it (:mod:`lokid.host.spawn`).
     """
     stop: list[int] = []
 
@@ -156,13 +158,14 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
         try:
             if spawn is not None:
                 proc = spawn(list(launch.argv), {**os.environ, **launch.env})
-            else:
-                orphan_guard = None
-                if "NOTIFY_SOCKET" not in os.environ or os.environ.get(PARENT_PID):
-                    orphan_guard = die_with_parent(signal.SIGKILL)
+            elif "NOTIFY_SOCKET" not in os.environ or os.environ.get(PARENT_PID):
+                import subprocess
+
                 proc = subprocess.Popen(list(launch.argv), env={**os.environ, **launch.env},
                                         stdin=subprocess.DEVNULL, process_group=0,
-                                        preexec_fn=orphan_guard)
+                                        preexec_fn=die_with_parent(signal.SIGKILL))
+            else:   # systemd's unit: nothing to run in the child (lokid.host.spawn)
+                proc = spawn_plain(launch.argv, {**os.environ, **launch.env})
         except OSError as e:
             raise EngineError(f"cannot start {launch.argv[0]}: {e.strerror}") from None
         waker = _Waker(proc.pid)
@@ -258,6 +261,8 @@ def gateway_up(path: str = drainmark.GATEWAY_RUNTIME_DIR) -> bool:
 def system_state() -> str:
     """``systemctl is-system-running``'s word; "" when it cannot be read. Asked only for
     the stop of a ready engine while the gateway runs (a few ms of systemctl)."""
+    import subprocess
+
     try:
         r = subprocess.run(["systemctl", "is-system-running"], capture_output=True,
                            text=True, timeout=2, check=False)
