@@ -115,8 +115,10 @@ def _known(source: ListenSource | None) -> ListenSource:
 def _resolve(host: str, port: int, source: ListenSource | None
              ) -> list[tuple[int, tuple[Any, ...]]]:
     """Where a bind to ``host`` goes, as llama-server resolves it (getaddrinfo, passive):
-    (family, address) in the resolver's order; ConfigError when nothing."""
-    import socket
+    (family, address) in the resolver's order; ConfigError when nothing. The C module
+    ``_socket`` (as in :func:`_bind`): the prestart step's only use of sockets, and the
+    ``socket`` module's own import (selectors, its enums) cost it ~2 ms."""
+    import _socket as socket
 
     if host.endswith(".sock"):
         from ..core.conflicts import unix_socket
@@ -142,20 +144,22 @@ def _bind(host: str, port: int, source: ListenSource | None,
           any_port: bool = False) -> OSError | None:
     """Bind ``host``:``port`` (port 0 with ``any_port``) as the engine will, trying each
     address in turn; None once one binds, else the first address's error."""
-    import socket
+    import _socket as socket
 
     first: OSError | None = None
     for family, address in _resolve(host, port, source):
         if any_port:
             address = (address[0], 0, *address[2:])
-        with socket.socket(family, socket.SOCK_STREAM) as s:
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
             # SO_REUSEADDR: a port in TIME_WAIT after a previous engine is free.
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(address)
-            except OSError as e:
-                first = first or e
-                continue
+            s.bind(address)
+        except OSError as e:
+            first = first or e
+            continue
+        finally:
+            s.close()
         return None
     return first
 
