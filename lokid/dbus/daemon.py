@@ -12,12 +12,11 @@ reported and skipped, the others stay served) and, under systemd, rerun the
 generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
 stop the daemon.
 
-Engines are run by a runner (:mod:`lokid.runners.runner`): through systemd's D-Bus
-API when systemd is the system manager and the daemon is on the system bus
+Engines are run by a runner (:mod:`lokid.runners.runner`): through systemd's D-Bus API when
+systemd is the system manager and the daemon is on the system bus
 (:mod:`lokid.runners.systemd_runner`), else as the daemon's own children
-(:mod:`lokid.runners.local_runner`). Their changes become the preset objects'
-``State``/``Status``/``SpecActive`` properties, the manager's
-``ActivePresets`` and the ``EngineStateChanged`` signal.
+(:mod:`lokid.runners.local_runner`). Their changes become the ``EngineStateChanged`` signal
+(sent first), the preset objects' ``State``/``Status``/``SpecActive``, ``ActivePresets``.
 
 Layers-in-RAM verdicts come from the engines' output: the journal watcher
 (:mod:`lokid.watch.journalwatch`) under systemd, the local runner's pipes
@@ -382,10 +381,8 @@ class Daemon:
         """A runner saw an engine change: the signal, properties, the summary."""
         before_state = self.signalled.get(name)
         moved = before_state != state.state  # Status alone may have changed
-        if moved:  # the signal is for states; Status changes are PropertiesChanged only
-            # first: a request waiting for this engine (the gateway's) goes on at once,
-            # while what follows (the runtime plan read, the properties) is done
-            self.signalled[name] = state.state
+        if moved:  # the signal (states; Status alone is PropertiesChanged's) first: a
+            self.signalled[name] = state.state   # request waiting for it goes on at once
             self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
         changed: dict[str, Any] = {"State": state.state, "Status": state.status}
         if moved and (state.state == READY or (state.state == LOADING and
@@ -407,8 +404,7 @@ class Daemon:
                 changed["SpecActive"] = self.spec_in_use[name]
             if self.pending_restart(name) != pending:
                 changed["PendingRestart"] = not pending
-        iface = self.exported.get(name)
-        if iface is not None:
+        if (iface := self.exported.get(name)) is not None:
             iface.emit_properties_changed(changed)
         self.telemetry.on_state(name, state)   # the idle stop's clock, the on-demand state
         if moved and before_state in (LOADING, STOPPING) \
