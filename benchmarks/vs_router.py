@@ -378,11 +378,15 @@ async def idle(sides: list[Side], pids: dict[str, int], connections: int) -> Non
 
 
 async def burst(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
-                tokens: int) -> None:
+                tokens: int, log: Path) -> None:
     """Six streamed requests A B A A C B sent 5 ms apart with A loaded (one model at a
-    time): the order they are served in (their first bytes), and when the last one is."""
+    time): the order they are served in (their first bytes), and when the last one is;
+    lokid's swaps in those rounds as its gateway logged them (why each one came when it
+    did)."""
+    before = len(swap_lines(log))
     got: dict[str, list[float]] = {"lokid": [], "router": []}
     orders: dict[str, list[str]] = {"lokid": [], "router": []}
+    cut: dict[str, int] = {"lokid": 0, "router": 0}   # streams that did not end whole
     for side in sides:   # each model started once on each side: lokid's loads measured
         for model in (*GROUP, THIRD):
             await first_byte(session, side.url, model)
@@ -395,25 +399,35 @@ async def burst(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
             t0 = time.perf_counter()
 
             async def one(k: int, model: str, side: Side = side, t0: float = t0
-                          ) -> tuple[float, str]:
+                          ) -> tuple[float, str, bool]:
                 await asyncio.sleep(0.005 * k)
                 body = bytearray()
                 first = 0.0
                 async with session.post(side.url + "/v1/chat/completions",
                                         json=chat(model, tokens)) as r:
                     assert r.status == 200, await r.text()
-                    async for chunk in r.content.iter_any():
-                        first = first or time.perf_counter()
-                        body += chunk
-                return first - t0, model
+                    try:
+                        async for chunk in r.content.iter_any():
+                            first = first or time.perf_counter()
+                            body += chunk
+                    except aiohttp.ClientPayloadError:
+                        pass   # cut off: counted below
+                # whole: its tokens counted out to max_tokens ("length"), then [DONE]
+                whole = b'"finish_reason":"length"' in body and b"data: [DONE]" in body
+                return first - t0, model, whole
             served = sorted(await asyncio.gather(*(one(k, m) for k, m in enumerate(BURST))))
             got[side.name].append(served[-1][0])
-            orders[side.name].append(" ".join(m for _, m in served))
+            orders[side.name].append(" ".join(m for _, m, _ in served))
+            cut[side.name] += sum(not whole for _, _, whole in served)
     print(f"\n6. {' '.join(BURST)} together (5 ms apart, A loaded, {tokens} tokens each), "
           f"{rounds} rounds: the last request's first byte")
     for name in got:
         print(f"  {name:7} {spread(got[name])}   (served: "
-              f"{', '.join(sorted(set(orders[name])))})")
+              f"{', '.join(sorted(set(orders[name])))}; streams cut short: {cut[name]} of "
+              f"{rounds * len(BURST)})")
+    print("  lokid's swaps (the first ones: the warm-up's):")
+    for line in swap_lines(log)[before:]:
+        print(f"    {line}")
 
 
 SWAP_LINE = re.compile(r"swapping (\S+) out for (\S+): (.*); loading \S+ costs ([\d.]+) s "
@@ -510,7 +524,7 @@ async def measure(rows: list[str], lokid_url: str, address: str, router_url: str
             if "idle" in rows:
                 await idle(sides, pids, connections)
             if "burst" in rows:
-                await burst(session, sides, rounds, 64)
+                await burst(session, sides, rounds, 64, gateway_log)
     finally:
         bus.disconnect()
 
