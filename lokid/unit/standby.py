@@ -39,6 +39,8 @@ def preload() -> None:
     steps._load_the_rest(planned_here=False)
     import shlex  # noqa: F401  (the plan's command line, logged once the engine runs)
 
+    import sdnotify  # noqa: F401  (host.notify's, imported when the step makes its notifier)
+
 
 def told(fd: int = 0) -> str | None:
     """Wait for the line that names this start; set its ``INVOCATION_ID``; the preset
