@@ -26,10 +26,14 @@ over the floor; then, by systemd's own timestamps, how long each start's plannin
 (ExecStartPre) and engine step (ExecStart to READY=1) took, beside the floor's one step.
 Needs root and what the container tests need.
 
-Measured in issue 31's second session, --reps 7: raw engine 26 ms, floor unit 65 ms; a
-restart 166 ms, lokid's share over the floor 75 ms (ExecStartPre 64 ms, ExecStart ->
-READY=1 91 ms against the floor's 52 ms); a first start 223 ms, share 133 ms. Issue 31's
-goal for a restart's share is 60 ms; issue 20 measured 122 ms (restart) and 175 ms.
+Measured in issue 31's third session, --reps 9: raw engine 24 ms, floor unit 62 ms; a
+restart 148 ms, lokid's share over the floor 63 ms (62 ms in another run; ExecStartPre
+61 ms, ExecStart -> READY=1 79 ms against the floor's 52 ms); a first start 211 ms,
+share 126 ms. Its second session measured 75 ms and 133 ms; issue 20, 122 ms and 175 ms.
+Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit,
+measured beside it in the same container (medians of 9): ``/bin/true`` 36-44 ms (23 ms
+without the unit's sandbox settings), ``python3 -c pass`` 48-51 ms; so a Python helper
+alone takes the share near the goal, whatever it does.
 
     .venv/bin/python benchmarks/deb_install.py [--suite trixie] [--reps 5]
 """

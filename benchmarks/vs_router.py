@@ -48,26 +48,32 @@ lokid's modules are byte-compiled first, as the package's installation does.
 Goals (issue 31): cold start <= router + 10 ms; swap gap <= router's; gateway RSS
 <= 25 MiB; latency and idle connections ahead of the router or level.
 
-Measured on the 2-CPU machine of issue 31, nothing else running, --rounds 11 (its second
-session, after the spare engine step, the launcher, the swap's pause for returning clients;
-the first session's figures in brackets):
+Measured on the 2-CPU machine of issue 31, nothing else running, --rounds 11 (its third
+session: the daemon's state signal sent first, the reused plan written after the spawn,
+the spare's last import done ahead; the second session's figures in brackets):
 
-- cold start: raw spawn 27 ms, lokid 40 ms (35-70), router 26 ms (22-45): lokid +14 ms
-  over the router [+59 ms]; goal +10 ms: not met in this run (+16 and +10 in two other
-  runs of --rounds 11 of the same code, +9 to +14 in five before the launcher: the
-  machine's noise is as large as what is left of the gap);
-- swap gap: lokid 64 ms (55-72) [213 ms], router 80 ms (26-114): met. The router's is
-  bimodal: 26-34 ms or 75-114 ms, by when its child llama-server notices SIGTERM (an
-  engine listening on TCP takes ~100 ms to exit, one on a UNIX socket ~10 ms, as lokid's
-  on-demand presets do); its median was 41 ms in another run, where lokid's 76 ms was not;
-- resting memory: gateway 44.3 + daemon 35.3 + the local runner's spare engine step 16.0 =
-  95.5 MiB [79.2, without a spare], router 18.1 MiB: not met;
-- latency p50: direct 4.19 ms, lokid 3.66 ms, router 8.46 ms (this script's "direct" is
+- cold start: raw spawn 22 ms, lokid 31 ms (26-35), router 22 ms (19-36): lokid +9 ms
+  over the router [+14 ms]; goal +10 ms: met in this run (+11 ms in another of the same
+  code: the machine's noise is as large as what is left of the gap);
+- swap gap: lokid 64 ms (49-80) [64 ms], router 80 ms (31-91): met. The router's is
+  bimodal: 31-39 ms or 77-91 ms, by when its child llama-server notices SIGTERM (an
+  engine listening on TCP takes ~100 ms to exit, one on a UNIX socket ~10 ms). lokid's,
+  timed step by step: the stopped engine's slots saved 2-5 ms, its SIGTERM 1 ms later,
+  its exit 10-11 ms after that, its step's 2-3 ms, the state signal 0.5 ms, B's start
+  asked 1-4 ms later, B ready 27-40 ms after, its saved slots restored and the request
+  sent 3-5 ms;
+- resting memory: gateway 44.2 + daemon 35.5 + the local runner's spare engine step 15.9 =
+  95.6 MiB [95.5], router 17.2 MiB: not met. The gateway's, by import: the interpreter
+  8.6 MiB, asyncio 10.5 (ssl, which it imports, 4.3 of it), aiohttp and aiohttp.web 14.7
+  (its default TLS context, built at import, 2.5), dbus-fast 2.8, uvloop 1.3, lokid 3.1;
+- latency p50: direct 4.84 ms, lokid 3.23 ms, router 7.98 ms (this script's "direct" is
   slower than lokid's, unexplained; benchmarks/gateway_latency.py gave +0.53 ms);
 - 1,000 idle connections: lokid +9.1 MiB (9 KiB each), threads 5 -> 5; router
   +58.1 MiB (60 KiB each), threads 8 -> 1,005;
-- burst: both served A A A B B C (two loads); the last first byte after 257 ms (232-303)
-  through lokid [432 ms], 241 ms (131-265) through the router: behind by 16 ms.
+- burst: both served A A A B B C (two loads), no stream cut short on either side; the
+  last first byte after 239 ms (214-278) through lokid [257 ms], 167 ms (138-284) through
+  the router: behind. The router's spread is its swap's: 223 ms in a run of 5 rounds
+  where lokid's was 228 ms, 189 ms in another (lokid 232 ms).
 
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
         [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
