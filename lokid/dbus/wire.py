@@ -86,6 +86,12 @@ def ascii_value(value: Any, ascii_only: bool = True) -> Any:
     return value
 
 
+def _seen(future: asyncio.Future[Any]) -> None:
+    """Mark a finished future's exception as retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 class SafeMessageBus(MessageBus):
     """dbus-fast's asyncio bus, writing message bodies in ASCII where it must (above),
     waiting out a full socket buffer, and saying why it ends."""
@@ -94,6 +100,10 @@ class SafeMessageBus(MessageBus):
         super().__init__(*args, **kw)
         self.why_lost: str | None = None
         buswriter.adopt(getattr(self, "_writer", None), self.lose)   # dbus-fast < 5
+        # The reason a connection ended is :meth:`lost`'s to say; when nobody waits for it
+        # any more (the daemon's wait given up for a stop under way), asyncio logged it at
+        # collection as "Future exception was never retrieved", traceback and all
+        self._disconnect_future.add_done_callback(_seen)
 
     async def connect(self) -> SafeMessageBus:
         await super().connect()

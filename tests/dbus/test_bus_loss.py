@@ -290,3 +290,26 @@ if __name__ == "__main__":   # the Debian dbus-fast run above: address, bus pid
         address, lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT)))
     print(os.path.dirname(os.path.realpath(dbus_fast.__file__)))
     print(json.dumps(out))
+
+
+async def test_a_lost_bus_nobody_waits_for_logs_no_traceback(bus: Bus) -> None:
+    """The bus dies while nothing waits for :meth:`SafeMessageBus.lost` (the daemon's wait
+    for it had been given up: a stop already under way). dbus-fast keeps the reason in its
+    disconnect future, and asyncio used to log it at collection as "Future exception was
+    never retrieved", with a traceback, in a daemon that had stopped cleanly."""
+    import gc
+
+    seen: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: seen.append(context))
+    conn = await SafeMessageBus(bus_address=bus.address).connect()
+    bus.proc.kill()
+    bus.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while not conn.ended and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert conn.ended
+    why = conn.why_lost
+    del conn
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [c for c in seen if "never retrieved" in str(c.get("message"))], (why, seen)
