@@ -204,14 +204,15 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     cleared = read_cleared(runtime_dir, name)
     check_workers((), rp.argv)   # before the token: a worker down is no failed launch
     token: Token | None = None
+    later = False   # the runtime plan left for the caller to write
     if rp.spec_mode == "off" and not rp.auto and not verdict and cleared is None:
         # no speculation in this plan, nor any the attempt verdict could have cut: the
         # state DB has nothing to say (the start that recorded the plan settled it, and
         # any edit since changed the plan's key); 1 ms less on a cold start's path
         check_listen_free(rp.host, rp.port, rp.socket, runtime_dir)
-        if defer_write:
-            return replace(rp, invocation=invocation, pid=os.getpid()), None, True
-        _stop.hold()
+        later = defer_write
+        if not later:
+            _stop.hold()
     else:
         from ..core.errors import StateError
         from ..store.state import StateDB
@@ -227,6 +228,8 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         except StateError:
             return None
     rp = replace(rp, invocation=invocation, pid=os.getpid())
+    if later:
+        return rp, None, True
     write_runtime_plan(runtime_dir, rp)
     _stop.release()
     return rp, token, False
@@ -463,23 +466,16 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         how = " (planned ahead by the daemon: nothing it was made from has changed)"
 
     def on_spawned() -> None:
-        if unwritten:
-            from ..store.runtimedir import write_runtime_plan
-
-            try:
-                write_runtime_plan(runtime_dir, rp)
-            except OSError as e:
-                journal_log(name, f"the runtime plan was not written: {e}", priority=4)
-        if isinstance(left, handoff.Planned):
-            # the plan names the process that supervises its engine (lokid plan's
-            # "loading"): this one, not the prestart step that wrote it
+        # the reused plan left unwritten; or the prestart step's, which names the process
+        # that supervises its engine (lokid plan's "loading"): this one, not the prestart
+        if unwritten or isinstance(left, handoff.Planned):
             from ..core.record import replace
             from ..store.runtimedir import write_runtime_plan
 
             try:
                 write_runtime_plan(runtime_dir, replace(rp, pid=os.getpid()))
             except OSError as e:
-                journal_log(name, f"the runtime plan was not updated: {e}", priority=4)
+                journal_log(name, f"the runtime plan was not written: {e}", priority=4)
 
     def while_loading() -> None:
         _load_the_rest(planned_here=planned is not None, argv=rp.argv)
