@@ -30,10 +30,10 @@ Measured in issue 31's third session, --reps 9: raw engine 24 ms, floor unit 62 
 restart 148 ms, lokid's share over the floor 63 ms (62 ms in another run; ExecStartPre
 61 ms, ExecStart -> READY=1 79 ms against the floor's 52 ms); a first start 211 ms,
 share 126 ms. Its second session measured 75 ms and 133 ms; issue 20, 122 ms and 175 ms.
-Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit,
-measured beside it in the same container (medians of 9): ``/bin/true`` 36-44 ms (23 ms
-without the unit's sandbox settings), ``python3 -c pass`` 48-51 ms; so a Python helper
-alone takes the share near the goal, whatever it does.
+Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit
+(benchmarks/unit_overhead.py, --reps 9): ``/bin/true`` 35 ms (19 ms without the unit's
+sandbox settings), ``python3 -c pass`` 44 ms; so a Python helper alone takes most of the
+share, whatever it does.
 
     .venv/bin/python benchmarks/deb_install.py [--suite trixie] [--reps 5]
 """
