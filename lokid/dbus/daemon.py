@@ -60,6 +60,7 @@ from ..store.state import StateDB
 from .authz import MANAGE_GROUP, Authority, current_call
 from .benching import Benches
 from .editing import Editor
+from .groupstops import GroupStops
 from .interfaces import ManagerInterface, PresetInterface
 from .jobs import JobReports
 from .logs import Logs
@@ -131,6 +132,7 @@ class Daemon:
                                       for_unit=self.registry.for_units,
                                       spawn=self.background.spawn)
         self.jobs = JobReports(self, self.background.spawn, self.manager.JobFinished)
+        self.group_stops = GroupStops(self)   # a group's start overlaps its stops
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
@@ -207,16 +209,17 @@ class Daemon:
                 raise view.failure()
 
     async def start(self, name: str) -> str:
-        await self._startable(name)
-        assert self.runner is not None
-        log.info("starting preset %s", name)
-        return await self.runner.start(name)
+        return await self._begin(name, "start")
 
     async def restart(self, name: str) -> str:
+        return await self._begin(name, "restart")
+
+    async def _begin(self, name: str, verb: str) -> str:
         await self._startable(name)
         assert self.runner is not None
-        log.info("restarting preset %s", name)
-        return await self.runner.restart(name)
+        await self.group_stops.before_start(name)   # its GPU group's stops under way
+        log.info("%sing preset %s", verb, name)
+        return await (self.runner.start if verb == "start" else self.runner.restart)(name)
 
     async def stop(self, name: str) -> str:
         assert self.runner is not None
@@ -226,6 +229,7 @@ class Daemon:
         if self.runner.state(name).state not in LIVE:
             self.registry.get(name)  # NotFound for a name that is neither known nor running
         log.info("stopping preset %s", name)
+        self.group_stops.stop_asked(name)
         return await self.runner.stop(name)
 
     async def clear_failures(self, name: str) -> int:
@@ -246,8 +250,7 @@ class Daemon:
         return await self.benches.run(name, mode, predict, prompt, repeat)
 
     async def _io_sampler(self, name: str) -> IOSampler | None:
-        assert self.runner is not None
-        return await self.runner.io_sampler(name)
+        return await self.runner.io_sampler(name) if self.runner is not None else None
 
     async def reload(self) -> None:
         """Read the presets again; under systemd, rerun the generator too."""
@@ -265,8 +268,7 @@ class Daemon:
     # -- presets and engines --------------------------------------------------------
 
     def _read_files(self) -> None:
-        """The registry reads the presets (in a worker thread); the file watcher learns
-        what they are as read, so that a change read already is not read again."""
+        """The presets read (in a worker thread); the file watcher told, not to read twice."""
         if self.dirwatch is not None:
             self.dirwatch.reading()
         self.registry.load()
@@ -331,8 +333,7 @@ class Daemon:
         self.reloading = self.background.spawn(again(), "reading the changed files")
 
     def _systemd_reloaded(self) -> None:
-        """``systemctl daemon-reload`` (someone's, or ours): the presets as the units see
-        them. Read only: reloading systemd again would never end."""
+        """``systemctl daemon-reload``: the presets as the units see them (no reload back)."""
         self.background.spawn(self._presets_logged(), "reading the presets after a systemd reload")
 
     async def _presets_logged(self) -> None:
@@ -381,6 +382,7 @@ class Daemon:
         """A runner saw an engine change: the signal, properties, the summary."""
         before_state = self.signalled.get(name)
         moved = before_state != state.state  # Status alone may have changed
+        self.group_stops.seen(name, state.state)
         if moved:  # the signal (states; Status alone is PropertiesChanged's) first: a
             self.signalled[name] = state.state   # request waiting for it goes on at once
             self.manager.EngineStateChanged(name, state.state, state.detail or state.status)
@@ -409,8 +411,7 @@ class Daemon:
         self.telemetry.on_state(name, state)   # the idle stop's clock, the on-demand state
         if moved and before_state in (LOADING, STOPPING) \
                 and state.state not in (LOADING, STOPPING) and name in self.registry.presets:
-            # a start ended (ready, stopped or failed): its attempt token is settled, and
-            # the next start's plan may differ (planned a moment after a READY)
+            # a start ended: its token is settled, the next plan may differ (after READY: soon)
             self.background.spawn(self._refresh(name, REPLAN_AFTER_READY if state.state == READY
                                                 else 0.0), f"planning preset {name} again")
         if moved:
@@ -485,8 +486,7 @@ class Daemon:
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict,
                                                  on_line=self._engine_line_live)
-            # the running engines' lines before the watcher's start are read again from
-            # the journal; theirs from now on wait for that (registered before attach)
+            # running engines' earlier lines are read again from the journal (before attach)
             self.telemetry.hold(self.active_presets(), self.watcher.since or 0.0)
             self.watcher.attach(loop)
         except (OSError, ImportError) as e:

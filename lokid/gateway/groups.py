@@ -27,15 +27,18 @@ A swap, in this order, each step for a failure it prevents:
 - the turn passes to the new preset first: a request for the old one arriving during the
   stop waits for its next turn, never reaches an engine being stopped;
 - every other running member is stopped through the daemon (``StopPreset``, as
-  ``lokictl stop``; a start of it under way is given up, not counted a failure), and the
-  new preset starts only once they are stopped: two models never share the GPU's memory;
-- the new preset's requests are then admitted and start it through the on-demand start
-  (:mod:`lokid.gateway.ondemand`): one start for all of them, its failure their answer;
+  ``lokictl stop``; a start of it under way is given up, not counted a failure);
+- the new preset's requests are then admitted at once and start it through the
+  on-demand start (:mod:`lokid.gateway.ondemand`): one start for all of them, its
+  failure their answer. The daemon starts it while the others stop, and its engine
+  waits for theirs to be gone (:mod:`lokid.dbus.groupstops`): two models never share
+  the GPU's memory, and the new start's planning overlaps the old engines' teardown;
 - each stopped member's idle slots are saved first, and restored at its next start before
   its requests are sent (:mod:`lokid.gateway.slots`): a swap keeps the users' caches.
 
-Faults: a stop refused, or one not done in :data:`STOP_TIMEOUT`, answers the new preset's
-waiting requests with 503 and the reason, and the old preset keeps the group. A preset
+Faults: a stop refused answers the new preset's waiting requests with 503 and the
+reason, and the old preset keeps the group; an old engine still running when the stop's
+own bound is past fails the new start (its engine step says why). A preset
 that cannot be started for a request (not ``on_demand``, not ready) never stops another:
 its request is answered as without a group.
 """
@@ -71,7 +74,6 @@ from .slots import SlotCache
 log = logging.getLogger("lokid.gateway")
 
 ACTIVE = (READY, LOADING, STOPPING)   # a member in these states holds (or frees) the GPU
-STOP_TIMEOUT = 120.0   # seconds a swapped-out engine has to stop
 CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait (a lost signal)
 
 
@@ -256,15 +258,6 @@ class Group:
                              f"which cannot be stopped: {e.text}")
                 self.turn, self.since = previous, previous_since
                 return
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while any(m.state in ACTIVE for m in old):
-            if time.monotonic() >= deadline:
-                left = ", ".join(m.name for m in old if m.state in ACTIVE)
-                self._refuse(to, f"preset {to!r} waits for {left} (group {self.name}), which "
-                             f"did not stop in {STOP_TIMEOUT:.0f} s")
-                self.turn, self.since = previous, previous_since
-                return
-            await self._changed(deadline)
         if old:
             self.swaps += 1
 

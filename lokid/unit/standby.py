@@ -31,12 +31,13 @@ LINE_LIMIT = 4096
 def preload() -> None:
     """Import what a start of an engine runs, so that nothing is imported once told."""
     from ..core import crashloop, errors, portunit, presetname, record, runtimeplan  # noqa: F401
-    from ..host import journallog, notify, proc  # noqa: F401
+    from ..host import gone, journallog, notify, proc  # noqa: F401
     from ..planning import endpoint  # noqa: F401
-    from ..store import handoff, plancache, runtimedir, state  # noqa: F401
-    from . import steps, supervisor  # noqa: F401
+    from ..store import handoff, holds, plancache, runtimedir, state  # noqa: F401
+    from . import held, steps, supervisor  # noqa: F401
 
     steps._load_the_rest(planned_here=False)
+    import select  # noqa: F401  (host.gone's, for a start that waits for its group's stops)
     import shlex  # noqa: F401  (the plan's command line, logged once the engine runs)
 
     import sdnotify  # noqa: F401  (host.notify's, imported when the step makes its notifier)

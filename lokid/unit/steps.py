@@ -480,6 +480,8 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     def while_loading() -> None:
         _load_the_rest(planned_here=planned is not None, argv=rp.argv)
         _log_plan(name, rp.notes, rp.command_line(), how)   # shlex: once the engine runs
+        if waited:
+            journal_log(name, waited)
 
     def on_ready(url: str) -> None:
         from ..store import exits, plancache
@@ -513,6 +515,11 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         journal_log(name, message, priority=3)
         return EXIT_CONFIG, message
 
+    from .held import held
+
+    waited, refusal = held(runtime_dir, name, notifier)
+    if refusal:
+        return EXIT_CONFIG
     rc = supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
                    on_spawned=on_spawned, while_loading=while_loading,
                    unexpected_exit_fails=True, refused=refused,

@@ -26,7 +26,7 @@ from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 from support import DATA
 from support.daemonkit import Running, daemon_on
-from support.enginekit import free_port, write_config, write_preset
+from support.enginekit import deaf_engine, free_port, write_config, write_preset
 from support.polkit_standin import PolkitStandIn
 
 from lokid.core.names import (
@@ -392,26 +392,6 @@ async def test_where_polkit_runs_it_decides(config: Path, tmp_path: Path,
     assert kind == "system-bus-name" and subject["name"].value.startswith(":1.")
     assert action == "org.lokid.lokid1.manage"
     assert flags == 1  # busctl allows interactive authorisation by default: passed on
-
-
-def deaf_engine(root: Path, engine: str) -> Path:
-    """An engine that answers /health but ignores SIGTERM (the real one for --help and
-    --version, which the plan reads)."""
-    path = root / "deaf-engine"
-    path.write_text(f"#!{sys.executable}\n"
-                    "import http.server, os, signal, sys\n"
-                    "if {'--help', '--version'} & set(sys.argv):\n"
-                    f"    os.execv({engine!r}, [{engine!r}] + sys.argv[1:])\n"
-                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                    "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
-                    "class H(http.server.BaseHTTPRequestHandler):\n"
-                    "    def do_GET(self):\n"
-                    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
-                    "    def log_message(self, *a): pass\n"
-                    "open(os.environ['DEAF_PID'], 'w').write(str(os.getpid()))\n"
-                    "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
-    path.chmod(0o755)
-    return path
 
 
 async def test_a_stop_past_its_timeout_kills_and_leaves_no_engine(

@@ -4,7 +4,7 @@ runner starts on a private bus: two on-demand presets in one group, the first ru
 A request for the second waits while a stream to the first is in flight, whether the
 stream came through the gateway or straight to the first's port (the daemon's
 RequestsInFlight, from the engine's log): the stream completes in full, then the first
-is stopped, then the second starts and answers.
+is stopped, then the second starts (its engine once the first's is gone) and answers.
 
 Eight clients at work, four on each preset (issue 28, item 2): the group swaps once,
 where issue 22's rule swapped back and forth in the gaps between a client's answer and
@@ -76,20 +76,27 @@ async def beta_after(c: httpx.AsyncClient) -> tuple[httpx.Response, float]:
     return r, time.monotonic()
 
 
-def check_swap(running: Running, gateway: Gateway, text: bytes, ended: float, events: int,
-               beta: httpx.Response, answered: float) -> None:
+async def check_swap(running: Running, gateway: Gateway, text: bytes, ended: float,
+                     events: int, beta: httpx.Response, answered: float) -> None:
     # the stream ran to its end: every token, the engine's own last event
     assert f'"tokens_predicted":{TOKENS}'.encode() in text and b'"stop":true' in text
     assert beta.status_code == 200, beta.text
     assert beta.json()["model"] == "beta"
     assert answered > ended   # beta waited for alpha's stream
-    # alpha was stopped, and only after its stream ended; beta started after that
+    # alpha was stopped, and only after its stream ended; beta's start was asked after
+    # that, and its engine spawned once alpha's was gone (lokid.dbus.groupstops)
     alpha_stops = [i for i, ev in enumerate(running.events)
                    if ev[0] == "alpha" and ev[1] in ("stopping", "inactive")]
     beta_loads = [i for i, ev in enumerate(running.events) if ev[0] == "beta" and
                   ev[1] == "loading"]
     assert alpha_stops and min(alpha_stops) >= events, running.events
-    assert beta_loads and min(beta_loads) > max(alpha_stops), running.events
+    assert beta_loads and min(beta_loads) > min(alpha_stops), running.events
+    assert running.daemon.runner is not None
+    deadline = time.monotonic() + 10   # the step's line comes through its pipe, in a batch
+    while not any("ms for alpha to stop (its GPU group's swap)" in line[2]
+                  for line in running.daemon.runner.logs["beta"].read("", 1000)[0]):
+        assert time.monotonic() < deadline, running.daemon.runner.logs["beta"].read("", 1000)
+        await asyncio.sleep(0.05)
     assert running.daemon.engine_state("alpha").state == "inactive"
     assert running.daemon.engine_state("beta").state == "ready"
     assert gateway.groups.groups["gpu0"].swaps == 1
@@ -104,7 +111,7 @@ async def test_a_swap_waits_for_a_stream_through_the_gateway(running: Running,
         await asyncio.wait_for(started.wait(), 30)
         beta, answered = await beta_after(c)
         text, ended, events = await stream
-    check_swap(running, gateway, text, ended, events, beta, answered)
+    await check_swap(running, gateway, text, ended, events, beta, answered)
 
 
 async def test_a_request_straight_to_the_port_defers_the_swap(
@@ -127,7 +134,7 @@ async def test_a_request_straight_to_the_port_defers_the_swap(
         assert not gateway.groups.groups.get("gpu0") or not gateway.groups.groups["gpu0"].own
         beta, answered = await beta_after(c)
         text, ended, events = await stream
-    check_swap(running, gateway, text, ended, events, beta, answered)
+    await check_swap(running, gateway, text, ended, events, beta, answered)
 
 
 ROUNDS = 12  # requests each client sends, one after the other

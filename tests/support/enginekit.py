@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -203,3 +204,23 @@ def tiny_config(root: Path, preset: str, body: str) -> Path:
     config = write_config(root, engine_binary(), [root / "models"])
     write_preset(config, preset, 'model = "tiny.gguf"\nctx = 2048\n' + body)
     return config
+
+
+def deaf_engine(root: Path, engine: str) -> Path:
+    """An engine that answers /health but ignores SIGTERM (the real one for --help and
+    --version, which the plan reads)."""
+    path = root / "deaf-engine"
+    path.write_text(f"#!{sys.executable}\n"
+                    "import http.server, os, signal, sys\n"
+                    "if {'--help', '--version'} & set(sys.argv):\n"
+                    f"    os.execv({engine!r}, [{engine!r}] + sys.argv[1:])\n"
+                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+                    "class H(http.server.BaseHTTPRequestHandler):\n"
+                    "    def do_GET(self):\n"
+                    "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+                    "    def log_message(self, *a): pass\n"
+                    "open(os.environ['DEAF_PID'], 'w').write(str(os.getpid()))\n"
+                    "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
+    path.chmod(0o755)
+    return path
