@@ -44,7 +44,10 @@ class GroupStops:
         self.asked: set[str] = set()   # stops asked through the daemon, not seen ended
 
     def stop_asked(self, name: str) -> None:
-        self.asked.add(name)
+        """A stop asked through the daemon: waited for until its end is seen (a preset that
+        does not run has nothing to wait for)."""
+        if self.host.engine_state(name).state in LIVE:
+            self.asked.add(name)
 
     def seen(self, name: str, state: str) -> None:
         """The runner saw ``name`` change state: a stop that ended is no longer waited for."""
@@ -68,9 +71,10 @@ class GroupStops:
         return sorted(out)
 
     async def before_start(self, name: str) -> None:
-        """Leave the note for ``name``'s start: the processes of the members of its group
-        being stopped; else remove any note left. An error writing it is logged, and the
-        start goes on after the stops as before: the daemon then waits for them here."""
+        """A start (or restart) of ``name`` is asked: leave the note for it, the processes
+        of the members of its group being stopped; else remove any note left. Where the
+        note cannot be written (logged), the start waits here for those stops to end."""
+        self.asked.discard(name)   # its own stop asked before is over, or replaced
         runtime_dir = self.host.runtime_dir
         others = self.stopping(name)
         pids: list[int] = []

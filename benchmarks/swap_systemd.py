@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""A GPU group's swap under a real systemd: what a client waits, and where it goes.
+
+In a booted Debian 12 container, lokid installed as the tests install it (the tree
+bound in) with its socket-activated gateway; two on-demand presets of the generated
+tiny llama, ``alpha`` and ``beta``, in one GPU group. One client inside the container
+asks alpha, beta, alpha, beta… one after the other (a short stream of ``--tokens``
+each): every request is a swap. Measured per swap: the swap gap, from the last byte of
+the previous stream to the first byte of the next (what a client waits: the group's
+rule, the old engine's stop, the new one's start, the slots), and by systemd's own
+lines of the two units (their journal timestamps): how long after the old unit's
+"Stopping" the new one's "Starting" came, how long before the old one's "Stopped" (the
+overlap: its planning step and its interpreter while the old engine tears down), and
+the new one's "Started" after the old one's "Stopped". Medians and spreads over
+``--swaps`` swaps (the first one, to a preset never loaded yet, not counted); and the
+engine steps' own lines of how long they waited for the old engine's processes.
+
+    .venv/bin/python benchmarks/swap_systemd.py [--swaps 21] [--tokens 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from support import models as gen  # noqa: E402
+from support.enginekit import engine_binary, free_port  # noqa: E402
+from support.systemd_harness import Container  # noqa: E402
+
+ENGINE_DIR = "/opt/engine"
+GROUP = '[serve]\non_demand = true\ngroup = "gpu0"\n'
+
+# Runs in the container: the requests one after the other, each stream's first and last
+# byte (CLOCK_MONOTONIC, as systemd's *Monotonic timestamps), one JSON list.
+CLIENT = r"""
+import http.client, json, sys, time
+port, swaps, tokens = map(int, sys.argv[1:4])
+out = []
+for i in range(swaps + 1):
+    model = ("alpha", "beta")[i % 2]
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    sent = time.monotonic()
+    c.request("POST", "/v1/completions", json.dumps(
+        {"model": model, "prompt": "Once", "max_tokens": tokens, "stream": True,
+         "temperature": 0}), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    first = None
+    while True:
+        chunk = r.read1(65536)
+        if first is None:
+            first = time.monotonic()
+        if not chunk:
+            break
+    last = time.monotonic()
+    c.close()
+    out.append([model, r.status, sent, first, last])
+print(json.dumps(out))
+"""
+
+def journal_marks(ct: Container) -> list[tuple[float, str, str]]:
+    """systemd's own lines of the engine units this boot: (CLOCK_MONOTONIC seconds, what,
+    preset), what being stopping, stopped, starting or started."""
+    r = ct.run(["journalctl", "-b", "-o", "json", "--no-pager", "_PID=1"], timeout=120)
+    marks = []
+    for line in r.stdout.splitlines():
+        entry = json.loads(line)
+        message = entry.get("MESSAGE")
+        if not isinstance(message, str) or "loki-engine@" not in message:
+            continue
+        what = message.split(" ", 1)[0]
+        if what in ("Stopping", "Stopped", "Starting", "Started"):
+            preset = message.split("loki-engine@", 1)[1].split(".service", 1)[0]
+            marks.append((int(entry["__MONOTONIC_TIMESTAMP"]) / 1e6, what, preset))
+    return marks
+
+
+def spread(values: list[float]) -> str:
+    return (f"{statistics.median(values):7.1f} ms ({min(values):.1f} to {max(values):.1f})"
+            if values else "    n/a")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--swaps", type=int, default=21)
+    ap.add_argument("--tokens", type=int, default=8)
+    args = ap.parse_args()
+    warm = 2   # the first load of each preset: not a swap of two loaded-before engines
+    with tempfile.TemporaryDirectory() as tmp:
+        model = gen.write_llama(Path(tmp) / "llama.gguf")
+        ct = Container(binds={ENGINE_DIR: os.path.dirname(engine_binary()),
+                              "/opt/lokid": str(ROOT)})
+        ct.start()
+        try:
+            from support.lokid_install import MODEL_DIR, install
+
+            engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
+            install(ct, engine, [str(model)], gateway=True)
+            port = free_port()
+            ct.run(["mkdir", "-p", "/etc/loki/presets"])
+            for name in ("alpha", "beta"):
+                ct.write_file(f"/etc/loki/presets/{name}.toml",
+                              f'port = {free_port()}\nmodel = "llama.gguf"\nctx = 2048\n{GROUP}')
+            ct.write_file("/etc/loki/lokid.toml",
+                          f"engine = {json.dumps(engine)}\n"
+                          f"model_dirs = [{json.dumps(MODEL_DIR)}]\n"
+                          f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
+            ct.systemctl("daemon-reload")
+            ct.systemctl("restart", "lokid.service", timeout=120)
+            ct.systemctl("start", "loki-gateway.socket", "sockets.target")
+            ct.wait_for("loki-gateway.socket", "active", timeout=60)
+            r = ct.run(["python3", "-c", CLIENT, str(port), str(args.swaps + warm),
+                        str(args.tokens)], timeout=900)
+            served = json.loads(r.stdout)
+            marks = journal_marks(ct)
+            waited = [w for w in ct.run(["journalctl", "-b", "-o", "cat", "--no-pager", "-g",
+                                         "to stop [(]its GPU group"],
+                                        check=False).stdout.split("\n") if w.strip()]
+        finally:
+            ct.stop()
+    bad = [row for row in served if row[1] != 200]
+    if bad:
+        print("failed:", bad)
+        return 1
+    gaps = [(b[3] - a[4]) * 1e3 for a, b in zip(served[:-1], served[1:], strict=True)][warm - 1:]
+    # each swap by systemd's lines: the old unit's stop begins, the new one's start begins,
+    # the old one is inactive, the new one active
+    after_stop, overlap, active_after = [], [], []
+    for i, (when, what, preset) in enumerate(marks):
+        if what != "Stopping":
+            continue
+        later = marks[i + 1:]
+        start = next((m for m in later if m[1] == "Starting" and m[2] != preset), None)
+        stopped = next((m for m in later if m[1] == "Stopped" and m[2] == preset), None)
+        if start is None or stopped is None:
+            continue
+        started = next((m for m in later if m[1] == "Started" and m[2] == start[2]), None)
+        after_stop.append((start[0] - when) * 1e3)
+        overlap.append((stopped[0] - start[0]) * 1e3)
+        if started is not None:
+            active_after.append((started[0] - stopped[0]) * 1e3)
+    after_stop, overlap, active_after = after_stop[1:], overlap[1:], active_after[1:]
+    print(f"{len(gaps)} swaps alpha <-> beta under systemd ({args.tokens}-token streams), "
+          "medians (spread):")
+    print(f"  swap gap, last byte of a stream -> first byte of the next : {spread(gaps)}")
+    print(f"  old unit 'Stopping' -> new unit 'Starting'                : {spread(after_stop)}")
+    print(f"  new unit 'Starting' -> old unit 'Stopped' (overlap, > 0)   : {spread(overlap)}")
+    print(f"  old unit 'Stopped' -> new unit 'Started'                  : {spread(active_after)}")
+    print(f"  engine steps that waited for the old engine: {len(waited)}; the last: "
+          f"{waited[-1] if waited else 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
