@@ -93,7 +93,6 @@ def main() -> int:
     ap.add_argument("--swaps", type=int, default=21)
     ap.add_argument("--tokens", type=int, default=8)
     args = ap.parse_args()
-    warm = 2   # the first load of each preset: not a swap of two loaded-before engines
     with tempfile.TemporaryDirectory() as tmp:
         model = gen.write_llama(Path(tmp) / "llama.gguf")
         ct = Container(binds={ENGINE_DIR: os.path.dirname(engine_binary()),
@@ -117,7 +116,8 @@ def main() -> int:
             ct.systemctl("restart", "lokid.service", timeout=120)
             ct.systemctl("start", "loki-gateway.socket", "sockets.target")
             ct.wait_for("loki-gateway.socket", "active", timeout=60)
-            r = ct.run(["python3", "-c", CLIENT, str(port), str(args.swaps + warm),
+            # alpha's cold start, beta's first load (a swap, not counted), then --swaps swaps
+            r = ct.run(["python3", "-c", CLIENT, str(port), str(args.swaps + 1),
                         str(args.tokens)], timeout=900)
             served = json.loads(r.stdout)
             marks = journal_marks(ct)
@@ -130,7 +130,7 @@ def main() -> int:
     if bad:
         print("failed:", bad)
         return 1
-    gaps = [(b[3] - a[4]) * 1e3 for a, b in zip(served[:-1], served[1:], strict=True)][warm - 1:]
+    gaps = [(b[3] - a[4]) * 1e3 for a, b in zip(served[:-1], served[1:], strict=True)][1:]
     # each swap by systemd's lines: the old unit's stop begins, the new one's start begins,
     # the old one is inactive, the new one active
     after_stop, overlap, active_after = [], [], []

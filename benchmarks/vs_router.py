@@ -90,6 +90,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,6 +112,7 @@ from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E
 
 COLD = "tiny"            # gateway_coldstart's PRESET: planned_argv plans it
 GROUP = ("A", "B")
+OVERLAP_ROUNDS = 6        # untimed swaps watched for two engines at once, each side
 THIRD = "C"              # with A and B, the burst row's third model (in their group)
 BURST = ("A", "B", "A", "A", "C", "B")
 SERVE = '[serve]\non_demand = true\n'
@@ -125,6 +127,61 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def engines_under(root: int) -> set[int]:
+    """The llama-server processes under ``root`` (the router's children, the daemon's
+    engine steps' children), by the kernel's children lists: fast enough to sample."""
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        kids = []
+        try:   # every thread's list: a child is listed under the thread that forked it
+            for task in os.listdir(f"/proc/{pid}/task"):
+                kids += [int(k) for k in
+                         Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            todo.append(kid)
+            try:
+                if Path(f"/proc/{kid}/comm").read_text().strip() == "llama-server":
+                    found.add(kid)
+            except OSError:
+                pass
+    return found
+
+
+class Overlap:
+    """While it runs (a thread), the longest time two or more engines ran at once under
+    ``root``: what a swap that starts the next engine before the last one is gone shows,
+    and what a GPU with room for one model cannot hold."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.longest, self.most = root, 0.0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        since = None
+        while not self.done.is_set():
+            now = time.perf_counter()
+            running = len(engines_under(self.root))
+            self.most = max(self.most, running)
+            if running >= 2:
+                since = now if since is None else since
+                self.longest = max(self.longest, now - since)
+            else:
+                since = None
+            time.sleep(0.0002)
+
+    def __enter__(self) -> Overlap:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def children(pid: int) -> list[int]:
@@ -229,8 +286,9 @@ class Lokid:
 
     name = "lokid"
 
-    def __init__(self, url: str, bus: MessageBus):
+    def __init__(self, url: str, bus: MessageBus, root: int):
         self.url, self.bus = url, bus
+        self.root = root   # the daemon: its engine steps' engines are under it
 
     async def state(self, session: aiohttp.ClientSession, model: str) -> str:
         async with session.get(self.url + f"/v1/models/{model}") as r:
@@ -260,6 +318,7 @@ class Router:
 
     def __init__(self, url: str, pid: int):
         self.url, self.pid = url, pid
+        self.root = pid   # its engines are its children
 
     async def states(self, session: aiohttp.ClientSession) -> dict[str, str]:
         async with session.get(self.url + "/models") as r:
@@ -468,6 +527,18 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
             _, first = await first_byte(session, side.url, y)
             got[side.name].append(first - end)
             generated[side.name].append(n)
+    # apart from the timed rounds (a sampling thread would slow them): does a swap start
+    # the next engine before the last one is gone?
+    overlaps: dict[str, list[float]] = {"lokid": [], "router": []}
+    most = {"lokid": 0, "router": 0}
+    for i in range(OVERLAP_ROUNDS):
+        x, y = (a, b) if i % 2 == 0 else (b, a)
+        for side in order(sides, i):
+            await stream(session, side.url, x, 16)
+            with Overlap(side.root) as watched:
+                await first_byte(session, side.url, y)
+            overlaps[side.name].append(watched.longest)
+            most[side.name] = max(most[side.name], watched.most)
     for side in sides:
         for model in GROUP:
             await side.stop(session, model)
@@ -480,6 +551,11 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
     diff = med["lokid"] - med["router"]
     print(f"  lokid - router: {diff:+.0f} ms (lokid / router {med['lokid'] / med['router']:.2f}x);"
           f" goal <= router's: {'met' if diff <= 0 else 'not met'}")
+    for name, longest in overlaps.items():
+        both = [t for t in longest if t > 0]
+        print(f"  {name}: two engines at once during a swap in {len(both)} of {len(longest)} "
+              "untimed rounds" + (f", for up to {max(both) * 1000:.1f} ms" if both else "")
+              + f" (the most seen at once: {most[name]})")
     print("  lokid's swaps as its gateway logged them (the first ones: the warm-up's):")
     for i, line in enumerate(swap_lines(log)):
         print(f"    {'warm-up' if i < warm else 'round ' + str(i - warm + 1):8} {line}")
@@ -517,7 +593,8 @@ async def measure(rows: list[str], lokid_url: str, address: str, router_url: str
                   connections: int) -> None:
     bus = await MessageBus(bus_address=address).connect()
     try:
-        sides: list[Side] = [Lokid(lokid_url, bus), Router(router_url, pids["router"])]
+        sides: list[Side] = [Lokid(lokid_url, bus, pids["daemon"]),
+                             Router(router_url, pids["router"])]
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
             if "cold" in rows:
                 await cold(session, sides, argv, raw_port, rounds)
