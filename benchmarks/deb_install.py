@@ -30,6 +30,9 @@ Measured in issue 31's third session, --reps 9: raw engine 24 ms, floor unit 62 
 restart 148 ms, lokid's share over the floor 63 ms (62 ms in another run; ExecStartPre
 61 ms, ExecStart -> READY=1 79 ms against the floor's 52 ms); a first start 211 ms,
 share 126 ms. Its second session measured 75 ms and 133 ms; issue 20, 122 ms and 175 ms.
+Its fourth session (the engine step now also takes a group's note, lokid.unit.held): a
+restart 147 ms, its steps 58 ms and 76 ms, but the floor unit at 56 ms in that run, so a
+share of 69 ms: the share is a difference of two noisy figures, +-6 ms between runs.
 Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit
 (benchmarks/unit_overhead.py, --reps 9): ``/bin/true`` 35 ms (19 ms without the unit's
 sandbox settings), ``python3 -c pass`` 44 ms; so a Python helper alone takes most of the

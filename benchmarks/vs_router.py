@@ -48,32 +48,37 @@ lokid's modules are byte-compiled first, as the package's installation does.
 Goals (issue 31): cold start <= router + 10 ms; swap gap <= router's; gateway RSS
 <= 25 MiB; latency and idle connections ahead of the router or level.
 
-Measured on the 2-CPU machine of issue 31, nothing else running, --rounds 11 (its third
-session: the daemon's state signal sent first, the reused plan written after the spawn,
-the spare's last import done ahead; the second session's figures in brackets):
+Measured on the 2-CPU machine of issue 31, --rounds 11, in its fourth session (a group's
+new start asked right after the stop, its engine spawned once the old one is gone:
+lokid.dbus.groupstops; the third session's figures in brackets):
 
-- cold start: raw spawn 22 ms, lokid 31 ms (26-35), router 22 ms (19-36): lokid +9 ms
-  over the router [+14 ms]; goal +10 ms: met in this run (+11 ms in another of the same
-  code: the machine's noise is as large as what is left of the gap);
-- swap gap: lokid 64 ms (49-80) [64 ms], router 80 ms (31-91): met. The router's is
-  bimodal: 31-39 ms or 77-91 ms, by when its child llama-server notices SIGTERM (an
-  engine listening on TCP takes ~100 ms to exit, one on a UNIX socket ~10 ms). lokid's,
-  timed step by step: the stopped engine's slots saved 2-5 ms, its SIGTERM 1 ms later,
-  its exit 10-11 ms after that, its step's 2-3 ms, the state signal 0.5 ms, B's start
-  asked 1-4 ms later, B ready 27-40 ms after, its saved slots restored and the request
-  sent 3-5 ms;
-- resting memory: gateway 44.2 + daemon 35.5 + the local runner's spare engine step 15.9 =
-  95.6 MiB [95.5], router 17.2 MiB: not met. The gateway's, by import: the interpreter
+- cold start: raw spawn 22 ms, lokid 32 ms (29-43), router 24 ms (21-33): lokid +7 ms
+  over the router [+9 ms]; goal +10 ms: met (the machine's noise is +-2 ms);
+- swap gap: lokid 63 ms (47-81) in that run, 53 ms (49-60) in another [64 ms], router
+  74-78 ms (26-93): met. The router's is bimodal: 26-39 ms or 74-93 ms, by when its
+  child llama-server notices SIGTERM. In untimed rounds apart (a thread sampling the
+  kernel's children lists every 0.2 ms), neither side ever ran two engines at once during
+  a swap: the router's fast swaps too wait for the old engine's exit. lokid's swap, timed
+  step by step in the third session: the stopped engine's slots saved 2-5 ms, its
+  SIGTERM 1 ms later, its exit 10-11 ms after that; B's pre-spawn work (the daemon's
+  call, the spare step's planning) now runs meanwhile, where it came after the old step's
+  exit, the state signal and the gateway's call (7-11 ms); B ready ~22 ms after its spawn,
+  its saved slots restored and the request sent 3-5 ms;
+- resting memory: gateway 44.2 + daemon 35.6 + the local runner's spare engine step 16.0 =
+  95.8 MiB [95.6], router 17.2 MiB: not met. The gateway's, by import: the interpreter
   8.6 MiB, asyncio 10.5 (ssl, which it imports, 4.3 of it), aiohttp and aiohttp.web 14.7
-  (its default TLS context, built at import, 2.5), dbus-fast 2.8, uvloop 1.3, lokid 3.1;
-- latency p50: direct 4.84 ms, lokid 3.23 ms, router 7.98 ms (this script's "direct" is
+  (its default TLS context, built at import, 2.5), dbus-fast 2.8, uvloop 1.3, lokid 3.1.
+  A fresh interpreter importing json, asyncio, h11 and dbus-fast alone is at 23.5 MiB
+  (22.2 with ssl kept out), before any code of a gateway;
+- latency p50: direct 3.74 ms, lokid 2.82 ms, router 6.13 ms (this script's "direct" is
   slower than lokid's, unexplained; benchmarks/gateway_latency.py gave +0.53 ms);
 - 1,000 idle connections: lokid +9.1 MiB (9 KiB each), threads 5 -> 5; router
   +58.1 MiB (60 KiB each), threads 8 -> 1,005;
-- burst: both served A A A B B C (two loads), no stream cut short on either side; the
-  last first byte after 239 ms (214-278) through lokid [257 ms], 167 ms (138-284) through
-  the router: behind. The router's spread is its swap's: 223 ms in a run of 5 rounds
-  where lokid's was 228 ms, 189 ms in another (lokid 232 ms).
+- burst: no stream cut short on either side; the last first byte after 214 ms (183-345)
+  through lokid [239 ms], 185 ms (120-238) through the router: behind. Both served
+  A A A B B C, but for one lokid round served A B B A A C (345 ms), not explained yet (the
+  rule swaps once A has nothing in flight and B waited longer: a first A stream ended
+  before the next A's arrival would do it).
 
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
         [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
