@@ -25,6 +25,7 @@ import time
 from ..core.record import record
 
 SUFFIX = ".after"   # $LOKI_RUNTIME_DIR/<preset>.after
+LONGEST = 120.0     # seconds a note can hold a start, whatever its deadline says
 
 
 @record
@@ -57,7 +58,8 @@ def write_hold(runtime_dir: str, preset: str, hold: Hold,
 def take_hold(runtime_dir: str, preset: str) -> Hold | None:
     """The note left for this start, removed; None when there is none, when it is
     damaged, or when its time is past (a note that outlived the start it was for: its
-    processes are gone or were killed, and their numbers may be another's now)."""
+    processes are gone or were killed, and their numbers may be another's now). No note
+    holds a start longer than :data:`LONGEST` seconds from now."""
     path = _path(runtime_dir, preset)
     try:
         with open(path, encoding="utf-8") as f:
@@ -73,7 +75,10 @@ def take_hold(runtime_dir: str, preset: str) -> Hold | None:
                     float(data["until"]))
     except (TypeError, KeyError, ValueError):
         return None
-    return hold if hold.until > time.monotonic() else None
+    now = time.monotonic()
+    if hold.until <= now:
+        return None
+    return Hold(hold.names, hold.pids, min(hold.until, now + LONGEST))
 
 
 def drop_hold(runtime_dir: str, preset: str) -> None:

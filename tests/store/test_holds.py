@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from lokid.store.holds import Hold, drop_hold, take_hold, write_hold
+from lokid.store.holds import LONGEST, Hold, drop_hold, take_hold, write_hold
 from lokid.store.runtimefiles import remove_preset_files
 
 
@@ -17,6 +17,12 @@ def test_a_note_is_taken_once(tmp_path: Path) -> None:
     assert take_hold(str(tmp_path), "beta") == hold
     assert take_hold(str(tmp_path), "beta") is None   # removed by the start that took it
     assert take_hold(str(tmp_path), "alpha") is None   # one preset's note is its own
+
+
+def test_no_note_holds_a_start_longer_than_its_bound(tmp_path: Path) -> None:
+    write_hold(str(tmp_path), "beta", Hold(("alpha",), (1234,), time.monotonic() + 1e9))
+    hold = take_hold(str(tmp_path), "beta")
+    assert hold is not None and hold.until <= time.monotonic() + LONGEST
 
 
 def test_a_note_whose_time_is_past_is_none_and_goes(tmp_path: Path) -> None:
