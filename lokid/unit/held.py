@@ -32,13 +32,16 @@ def held(runtime_dir: str, name: str, notifier: Notifier) -> tuple[str, bool]:
 
     since = time.monotonic()
     who = ", ".join(hold.names)
-    notifier.send(f"STATUS=waiting for {who} to stop: one engine of its GPU group at a time")
-    left = wait_gone(hold.pids, hold.until)
+    left = wait_gone(hold.pids, since)   # a look: often they are gone already
+    if left:
+        notifier.send(f"STATUS=waiting for {who} to stop: one engine of its GPU group at a "
+                      "time")
+        left = wait_gone(left, hold.until)
     took = time.monotonic() - since
     if left:
-        message = (f"{who} still running {took:.0f} s after its stop was asked (pid "
-                   f"{', '.join(map(str, left))}): not loading next to it, one engine of a "
-                   "GPU group at a time; start it again once they are gone")
+        message = (f"{who} still running after this start waited {took:.0f} s for it to "
+                   f"stop (pid {', '.join(map(str, left))}): not loading next to it, one "
+                   "engine of a GPU group at a time; start it again once they are gone")
         notifier.send(f"STATUS={message}")
         journal_log(name, message, priority=3)
         return "", True

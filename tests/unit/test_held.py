@@ -56,7 +56,8 @@ def test_an_engine_still_running_at_the_notes_time_ends_the_start(
         assert refused and line == ""
         assert old.poll() is None
         said = told.events[-1]
-        assert said.startswith("STATUS=alpha still running") and f"pid {old.pid}" in said
+        assert said.startswith("STATUS=alpha still running after this start waited") \
+            and f"pid {old.pid}" in said
         assert "not loading next to it" in said
         assert "not loading next to it" in capsys.readouterr().err
     finally:
@@ -68,3 +69,13 @@ def test_no_note_no_wait(tmp_path: Path) -> None:
     told = Told()
     assert held(str(tmp_path), "beta", told) == ("", False)  # type: ignore[arg-type]
     assert told.events == []
+
+
+def test_a_stopped_engine_gone_already_costs_no_status(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write_hold(str(tmp_path), "beta", Hold(("alpha",), (gone.pid,), time.monotonic() + 30))
+    told = Told()
+    line, refused = held(str(tmp_path), "beta", told)  # type: ignore[arg-type]
+    assert not refused and line == "waited 0 ms for alpha to stop (its GPU group's swap)"
+    assert told.events == []   # no "waiting" status flashed for a wait that never was
