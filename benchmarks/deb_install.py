@@ -63,19 +63,12 @@ from support.systemd_harness import Container  # noqa: E402
 
 ENGINE_DIR = "/opt/engine"
 
-# Runs in the container as root: --reps rounds of (lokid's unit planning, lokid's unit
-# reusing that plan, the floor unit, the raw engine as loki), each timed; prints one JSON
-# object of the four lists.
-ROUNDS = """
-import json, os, subprocess, sys, time, urllib.request
-argv, env, url, reps = json.loads(sys.argv[1])
-def timed(cmd):
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True)
-    return time.monotonic() - t0
+# In the container's timing scripts (this one's, unit_overhead.py's): systemd's own
+# timestamps of the unit's start just made, in seconds: leaving inactive (ExecStartPre
+# begins), ExecStart begins, READY=1 (active): the planning step and the engine step.
+STEPS = """
+import subprocess
 def steps(unit):
-    # systemd's own timestamps of the start just made: leaving inactive (ExecStartPre
-    # begins), ExecStart begins, READY=1 (active): the planning step and the engine step
     shown = subprocess.run(["systemctl", "show", unit, "-p", "InactiveExitTimestampMonotonic",
                             "-p", "ExecMainStartTimestampMonotonic",
                             "-p", "ActiveEnterTimestampMonotonic"],
@@ -84,6 +77,18 @@ def steps(unit):
     main = t["ExecMainStartTimestampMonotonic"]
     return [max(0, main - t["InactiveExitTimestampMonotonic"]) / 1e6,
             (t["ActiveEnterTimestampMonotonic"] - main) / 1e6]
+"""
+
+# Runs in the container as root: --reps rounds of (lokid's unit planning, lokid's unit
+# reusing that plan, the floor unit, the raw engine as loki), each timed; prints one JSON
+# object of the four lists.
+ROUNDS = STEPS + """
+import json, os, subprocess, sys, time, urllib.request
+argv, env, url, reps = json.loads(sys.argv[1])
+def timed(cmd):
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True)
+    return time.monotonic() - t0
 def raw():
     t0 = time.monotonic()
     p = subprocess.Popen(["runuser", "-u", "loki", "--", "env", *env, *argv],

@@ -34,32 +34,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from deb_install import FLOOR  # noqa: E402
+from deb_install import FLOOR, STEPS  # noqa: E402
 from support.debpkg import runtime_packages  # noqa: E402
 from support.systemd_harness import Container  # noqa: E402
 
 # loki-engine@'s sandbox: its [Service] lines from ProtectSystem= on (the unit's own file)
 SANDBOX_FROM = "ProtectSystem="
 
-ROUNDS = r"""
+ROUNDS = STEPS + r"""
 import json, subprocess, sys, time
 names, reps = json.loads(sys.argv[1])
-def steps(unit):
-    shown = subprocess.run(["systemctl", "show", unit, "-p", "InactiveExitTimestampMonotonic",
-                            "-p", "ExecMainStartTimestampMonotonic",
-                            "-p", "ActiveEnterTimestampMonotonic"],
-                           capture_output=True, text=True, check=True).stdout
-    t = {k: int(v) for k, v in (line.split("=", 1) for line in shown.split())}
-    main = t["ExecMainStartTimestampMonotonic"]
-    return [max(0, main - t["InactiveExitTimestampMonotonic"]) / 1e3,
-            (t["ActiveEnterTimestampMonotonic"] - main) / 1e3]
 out = {n: [] for n in names}
 for _ in range(reps):
     for n in names:
         u = f"x-{n}.service"
         t0 = time.monotonic()
         subprocess.run(["systemctl", "start", u], check=True)
-        out[n].append([(time.monotonic() - t0) * 1e3, *steps(u)])
+        out[n].append([(time.monotonic() - t0) * 1e3, *(x * 1e3 for x in steps(u))])
         subprocess.run(["systemctl", "stop", u], check=True)
         time.sleep(0.05)
 print(json.dumps(out))
