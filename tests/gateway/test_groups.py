@@ -92,11 +92,14 @@ async def check_swap(running: Running, gateway: Gateway, text: bytes, ended: flo
     assert alpha_stops and min(alpha_stops) >= events, running.events
     assert beta_loads and min(beta_loads) > min(alpha_stops), running.events
     assert running.daemon.runner is not None
-    deadline = time.monotonic() + 10   # the step's line comes through its pipe, in a batch
-    while not any("ms for alpha to stop (its GPU group's swap)" in line[2]
-                  for line in running.daemon.runner.logs["beta"].read("", 1000)[0]):
-        assert time.monotonic() < deadline, running.daemon.runner.logs["beta"].read("", 1000)
+    runner = running.daemon.runner
+    deadline = time.monotonic() + 10   # the step's lines come through its pipe, in batches:
+    lines: list[Any] = []              # beta's ring exists only once its first batch is read
+    while not any("ms for alpha to stop (its GPU group's swap)" in line[2] for line in lines):
+        assert time.monotonic() < deadline, lines
         await asyncio.sleep(0.05)
+        ring = runner.logs.get("beta")
+        lines = ring.read("", 1000)[0] if ring is not None else []
     assert running.daemon.engine_state("alpha").state == "inactive"
     assert running.daemon.engine_state("beta").state == "ready"
     assert gateway.groups.groups["gpu0"].swaps == 1
