@@ -158,12 +158,35 @@ def main() -> int:
         if started is not None:
             active_after.append((started[0] - stopped[0]) * 1e3)
     after_stop, overlap, active_after = after_stop[1:], overlap[1:], active_after[1:]
+    # the client's side of each swap against systemd's lines (one clock: CLOCK_MONOTONIC):
+    # the old stream's last byte to the old unit's "Stopping" (the gateway's rule, the slot
+    # save, the D-Bus call), the new unit's "Starting" to its "Started", and "Started" to
+    # the new stream's first byte (READY=1 seen by the daemon, its signal, the gateway's
+    # slot restore and the request)
+    to_stopping, unit_start, to_first = [], [], []
+    for a, b in list(zip(served[:-1], served[1:], strict=True))[1:]:
+        stopping = next((m for m in marks if m[1] == "Stopping" and m[2] == a[0]
+                         and a[4] <= m[0] <= b[3]), None)
+        starting = next((m for m in marks if m[1] == "Starting" and m[2] == b[0]
+                         and a[4] <= m[0] <= b[3]), None)
+        started = next((m for m in marks if m[1] == "Started" and m[2] == b[0]
+                        and a[4] <= m[0] <= b[3]), None)
+        if stopping is not None:
+            to_stopping.append((stopping[0] - a[4]) * 1e3)
+        if starting is not None and started is not None:
+            unit_start.append((started[0] - starting[0]) * 1e3)
+        if started is not None:
+            to_first.append((b[3] - started[0]) * 1e3)
     print(f"{len(gaps)} swaps alpha <-> beta under systemd ({args.tokens}-token streams), "
           "medians (spread):")
     print(f"  swap gap, last byte of a stream -> first byte of the next : {spread(gaps)}")
     print(f"  old unit 'Stopping' -> new unit 'Starting'                : {spread(after_stop)}")
     print(f"  new unit 'Starting' -> old unit 'Stopped' (overlap, > 0)   : {spread(overlap)}")
     print(f"  old unit 'Stopped' -> new unit 'Started'                  : {spread(active_after)}")
+    print(f"  last byte -> old unit 'Stopping' (rule, slot save, the call) : "
+          f"{spread(to_stopping)}")
+    print(f"  new unit 'Starting' -> its 'Started' (its two steps)      : {spread(unit_start)}")
+    print(f"  new unit 'Started' -> first byte (signal, slots, request) : {spread(to_first)}")
     print(f"  engine steps that waited for the old engine: {len(waited)}; the last: "
           f"{waited[-1] if waited else 'none'}")
     return 0

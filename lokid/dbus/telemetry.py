@@ -113,13 +113,17 @@ class Telemetry:
 
     def stats(self, name: str) -> dict[str, Any]:
         """The preset's telemetry for its current start (``{}`` before any), with the URL
-        its engine answers at (the plan's address; a wildcard as loopback)."""
+        its engine answers at (the plan's address; a wildcard as loopback) and the UNIX
+        socket it listens on where systemd holds that address (the gateway's way in:
+        lokid.gateway.sockets)."""
         from ..core.address import engine_url
 
         out = self.meters.snapshot(name)
         view = self.daemon.registry.presets.get(name)
         if view is not None and view.listen is not None:
             out["url"] = engine_url(*view.listen)
+        if view is not None and view.plan is not None and view.plan.socket:
+            out["socket"] = view.plan.socket
         if view is not None and view.auto_blocked:
             out["verdict"] = view.auto_blocked
         runner = self.daemon.runner

@@ -15,12 +15,15 @@ waiter: a start asked of a daemon that went away is no start that failed
 
 What a GPU group's swap rule reads (:mod:`lokid.gateway.groups`) is kept here too: when
 a preset became ready and when its ``RequestsInFlight`` last moved (the gateway's
-monotonic clock), and its last cold start's wait and last load from its ``Stats``.
+monotonic clock), and its last cold start's wait and last load from its ``Stats``; and
+the UNIX socket its engine listens on, where the gateway connects
+(:mod:`lokid.gateway.sockets`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -29,6 +32,7 @@ from typing import Any
 
 from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
+from yarl import URL
 
 from ..core.names import (
     BUS_NAME,
@@ -59,6 +63,7 @@ class Preset:
     state: str = "inactive"
     status: str = ""
     url: str = ""
+    socket: str = ""           # Stats socket: the UNIX socket its engine listens on, or ""
     on_demand: bool = False
     group: str = ""            # serve.group ("" for none)
     drain: float = 120.0       # serve.drain, seconds
@@ -123,6 +128,7 @@ class Preset:
         if isinstance(stats, dict) and stats.get("url"):
             self.url = str(stats["url"])
         if isinstance(stats, dict):
+            self.socket = str(stats.get("socket") or "")
             for key, attr in (("cold_start_last_wait_seconds", "cold_start_wait"),
                               ("load_seconds", "load_seconds")):
                 value = stats.get(key)
@@ -149,6 +155,14 @@ class Presets:
         self.watchers: set[asyncio.Future[None]] = set()
         self._reading: asyncio.Task[None] | None = None
         self._again = False
+
+    def socket_at(self, host: str, port: int) -> str:
+        """The UNIX socket of the engine whose URL is ``host``:``port``, "" for none
+        (:mod:`lokid.gateway.sockets`)."""
+        for p in self.presets.values():
+            if p.socket and p.url and _address(p.url) == (host, port):
+                return p.socket
+        return ""
 
     async def attach(self) -> None:
         self.bus.add_message_handler(self._on_message)
@@ -308,3 +322,10 @@ class Presets:
         (job,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE, "StopPreset",
                             "s", [name])
         return str(job)
+
+
+@functools.lru_cache(maxsize=256)   # a preset's URL, read at each new connection
+def _address(url: str) -> tuple[str, int | None]:
+    """An engine URL's host (brackets off, as aiohttp's request gives it) and port."""
+    u = URL(url)
+    return (u.host or "", u.port)

@@ -43,6 +43,7 @@ from yarl import URL
 from . import tunnel
 from .replies import SERVER, GatewayError, sse_error
 from .silence import EngineSilent, Patience, StreamWatch, within
+from .sockets import EngineConnector, Route
 
 log = logging.getLogger("lokid.gateway")
 
@@ -68,10 +69,16 @@ LOCAL_KEEPALIVE = 4.0
 EXTERNAL_KEEPALIVE = 1.5
 
 
-def session(keepalive: float = LOCAL_KEEPALIVE) -> aiohttp.ClientSession:
-    """A pool of connections (kept alive ``keepalive`` seconds at most between requests)."""
+def session(keepalive: float = LOCAL_KEEPALIVE, route: Route | None = None
+            ) -> aiohttp.ClientSession:
+    """A pool of connections (kept alive ``keepalive`` seconds at most between requests);
+    with ``route``, this host's engines are reached at their socket where they have one
+    (:mod:`lokid.gateway.sockets`)."""
+    connector = EngineConnector(route, limit=0, force_close=False, keepalive_timeout=keepalive) \
+        if route is not None else \
+        aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=keepalive)
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=keepalive),
+        connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
         auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
@@ -152,8 +159,11 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     if stream and (local or hop) and renamer is None and request.version >= (1, 1):
         other = URL(target)   # an engine of ours, or a peer gateway: plain HTTP only
         if other.scheme == "http" and other.host and other.port:
+            connector = client.connector
+            route = connector.route if local and isinstance(connector, EngineConnector) \
+                else None
             return await _tunnelled(request, other, body, headers, patience, side, url,
-                                    bool(hop))
+                                    bool(hop), route)
 
     async def send() -> aiohttp.ClientResponse:
         answer = await client.request(request.method, target, data=body or None,
@@ -226,14 +236,16 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
 
 
 async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Mapping[str, str],
-                     patience: Patience, side: str, url: str, hop: bool) -> web.StreamResponse:
+                     patience: Patience, side: str, url: str, hop: bool, route: Route | None
+                     ) -> web.StreamResponse:
     """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them; to a
     peer gateway (``hop``), a connection never made is :class:`Unreached` (nothing of the
     request reached it: another replica may take it), anything later is not."""
     assert other.host is not None and other.port is not None
     try:
         return await tunnel.carry(request, other.host, other.port, other.raw_authority,
-                                  other.raw_path_qs, body, headers, HOP_BY_HOP, patience, side)
+                                  other.raw_path_qs, body, headers, HOP_BY_HOP, patience, side,
+                                  route)
     except EngineSilent as e:
         raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
     except OSError as e:   # no connection (refused, or its connect timed out)

@@ -113,7 +113,7 @@ class Gateway:
         return app
 
     async def _open(self, _app: web.Application) -> None:
-        self.client = session(LOCAL_KEEPALIVE)
+        self.client = session(LOCAL_KEEPALIVE, self.presets.socket_at)   # engines' sockets
         self.external = session(EXTERNAL_KEEPALIVE)
         self.report.start()
         self.peers.start()

@@ -39,6 +39,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from .silence import EngineSilent, Patience, StreamWatch, within
+from .sockets import Route, open_engine
 
 log = logging.getLogger("lokid.gateway")
 
@@ -290,16 +291,15 @@ def request_head(method: str, path_qs: str, host: str, headers: Mapping[str, str
 async def carry(request: web.Request, host: str, port: int, authority: str, path_qs: str,
                 body: bytes,
                 headers: Mapping[str, str], hop_by_hop: frozenset[str], patience: Patience,
-                side: str) -> web.StreamResponse:
+                side: str, route: Route | None = None) -> web.StreamResponse:
     """The answer of the engine (or peer gateway) at ``host``:``port`` to ``request`` sent
     to ``path_qs`` (its ``body`` read already, ``headers`` the forwarded ones), its stream
-    carried as bytes. OSError when no
-    connection was made (the caller's 502); EngineSilent or EngineGone before the
-    answer's head; ClientLeft once the client went away mid-answer."""
-    loop = asyncio.get_running_loop()
+    carried as bytes; ``route``: this host's engines at their socket
+    (:mod:`lokid.gateway.sockets`). OSError when no connection was made (the caller's
+    502); EngineSilent or EngineGone before the answer's head; ClientLeft once the client
+    went away mid-answer."""
     engine = _Engine()
-    transport, _ = await asyncio.wait_for(loop.create_connection(lambda: engine, host, port),
-                                          CONNECT_TIMEOUT)
+    transport, _ = await open_engine(lambda: engine, host, port, route, CONNECT_TIMEOUT)
     try:
         transport.write(request_head(request.method, path_qs, authority, headers, len(body))
                         + body)

@@ -336,6 +336,13 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             if health_status(launch.host, launch.port, 1.0, launch.socket) == 200:
                 ready = True
                 took = now - started
+                if launch.socket:   # before READY: the gateway connects there at once
+                    from ..host.sockshare import share_with_gateway
+
+                    why = share_with_gateway(launch.socket)
+                    if why:
+                        log(f"the gateway reaches this engine through its port: its socket "
+                            f"could not be given to the gateway's group ({why})")
                 notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
                               f"(loaded in {took:.1f} s)")
                 if pending is not None:

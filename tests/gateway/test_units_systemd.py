@@ -239,6 +239,49 @@ def test_a_group_swap_waits_for_the_stream_then_the_idle_stop_follows(lk: LokidS
     ct.systemctl("stop", SOCKET, SERVICE, check=False)
 
 
+def test_the_gateway_reaches_an_on_demand_engine_at_its_socket(lk: LokidSystem) -> None:
+    """The engine's step gives its socket to the gateway's group before READY=1; the
+    gateway's requests (a short answer, a stream) go there, so the port's relay is never
+    started for them (lokid.gateway.sockets); a client straight to the port still gets
+    the relay. The gateway stays in none of loki's groups."""
+    ct = lk.ct
+    port = lk.gateway_port  # type: ignore[attr-defined]
+    own = lk.preset("direct", 'model = "llama.gguf"\n[serve]\non_demand = true\n',
+                    reload=False)
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  f"engine = {json.dumps(lk.engine)}\nmodel_dirs = [{json.dumps(MODEL_DIR)}]\n"
+                  f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
+    ct.systemctl("start", "lokid.service")
+    ct.systemctl("daemon-reload")
+    ct.systemctl("start", "loki-port@direct.socket")
+    _wait_socket(ct, "active")
+    cursor = ct.cursor()
+    chat = {"model": "direct", "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 8, "temperature": 0}
+    code, reply = curl(ct, f"http://127.0.0.1:{port}/v1/chat/completions", chat)
+    assert code == 200, reply
+    code, streamed = curl(ct, f"http://127.0.0.1:{port}/v1/chat/completions",
+                          {**chat, "stream": True})
+    assert code == 200 and "data: [DONE]" in str(streamed), streamed
+    assert ct.run(["stat", "-c", "%U %G %a", "/run/loki/direct.sock"]).stdout.split() == \
+        ["loki", "loki-gateway", "660"]
+    assert ct.run(["stat", "-c", "%a", "/run/loki"]).stdout.strip() == "751"
+    assert ct.show("loki-port@direct.socket", "ActiveState")["ActiveState"] == "active"
+    assert ct.show("loki-port@direct.service", "ActiveState")["ActiveState"] == "inactive"
+    assert "loki-gateway" in ct.run(["id", "-nG", "loki"]).stdout.split()
+    assert "loki" not in ct.run(["id", "-nG", "loki-gateway"]).stdout.split()
+    # a client that knew the port: through the relay, as before
+    code, health = curl(ct, f"http://127.0.0.1:{own}/health")
+    assert code == 200 and health == {"status": "ok"}, health
+    assert ct.show("loki-port@direct.service", "ActiveState")["ActiveState"] == "active"
+    journal = ct.journal(SERVICE, since_cursor=cursor)
+    assert "cannot be reached" not in journal and "Traceback" not in journal, journal[-2000:]
+    engine = ct.journal(unit("direct"), since_cursor=cursor)
+    assert "could not be given" not in engine, engine[-2000:]
+    ct.systemctl("stop", unit("direct"), "loki-port@direct.socket", timeout=60)
+    ct.systemctl("stop", SOCKET, SERVICE, check=False)
+
+
 def test_restarts_by_hand_are_not_limited(lk: LokidSystem) -> None:
     """An operator restarting the gateway while tuning: systemd's default start limit (5
     in 10 s) failed the service and its socket at the sixth restart, and nothing
