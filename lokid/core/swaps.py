@@ -17,7 +17,10 @@ swapped out for them. The rules, each against a failure seen in other tools or i
   request the swap is for has already waited longer than that (it paid the cost in
   waiting). So a swap costs at most as much GPU time as the holder had since its READY
   or its request waited (issue 28: 8 clients over two presets made 72 to 127 swaps in
-  3 minutes, three within 0.9 s);
+  3 minutes, three within 0.9 s). The hold is for the holder's clients: an idle holder
+  whose clients came back, each of the last :data:`RETURNS_KEPT` times, later than the
+  hold would end has none (issue 31: one client going from one preset to the other
+  waited for a turn nobody used, ~100 ms of a 320 ms swap under systemd);
 - a pause between a client's requests is no end of its holder's turn: the holder is
   idle only once it has had no request in flight for :data:`PAUSE`, or for the swap's
   cost if shorter (waiting for its clients to come back is worth no more than the swap
@@ -152,7 +155,11 @@ def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
     # for has waited longer than it already
     cost = cost_of(first.preset, costs)
     worth = min(holder.ready_since, first.since) + cost
-    if now < worth:
+    # ...unless the hold would serve nobody: the holder idle, and its clients, each of
+    # the last times, came back later than the hold would end
+    gone = not mine and holder.in_flight <= 0 and holder.back is not None and \
+        holder.idle_since + holder.back > worth
+    if now < worth and not gone:
         return Decision(admit=mine, again_at=worth)
     if mine and now < closes:
         return Decision(admit=mine, again_at=closes)
@@ -163,8 +170,8 @@ def decide(holder: Holder | None, waiting: Sequence[Waiting], now: float,
             idle = f"for {now - since:.1f} s" if since > NEVER else "since the gateway started"
             return Decision(swap_to=first.preset, why=f"{holder.preset} has had no request "
                             f"{idle}, and its clients took {holder.back:.1f} s at the soonest "
-                            f"to come back (its last {RETURNS_KEPT} times idle): no pause; "
-                            f"{chosen}")
+                            f"to come back (its last {RETURNS_KEPT} times idle): no pause"
+                            f"{', no hold for the swap' if now < worth else ''}; {chosen}")
         if now >= closes:
             return Decision(swap_to=first.preset, why=f"{holder.preset}'s turn is over (its "
                             f"head start of {span_text(min(max_wait, holder.drain))}) and it has "

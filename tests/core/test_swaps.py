@@ -203,6 +203,32 @@ def test_the_pause_is_for_clients_that_come_back(back: float | None,
         assert "took 3.0 s at the soonest to come back" in d.why
 
 
+@pytest.mark.parametrize("back, in_flight, mine, expected", [
+    # A ready at 10, its one request ended at 10.05, B's came at 10.06 (B's load: 5 s).
+    # A's clients came back 3 s after it went idle at the soonest: within the hold (until
+    # 15), which is kept for them
+    (3.0, 0, False, Decision(again_at=15.0)),
+    # ...6 s at the soonest: after the hold's end; it would serve nobody: no hold, and no
+    # pause either (one client going from one preset to the other: issue 31's swap under
+    # systemd waited ~100 ms here for a turn nobody used)
+    (6.0, 0, False, Decision(swap_to="B")),
+    # never seen back: the hold, as before
+    (None, 0, False, Decision(again_at=15.0)),
+    # a request of A's in flight, or one waiting: the hold, as before
+    (6.0, 1, False, Decision(again_at=15.0)),
+    (6.0, 0, True, Decision(admit=(2,), again_at=15.0)),
+])
+def test_no_hold_for_a_holder_whose_clients_come_back_after_it(
+        back: float | None, in_flight: int, mine: bool, expected: Decision) -> None:
+    held = replace(ready_holder(10.0, 10.05, in_flight), back=back)
+    waiting = [Waiting(1, "B", 10.06)] + ([Waiting(2, "A", 10.06)] if mine else [])
+    d = decide(held, waiting, 10.06, costs={"B": COST})
+    assert d == expected
+    if d.swap_to:
+        assert "took 6.0 s at the soonest to come back" in d.why
+        assert "no pause, no hold for the swap" in d.why, d.why
+
+
 def test_the_cost_before_a_load_was_measured() -> None:
     assert cost_of("B", {"B": 2.5}) == 2.5
     assert cost_of("B", {}) == cost_of("B", None) == cost_of("B", {"B": -1.0}) == DEFAULT_COST
