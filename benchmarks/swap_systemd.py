@@ -25,7 +25,20 @@ teardown); the new unit "Started" 174-180 ms after the old one's "Stopped" befor
 its spawn (each step's line: "waited 0 ms"); a GPU engine's teardown lasts longer, and
 the wait is then where it belongs, just before the spawn.
 
-    .venv/bin/python benchmarks/swap_systemd.py [--swaps 21] [--tokens 8]
+The client's side against systemd's lines (one clock, CLOCK_MONOTONIC) adds: the old
+stream's last byte to the old unit's "Stopping" (the group's rule, the slot save, the
+call), the new unit's "Starting" to "Started", and "Started" to the new stream's first
+byte; and ``--cold`` cold starts of alpha through the gateway after the swaps (each after
+``systemctl stop``), with alpha's unit's "Starting" to "Started" taken out of each.
+Issue 31's fifth session, --swaps 21 --cold 9, the commit before it (703b2d3, its tree
+byte-compiled as the installed one is) and after it: the swap gap 344 -> 193 ms; last
+byte -> "Stopping" 118 -> 11 ms (the group's rule held an idle holder whose client never
+came back within the hold: lokid.core.swaps); "Started" -> first byte 62 -> 15 ms (the
+gateway's first connection started the port's relay unit, 40-69 ms: it now connects to
+the engine's socket, lokid.gateway.sockets); a cold start 236 -> 180 ms, of which outside
+alpha's unit 81 -> 41 ms.
+
+    .venv/bin/python benchmarks/swap_systemd.py [--swaps 21] [--tokens 8] [--cold 9]
 """
 
 from __future__ import annotations
@@ -76,6 +89,31 @@ for i in range(swaps + 1):
 print(json.dumps(out))
 """
 
+# Runs in the container after the swaps: --cold cold starts of alpha through the gateway,
+# each after `systemctl stop` of both engines (the request to first byte, CLOCK_MONOTONIC).
+COLD = r"""
+import http.client, json, subprocess, sys, time
+port, rounds = map(int, sys.argv[1:3])
+out = []
+for i in range(rounds):
+    subprocess.run(["systemctl", "stop", "loki-engine@alpha.service",
+                    "loki-engine@beta.service"], check=True)
+    time.sleep(0.5)   # the gateway hears of the stop (the daemon's signal)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    sent = time.monotonic()
+    c.request("POST", "/v1/completions", json.dumps(
+        {"model": "alpha", "prompt": "Once", "max_tokens": 1, "stream": True,
+         "temperature": 0}), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.read1(65536)
+    first = time.monotonic()
+    r.read()
+    c.close()
+    out.append([r.status, sent, first])
+print(json.dumps(out))
+"""
+
+
 def journal_marks(ct: Container) -> list[tuple[float, str, str]]:
     """systemd's own lines of the engine units this boot: (CLOCK_MONOTONIC seconds, what,
     preset), what being stopping, stopped, starting or started."""
@@ -102,6 +140,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--swaps", type=int, default=21)
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--cold", type=int, default=9, help="cold starts of alpha, after the swaps")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = gen.write_llama(Path(tmp) / "llama.gguf")
@@ -130,13 +169,15 @@ def main() -> int:
             r = ct.run(["python3", "-c", CLIENT, str(port), str(args.swaps + 1),
                         str(args.tokens)], timeout=900)
             served = json.loads(r.stdout)
+            cold = json.loads(ct.run(["python3", "-c", COLD, str(port), str(args.cold)],
+                                     timeout=900).stdout) if args.cold else []
             marks = journal_marks(ct)
             waited = [w for w in ct.run(["journalctl", "-b", "-o", "cat", "--no-pager", "-g",
                                          "to stop [(]its GPU group"],
                                         check=False).stdout.split("\n") if w.strip()]
         finally:
             ct.stop()
-    bad = [row for row in served if row[1] != 200]
+    bad = [row for row in served if row[1] != 200] + [row for row in cold if row[0] != 200]
     if bad:
         print("failed:", bad)
         return 1
@@ -189,6 +230,25 @@ def main() -> int:
     print(f"  new unit 'Started' -> first byte (signal, slots, request) : {spread(to_first)}")
     print(f"  engine steps that waited for the old engine: {len(waited)}; the last: "
           f"{waited[-1] if waited else 'none'}")
+    if cold:
+        # each cold start by systemd's lines of alpha's unit: "Starting" to "Started" (its
+        # two steps and the engine's load) and the rest: the gateway, the daemon, the
+        # request after READY
+        first, unit_part, rest = [], [], []
+        for _status, sent, got in cold:
+            first.append((got - sent) * 1e3)
+            starting = next((m for m in marks if m[1] == "Starting" and m[2] == "alpha"
+                             and sent <= m[0] <= got), None)
+            started = next((m for m in marks if m[1] == "Started" and m[2] == "alpha"
+                            and sent <= m[0] <= got), None)
+            if starting is not None and started is not None:
+                unit_part.append((started[0] - starting[0]) * 1e3)
+                rest.append((got - sent) * 1e3 - unit_part[-1])
+        print(f"{len(cold)} cold starts of alpha through the gateway (1 token), medians (spread):")
+        print(f"  request -> first byte                                     : {spread(first)}")
+        print(f"  alpha's unit 'Starting' -> 'Started' (its two steps, load) : "
+              f"{spread(unit_part)}")
+        print(f"  the rest (gateway, daemon, systemd's job, the request)   : {spread(rest)}")
     return 0
 
 
