@@ -266,6 +266,8 @@ def test_the_gateway_reaches_an_on_demand_engine_at_its_socket(lk: LokidSystem) 
     assert ct.run(["stat", "-c", "%U %G %a", "/run/loki/direct.sock"]).stdout.split() == \
         ["loki", "loki-gateway", "660"]
     assert ct.run(["stat", "-c", "%a", "/run/loki"]).stdout.strip() == "751"
+    # others may pass through /run/loki: nothing in it is theirs to read, write or reach
+    assert ct.run(["find", "/run/loki", "-mindepth", "1", "-perm", "/o=rwx"]).stdout == ""
     assert ct.show("loki-port@direct.socket", "ActiveState")["ActiveState"] == "active"
     assert ct.show("loki-port@direct.service", "ActiveState")["ActiveState"] == "inactive"
     assert "loki-gateway" in ct.run(["id", "-nG", "loki"]).stdout.split()
