@@ -80,6 +80,18 @@ lokid.dbus.groupstops; the third session's figures in brackets):
   rule swaps once A has nothing in flight and B waited longer: a first A stream ended
   before the next A's arrival would do it).
 
+Issue 31's fifth session (the group's rule no longer holds an idle holder whose clients
+come back later than the hold would end; under systemd the gateway reaches an on-demand
+engine at its socket, which the local runner measured here does not use), two runs of
+--rounds 11: cold start lokid +11 and +13 ms over the router; the cold row alone, run
+twice on this tree and twice on the fourth session's (2dd19f7), interleaved: +8 and +12
+ms here, +8 and +14 ms there: no change, the row sits at the goal's edge in the machine's
+noise (raw spawn 22-28 ms between runs). Swap 70 and 69 ms, router 87 and 80 ms (met);
+memory 95.8 and 95.6 MiB (gateway 44.2-44.3), router 17.2; latency p50 lokid 3.42 and
+3.54 ms, router 7.69; idle as before; burst 271 ms (212-288) against 242 (119-290), and
+228 ms (192-283) against 230 (181-311): level within the noise (the router served
+A A B B A C and A B B A A C in some rounds of the second run, lokid A A A B B C in all).
+
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
         [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
 """
