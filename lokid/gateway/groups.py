@@ -75,6 +75,7 @@ log = logging.getLogger("lokid.gateway")
 
 ACTIVE = (READY, LOADING, STOPPING)   # a member in these states holds (or frees) the GPU
 CHECK_EVERY = 1.0      # the rule runs at least this often while requests wait (a lost signal)
+ASK_AGAIN = 0.25       # seconds before an engine that said it is busy is asked again
 
 
 @dataclass(eq=False)
@@ -107,6 +108,11 @@ class Group:
         self.keys = itertools.count()
         self.task: asyncio.Task[None] | None = None
         self.kick: asyncio.Future[None] | None = None
+        # the daemon's RequestsInFlight of the holder that its engine, asked, said is stale:
+        # (preset, when that figure moved); and the last ask (preset, figure's time, when)
+        self.stale: tuple[str, float] | None = None
+        self.asked: tuple[str, float, float] | None = None
+        self.asking: asyncio.Task[None] | None = None
 
     def members(self) -> list[Preset]:
         return [p for p in self.presets.presets.values() if p.group == self.name]
@@ -122,7 +128,8 @@ class Group:
             held = running[0]
             self.turn, self.since = held.name, now
         ready = held.state == READY and bool(held.url)
-        in_flight = max(self.own[held.name], held.in_flight if ready else 0)
+        theirs = held.in_flight if ready and self.stale != (held.name, held.in_flight_at) else 0
+        in_flight = max(self.own[held.name], theirs)
         if in_flight > 0:
             self.active_at[held.name] = now
         idle_since = max(self.active_at.get(held.name, NEVER), held.ready_at,
@@ -217,6 +224,7 @@ class Group:
                 finally:
                     self.swapping = False
             elif not d.admit:
+                self._ask_engine()
                 await self._changed(d.again_at)
 
     async def _changed(self, until: float | None) -> None:
@@ -236,6 +244,36 @@ class Group:
             self.kick = None
             for m in members:
                 m.waiters.discard(fut)
+
+    def _ask_engine(self) -> None:
+        """The daemon counts the holder's requests from its engine's log, which under
+        systemd reaches it through the journal, whose readers journald wakes at most every
+        250 ms: a swap waited up to 0.4 s for a request of the gateway's own that had
+        ended (issue 31). Where the gateway has none of its own in flight and the daemon
+        still counts some, the engine is asked (its /slots); if it serves nothing, that
+        figure is stale until it moves. A request straight to the port counts once the
+        engine's /slots or the daemon's figure shows it, as before."""
+        held = self.presets.presets.get(self.turn)
+        if held is None or held.state != READY or not held.url or held.in_flight <= 0 or \
+                self.own[held.name] > 0 or self.stale == (held.name, held.in_flight_at) or \
+                not any(w.preset != held.name for w in self.waiting) or \
+                (self.asking is not None and not self.asking.done()):
+            return
+        now = time.monotonic()
+        if self.asked is not None and self.asked[:2] == (held.name, held.in_flight_at) and \
+                now - self.asked[2] < ASK_AGAIN:
+            return
+        self.asked = (held.name, held.in_flight_at, now)
+        self.asking = asyncio.get_running_loop().create_task(
+            self._asked(held, held.in_flight_at))
+
+    async def _asked(self, held: Preset, figure_at: float) -> None:
+        busy = await self.slots.busy(held.name, held.url)
+        if busy is False and held.in_flight_at == figure_at and held.in_flight > 0:
+            log.debug("group %s: %s serves nothing, its RequestsInFlight %d is stale",
+                      self.name, held.name, held.in_flight)
+            self.stale = (held.name, figure_at)
+            self._poke()
 
     async def _swap(self, d: Decision) -> None:
         to = d.swap_to

@@ -45,6 +45,7 @@ log = logging.getLogger("lokid.gateway")
 
 SAVE_TIMEOUT = 20.0      # seconds for all the slots of one engine; then the stop goes on
 RESTORE_TIMEOUT = 30.0   # seconds; then the waiting requests go on with a cold cache
+BUSY_TIMEOUT = 2.0       # seconds for an engine's /slots asked whether it serves a request
 FAILURES = (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError, GatewayError)
 
 
@@ -79,6 +80,17 @@ class SlotCache:
                         preset, SAVE_TIMEOUT)
         except FAILURES as e:
             log.warning("%s: its slots were not saved: %s", preset, e or type(e).__name__)
+
+    async def busy(self, preset: str, url: str) -> bool | None:
+        """Whether ``preset``'s engine at ``url`` serves a request now (a slot of its
+        ``/slots`` processing); None when it does not say (no answer, another shape)."""
+        try:
+            slots = await asyncio.wait_for(self._get(preset, url, "/slots"), BUSY_TIMEOUT)
+        except (TimeoutError, *FAILURES):
+            return None
+        if not isinstance(slots, list):
+            return None
+        return any(isinstance(s, dict) and bool(s.get("is_processing")) for s in slots)
 
     def forget(self, preset: str) -> None:
         """Its stop did not happen: the engine keeps its slots, nothing to restore."""
