@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 from support import REPO  # noqa: E402
 from support import models as gen  # noqa: E402
 from support.enginekit import engine_binary, free_port  # noqa: E402
+from support.lokid_install import serve_gateway  # noqa: E402
 from support.systemd_harness import Container  # noqa: E402
 
 ENGINE_DIR = "/opt/engine"
@@ -144,14 +145,7 @@ class Walk:
         for name, body in presets.items():
             port = "" if "external" in body else f"port = {free_port()}\n"
             ct.write_file(f"/etc/loki/presets/{name}.toml", port + body)
-        ct.write_file("/etc/loki/lokid.toml",
-                      f"engine = {json.dumps(self.engine)}\n"
-                      f"model_dirs = [{json.dumps(self.model_dir)}]\n"
-                      f'[gateway]\nlisten = ["127.0.0.1:{self.port}"]\n')
-        ct.systemctl("daemon-reload")
-        ct.systemctl("restart", "lokid.service", timeout=120)
-        ct.systemctl("start", "loki-gateway.socket", "sockets.target")
-        ct.wait_for("loki-gateway.socket", "active", timeout=60)
+        serve_gateway(ct, self.engine, self.model_dir, self.port)
         deadline = time.monotonic() + 120
         while self.curl(f"http://127.0.0.1:{up}/health")[0] != 200:
             if time.monotonic() > deadline:

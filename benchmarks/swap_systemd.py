@@ -148,7 +148,7 @@ def main() -> int:
                               "/opt/lokid": str(ROOT)})
         ct.start()
         try:
-            from support.lokid_install import MODEL_DIR, install
+            from support.lokid_install import MODEL_DIR, install, serve_gateway
 
             engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
             install(ct, engine, [str(model)], gateway=True)
@@ -157,14 +157,7 @@ def main() -> int:
             for name in ("alpha", "beta"):
                 ct.write_file(f"/etc/loki/presets/{name}.toml",
                               f'port = {free_port()}\nmodel = "llama.gguf"\nctx = 2048\n{GROUP}')
-            ct.write_file("/etc/loki/lokid.toml",
-                          f"engine = {json.dumps(engine)}\n"
-                          f"model_dirs = [{json.dumps(MODEL_DIR)}]\n"
-                          f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
-            ct.systemctl("daemon-reload")
-            ct.systemctl("restart", "lokid.service", timeout=120)
-            ct.systemctl("start", "loki-gateway.socket", "sockets.target")
-            ct.wait_for("loki-gateway.socket", "active", timeout=60)
+            serve_gateway(ct, engine, MODEL_DIR, port)
             # alpha's cold start, beta's first load (a swap, not counted), then --swaps swaps
             r = ct.run(["python3", "-c", CLIENT, str(port), str(args.swaps + 1),
                         str(args.tokens)], timeout=900)

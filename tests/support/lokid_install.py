@@ -312,6 +312,20 @@ def install(ct: Container, engine: str, models: Iterable[str] = (), *,
     return system
 
 
+def serve_gateway(ct: Container, engine: str, model_dir: str, port: int) -> None:
+    """lokid.toml naming ``engine``, ``model_dir`` and a gateway on 127.0.0.1:``port``;
+    the generators rerun, the daemon restarted and loki-gateway.socket listening, as a
+    boot would leave them (the benchmarks' set-up under systemd)."""
+    ct.write_file(f"{CONFIG_DIR}/lokid.toml",
+                  f"engine = {json.dumps(engine)}\n"
+                  f"model_dirs = [{json.dumps(model_dir)}]\n"
+                  f'[gateway]\nlisten = ["127.0.0.1:{port}"]\n')
+    ct.systemctl("daemon-reload")
+    ct.systemctl("restart", "lokid.service", timeout=120)
+    ct.systemctl("start", "loki-gateway.socket", "sockets.target")
+    ct.wait_for("loki-gateway.socket", "active", timeout=60)
+
+
 def curl(ct: Container, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """One request from inside the container: its HTTP status (0: no answer) and its
     body, as JSON where it is some."""
