@@ -61,22 +61,29 @@ class Fallbacks:
 FALLBACKS = Fallbacks()
 
 
+async def _at_socket(factory: Callable[[], Any], path: str, host: str, port: int,
+                     timeout: float | None) -> tuple[asyncio.Transport, Any] | None:
+    """A connection at the engine's socket ``path``; None (said once) where it fails."""
+    loop = asyncio.get_running_loop()
+    try:
+        connected = await asyncio.wait_for(loop.create_unix_connection(factory, path), timeout)
+    except OSError as e:
+        FALLBACKS.failed(path, host, port, e)
+        return None
+    FALLBACKS.worked(path)
+    return connected
+
+
 async def open_engine(factory: Callable[[], asyncio.BaseProtocol], host: str, port: int,
                       route: Route | None, timeout: float | None
                       ) -> tuple[asyncio.Transport, Any]:
     """A connection to the engine at ``host``:``port``: at its socket where ``route`` names
     one and it takes the connect, else at the address. OSError when neither does."""
-    loop = asyncio.get_running_loop()
     path = route(host, port) if route is not None else ""
-    if path:
-        try:
-            connected = await asyncio.wait_for(loop.create_unix_connection(factory, path),
-                                               timeout)
-        except OSError as e:
-            FALLBACKS.failed(path, host, port, e)
-        else:
-            FALLBACKS.worked(path)
-            return connected
+    connected = await _at_socket(factory, path, host, port, timeout) if path else None
+    if connected is not None:
+        return connected
+    loop = asyncio.get_running_loop()
     return await asyncio.wait_for(loop.create_connection(factory, host, port), timeout)
 
 
@@ -90,14 +97,8 @@ class EngineConnector(aiohttp.TCPConnector):
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
         path = "" if req.proxy or req.is_ssl() else self.route(req.host, req.port)
-        if path:
-            try:
-                _, proto = await asyncio.wait_for(
-                    self._loop.create_unix_connection(self._factory, path),
-                    timeout.sock_connect)
-            except OSError as e:
-                FALLBACKS.failed(path, req.host, req.port, e)
-            else:
-                FALLBACKS.worked(path)
-                return proto
+        connected = await _at_socket(self._factory, path, req.host, req.port,
+                                     timeout.sock_connect) if path else None
+        if connected is not None:
+            return connected[1]
         return await super()._create_connection(req, traces, timeout)
