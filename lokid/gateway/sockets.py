@@ -4,9 +4,10 @@ Under systemd an on-demand preset's engine listens on ``/run/loki/<preset>.sock`
 systemd holds its port (``loki-port@.socket``), relayed by ``systemd-socket-proxyd``
 (:mod:`lokid.core.portunit`): a client that knew the port keeps it. The gateway went
 through that port too, so after every start of the engine (a cold start, a GPU group's
-swap) its first connection waited for the relay's unit to be started: 50 ms (40-69) in
-the test container, measured in issue 31, a sandboxed process spawned for each start;
-and every byte of every answer crossed one more process.
+swap) its first connection waited for the relay's unit to be started, a sandboxed
+process spawned for each start (benchmarks/swap_systemd.py, issue 31: a swap's READY to
+its first byte 62 ms with it, 15 ms without); and every byte of every answer crossed one
+more process.
 
 The daemon says where an engine listens (its ``Stats``' ``socket``); the engine's step
 gives the socket to the gateway's group once the engine answers
