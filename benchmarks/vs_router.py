@@ -30,7 +30,10 @@ Then, ``--rounds`` times (5) each, interleaved (the side that goes first alterna
 - memory: after each side answered a request for ``tiny`` and it was stopped/unloaded
   (1 s later), ``VmRSS`` (``/proc/PID/status``) of lokid's gateway + daemon processes + the
   local runner's spare engine step (the daemon's child waiting as ``lokid engine -``),
-  against the router's own process (the parent llama-server, not its children).
+  against the router's own process (the parent llama-server, not its children); and each
+  side's PSS (``/proc/PID/smaps_rollup``), which counts a page of libpython, libcrypto or
+  libc mapped by lokid's three processes once in all, not three times
+  (benchmarks/gateway_memory_floor.py says what the gateway's imports cost, stack by stack);
 
 - latency: one short chat at a time (1 token, kept-alive connections), ``--requests``
   (300) interleaved rounds: the engine reached directly (lokid's preset's own port),
@@ -142,6 +145,16 @@ TIMEOUT = aiohttp.ClientTimeout(total=120)
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pss_mib(pid: int) -> float:
+    """The process's proportional share of its resident pages (a page mapped by n
+    processes counts 1/n): what summing lokid's processes' VmRSS counts several times
+    over (libpython, libcrypto and libc mapped by each)."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -581,7 +594,7 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
 async def memory(session: aiohttp.ClientSession, sides: list[Side], pids: dict[str, int],
                  rounds: int) -> None:
     got: dict[str, list[float]] = {"gateway": [], "daemon": [], "spare": [], "lokid": [],
-                                   "router": []}
+                                   "router": [], "lokid_pss": [], "router_pss": []}
     for i in range(rounds):
         for side in order(sides, i):
             await first_byte(session, side.url, COLD)
@@ -592,11 +605,16 @@ async def memory(session: aiohttp.ClientSession, sides: list[Side], pids: dict[s
         # the local runner's spare engine step (lokid engine -), waiting for a start
         got["spare"].append(sum(rss_mib(p) for p in children(pids["daemon"])))
         got["lokid"].append(got["gateway"][-1] + got["daemon"][-1] + got["spare"][-1])
-    print(f"\n3. resting memory (VmRSS), {rounds} rounds: each side answered a request, its "
-          "model stopped/unloaded, 1 s later")
+        got["lokid_pss"].append(sum(pss_mib(p) for p in (pids["gateway"], pids["daemon"],
+                                                         *children(pids["daemon"]))))
+        got["router_pss"].append(pss_mib(pids["router"]))
+    print(f"\n3. resting memory (VmRSS; PSS: a page mapped by n processes counted 1/n), "
+          f"{rounds} rounds: each side answered a request, its model stopped/unloaded, 1 s later")
     for name, label in (("lokid", "lokid: all its processes"), ("gateway", "  gateway"),
                         ("daemon", "  daemon"), ("spare", "  spare engine step"),
-                        ("router", "router (parent only)")):
+                        ("router", "router (parent only)"),
+                        ("lokid_pss", "lokid: all, PSS"),
+                        ("router_pss", "router: PSS")):
         print(f"  {label:23} {spread(got[name], 1.0, 'MiB', '.1f')}")
     med = {k: statistics.median(v) for k, v in got.items()}
     print(f"  lokid - router: {med['lokid'] - med['router']:+.1f} MiB (lokid / router "
