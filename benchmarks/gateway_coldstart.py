@@ -28,6 +28,17 @@ step, its launcher, the kept plan reused without the state DB), --rounds 7: raw 
 through the gateway 37 ms (31-65): +15 ms. benchmarks/vs_router.py puts it beside
 llama.cpp's router.
 
+It also prints the CPU each process of the stack took from a request to its first byte
+(every thread's time on a CPU, /proc/PID/task/TID/schedstat, read before and after).
+Issue 31's sixth session, --rounds 11: raw 26 ms, through the gateway 34 ms (+8 ms);
+CPU: llama-server 36.4 ms, lokid's daemon 5.0, its engine step (the spare) 4.7, the
+gateway 2.5, dbus-daemon 0.7: lokid's 12.9 ms against the engine's own on 2 CPUs. The
+same start read by hand with perf trace (syscall times, no sampling): request -> the
+engine's exec 5-6 ms (the gateway's call 0.8, the daemon to the spare 0.7, the spare's
+step 4.9 of which the reuse key 1.7 and the launcher's exec 2.1), the engine's load
+28-35 ms (the raw spawn's 21-28 here), its answer to /health -> the gateway's request
+to it 2.4-3.5 ms.
+
     .venv/bin/python benchmarks/gateway_coldstart.py [--rounds 5]
 """
 
@@ -99,6 +110,32 @@ async def raw(session: aiohttp.ClientSession, argv: list[str], port: int) -> flo
         await proc.wait()
 
 
+def cpu_by_role() -> dict[str, float]:
+    """Milliseconds of CPU (every thread's time on a CPU, /proc/PID/task/TID/schedstat) of
+    each process of the stack, by role: lokid's daemon, gateway and engine steps (the
+    spare), dbus-daemon, llama-server."""
+    out: dict[str, float] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if comm in ("llama-server", "dbus-daemon"):
+                role = comm
+            elif b"lokid.cli" in argv or b"lokid" in argv:
+                role = "lokid " + next((a.decode() for a in argv
+                                        if a in (b"daemon", b"gateway", b"engine")), "other")
+            else:
+                continue
+            ns = sum(int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
+                     for t in os.listdir(f"/proc/{pid}/task"))
+        except (OSError, ValueError, IndexError):
+            continue   # gone meanwhile
+        out[role] = out.get(role, 0.0) + ns / 1e6
+    return out
+
+
 async def through(session: aiohttp.ClientSession, url: str) -> float:
     """Seconds from the request to the first byte of its answer."""
     t = time.perf_counter()
@@ -128,10 +165,15 @@ async def stopped(bus: MessageBus, session: aiohttp.ClientSession, url: str) -> 
 async def measure(url: str, address: str, argv: list[str], port: int, rounds: int) -> None:
     bus = await MessageBus(bus_address=address).connect()
     sides: dict[str, list[float]] = {"raw": [], "gateway": []}
+    cpu: dict[str, list[float]] = {}
     async with aiohttp.ClientSession() as session:
         for _ in range(rounds + 1):
             sides["raw"].append(await raw(session, argv, port))
+            before = cpu_by_role()
             sides["gateway"].append(await through(session, url))
+            after = cpu_by_role()
+            for role, ms in after.items():   # a process new since (the engine): all of it
+                cpu.setdefault(role, []).append(ms - before.get(role, 0.0))
             await stopped(bus, session, url)
     bus.disconnect()
     print(f"cold start, {rounds} rounds interleaved (the first apart: {sides['raw'][0] * 1000:.0f}"
@@ -144,6 +186,11 @@ async def measure(url: str, address: str, argv: list[str], port: int, rounds: in
     added = (statistics.median(sides["gateway"][1:]) - statistics.median(sides["raw"][1:])) \
         * 1000
     print(f"  added by lokid (daemon, unit steps, gateway): {added:+.0f} ms (goal <= +300 ms)")
+    print("  CPU taken from request to first byte through the gateway, per process (medians):")
+    for role in sorted(cpu):
+        v = cpu[role][1:] if len(cpu[role]) > rounds else cpu[role]
+        if v and statistics.median(v) >= 0.05:
+            print(f"    {role:14} {statistics.median(v):5.1f} ms")
 
 
 def main() -> int:

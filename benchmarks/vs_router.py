@@ -95,6 +95,16 @@ memory 95.8 and 95.6 MiB (gateway 44.2-44.3), router 17.2; latency p50 lokid 3.4
 228 ms (192-283) against 230 (181-311): level within the noise (the router served
 A A B B A C and A B B A A C in some rounds of the second run, lokid A A A B B C in all).
 
+Issue 31's sixth session (the spare step finds the reuse key's hash and getaddrinfo's codec
+before it is told; the memory row prints PSS too), --rounds 11: cold start lokid 34 ms,
+router 25, raw spawn 24: +9 ms (met, at the goal's edge as before: a breakdown of one
+cold start by perf trace and /proc/PID/schedstat is in benchmarks/gateway_coldstart.py);
+swap 51 ms against 82 (met); memory 96.4 MiB (gateway 44.3, daemon 35.7, spare 16.4)
+against 17.1, PSS 65.6 against 13.7 (not met: benchmarks/gateway_memory_floor.py says
+why no gateway of this design rests under 25 MiB); latency p50 3.04 ms against 7.16;
+idle as before; burst 222 ms (191-286) against 208 (131-249), both A A A B B C, no
+stream cut: level within the noise.
+
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
         [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
 """
