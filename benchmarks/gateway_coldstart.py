@@ -35,9 +35,9 @@ CPU: llama-server 36.4 ms, lokid's daemon 5.0, its engine step (the spare) 4.7, 
 gateway 2.5, dbus-daemon 0.7: lokid's 12.9 ms against the engine's own on 2 CPUs. The
 same start read by hand with perf trace (syscall times, no sampling): request -> the
 engine's exec 5-6 ms (the gateway's call 0.8, the daemon to the spare 0.7, the spare's
-step 4.9 of which the kept plan's reuse 1.7 (its key: ~70 stat calls) and the launcher's exec 2.1), the engine's load
-28-35 ms (the raw spawn's 21-28 here), its answer to /health -> the gateway's request
-to it 2.4-3.5 ms.
+step 4.9, of which the kept plan's reuse 1.7, its key's ~70 stat calls included, and
+the launcher's exec 2.1), the engine's load 28-35 ms (the raw spawn's 21-28 here), its
+answer to /health -> the gateway's request to it 2.4-3.5 ms.
 
     .venv/bin/python benchmarks/gateway_coldstart.py [--rounds 5]
 """
