@@ -1,8 +1,8 @@
 """The spare step's preload (lokid.unit.standby.preload): once it has run, what a start
 with a kept plan does after the step is told (the plan's reuse key, the /health polls)
 imports nothing. Each import found there was on a cold start's path, or took the CPU
-while the engine loaded. A fresh interpreter each time: the test process has imported
-most of the standard library already."""
+while the engine loaded. In a fresh interpreter: the test process has imported most of
+the standard library already."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from support import REPO
 
@@ -27,7 +28,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
-def test_a_told_step_imports_nothing_for_the_reuse_key_and_the_health_poll(tmp_path) -> None:
+def test_a_told_step_imports_nothing_for_the_reuse_key_and_the_health_poll(tmp_path: Path) -> None:
     model = tmp_path / "tiny.gguf"
     model.write_bytes(b"GGUF")
     with socket.socket() as listener:   # answers nothing: the poll connects, then times out
