@@ -33,6 +33,8 @@ share 126 ms. Its second session measured 75 ms and 133 ms; issue 20, 122 ms and
 Its fourth session (the engine step now also takes a group's note, lokid.unit.held): a
 restart 147 ms, its steps 58 ms and 76 ms, but the floor unit at 56 ms in that run, so a
 share of 69 ms: the share is a difference of two noisy figures, +-6 ms between runs.
+Its sixth session, --reps 9: raw 29 ms, floor 60 ms; a restart 156 ms, share 67 ms (its
+steps 53 ms and 84 ms against the floor's 50); a first start 238 ms, share 148 ms.
 Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit
 (benchmarks/unit_overhead.py, --reps 9): ``/bin/true`` 35 ms (19 ms without the unit's
 sandbox settings), ``python3 -c pass`` 44 ms; so a Python helper alone takes most of the
