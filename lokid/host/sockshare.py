@@ -13,6 +13,7 @@ same engine.
 
 from __future__ import annotations
 
+import grp
 import os
 
 from ..core.names import GATEWAY_USER
@@ -23,8 +24,6 @@ MODE = 0o660
 def share_with_gateway(path: str, group: str = GATEWAY_USER) -> str:
     """Give the socket at ``path`` to ``group`` (the gateway's), mode :data:`MODE`; "" when
     done, else why not (the gateway then goes through the port, as before)."""
-    import grp
-
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:

@@ -293,6 +293,9 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
     next_watchdog = started
     answering = True
     notifier.send(f"STATUS=starting {launch.label}")
+    share: Callable[[str], str] | None = None   # the socket's giver, loaded while it loads
+    if launch.socket:
+        from ..host.sockshare import share_with_gateway as share
 
     while True:
         rc = proc.poll()
@@ -336,10 +339,8 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             if health_status(launch.host, launch.port, 1.0, launch.socket) == 200:
                 ready = True
                 took = now - started
-                if launch.socket:   # before READY: the gateway connects there at once
-                    from ..host.sockshare import share_with_gateway
-
-                    why = share_with_gateway(launch.socket)
+                if share is not None:   # before READY: the gateway connects there at once
+                    why = share(launch.socket)
                     if why:
                         log(f"the gateway reaches this engine through its port: its socket "
                             f"could not be given to the gateway's group ({why})")
