@@ -35,6 +35,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -74,9 +75,9 @@ def session(keepalive: float = LOCAL_KEEPALIVE, route: Route | None = None
     """A pool of connections (kept alive ``keepalive`` seconds at most between requests);
     with ``route``, this host's engines are reached at their socket where they have one
     (:mod:`lokid.gateway.sockets`)."""
-    connector = EngineConnector(route, limit=0, force_close=False, keepalive_timeout=keepalive) \
-        if route is not None else \
-        aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=keepalive)
+    pool: dict[str, Any] = {"limit": 0, "force_close": False, "keepalive_timeout": keepalive}
+    connector = EngineConnector(route, **pool) if route is not None else \
+        aiohttp.TCPConnector(**pool)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
