@@ -152,21 +152,23 @@ TIMEOUT = aiohttp.ClientTimeout(total=120)
 
 # --- processes ------------------------------------------------------------------------------
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+def _kib_field(path: str, key: str) -> float:
+    """The figure after ``key:`` in a /proc file of ``kB`` lines, in MiB (0 without it)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def rss_mib(pid: int) -> float:
+    return _kib_field(f"/proc/{pid}/status", "VmRSS")
 
 
 def pss_mib(pid: int) -> float:
     """The process's proportional share of its resident pages (a page mapped by n
     processes counts 1/n): what summing lokid's processes' VmRSS counts several times
     over (libpython, libcrypto and libc mapped by each)."""
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def engines_under(root: int) -> set[int]:
