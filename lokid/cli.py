@@ -169,6 +169,12 @@ def cmd_run(config_dir: str, preset: str) -> int:
 
 
 def cmd_prestart(config_dir: str, preset: str) -> int:
+    import os
+
+    from .unit.keptstart import kept_start
+
+    if kept_start(paths.runtime_dir(), preset, os.environ):
+        return 0   # a restart that nothing changed: handed over without planning
     from .unit.steps import prestart_step
 
     return prestart_step(config_dir, paths.state_dir(), paths.runtime_dir(), preset)

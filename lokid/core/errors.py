@@ -11,8 +11,6 @@ in step.
 
 from __future__ import annotations
 
-import re
-
 from .names import ERROR_PREFIX
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on a start's path
@@ -36,12 +34,16 @@ class LokiError(Exception):
 # C0 (NUL and newline among them), DEL and C1, and lone surrogates: D-Bus refuses
 # a string holding a NUL or a surrogate (a file name that is not UTF-8 reads as
 # one), and a newline would let a file forge a second line of an error.
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# Compiled at the first error message: ``re`` (and the ``enum`` it imports) is not on a
+# restart's path otherwise (lokid.unit.keptstart).
+UNPRINTABLE = r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]"
 
 
 def printable(text: str) -> str:
     """``text`` with every control character and lone surrogate written as ``\\uXXXX``."""
-    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    import re
+
+    return re.sub(UNPRINTABLE, lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 class ConfigError(LokiError):

@@ -19,9 +19,11 @@ Spellings are those of llama.cpp b11434's ``--help`` (``tests/data/engine/``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from .record import record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing on a start's path
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 # A flag: its spellings and the environment variable the engine reads for it.
 Flag = tuple[tuple[str, ...], str]

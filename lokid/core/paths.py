@@ -7,7 +7,10 @@ and developers can run lokid without touching /etc, /var or /run.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 DEFAULT_CONFIG_DIR = "/etc/loki"
 DEFAULT_STATE_DIR = "/var/lib/loki"

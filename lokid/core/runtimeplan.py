@@ -78,6 +78,17 @@ class RuntimePlan:
     def command_line(self) -> str:
         return secrets.command_line(self.env, self.argv)
 
+    def settled_alone(self, verdict: str) -> bool:
+        """Whether a start that reuses this plan, planned with the attempt verdict
+        ``verdict``, has nothing to ask at start but where it listens: no speculation
+        that a verdict could cut nor a token to set (the state DB), no GPUs to choose,
+        no RPC worker to find answering. A restart of such a plan is handed over by the
+        planning step without the JSON module (:mod:`lokid.unit.keptstart`)."""
+        from .flags import has_flag
+
+        return (self.spec_mode == "off" and not self.auto and not verdict
+                and self.gpu_choice is None and not has_flag(self.argv, "--rpc"))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

@@ -64,7 +64,7 @@ def keep_ready(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     except OSError:
         return False
     return plancache.record(runtime_dir, name, plancache.inputs_paths(config_dir, inputs, environ),
-                            environ, rp.to_json(), found.why, planned_at, owner=owner)
+                            environ, rp, found.why, planned_at, owner=owner)
 
 
 class ReadyPlans:

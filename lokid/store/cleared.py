@@ -12,7 +12,6 @@ another launch.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..core.record import record
@@ -39,6 +38,8 @@ def note_cleared(runtime_dir: str, preset: str, token: Token) -> str:
 
     Written atomically; OSError when the runtime directory cannot be written either.
     """
+    import json
+
     path = _cleared_path(runtime_dir, preset)
     os.makedirs(runtime_dir, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -53,6 +54,8 @@ def read_cleared(runtime_dir: str, preset: str) -> Token | None:
     damaged note is none: the token then counts as never answered, the safe side)."""
     try:
         with open(_cleared_path(runtime_dir, preset), encoding="utf-8") as f:
+            import json  # here: a start without a note never needs it
+
             data = json.load(f)
         return Token(str(data["mark"]), float(data["since"]))
     except (OSError, ValueError, TypeError, KeyError):

@@ -19,7 +19,6 @@ a failure on record.
 
 from __future__ import annotations
 
-import json
 import os
 
 from ..core.crashloop import KEEP, Failure
@@ -36,6 +35,8 @@ def read_failures(runtime_dir: str, preset: str) -> list[Failure]:
     """The failures on record, oldest first; a missing or damaged file is none."""
     try:
         with open(_path(runtime_dir, preset, FAILURES_SUFFIX), encoding="utf-8") as f:
+            import json  # here: a start without failures on record never needs it
+
             rows = json.load(f)
         return [Failure(float(r["at"]), bool(r["ready"]), str(r["why"])) for r in rows]
     except (OSError, ValueError, TypeError, KeyError):
@@ -50,6 +51,8 @@ def _write_failures(runtime_dir: str, preset: str, failures: list[Failure]) -> N
         except FileNotFoundError:
             pass
         return
+    import json
+
     os.makedirs(runtime_dir, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:

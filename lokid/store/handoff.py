@@ -15,7 +15,12 @@ start it speaks for (systemd's ``INVOCATION_ID``) and holds one of
   (:mod:`lokid.store.runtimedir`), and, when it was planned afresh rather
   than reused, what :func:`lokid.store.plancache.record` needs once the engine
   answers (the paths the plan was made from, the attempt verdict, when
-  planning began): a start that never becomes ready records nothing.
+  planning began): a start that never becomes ready records nothing;
+- ``kept``: the kept plan of the last ready start stands and is settled alone
+  (:mod:`lokid.unit.keptstart`: a restart nobody edited); ``lokid engine`` takes it
+  from :mod:`lokid.store.plancache` and writes the runtime plan itself. Written
+  without the JSON module (its text is fixed but for the invocation, which is
+  checked to need no escape).
 
 No record for this invocation (the daemon's local runner, which runs
 ``lokid engine`` alone, or a start by hand): ``lokid engine`` plans itself.
@@ -26,19 +31,20 @@ reads it before the engine spawns.
 
 from __future__ import annotations
 
-import json
 import os
 
 SUFFIX = ".prestart"
 
 
 class Planned:
-    """A start whose runtime plan is written; ``paths`` empty when it was reused."""
+    """A start whose runtime plan is written; ``paths`` empty when it was reused. ``kept``:
+    not written; the kept plan stands (the engine step takes it and writes it)."""
 
-    __slots__ = ("paths", "verdict", "planned_at")
+    __slots__ = ("paths", "verdict", "planned_at", "kept")
 
-    def __init__(self, paths: list[str], verdict: str, planned_at: int):
+    def __init__(self, paths: list[str], verdict: str, planned_at: int, kept: bool = False):
         self.paths, self.verdict, self.planned_at = paths, verdict, planned_at
+        self.kept = kept
 
 
 class Refused:
@@ -55,12 +61,30 @@ def _path(runtime_dir: str, preset: str) -> str:
 
 
 def _write(runtime_dir: str, preset: str, data: dict[str, object]) -> None:
+    import json
+
+    _write_text(runtime_dir, preset, json.dumps(data))
+
+
+def _write_text(runtime_dir: str, preset: str, text: str) -> None:
     path = _path(runtime_dir, preset)
     os.makedirs(runtime_dir, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def plain_invocation(invocation: str) -> bool:
+    """Whether ``invocation`` is written in JSON as it is (systemd's are 32 hex digits)."""
+    return invocation.isascii() and invocation.isalnum()
+
+
+def write_kept(runtime_dir: str, preset: str, invocation: str) -> None:
+    """The ``kept`` record, for an invocation :func:`plain_invocation` accepts."""
+    if not plain_invocation(invocation):
+        raise ValueError(f"invocation {invocation!r} needs escaping")
+    _write_text(runtime_dir, preset, f'{{"invocation": "{invocation}", "kept": true}}')
 
 
 def write_planned(runtime_dir: str, preset: str, invocation: str, planned: Planned) -> None:
@@ -78,11 +102,15 @@ def read(runtime_dir: str, preset: str, invocation: str) -> Planned | Refused | 
     (no prestart ran for this start, or the file is another start's, or damaged)."""
     if not invocation:
         return None
+    import json
+
     try:
         with open(_path(runtime_dir, preset), encoding="utf-8") as f:
             data = json.load(f)
         if data["invocation"] != invocation:
             return None
+        if data.get("kept") is True:
+            return Planned([], "", 0, kept=True)
         if "refused" in data:
             r = data["refused"]
             return Refused(int(r["status"]), str(r["message"]))

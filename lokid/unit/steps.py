@@ -427,10 +427,13 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     token: Token | None = None
     unwritten = False   # the reused runtime plan, written once the engine is spawned
     try:
-        if isinstance(left, handoff.Planned):
+        if isinstance(left, handoff.Planned) and not left.kept:
             rp = read_runtime_plan(runtime_dir, name, invocation)
         else:
-            stop = _crash_loop(runtime_dir, name, notifier.enabled)
+            # planning here: no prestart step ran for this start (the local runner's), or
+            # it found the kept plan standing (lokid.unit.keptstart), which is then taken
+            # as the runner takes it, or planned afresh if a file changed since
+            stop = "" if left is not None else _crash_loop(runtime_dir, name, notifier.enabled)
             if stop:
                 message = crashloop_message(name, stop)
                 notifier.send(f"STATUS={message}")
@@ -493,10 +496,10 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
             if planned is not None:
                 plancache.record(runtime_dir, name,
                                  plancache.inputs_paths(config_dir, planned.inputs, os.environ),
-                                 os.environ, rp.to_json(), planned.verdict, planned_at)
+                                 os.environ, rp, planned.verdict, planned_at)
             elif isinstance(left, handoff.Planned) and left.paths:
-                plancache.record(runtime_dir, name, left.paths, os.environ, rp.to_json(),
-                                 left.verdict, left.planned_at)
+                plancache.record(runtime_dir, name, left.paths, os.environ, rp, left.verdict,
+                                 left.planned_at)
         except (LokiError, OSError) as e:  # never a reason to stop a healthy engine
             journal_log(name, f"ready, but its state was not saved: {e}", priority=4)
 
