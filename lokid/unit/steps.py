@@ -7,7 +7,9 @@ the planning step:
 2. plan the launch (:func:`prestart`; or the last ready start's plan, when nothing it
    came from changed: :mod:`lokid.store.plancache`), refuse a busy port before touching
    any attempt token (peek, then settle), write the plan of this invocation
-   (:class:`lokid.core.runtimeplan.RuntimePlan`) to ``$LOKI_RUNTIME_DIR/<preset>.json``;
+   (:class:`lokid.core.runtimeplan.RuntimePlan`) to ``$LOKI_RUNTIME_DIR/<preset>.json``.
+   A restart that nothing changed, of a plan with nothing to settle, is decided before
+   this module is imported (:mod:`lokid.unit.keptstart`): ``engine`` takes the kept plan;
 3. leave the outcome to ``engine`` (:mod:`lokid.store.handoff`). A start that
    must not run is logged and handed over as refused, and the step exits 0:
    systemd reads ``RestartPreventExitStatus=`` from the main process only and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_unit import AUTO, Dirs, EngineHelper, ready_start
+from test_unit import AUTO, Dirs, EngineHelper, ready_start, run_helper
 
 from lokid.core.crashloop import Failure
 from lokid.core.portunit import HELD_ENV, port_socket
@@ -159,3 +160,21 @@ def test_without_a_kept_plan_the_default_handlers_are_back(dirs: Dirs) -> None:
     assert keptstart.kept_start(dirs.runtime, "p", {"INVOCATION_ID": "ab12"}) is False
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     assert plancache.kept(dirs.runtime, "p") is None
+
+
+def test_a_kept_start_whose_port_is_taken_fails_as_any_start_would(
+        dirs: Dirs, models: Any, tmp_path: Path) -> None:
+    """The port is checked by the engine step, before the spawn: taken, the start ends with
+    78 and the holder in its Status, as when the planning step checked it."""
+    dirs.preset("p", f'model = "{models.llama}"\n')
+    time.sleep(1.1)
+    ready_start(dirs, tmp_path)
+    invocation = uuid.uuid4().hex
+    assert prestart(dirs, invocation)[1]["kept"] is True
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", dirs.port))
+        holder.listen()
+        r, messages = run_helper(dirs, tmp_path, "engine", "p", INVOCATION_ID=invocation)
+    assert r.returncode == 78, r.stderr
+    status = [m for m in messages if m.startswith("STATUS=")]
+    assert status and f"port {dirs.port} on 127.0.0.1 is already in use" in status[-1], status

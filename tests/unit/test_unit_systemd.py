@@ -12,6 +12,7 @@ shortened by a test-only drop-in, the way an administrator would.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -205,6 +206,12 @@ def test_restarts_by_hand_never_trip_the_crash_loop_rule(lk: LokidSystem) -> Non
     assert lk.health(port) == 200
     assert lk.show(name, "NRestarts")["NRestarts"] == "0"
     _notes.append(f"20 restarts by hand in {time.monotonic() - t0:.1f} s")
+    # nothing changed and nothing to settle: the planning step of the last one handed the
+    # kept plan over (lokid.unit.keptstart), under systemd's own INVOCATION_ID
+    handed = json.loads(ct.read_file(f"/run/loki/{name}.prestart"))
+    invocation = lk.show(name, "InvocationID")["InvocationID"]
+    assert handed == {"invocation": invocation, "kept": True}, handed
+    assert lk.runtime_plan(name)["invocation"] == invocation
 
 
 DIES_AT_START = """\
