@@ -12,7 +12,8 @@ swapped out for them. The rules, each against a failure seen in other tools or i
   requests A B A A C B with A running are served A A A, then B B, then C (2 swaps),
   where a FIFO order swaps back and forth 4 times (llama-swap's issue #612);
 - a swap is worth its cost: it costs the load of the preset swapped in (its measured
-  cold start, the caller's ``costs``; :data:`DEFAULT_COST` before one was measured), so
+  cold start, the caller's ``costs``; before one was measured, :func:`estimated_cost`
+  of its memory need, or :data:`DEFAULT_COST` when that is unknown too), so
   the holder keeps the group for at least that long after its READY, unless the
   request the swap is for has already waited longer than that (it paid the cost in
   waiting). So a swap costs at most as much GPU time as the holder had since its READY
@@ -66,6 +67,13 @@ MAX_WAIT = 30.0
 # on a GPU server. Too short, and the first swaps to a big model thrash; too long, and
 # the first swap to a small one waits for nothing; the first start measures it.
 DEFAULT_COST = 10.0
+# Bytes a second a load is taken to move before it was measured, for a preset whose memory
+# need is known: a model read from the page cache or a fast disk and copied to the GPU (a
+# 3.4 GB model loaded in 0.5 s on an H200 from the page cache: 6.7 GB/s; a cold disk is
+# slower). With :data:`DEFAULT_COST` as the bound, only the first swaps to a model of less
+# than ~21 GB cost less than they did: a small model's first swap no longer waits 10 s
+# (issue 31: the first swap of every fresh install did).
+LOAD_RATE = 2 * 1024**3
 # Seconds without a request in flight after which the holder is idle: longer than the
 # gap between a client's answer and its next request (milliseconds for a program, an
 # agent's next turn), shorter than a person's.
@@ -114,6 +122,15 @@ class Decision:
 
 def _first(waiting: Iterable[Waiting]) -> Waiting:
     return min(waiting, key=lambda w: (w.since, w.key))
+
+
+def estimated_cost(need_bytes: int) -> float:
+    """What a swap to a preset never loaded is taken to cost: its memory need (weights, KV
+    cache and buffers, on every device) moved at :data:`LOAD_RATE`, at least :data:`PAUSE`
+    and at most :data:`DEFAULT_COST`; :data:`DEFAULT_COST` when the need is unknown (0)."""
+    if need_bytes <= 0:
+        return DEFAULT_COST
+    return min(DEFAULT_COST, max(PAUSE, need_bytes / LOAD_RATE))
 
 
 def cost_of(preset: str, costs: Mapping[str, float] | None) -> float:

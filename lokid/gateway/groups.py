@@ -13,7 +13,8 @@ request a moment after the gateway sends it), and the times the rule gives.
 What a swap costs is the load of the preset swapped in, as the daemon measured it and
 says in the preset's ``Stats`` (which the gateway follows anyway): its last cold start's
 wait from the ask to READY (``cold_start_last_wait_seconds``, what a waiting request
-pays), else its engine's last load (``load_seconds``), else the rule's default. The
+pays), else its engine's last load (``load_seconds``), else an estimate from its
+``Memory`` need (:func:`lokid.core.swaps.estimated_cost`), else the rule's default. The
 holder's idle time counts from its last request in flight (the gateway's, or the
 daemon's count moving to 0) or its READY; each request for a member with nothing of its
 own in flight or waiting notes how long after that it came (its clients came back), and
@@ -65,6 +66,7 @@ from ..core.swaps import (
     Waiting,
     cost_of,
     decide,
+    estimated_cost,
 )
 from .ondemand import LOADING, READY, STOPPING, Starter
 from .presets import Preset, Presets
@@ -140,8 +142,8 @@ class Group:
                       min(returns) if returns else None)
 
     def costs(self) -> dict[str, float]:
-        """What a swap to each member costs, where it was measured (seconds)."""
-        return {p.name: got for p in self.members() if (got := measured(p)[0]) is not None}
+        """What a swap to each member costs (seconds): measured, or estimated."""
+        return {p.name: swap_cost(p)[0] for p in self.members()}
 
     # --- the requests' side ------------------------------------------------------------
 
@@ -302,8 +304,7 @@ class Group:
     def _say_swap(self, d: Decision, old: list[Preset]) -> None:
         """The swap's log line: why now, what it costs, who waited for it and how long."""
         to = self.presets.presets.get(d.swap_to)
-        got, source = measured(to) if to is not None else (None, "")
-        cost = cost_of(d.swap_to, {d.swap_to: got} if got is not None else None)
+        cost, source = swap_cost(to) if to is not None else (cost_of(d.swap_to, None), "")
         now = time.monotonic()
         waits = [now - w.since for w in self.waiting if w.preset == d.swap_to]
         names = ", ".join(m.name for m in old)
@@ -331,6 +332,24 @@ def measured(preset: Preset) -> tuple[float | None, str]:
     if preset.load_seconds is not None:
         return preset.load_seconds, "measured: its engine's last load"
     return None, ""
+
+
+def swap_cost(preset: Preset) -> tuple[float, str]:
+    """What a swap to ``preset`` costs (seconds), and where the figure comes from: its
+    measured load, else an estimate from its memory need, else the rule's default."""
+    got, source = measured(preset)
+    if got is not None:
+        return got, source
+    needs = preset.memory.get("needs")
+    total = sum(n for n in needs.values() if isinstance(n, int) and n > 0) \
+        if isinstance(needs, dict) else 0
+    per_gpu, count = preset.memory.get("per_gpu", 0), preset.memory.get("gpu_count", 0)
+    if isinstance(per_gpu, int) and isinstance(count, int) and per_gpu > 0 and count > 0:
+        total += per_gpu * count
+    if total <= 0:
+        return estimated_cost(0), "not measured yet: the default"
+    return estimated_cost(total), (f"not measured yet: estimated from its memory need, "
+                                   f"{total / 2**20:.0f} MiB")
 
 
 class Groups:

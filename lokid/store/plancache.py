@@ -194,14 +194,14 @@ def unchanged(record: Kept, preset: str, environ: Mapping[str, str]) -> bool:
     return record.key == key(preset, record.paths, environ)[0]
 
 
-def reusable(runtime_dir: str, preset: str,
-             environ: Mapping[str, str]) -> tuple[dict[str, object], str] | None:
+def reusable(runtime_dir: str, preset: str, environ: Mapping[str, str],
+             keyed: bool = False) -> tuple[dict[str, object], str] | None:
     """The recorded runtime plan (its JSON form) and the verdict it was planned with, when
-    nothing it came from changed."""
+    nothing it came from changed; ``keyed``: the caller compared the key already."""
     import json
 
     found = kept(runtime_dir, preset)
-    if found is None or not unchanged(found, preset, environ):
+    if found is None or not (keyed or unchanged(found, preset, environ)):
         return None
     try:
         data = json.loads(found.body)

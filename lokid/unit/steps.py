@@ -171,7 +171,7 @@ def _log_plan(name: str, notes: tuple[str, ...], command_line: str, how: str = "
 
 
 def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
-           environ: Mapping[str, str], defer_write: bool = False
+           environ: Mapping[str, str], defer_write: bool = False, keyed: bool = False
            ) -> tuple[RuntimePlan, Token | None, bool] | None:
     """The plan of the last start that became ready, settled and written for this start,
     with its token, when nothing it came from changed and the attempt verdict is the one
@@ -180,10 +180,11 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     the runtime plan is left for the caller to write: ``defer_write`` asked for it, and
     no token was settled (a token and the plan that lets ``lokid stopped`` excuse it are
     written together). The engine step writes it once its engine is spawned: ~1 ms off
-    a cold start's path."""
+    a cold start's path. ``keyed``: the planning step of this start compared the plan's
+    key an instant ago (:mod:`lokid.unit.keptstart`), which is not done again."""
     from ..store import plancache
 
-    found = plancache.reusable(runtime_dir, name, environ)
+    found = plancache.reusable(runtime_dir, name, environ, keyed=keyed)
     if found is None:
         return None
     from ..core.runtimeplan import RuntimePlan
@@ -429,20 +430,21 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     token: Token | None = None
     unwritten = False   # the reused runtime plan, written once the engine is spawned
     try:
-        if isinstance(left, handoff.Planned) and not left.kept:
+        kept = isinstance(left, handoff.Planned) and left.kept
+        if isinstance(left, handoff.Planned) and not kept:
             rp = read_runtime_plan(runtime_dir, name, invocation)
         else:
             # planning here: no prestart step ran for this start (the local runner's), or
-            # it found the kept plan standing (lokid.unit.keptstart), which is then taken
-            # as the runner takes it, or planned afresh if a file changed since
-            stop = "" if left is not None else _crash_loop(runtime_dir, name, notifier.enabled)
+            # it found the kept plan standing (lokid.unit.keptstart): taken as the runner
+            # takes it (its key not compared again), or planned afresh if it went since
+            stop = "" if kept else _crash_loop(runtime_dir, name, notifier.enabled)
             if stop:
                 message = crashloop_message(name, stop)
                 notifier.send(f"STATUS={message}")
                 journal_log(name, message, priority=3)
                 return EXIT_CRASH_LOOP
             reused = _reuse(state_dir, runtime_dir, name, invocation, os.environ,
-                            defer_write=True)
+                            defer_write=True, keyed=kept)
             if reused is None:
                 # the notes are logged once the engine is spawned: the journal's client
                 # library loads while the engine does, not before it

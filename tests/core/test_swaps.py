@@ -25,6 +25,7 @@ from lokid.core.swaps import (
     changes,
     cost_of,
     decide,
+    estimated_cost,
 )
 
 SERVE, START, DRAIN = 1.0, 0.5, 120.0
@@ -413,3 +414,26 @@ def test_clients_that_change_presets_at_random_load_at_most_half_the_time() -> N
     new, new_starting = team("random", old=False)
     assert new < old and old_starting > 0.5
     assert new_starting <= 0.5
+
+
+@pytest.mark.parametrize(("need", "cost"), [
+    (0, DEFAULT_COST),               # unknown: the default
+    (300 * 2**20, PAUSE),            # a small model: the pause, not 10 s
+    (8 * 2**30, 4.0),                # 8 GiB at 2 GiB/s
+    (60 * 2**30, DEFAULT_COST),      # a big one: no more than before
+])
+def test_a_swap_never_measured_costs_its_memory_need_at_the_load_rate(need: int,
+                                                                     cost: float) -> None:
+    assert estimated_cost(need) == pytest.approx(cost)
+
+
+def test_a_small_models_first_swap_waits_the_estimate_not_the_default() -> None:
+    """The holder ready 2 s ago, idle, and a request for a small model that was never
+    loaded waiting 0.1 s: with the default (10 s) the holder kept the group for 8 s more;
+    with the estimate (1 s), it is swapped out now."""
+    holder = Holder("a", True, since=0.0, in_flight=0, drain=120.0, ready_since=8.0,
+                    idle_since=8.0)
+    waiting = [Waiting(1, "b", 9.9)]
+    assert decide(holder, waiting, 10.0, costs={}).swap_to == ""
+    small = {"b": estimated_cost(300 * 2**20)}
+    assert decide(holder, waiting, 10.0, costs=small).swap_to == "b"

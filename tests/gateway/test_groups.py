@@ -169,7 +169,8 @@ async def test_clients_at_work_on_both_presets_swap_once(
     assert starts == ["alpha", "beta"], starts
     said = [m for r in caplog.records if "swapping alpha out for beta" in (m := r.getMessage())]
     assert len(said) == 1, said
-    # why now, what the swap costs (beta never loaded: the default), who waited for it
+    # why now, what the swap costs (beta never loaded: from its need), who waited for it
     assert "alpha has had no request for" in said[0] or "alpha's turn is over" in said[0]
-    assert "loading beta costs 10.0 s (not measured yet: the default)" in said[0], said
+    assert "loading beta costs 1.0 s (not measured yet: estimated from its memory need, " \
+        in said[0], said
     assert "4 requests waited for it, the longest" in said[0], said
