@@ -49,7 +49,8 @@ def _on_term(_signum: int, _frame: object) -> None:
 def kept_start(runtime_dir: str, name: str, environ: Mapping[str, str]) -> bool:
     """Hand this start over as ``kept`` when its kept plan stands, and say so (True;
     also for a stop that landed while deciding, which ends the step cleanly); False:
-    the whole planning step must run, SIGTERM's and SIGINT's handlers as they were."""
+    the whole planning step must run. SIGTERM's and SIGINT's handlers are put back as
+    they were either way: a stop after this returns is the caller's."""
     import _signal  # type: ignore[import-not-found]  # signal's C half (signal imports enum)
 
     invocation = environ.get("INVOCATION_ID", "")
@@ -65,8 +66,9 @@ def kept_start(runtime_dir: str, name: str, environ: Mapping[str, str]) -> bool:
         return True
     except OSError:
         pass   # the runtime directory: the whole step says what is wrong
-    for signum, handler in handlers:
-        _signal.signal(signum, handler)
+    finally:
+        for signum, handler in handlers:
+            _signal.signal(signum, handler)
     return False
 
 

@@ -146,6 +146,7 @@ def test_a_stop_while_deciding_ends_the_step_cleanly(
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
         assert keptstart.kept_start(dirs.runtime, "p", {"INVOCATION_ID": "ab12"}) is True
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     finally:
         signal.signal(signal.SIGTERM, before[0])
         signal.signal(signal.SIGINT, before[1])
@@ -153,9 +154,9 @@ def test_a_stop_while_deciding_ends_the_step_cleanly(
     assert "stopped while planning: a clean stop" in capsys.readouterr().err
 
 
-def test_without_a_kept_plan_the_default_handlers_are_back(dirs: Dirs) -> None:
+def test_without_a_kept_plan_the_handlers_are_back(dirs: Dirs) -> None:
     """Nothing kept: the whole step runs, which installs its own handlers; until then a
-    SIGTERM is the default one, not this path's."""
+    SIGTERM meets the handler there was before, not this path's."""
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert keptstart.kept_start(dirs.runtime, "p", {"INVOCATION_ID": "ab12"}) is False
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
