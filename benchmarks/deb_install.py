@@ -35,6 +35,12 @@ restart 147 ms, its steps 58 ms and 76 ms, but the floor unit at 56 ms in that r
 share of 69 ms: the share is a difference of two noisy figures, +-6 ms between runs.
 Its sixth session, --reps 9: raw 29 ms, floor 60 ms; a restart 156 ms, share 67 ms (its
 steps 53 ms and 84 ms against the floor's 50); a first start 238 ms, share 148 ms.
+Its seventh session (a restart that nothing changed hands its kept plan over without json, re,
+enum or signal: lokid.unit.keptstart; the package's /usr/bin/lokid without the generated
+script's re), --reps 9, three runs: a restart's share 55, 63 and 62 ms (its planning step 51,
+49 and 54 ms; the engine step 78, 85 and 78 ms against the floor's 49, 47 and 52), against 70
+ms for the tree before it in the same hour (planning step 63 ms); a first start's share
+119-124 ms.
 Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit
 (benchmarks/unit_overhead.py, --reps 9): ``/bin/true`` 35 ms (19 ms without the unit's
 sandbox settings), ``python3 -c pass`` 44 ms; so a Python helper alone takes most of the
