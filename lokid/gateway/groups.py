@@ -340,12 +340,11 @@ def swap_cost(preset: Preset) -> tuple[float, str]:
     got, source = measured(preset)
     if got is not None:
         return got, source
-    needs = preset.memory.get("needs")
-    total = sum(n for n in needs.values() if isinstance(n, int) and n > 0) \
-        if isinstance(needs, dict) else 0
-    per_gpu, count = preset.memory.get("per_gpu", 0), preset.memory.get("gpu_count", 0)
-    if isinstance(per_gpu, int) and isinstance(count, int) and per_gpu > 0 and count > 0:
-        total += per_gpu * count
+    need = preset.need()
+    total = 0
+    if need is not None:
+        fixed, per_gpu, count = need
+        total = sum(fixed.values()) + (per_gpu * count if per_gpu > 0 and count > 0 else 0)
     if total <= 0:
         return estimated_cost(0), "not measured yet: the default"
     return estimated_cost(total), (f"not measured yet: estimated from its memory need, "

@@ -92,14 +92,8 @@ def devices_of(rows: list[dict[str, object]]) -> list[Device]:
 
 def need_of(preset: Preset) -> Need | None:
     """The preset's need from its Memory; None when it is unknown."""
-    memory = preset.memory
-    needs = memory.get("needs")
-    if not isinstance(needs, dict) or not needs:
-        return None
-    fixed = {str(d): int(n) for d, n in needs.items() if isinstance(n, int) and n >= 0}
-    per_gpu, count = memory.get("per_gpu", 0), memory.get("gpu_count", 0)
-    return Need(preset.name, fixed, per_gpu if isinstance(per_gpu, int) else 0,
-                count if isinstance(count, int) else 0, measured(preset)[0])
+    need = preset.need()
+    return None if need is None else Need(preset.name, *need, measured(preset)[0])
 
 
 def held_of(preset: Preset, need: Need | None, granted_on: tuple[str, ...] = ()

@@ -92,6 +92,18 @@ class Preset:
             self.moves += 1
         self.state = state
 
+    def need(self) -> tuple[dict[str, int], int, int] | None:
+        """Its need as the daemon announces it in ``Memory``: bytes on each device, and
+        bytes per GPU and how many GPUs when they are chosen at start (0, 0 otherwise);
+        None when unknown."""
+        needs = self.memory.get("needs")
+        if not isinstance(needs, dict) or not needs:
+            return None
+        fixed = {str(d): int(n) for d, n in needs.items() if isinstance(n, int) and n >= 0}
+        per_gpu, count = self.memory.get("per_gpu", 0), self.memory.get("gpu_count", 0)
+        return (fixed, per_gpu if isinstance(per_gpu, int) else 0,
+                count if isinstance(count, int) else 0)
+
     @property
     def shown_state(self) -> str:
         """Its state for routing and listings: a ready engine being unloaded takes no new
