@@ -23,7 +23,10 @@ The rules, on the same trace:
   and a request for an engine in ``Plan.closing`` waits instead of being served. lokid
   knows a preset's footprint once it has loaded it (measured: the true one); before,
   its estimate is the true footprint × a factor drawn once per preset in [1.0, 1.1]
-  (lokid's estimate errs on the safe side). A load's measured time is its ``cost``.
+  (lokid's estimate errs on the safe side). A load's measured time is its ``cost``;
+  before it was measured, the gateway's estimate from that need
+  (:func:`lokid.core.swaps.estimated_cost`: 2 GiB/s, 1 to 10 s; issue 31's eighth session,
+  the same table as with 10 s for every unmeasured load on seeds 1 to 3).
 - **llama-swap**, every preset in one group: at most one engine; requests are served in
   their order of arrival (FIFO), and a request for another model than the one running
   waits for the running one's requests to end, then the swap (one on each change of
@@ -139,7 +142,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from lokid.core.place.policy import GIB, Device, Need, Resident, Waiting, decide
-from lokid.core.swaps import NEVER
+from lokid.core.swaps import NEVER, estimated_cost
 
 GPUS = ("GPU0", "GPU1")
 GPU_BYTES = 80 * GIB
@@ -447,6 +450,12 @@ class Lokid:
         self.measured[e.preset] = self.host.presets[e.preset].load
         e.known = dict(e.held)
 
+    def cost(self, preset: str) -> float:
+        """Its load as measured; before, the gateway's estimate from its need
+        (lokid.gateway.groups.swap_cost)."""
+        got = self.measured.get(preset)
+        return estimated_cost(self.estimate[preset]) if got is None else got
+
     def _serve(self) -> None:
         for preset in self.host.oldest():
             if preset not in self.closing:
@@ -487,14 +496,14 @@ class Lokid:
     def residents(self) -> list[Resident]:
         return [Resident(e.preset, e.known, in_flight=e.in_flight, ready_since=e.ready_since,
                          idle_since=e.idle_since, last_used=e.last_used,
-                         cost=self.measured.get(e.preset), starting=not e.ready,
+                         cost=self.cost(e.preset), starting=not e.ready,
                          gap=self.host.gap.get(e.preset), closing=e.preset in self.closing,
                          closed_since=self.closed_since.get(e.preset, NEVER))
                 for e in self.host.engines.values()]
 
     def waiting(self) -> list[Waiting]:
         h = self.host
-        return [Waiting(Need(p, per_gpu=self.estimate[p], count=1, cost=self.measured.get(p)),
+        return [Waiting(Need(p, per_gpu=self.estimate[p], count=1, cost=self.cost(p)),
                         since=q[0].arrival, count=len(q),
                         waited=sum(h.now - r.arrival for r in q))
                 for p, q in h.pending.items() if q]

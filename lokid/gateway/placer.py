@@ -5,9 +5,11 @@ A request for an on-demand preset whose engine is not running asks for room firs
 (:meth:`Placer.admitted`). What the rule reads comes from the daemon, by its signals:
 each device's room (the manager's ``Devices``), each preset's need (its ``Memory``: the
 footprint measured at its last ready load of that configuration, else the GGUF
-estimate), ``Keep``, its state, ``RequestsInFlight`` and its measured load; and from the
-gateway itself: the requests it relays (in flight, the last one, the interval between
-them), the requests that wait. The rule runs at every change and at the time it gives.
+estimate), ``Keep``, its state, ``RequestsInFlight`` and its measured load (before one was
+measured, an estimate from its need, as a GPU group's swap: :func:`.groups.swap_cost`);
+and from the gateway itself: the requests it relays (in flight, the last one, the
+interval between them), the requests that wait. The rule runs at every change and at
+the time it gives.
 
 What it says is done here, each step for a failure it prevents:
 
@@ -53,7 +55,7 @@ from ..core.place.policy import Device, Need, Resident, Waiting, decide, fits_no
 from ..core.place.settings import PlacementConfig
 from ..core.swaps import MAX_WAIT as CLOSE_AFTER
 from ..core.swaps import NEVER
-from .groups import measured
+from .groups import swap_cost
 from .ondemand import LOADING, READY, STOPPING
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
@@ -91,9 +93,10 @@ def devices_of(rows: list[dict[str, object]]) -> list[Device]:
 
 
 def need_of(preset: Preset) -> Need | None:
-    """The preset's need from its Memory; None when it is unknown."""
+    """The preset's need from its Memory; None when it is unknown. Its cost: the measured
+    load, else the groups' estimate from that need (:func:`~.groups.swap_cost`)."""
     need = preset.need()
-    return None if need is None else Need(preset.name, *need, measured(preset)[0])
+    return None if need is None else Need(preset.name, *need, swap_cost(preset)[0])
 
 
 def held_of(preset: Preset, need: Need | None, granted_on: tuple[str, ...] = ()
@@ -236,7 +239,7 @@ class Placer:
                 idle_since=idle if in_flight == 0 else now,
                 last_used=self.last_used.get(p.name, p.ready_at if ready else NEVER),
                 # one not on demand would not come back by itself: as kept
-                cost=measured(p)[0], gap=self.gap(p.name), drain=p.drain,
+                cost=swap_cost(p)[0], gap=self.gap(p.name), drain=p.drain,
                 keep=p.keep or not p.on_demand,
                 starting=not ready or p.name in self.evicting,
                 stopping=p.name in self.evicting or p.state == STOPPING,

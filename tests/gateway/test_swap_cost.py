@@ -9,6 +9,7 @@ import pytest
 
 from lokid.core.swaps import DEFAULT_COST, PAUSE
 from lokid.gateway.groups import swap_cost
+from lokid.gateway.placer import need_of
 from lokid.gateway.presets import Preset
 
 MiB = 2**20
@@ -33,3 +34,14 @@ def test_a_measured_load_wins() -> None:
     p = Preset("b", memory={"needs": {"host": 300 * MiB}})
     p.update({"Stats": {"load_seconds": 0.04}})
     assert swap_cost(p) == (0.04, "measured: its engine's last load")
+
+
+def test_the_placer_weighs_an_unmeasured_load_as_a_groups_swap_does() -> None:
+    """The placer's eviction rule (lokid.core.place.policy) reads a load's cost from the
+    same figure: a small model never loaded is cheap to stop and start again, not 10 s."""
+    p = Preset("b", memory={"needs": {"GPU0": 4 * 2**30}})
+    need = need_of(p)
+    assert need is not None and need.cost == pytest.approx(2.0) == swap_cost(p)[0]
+    p.update({"Stats": {"load_seconds": 0.04}})
+    need = need_of(p)
+    assert need is not None and need.cost == 0.04
