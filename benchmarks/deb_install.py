@@ -41,6 +41,15 @@ script's re), --reps 9, three runs: a restart's share 55, 63 and 62 ms (its plan
 49 and 54 ms; the engine step 78, 85 and 78 ms against the floor's 49, 47 and 52), against 70
 ms for the tree before it in the same hour (planning step 63 ms); a first start's share
 119-124 ms.
+Its eighth session: the packaged command with ``#!/usr/bin/python3 -S`` for the unit's steps
+(site skipped: 1-3 ms of a bare ``python3`` in a chroot of this trixie) was measured by a
+variant of this script, a restart with the same unit's steps run by ``python3
+/usr/bin/lokid`` (site at start) interleaved in each round, --reps 15: 140 ms without
+site, 141 ms with it (planning step 50 against 49 ms, engine step 77 against 79 ms): no
+gain above the noise, and not taken. A restart's share in the eleven runs of that session
+(the seventh session's tree and this one's, whose restart path is the same): 45 to 85 ms,
+median 58, at most 60 in 6 of 11 (the floor unit between 58 and 80 ms): a difference of
+two noisy figures, +-10 ms between runs of one tree.
 Issue 31's goal for a restart's share is 60 ms. What any ExecStartPre costs in this unit
 (benchmarks/unit_overhead.py, --reps 9): ``/bin/true`` 35 ms (19 ms without the unit's
 sandbox settings), ``python3 -c pass`` 44 ms; so a Python helper alone takes most of the

@@ -153,18 +153,17 @@ def test_lokid_keeps_its_python_package_and_commands_and_not_the_page(build: Bui
 def test_the_packaged_command_imports_lokid_alone(build: Build) -> None:
     """Every step of loki-engine@.service starts at /usr/bin/lokid. The script the build
     generates from pyproject.toml's entry point imports re (for a Windows suffix): ~5 ms
-    of a restart that needs none of it (lokid.unit.keptstart). The package ships its own:
-    Debian's python3 without site (-S), which the script runs itself for every command
-    but the unit's steps."""
+    of a restart that needs none of it (lokid.unit.keptstart). The package ships its own,
+    and the shebang is Debian's python3."""
     tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(build.deb)], check=True,
                          capture_output=True).stdout
     script = subprocess.run(["tar", "-xO", "./usr/bin/lokid"], input=tar, check=True,
                             capture_output=True).stdout.decode()
-    assert re.match(r"#! ?/usr/bin/python3 -S\n", script), script
+    assert re.match(r"#! ?/usr/bin/python3\n", script), script
     imported = [(n.module if isinstance(n, ast.ImportFrom) else a.name)
                 for n in ast.walk(ast.parse(script)) if isinstance(n, ast.Import | ast.ImportFrom)
                 for a in n.names]
-    assert sorted(imported) == ["lokid.cli", "site", "sys"], script
+    assert imported == ["lokid.cli"], script
 
 
 def not_empty_warnings(apt_output: str) -> list[str]:
@@ -345,29 +344,6 @@ def test_a_preset_starts_with_systemctl_and_becomes_ready_as_loki(system: System
     while "ready" not in (out := ct.run(["lokictl", "show", "demo"]).stdout):
         assert time.monotonic() < deadline, out
         time.sleep(0.2)
-
-
-def test_the_units_steps_start_without_site_and_the_other_commands_with_it(
-        system: System) -> None:
-    """The packaged command's -S: the engine's supervisor runs without site (the shebang's
-    flag reached the interpreter), a step finds lokid and its libraries all the same, and
-    every other command still runs site (the operator's /usr/local, .pth files)."""
-    ct = system.ct
-    pid = main_pid(ct, "loki-engine@demo.service")
-    argv = ct.run(["cat", f"/proc/{pid}/cmdline"]).stdout.split("\0")
-    assert argv[:5] == ["/usr/bin/python3", "-S", "/usr/bin/lokid", "engine", "demo"], argv
-
-    def imports(*args: str) -> tuple[int, set[str]]:
-        r = ct.run(["/usr/bin/lokid", *args], check=False,
-                   env={"PYTHONPROFILEIMPORTTIME": "1"})
-        return r.returncode, {line.split("|")[-1].strip() for line in r.stderr.splitlines()
-                              if line.startswith("import time:")}
-
-    status, step = imports("engine", "no/such")   # refused by name: exit 78, before any file
-    assert status == 78 and "lokid.unit.steps" in step, step
-    assert {"site", "sitecustomize"} & step == set(), step
-    status, plan = imports("plan", "demo")   # site.main() run by the script: Debian's
-    assert status == 0 and {"site", "sitecustomize"} <= plan, plan   # sitecustomize too
 
 
 def test_systemd_analyze_security_of_both_units(system: System) -> None:
