@@ -116,7 +116,9 @@ class Need:
     fixed: Mapping[str, int] = field(default_factory=dict)
     per_gpu: int = 0
     count: int = 0
-    cost: float | None = None   # its measured load, seconds (None: not measured yet)
+    # its load, seconds: measured, or the gateway's estimate from its need before a measure
+    # (lokid.gateway.groups.swap_cost); None: unknown (DEFAULT_COST)
+    cost: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ class Resident:
     ready_since: float = NEVER  # when it became ready
     idle_since: float = NEVER   # when its last request in flight ended (or its READY)
     last_used: float = NEVER    # when it last had a request
-    cost: float | None = None   # its own measured load, seconds
+    cost: float | None = None   # its own load, seconds: as a Need's
     gap: float | None = None    # its recent mean interval between requests (None: unknown)
     drain: float = 120.0        # serve.drain, seconds
     keep: bool = False          # serve.keep: never evicted
