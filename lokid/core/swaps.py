@@ -134,7 +134,8 @@ def estimated_cost(need_bytes: int) -> float:
 
 
 def cost_of(preset: str, costs: Mapping[str, float] | None) -> float:
-    """The seconds a swap to ``preset`` costs: its measured load, else DEFAULT_COST."""
+    """The seconds a swap to ``preset`` costs: the caller's figure (its measured load, or
+    :func:`estimated_cost` before one), else DEFAULT_COST."""
     got = (costs or {}).get(preset)
     return DEFAULT_COST if got is None or got < 0 else got
 
