@@ -13,6 +13,23 @@ line counts (the model's, then a separately loaded draft's), and the first
 one with N < M decides: the worst of the two. None at all: nothing can be
 concluded (a CPU-only engine never prints the line).
 
+**A GPU engine running on the CPU** (issue 44, item 3) is a fact of its own, said by
+:meth:`Load.on_cpu` and counted in the layers-in-RAM verdict, because the engine never
+says it in so many words and the unit is active all the same, 10-100x slower:
+
+- a GPU backend that failed to start prints one line and goes on without it:
+  ``ggml_cuda_init: failed to initialize CUDA: <cudaGetErrorString>`` (``ggml-cuda.cu``,
+  ``GGML_LOG_ERROR``, so at every verbosity; ``ROCm`` and ``MUSA`` builds print their
+  name there), ``ggml_vulkan: No devices found.`` (no usable Vulkan device: lavapipe
+  without ``GGML_VK_VISIBLE_DEVICES``, recorded) and ``ggml_vulkan: Error: Vulkan 1.2
+  required.``. Such a line counts unless a buffer of the load is on a GPU (a build with
+  two GPU backends, one of which started);
+- a build with the RPC backend (ours: ``GGML_RPC=ON``) counts RPC as GPU offload
+  (``llama_supports_gpu_offload()``), so it prints ``offloaded 3/3 layers to GPU`` with
+  only ``CPU`` buffers: an offload line with N > 0 whose load's buffers (``-lv 4``) are
+  all host buffers (``CPU``, ``CPU_Mapped``, ``CUDA_Host``…: :func:`host_buffer`) is one
+  too. An RPC worker's buffers (``RPC0[host:port]``) are not the host's.
+
 Everything kept is bounded, whatever the engine (or a garbage line) prints: a
 number has at most :data:`MAX_DIGITS` digits (``int()`` refuses 4,300, and a
 5,000-digit offload line once cost every other line of its batch), a field (a
@@ -46,6 +63,12 @@ _LOADING = re.compile(rf"loading model '(?P<path>[^']{{0,{MAX_FIELD}}})'")
 # ("offloaded 9999999999/33") matches nothing rather than a shortened one.
 _OFFLOADED = re.compile(rf"offloaded (?P<n>\d{{1,{MAX_DIGITS}}})/(?P<m>\d{{1,{MAX_DIGITS}}}) "
                         r"layers to GPU")
+_BUFFER = re.compile(r"(?P<dev>\S{1,64}) +\w{1,16} buffer size = ")
+# ggml-cuda.cu: "%s: failed to initialize " GGML_CUDA_NAME ": %s" (CUDA, ROCm or MUSA);
+# ggml-vulkan.cpp: "ggml_vulkan: No devices found." and "ggml_vulkan: Error: Vulkan 1.2
+# required." (b11434). The first group is what is said of it.
+_GPU_FAILED = re.compile(r"(?:ggml_cuda_init: failed to initialize (?P<cuda>CUDA|ROCm|MUSA): "
+                         r"|ggml_vulkan: (?P<vk>No devices found|Error: Vulkan 1\.2 required))")
 _LISTENING = re.compile(rf"listening on (?P<url>\S{{1,{MAX_FIELD}}})(?!\S)")
 _ERRORS: list[tuple[str, re.Pattern[str]]] = [
     ("mtp_missing", re.compile(r"MTP block missing nextn|context type MTP requested but model "
@@ -63,7 +86,8 @@ _ERRORS: list[tuple[str, re.Pattern[str]]] = [
 @dataclass(frozen=True)
 class Event:
     """One meaningful engine line. ``kind`` is one of: loading, offloaded, loaded,
-    listening, and the error kinds of _ERRORS."""
+    listening, buffer (``path``: its device), gpu_failed (``path``: the backend and what it
+    said), and the error kinds of _ERRORS."""
 
     kind: str
     text: str
@@ -87,9 +111,56 @@ def _text(line: str) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT - 1] + "…"
 
 
+def host_buffer(device: str) -> bool:
+    """Whether a buffer line's device is the host's memory: ``CPU``, ``CPU_Mapped``,
+    ``CPU_REPACK``, ``CUDA_Host``, ``Vulkan_Host``… (not ``CUDA0``, ``Vulkan1``, an RPC
+    worker's ``RPC0[host:port]``)."""
+    return device.startswith("CPU") or device.endswith("_Host")
+
+
+def gpu_failure(line: str) -> str:
+    """What a line says of a GPU backend that did not start ("CUDA: no CUDA-capable device
+    is detected", "Vulkan: No devices found"), or ""."""
+    if "ggml_" not in line:
+        return ""
+    line = line[:MAX_LINE]
+    m = _GPU_FAILED.search(line)
+    if m is None:
+        return ""
+    if m["vk"]:
+        return f"Vulkan: {m['vk']}"
+    said = line[m.end():].strip()[:MAX_TEXT // 2]
+    return f"{m['cuda']}: {said}" if said else m["cuda"]
+
+
+def on_cpu_reason(failed: str, offloaded: tuple[int, int], host_buffers: bool,
+                  gpu_buffers: bool) -> str:
+    """The rule of a GPU engine running on the CPU (see the module docstring), from what a
+    load showed: ``failed`` what :func:`gpu_failure` found ("" none), ``offloaded`` the
+    first offload line with N > 0 ((0, 0) none), whether any buffer was on the host, on a
+    GPU. "" when it does not run on the CPU, or nothing says so."""
+    if gpu_buffers:
+        return ""
+    if failed:
+        return f"its GPU backend did not start ({failed}): the model runs on the CPU"
+    n, m = offloaded
+    if n > 0 and host_buffers:
+        return (f"it says offloaded {n}/{m} layers to GPU, but every buffer is in host "
+                "memory (no GPU device: the RPC backend counts as offload): the model runs "
+                "on the CPU")
+    return ""
+
+
 def parse_line(line: str) -> Event | None:
     """The event a log line carries, or None. Never raises on any text."""
     line = line[:MAX_LINE]
+    if "buffer size = " in line:
+        m = _BUFFER.search(line)
+        if m:
+            return Event("buffer", _text(line), path=m["dev"])
+    failed = gpu_failure(line)
+    if failed:
+        return Event("gpu_failed", _text(line), path=failed)
     if "layers to GPU" in line:
         m = _OFFLOADED.search(line)
         if m:
@@ -131,6 +202,10 @@ class Load:
     error_kinds: set[str] = field(default_factory=set)
     loaded: bool = False
     listening: str = ""
+    gpu_failed: str = ""        # the first GPU backend failure of this load or before it
+    host_buffers: bool = False  # a buffer line on the host's memory was seen
+    gpu_buffers: bool = False   # ... on a GPU (or an RPC worker)
+    _offloaded_some: tuple[int, int] = (0, 0)   # the first offload line with N > 0
     lines: int = 0
     known: int = 0   # lines that matched any event: none means the format changed
     _decided: tuple[int, int] = (0, 0)
@@ -151,6 +226,15 @@ class Load:
             if len(self.offloads) < MAX_OFFLOADS:
                 self.offloads.append((event.n, event.m))
             self._offloaded(event.n, event.m)
+            if event.n > 0 and self._offloaded_some == (0, 0):
+                self._offloaded_some = (event.n, event.m)
+        elif event.kind == "buffer":
+            if host_buffer(event.path):
+                self.host_buffers = True
+            else:
+                self.gpu_buffers = True
+        elif event.kind == "gpu_failed":
+            self.gpu_failed = self.gpu_failed or event.path
         elif event.kind == "loaded":
             self.loaded = True
         elif event.kind == "listening":
@@ -176,8 +260,18 @@ class Load:
         """(N, M) of the worst offload line of this load; (0, 0) = none seen."""
         return self._decided
 
+    def on_cpu(self) -> str:
+        """Why this load runs on the CPU although its engine has a GPU backend or says it
+        offloaded ("" if nothing says so): :func:`on_cpu_reason`."""
+        return on_cpu_reason(self.gpu_failed, self._offloaded_some, self.host_buffers,
+                             self.gpu_buffers)
+
     def layers_in_ram(self) -> str:
-        """Why this load counts as a failed automatic launch ("" if it does not)."""
+        """Why this load counts as a failed automatic launch ("" if it does not): layers
+        --fit left in RAM, or a model on the CPU (:meth:`on_cpu`)."""
+        cpu = self.on_cpu()
+        if cpu:
+            return cpu
         n, m = self.offload()
         if m > 0 and n < m:
             return (f"only {n}/{m} layers on GPU with the draft: --fit moved layers to RAM")
@@ -194,7 +288,8 @@ class LoadTracker:
     def feed(self, line: str) -> Event | None:
         event = parse_line(line)
         if event is not None and event.kind == "loading":
-            self.current = Load(path=event.path)
+            # a backend fails at start-up, before the load's line: the load inherits it
+            self.current = Load(path=event.path, gpu_failed=self.before.gpu_failed)
         (self.current or self.before).feed(event)
         return event
 

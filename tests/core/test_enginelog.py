@@ -179,7 +179,8 @@ def test_the_prefilter_changes_no_event_of_any_recorded_log() -> None:
     errors = 0
     for line in lines:
         event = parse_line(line)
-        if event is None or event.kind not in ("offloaded", "loading", "loaded", "listening"):
+        if event is None or event.kind not in ("offloaded", "loading", "loaded", "listening",
+                                                "buffer", "gpu_failed"):
             assert event == unfiltered(line), line
             errors += event is not None
     assert errors > 5  # the recorded failures are among them
@@ -303,3 +304,98 @@ def test_the_module_documents_its_bounds() -> None:
                  "LAST_ERRORS", "MAX_OFFLOADS"):
         assert name in doc, name
     assert enginelog.MAX_LINE < 4300 and enginelog.MAX_DIGITS < 4300
+
+
+# Issue 44, item 3: a GPU engine running on the CPU.
+
+def load_of(text: str):  # type: ignore[no-untyped-def]
+    tracker = LoadTracker()
+    for line in text.splitlines():
+        tracker.feed(line)
+    assert tracker.current is not None
+    return tracker.current
+
+
+def test_rpc_build_says_offloaded_with_cpu_buffers_only() -> None:
+    # the recorded Vulkan build (with the RPC backend) on a host where Vulkan finds no
+    # usable device: "offloaded 3/3 layers to GPU", every buffer CPU / CPU_Mapped
+    load = load_of((LOGS / "vulkan-lavapipe-nodevice-lv4.log").read_text(errors="replace"))
+    assert load.offload() == (3, 3)
+    assert "offloaded 3/3 layers to GPU, but every buffer is in host memory" in load.on_cpu()
+    assert load.layers_in_ram() == load.on_cpu()
+
+
+@pytest.mark.parametrize("name", ["b11434-cuda-h200-full_auto.log",
+                                  "b11434-cuda-h200-mid_auto.log",
+                                  "vulkan-lavapipe-ngl1-lv4.log"])
+def test_gpu_buffers_are_no_cpu_fallback(name: str) -> None:
+    # the healthy forms: CUDA0 / Vulkan0 buffers beside the host's
+    load = load_of(log(name))
+    assert load.gpu_buffers and load.on_cpu() == ""
+
+
+# ggml-cuda.cu b11434, ggml_cuda_init: "%s: failed to initialize " GGML_CUDA_NAME ": %s"
+# with cudaGetErrorString's text (GGML_LOG_ERROR: printed at every verbosity); the real
+# load lines of the recorded CPU run around it.
+CUDA_FAILED = ("0.00.000.912 E ggml_cuda_init: failed to initialize CUDA: no CUDA-capable "
+               "device is detected")
+
+
+def test_cuda_that_failed_to_start_counts_at_default_verbosity() -> None:
+    text = "\n".join([CUDA_FAILED, "0.00.104.783 I srv    load_model: loading model "
+                      "'/srv/models/mid-glm-full.gguf'", "0.00.261.705 I srv  llama_server: "
+                      "model loaded"])
+    load = load_of(text)
+    assert load.offload() == (0, 0)   # no offload line: the old rule concluded nothing
+    assert load.on_cpu() == ("its GPU backend did not start (CUDA: no CUDA-capable device "
+                             "is detected): the model runs on the CPU")
+    assert load.layers_in_ram() == load.on_cpu()
+
+
+@pytest.mark.parametrize("line,said", [
+    (CUDA_FAILED, "CUDA: no CUDA-capable device is detected"),
+    ("E ggml_cuda_init: failed to initialize ROCm: no ROCm-capable device is detected",
+     "ROCm: no ROCm-capable device is detected"),
+    ("ggml_vulkan: No devices found.", "Vulkan: No devices found"),
+    ("ggml_vulkan: Error: Vulkan 1.2 required.", "Vulkan: Error: Vulkan 1.2 required"),
+    ("0.00.104.055 I ggml_cuda_init: found 1 CUDA devices (Total VRAM: 143155 MiB):", ""),
+])
+def test_gpu_failure_lines(line: str, said: str) -> None:
+    event = parse_line(line)
+    if not said:
+        assert event is None
+        return
+    # not "oom" although cudaGetErrorString may say "out of memory"
+    assert event is not None and event.kind == "gpu_failed" and event.path == said
+
+
+def test_cuda_init_out_of_memory_is_a_backend_failure_not_an_allocation() -> None:
+    event = parse_line("E ggml_cuda_init: failed to initialize CUDA: out of memory")
+    assert event is not None and event.kind == "gpu_failed"
+
+
+def test_a_started_backend_beside_a_failed_one_is_not_cpu() -> None:
+    text = "\n".join(["ggml_vulkan: No devices found.",
+                      "I srv    load_model: loading model '/m.gguf'",
+                      "I load_tensors: offloaded 3/3 layers to GPU",
+                      "I load_tensors:   CPU_Mapped model buffer size =     0.06 MiB",
+                      "I load_tensors:        CUDA0 model buffer size =     0.54 MiB"])
+    assert load_of(text).on_cpu() == ""
+
+
+def test_rpc_worker_buffers_are_not_the_host() -> None:
+    text = "\n".join(["I srv    load_model: loading model '/m.gguf'",
+                      "I load_tensors: offloaded 3/3 layers to GPU",
+                      "I load_tensors:   CPU_Mapped model buffer size =     0.06 MiB",
+                      "I load_tensors: RPC0[10.0.0.2:50052] model buffer size =     0.54 MiB"])
+    assert load_of(text).on_cpu() == ""
+
+
+def test_no_offload_asked_is_no_cpu_fallback() -> None:
+    # -ngl 0 on a build with RPC: offloaded 0/3, CPU buffers: what the operator asked
+    text = "\n".join(["I srv    load_model: loading model '/m.gguf'",
+                      "I load_tensors: offloaded 0/3 layers to GPU",
+                      "I load_tensors:   CPU_Mapped model buffer size =     0.44 MiB"])
+    load = load_of(text)
+    assert load.on_cpu() == ""
+    assert "only 0/3 layers on GPU" in load.layers_in_ram()
