@@ -127,8 +127,13 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
             processes = {}
             for d in found:
                 name = f"GPU{d.index}"
-                totals[name], free[name], names[name] = d.total, d.free, d.name
-                sources[name] = "the NVIDIA driver (NVML)"
+                if d.error:   # this GPU unknown, the others read
+                    notes.append(d.error)
+                    continue
+                # the driver's reserve (NVML v2) is no one's room: not in the total
+                totals[name], free[name], names[name] = d.total - d.reserved, d.free, d.name
+                sources[name] = "the NVIDIA driver (NVML)" + (
+                    f", {size_text(d.reserved)} reserved by the driver" if d.reserved else "")
                 processes[name] = dict(d.processes)
         elif engine:
             why = getattr(gpu, "why_unknown", lambda: "")()

@@ -17,6 +17,23 @@ daemon in a container with its own pid namespace sees none of its engines.
 
 Calls into the driver can block (a busy or resetting GPU): the daemon makes them in
 a worker thread, a few seconds apart.
+
+Rules, each for a failure seen on a real host (issue 44):
+
+- **Memory as nvidia-smi says it** (NVML's ``nvmlMemory_v2``): v1 counts the driver's
+  own reserve in ``used``, so an idle GPU showed hundreds of MiB "held by other
+  processes" and placement kept them free for nobody. The reserve is kept apart
+  (:attr:`GpuDevice.reserved`) and is no one's room; v1 is read only where the
+  driver or the bindings have no v2, and the reserve is then unknown (zero).
+- **One GPU that cannot be read is that GPU unknown**, not every GPU gone: a device
+  node the sandbox refuses gives that GPU "Insufficient Permissions" while the
+  others answer (:attr:`GpuDevice.error`).
+- **The driver's refusal in words an operator can act on** (:func:`reason`): "Driver
+  Not Loaded" is a host without the driver's nodes (or a sandbox hiding them);
+  "Insufficient Permissions" a node this user may not open; "Unknown Error" at
+  init is what a device allow-list that refuses the node gives
+  (NVIDIA/nvidia-container-toolkit#251), for lokid.service a driver loaded after
+  the daemon started.
 """
 
 from __future__ import annotations
@@ -71,7 +88,7 @@ class GpuMemory:
         try:
             nvml.nvmlInit()
         except Exception as e:  # pynvml.NVMLError and its many subclasses
-            self._why = f"the NVIDIA driver did not answer (NVML: {_text(e)})"
+            self._why = reason(_text(e))
             return None
         self._nvml, self._why = nvml, ""
         return nvml
@@ -122,30 +139,84 @@ class GpuDevice:
     index: int
     name: str
     total: int
-    used: int                              # by every process, the driver's own share too
+    used: int                              # by processes (v2; v1: the reserve too)
     processes: Mapping[int, int] = field(default_factory=dict)   # pid → bytes
+    reserved: int = 0                      # the driver's own, no one's room (v2)
+    uuid: str = ""
+    error: str = ""                        # why this GPU could not be read ("" when read)
 
     @property
     def free(self) -> int:
-        return max(0, self.total - self.used)
+        return max(0, self.total - self.reserved - self.used)
 
 
 def _device(nvml: Any, index: int) -> GpuDevice:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-    total = int(getattr(memory, "total", 0) or 0)
-    used = min(total, int(getattr(memory, "used", 0) or 0))
     try:
-        name = nvml.nvmlDeviceGetName(handle)
-        name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
-    except Exception:   # an old driver without names: the index says which
-        name = ""
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as e:  # this GPU's node refused or gone: the others may answer
+        if not _is_nvml_error(nvml, e):
+            raise
+        return GpuDevice(index, "", 0, 0, error=reason(_text(e), f"GPU{index}"))
+    total, reserved, used = _memory(nvml, handle)
     procs: dict[int, int] = {}
     for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
         nbytes = getattr(proc, "usedGpuMemory", None)
         if isinstance(nbytes, int) and isinstance(proc.pid, int):
             procs[proc.pid] = procs.get(proc.pid, 0) + nbytes
-    return GpuDevice(index, " ".join(name.split())[:64], total, used, procs)
+    return GpuDevice(index, _string(nvml, "nvmlDeviceGetName", handle)[:64], total, used,
+                     procs, reserved, _string(nvml, "nvmlDeviceGetUUID", handle)[:96])
+
+
+def _memory(nvml: Any, handle: Any) -> tuple[int, int, int]:
+    """(total, reserved, used) in bytes: v2 where the bindings and the driver have it."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            m = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            total = int(getattr(m, "total", 0) or 0)
+            reserved = min(total, int(getattr(m, "reserved", 0) or 0))
+            return total, reserved, min(total - reserved, int(getattr(m, "used", 0) or 0))
+        except Exception as e:  # an older driver: no nvmlDeviceGetMemoryInfo_v2
+            if not _is_nvml_error(nvml, e):
+                raise
+    m = nvml.nvmlDeviceGetMemoryInfo(handle)
+    total = int(getattr(m, "total", 0) or 0)
+    return total, 0, min(total, int(getattr(m, "used", 0) or 0))
+
+
+def _string(nvml: Any, function: str, handle: Any) -> str:
+    try:
+        value = getattr(nvml, function)(handle)
+    except Exception:   # an old driver without names or UUIDs: the index says which
+        return ""
+    value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return " ".join(value.split())
+
+
+def _is_nvml_error(nvml: Any, e: BaseException) -> bool:
+    kind = getattr(nvml, "NVMLError", None)
+    return isinstance(kind, type) and isinstance(e, kind)
+
+
+def reason(nvml_text: str, what: str = "") -> str:
+    """Why NVML did not answer, and what to do, from its error's text."""
+    subject = f"the NVIDIA driver refused {what}" if what else "the NVIDIA driver did not answer"
+    said = f"{subject} (NVML: {nvml_text})"
+    if "Driver Not Loaded" in nvml_text:
+        return (f"{said}: no NVIDIA driver is loaded, or this process cannot see its device "
+                "nodes (/dev/nvidiactl); on a GPU host, check `nvidia-smi` and that "
+                "loki-gpu-nodes.service ran")
+    if "Insufficient Permissions" in nvml_text:
+        return (f"{said}: this process may not open the GPU's device node "
+                "(/dev/nvidia*: its mode, or its unit's DeviceAllow=)")
+    if "Unknown Error" in nvml_text and not what:
+        return (f"{said}: the device nodes exist but this process may not use them, as "
+                "when a unit's device allow-list was set before the driver loaded; "
+                "`systemctl restart lokid` after the driver is loaded")
+    if "Shared Library Not Found" in nvml_text:
+        return (f"{said}: libnvidia-ml.so.1 is not installed (Debian: libnvidia-ml1, from "
+                "the NVIDIA driver packages)")
+    return said
 
 
 def _text(e: BaseException) -> str:

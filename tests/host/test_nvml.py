@@ -42,7 +42,8 @@ def test_the_real_pynvml_without_a_driver_says_so_and_tries_again_a_minute_later
     assert gpu.why_unknown() == ""
     assert gpu.used([1234]) is None
     assert gpu.why_unknown() == ("the NVIDIA driver did not answer (NVML: NVML Shared Library "
-                                 "Not Found)")
+                                 "Not Found): libnvidia-ml.so.1 is not installed (Debian: "
+                                 "libnvidia-ml1, from the NVIDIA driver packages)")
     clock.now += 30
     assert gpu.used([1234]) is None and len(loads) == 1  # not asked again yet
     clock.now += 31
