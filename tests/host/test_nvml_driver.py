@@ -55,7 +55,7 @@ def driver() -> Iterator[Path]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def ask(top: Path, pids: list[int] = [], user: str | None = None) -> dict[str, object]:
+def ask(top: Path, pids: tuple[int, ...] = (), user: str | None = None) -> dict[str, object]:
     env = {**os.environ, "LD_LIBRARY_PATH": str(top / "lib"), "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", CHILD, *map(str, pids)]
     if user is not None:
@@ -74,7 +74,7 @@ def test_an_idle_gpu_holds_nothing_of_others_the_drivers_reserve_is_no_ones_room
         Gpu(0, total=81559, reserved=512),
         Gpu(1, total=81559, reserved=512, used=4000, processes=((4242, 3000), (77, 1000)))]))
     make_nodes(driver / "dev", [0, 1])
-    seen = ask(driver, [4242])
+    seen = ask(driver, (4242,))
     assert seen["why"] == "", seen
     devices = {name: (total, others) for name, total, others in seen["devices"]}  # type: ignore
     assert devices["GPU0"] == ((81559 - 512) * MIB, 0)
