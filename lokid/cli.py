@@ -124,7 +124,7 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     if plan.gpu_choice is not None and memory is not None and room is not None:
         from .planning.gpuchoice import choose_for
 
-        chosen = choose_for(plan, memory, room, paths.runtime_dir())[1].why
+        chosen = choose_for(plan, inputs, memory, room, paths.runtime_dir())[1].why
     from .core.fleet.rpc import workers_of
     from .host.rpcprobe import probe_all
 

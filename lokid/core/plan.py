@@ -7,7 +7,8 @@ the engine's defaults), the flags for speculative decoding
 (:mod:`lokid.core.spec`), the log verbosity the verdicts need, the secrets'
 files and, for a preset in a GPU group, where its slots are saved; then the
 preset's ``extra_args`` verbatim, last, so that the operator's own flags win.
-``env`` is what lokid adds to the engine's environment. ``notes`` say what was
+``env`` is what lokid adds to the engine's environment (the preset's GPUs among it,
+in lokid's one numbering: :mod:`lokid.core.gpuselect`). ``notes`` say what was
 decided and why, one sentence each.
 """
 
@@ -25,6 +26,7 @@ from .caps import EngineCaps, backend_label
 from .config import GlobalConfig, Preset
 from .flags import flag_value, has_flag
 from .fleet.rpc import rpc_args
+from .gpuselect import DEVICE_VAR, order_note, visible_env, vulkan_devices
 from .modelinfo import ModelInfo
 from .portunit import held_note
 from .serve import serve_notes
@@ -116,15 +118,34 @@ class Plan:
         }
 
 
-def engine_env(inp: PlanInputs) -> dict[str, str]:
-    """What lokid adds to the engine's environment."""
+def engine_env(inp: PlanInputs) -> tuple[dict[str, str], list[str]]:
+    """What lokid adds to the engine's environment, and the notes that say why."""
     p = inp.preset
     env = dict(p.env)
+    notes = []
     if p.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = p.gpus
+        selected, note = gpu_env(inp, p.gpus)
+        env.update(selected)
+        notes += [note] if note else []
+    if p.gpus is not None or p.gpu_choice is not None:
+        note = order_note(p.env)
+        notes += [note] if note else []
     if p.op_offload_min_batch is not None:
         env[OFFLOAD_ENV] = str(p.op_offload_min_batch)
-    return env
+    return env, notes
+
+
+def gpu_env(inp: PlanInputs, visible: str) -> tuple[dict[str, str], str]:
+    """What the engine's environment gets for the GPUs ``visible`` names (the preset's
+    ``gpus``, or those chosen at start), in lokid's one numbering
+    (:mod:`lokid.core.gpuselect`): CUDA_VISIBLE_DEVICES with CUDA_DEVICE_ORDER, and a
+    Vulkan engine's --device; and a note on the Vulkan backend ("" for none)."""
+    p = inp.preset
+    env = visible_env(visible, p.env)
+    by_hand = flags.is_set(p.extra_args, _effective_env(inp, p.env), flags.DEVICE)
+    devices, note = vulkan_devices(visible, inp.caps, by_hand)
+    env.update(devices)
+    return env, note
 
 
 def _effective_env(inp: PlanInputs, added: Mapping[str, str]) -> dict[str, str]:
@@ -293,8 +314,12 @@ def build_plan(inp: PlanInputs) -> Plan:
     if p.gpu_choice is not None:
         notes.append(gpu_choice_note(p.gpu_choice))
 
-    env = engine_env(inp)
-    arg_env = _effective_env(inp, env)
+    env, env_notes = engine_env(inp)
+    notes += env_notes
+    # the GPUs lokid passes a Vulkan engine (--device) are no placement by hand: the spec
+    # rules judge the operator's flags (CUDA_VISIBLE_DEVICES is none either)
+    arg_env = _effective_env(inp, {k: v for k, v in env.items()
+                                   if k != DEVICE_VAR or k in p.env})
     argv += _alias_args(inp, arg_env, notes)
     argv += _chat_args(inp, arg_env, notes)
     spec = plan_spec(SpecInputs(

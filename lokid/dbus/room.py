@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..core.errors import LokiError, StalePlanError, printable
 from ..core.fleet.rpc import workers_of
+from ..core.gpuselect import listing_env
 from ..core.place.need import Sizing, size_plan
 from ..host.devices import Room, listed_gpus, read_room, room_json
 from ..planning.sizing import Memory, never_fits_here
@@ -269,7 +271,8 @@ class DeviceRoom:
         last = self.listed.get(engine)
         if last is not None and now - last[0] < LIST_EVERY:
             return last[1]
-        found = listed_gpus(engine)
+        # in the order lokid gives its engines (PCI bus: NVML's numbering, gpuselect)
+        found = listed_gpus(engine, listing_env(os.environ))
         self.listed[engine] = (now, found)
         return found
 

@@ -6,10 +6,11 @@ the footprint measured for the plan's key, else the estimate; for ``auto``, the 
 GPUs whose even share fits), the devices are read now (NVML, else the engine's
 ``--list-devices``), and :func:`lokid.core.place.choose.choose` picks the best fit. The
 choice goes into the runtime plan, never into the unit: ``CUDA_VISIBLE_DEVICES`` in its
-environment (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` where the driver's figures chose:
-NVML numbers GPUs in PCI bus order, CUDA fastest first, which differ on a host of mixed
-GPUs), a note saying why (the journal has it too), and its ``claim``, the bytes it
-expects to take on each chosen GPU.
+environment, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML numbers GPUs in PCI bus order,
+CUDA fastest first, which differ on a host of mixed GPUs; the engine's ``--list-devices``
+is read in that order too) and a Vulkan engine's ``--device``, as for ``gpus = [n]``
+(:func:`lokid.core.plan.gpu_env`), a note saying why (the journal has it too), and its
+``claim``, the bytes it expects to take on each chosen GPU.
 
 Two starts choosing at once (the gateway starting two presets, two ``systemctl start``)
 must not both see the same free memory: the choice and the runtime plan's write are made
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 
 from ..core.attempt import Mark
 from ..core.place.choose import Choice, choose
-from ..core.plan import Plan, PlanInputs
+from ..core.plan import Plan, PlanInputs, gpu_env
 from ..core.record import replace
 from ..core.runtimeplan import RuntimePlan
 from ..host.devices import Room
@@ -140,10 +141,10 @@ def place(plan: Plan, inputs: PlanInputs, runtime_dir: str, state_dir: str, *,
         choice = Choice((), f"the GPUs could not be chosen ({type(e).__name__}: {e}): the "
                         "engine sees every GPU it finds")
         return replace(plan, notes=(*plan.notes, choice.why)), choice, {}
-    return choose_for(plan, memory, room, runtime_dir, proc)
+    return choose_for(plan, inputs, memory, room, runtime_dir, proc)
 
 
-def choose_for(plan: Plan, memory: Memory, room: Room, runtime_dir: str,
+def choose_for(plan: Plan, inputs: PlanInputs, memory: Memory, room: Room, runtime_dir: str,
                proc: str = "/proc") -> tuple[Plan, Choice, dict[str, int]]:
     """:func:`place` on the plan's memory and the room already read (``lokid plan``
     has both): the plan with its GPUs, the choice, the claim."""
@@ -157,11 +158,10 @@ def choose_for(plan: Plan, memory: Memory, room: Room, runtime_dir: str,
     if not choice.gpus:
         why = choice.why + "".join(f"; {n}" for n in room.notes)
         return replace(plan, notes=(*plan.notes, why)), choice, {}
-    env = {**plan.env, "CUDA_VISIBLE_DEVICES": choice.visible()}
-    if room.processes is not None:   # NVML's indices are PCI bus order; CUDA's, fastest first
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    selected, note = gpu_env(inputs, choice.visible())
     claim = {g: need.per_gpu for g in choice.gpus}
-    return replace(plan, env=env, notes=(*plan.notes, choice.why)), choice, claim
+    notes = (*plan.notes, choice.why, *([note] if note else []))
+    return replace(plan, env={**plan.env, **selected}, notes=notes), choice, claim
 
 
 def place_and_write(plan: Plan, mark: Mark, inputs: PlanInputs, runtime_dir: str,

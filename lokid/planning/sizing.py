@@ -108,15 +108,17 @@ def memory_now(plan: Plan, inputs: PlanInputs, state_dir: str, gpu: object | Non
     """The plan's memory on this host as it is now: the room read (NVML through ``gpu``,
     else the engine's --list-devices), the footprint kept for the plan's key (read only).
     ``gpu_engine``: whether the engine has a GPU backend (None: from its library files)."""
-    from ..host.devices import read_room
+    from ..core.gpuselect import listing_env
+    from ..host.devices import listed_gpus, read_room
     from ..host.probe import engine_gpu_backends
     from ..store.state import StateReader
 
     if gpu_engine is None:
         backends = engine_gpu_backends(inputs.caps.path)
         gpu_engine = backends is None or backends != ()   # a static build: it may have one
+    # --list-devices in the order lokid gives its engines (PCI bus: NVML's numbering)
     room = read_room(inputs.config.placement, engine=inputs.caps.path, gpu_engine=gpu_engine,
-                     gpu=gpu)
+                     gpu=gpu, lister=lambda e: listed_gpus(e, listing_env(os.environ)))
     with StateReader(state_dir) as db:
         found = db.footprint(plan.preset, memory_key_of(plan, inputs))
     cost = found.load_seconds if found is not None else None

@@ -1,8 +1,9 @@
 """A systemd generator: per-preset drop-ins for ``loki-engine@<preset>.service``.
 
 Some settings must be applied by systemd itself, before lokid runs: the GPU
-selection environment, a start timeout scaled to the model's size, a
-Description naming the model, and the preset's secrets as credentials
+selection environment (``CUDA_VISIBLE_DEVICES`` with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
+one numbering with NVML's: :mod:`lokid.core.gpuselect`), a start timeout scaled to the
+model's size, a Description naming the model, and the preset's secrets as credentials
 (``LoadCredential=``, :mod:`lokid.core.secrets`). A generator (rather than files lokid writes
 into /run/systemd/system) is systemd's own mechanism for configuration
 derived from other files: it runs at boot and on every ``systemctl
@@ -65,6 +66,7 @@ from ..core.errors import ConfigError, printable
 from ..core.external import ip_host, key_credential
 from ..core.fleet.peers import peer_key_credential
 from ..core.fleet.worker import worker_dropin
+from ..core.gpuselect import visible_env
 from ..core.names import engine_unit
 from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
 from ..core.secrets import API_KEY_TARGET, credential_id
@@ -119,7 +121,11 @@ def dropin(preset: cfg.Preset, model_dirs: tuple[str, ...]) -> str:
         f"TimeoutStartSec={start_timeout(size)}",
     ]
     if preset.gpus is not None:
-        lines.append(f"Environment={_quote('CUDA_VISIBLE_DEVICES=' + preset.gpus)}")
+        # with CUDA_DEVICE_ORDER=PCI_BUS_ID (unless the preset's env orders them): CUDA
+        # then numbers the GPUs as NVML and lokid do (lokid.core.gpuselect). A Vulkan
+        # engine's --device is the plan's: a generator does not probe engines.
+        for name, value in visible_env(preset.gpus, preset.env).items():
+            lines.append(f"Environment={_quote(name + '=' + value)}")
     # Secrets as credentials (lokid.core.secrets): systemd reads each file as root at each
     # start and hands the unit a private copy; its value never enters a unit setting.
     # (The config refuses paths that LoadCredential= would not take as written.)

@@ -113,8 +113,8 @@ def test_a_chat_flag_the_engine_does_not_know_is_not_passed() -> None:
 def test_environment_lokid_adds() -> None:
     p = preset(gpus="0,1", op_offload_min_batch=128, env={"LLAMA_ARG_THREADS": "8"})
     plan = build_plan(inputs(p))
-    assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1", "GGML_OP_OFFLOAD_MIN_BATCH": "128",
-                        "LLAMA_ARG_THREADS": "8"}
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                        "GGML_OP_OFFLOAD_MIN_BATCH": "128", "LLAMA_ARG_THREADS": "8"}
 
 
 def test_preset_port_and_global_host() -> None:
@@ -172,7 +172,7 @@ def test_json_form_has_exactly_the_documented_keys() -> None:
     assert set(data) == {"preset", "argv", "env", "notes", "spec", "secrets"}
     assert set(data["spec"]) == {"mode", "types", "auto"}
     assert data["preset"] == "p" and data["argv"][0] == ENGINE
-    assert data["env"] == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert data["env"] == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert data["spec"] == {"mode": "auto", "types": ["draft-mtp"], "auto": True}
     assert all(isinstance(n, str) for n in data["notes"])
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import DATA
 from support.enginekit import write_config, write_preset
 
 from lokid.unit.generator import BASE_START_TIMEOUT, MAX_START_TIMEOUT, generate, start_timeout
@@ -37,6 +38,24 @@ def test_one_dropin_per_valid_preset(tmp_path: Path) -> None:
     assert "Description=lokid engine cpu: missing%%.gguf" in cpu  # % is a specifier
     assert f"TimeoutStartSec={BASE_START_TIMEOUT}" in cpu  # size unknown (disk not mounted?)
     assert not (out / "loki-engine@broken.service.d").exists()
+
+
+@pytest.mark.parametrize(("name", "env", "golden"), [
+    ("gpus", "", "engine-gpus.conf"),
+    ("own", '\n[env]\nCUDA_DEVICE_ORDER = "FASTEST_FIRST"\n', "engine-gpus-own-order.conf")])
+def test_a_gpus_dropin_pins_the_gpus_in_nvmls_numbering(tmp_path: Path, name: str, env: str,
+                                                         golden: str) -> None:
+    """Golden drop-ins: CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER says
+    PCI_BUS_ID, while lokid names them by NVML (nvidia-smi's PCI bus order), so the
+    drop-in writes both, unless the preset orders them itself (issue 44, item 4)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "big.gguf").write_bytes(b"\0" * (3 * 2**20))
+    config = write_config(tmp_path, "/usr/bin/llama-server", [models])
+    path = write_preset(config, name, f'model = "big.gguf"\ngpus = [1, 0]\n{env}')
+    generate(str(config), str(tmp_path / "gen"))
+    expected = (DATA / "generated" / golden).read_text().replace("@PRESET@", str(path))
+    assert dropin(tmp_path / "gen", name) == expected
 
 
 def test_start_timeout_scales_with_the_model_and_is_bounded() -> None:
