@@ -25,6 +25,16 @@ allocation, whichever is larger, plus an eighth, bounded the first time by what 
 device can hold at all. The gateway then places the next start by that figure (it waits
 for room, or evicts); a second failure at the bound makes the preset one that never
 fits, refused with the figures. The warning in the daemon's journal gives them.
+
+Issue 44: a GPU is named as the host names it, through the start's CUDA_VISIBLE_DEVICES
+(:func:`lokid.core.place.footprint.engine_gpu`), for buffer lines as for failures. A
+failure at compute time (``CUDA error: out of memory`` and its ``current device: N``)
+says no size: like the kernel's oom-kill, it is raised to what the device had free at
+the start, and at least to what the record held there (the engine held that, and asked
+for more). A GPU pinned by UUID is known only by that name: where the record measured
+as many GPUs as the start sees, a failure there raises each of them (which is which,
+only the driver knows, and a UUID preset's need is per GPU); else the record keeps the
+UUID's own entry, which is what a UUID preset's per-GPU need reads.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from ..core.place.footprint import (
     corrected,
     measure,
 )
-from ..core.place.oomline import asked, visible_of
+from ..core.place.oomline import OomReader, visible_of
 from ..core.place.policy import HOST, size_text
 from ..core.record import replace
 from ..host.nvml import GpuMemory
@@ -83,14 +93,19 @@ class Footprints:
         self.start_free: dict[str, dict[str, int]] = {}
         self.visible: dict[str, tuple[str, ...]] = {}
         self.failed: dict[str, dict[str, int]] = {}
+        self.readers: dict[str, OomReader] = {}   # per preset: its start's OOM lines
 
     def on_line(self, preset: str, line: str) -> None:
         """An engine line: an allocation that failed is kept for its start's end."""
-        if "failed" not in line:
+        reader = self.readers.get(preset)
+        if "failed" not in line and "out of memory" not in line and \
+                (reader is None or not reader.reported):
             return
+        if reader is None:
+            reader = self.readers[preset] = OomReader()
         if preset not in self.visible:   # read once per start, at its first such line
             self.visible[preset] = self._visible(preset)
-        found = asked(line, self.visible[preset])
+        found = reader.feed(line, self.visible[preset])
         if found is not None:
             device, nbytes = found
             failed = self.failed.setdefault(preset, {})
@@ -133,6 +148,7 @@ class Footprints:
         room = getattr(self.telemetry.room, "room", None)
         self.start_free[name] = dict(room.free) if room is not None else {}
         self.visible.pop(name, None)
+        self.readers.pop(name, None)
 
     def _visible(self, name: str) -> tuple[str, ...]:
         """The GPUs the running start sees (its runtime plan's CUDA_VISIBLE_DEVICES)."""
@@ -194,7 +210,11 @@ class Footprints:
             fixed = dict(sizing.need.fixed)
             base = Footprint(key, fixed, {d: ESTIMATE for d in fixed}, fixed)
         free = self.start_free.get(name, {})
-        lower = {d: max(n, free.get(d, 0)) for d, n in failed.items()}
+        failed = _by_name(failed, base)
+        # a failure of unknown size (0: oom-kill, compute time): at least what was free,
+        # and what the record held there
+        lower = {d: max(n, free.get(d, 0), 0 if n else base.held.get(d, 0))
+                 for d, n in failed.items()}
         devices = room.room.devices if room.room is not None else ()
         capacity = {d.name: d.capacity for d in devices}
         found = corrected(base, lower, capacity)
@@ -212,14 +232,16 @@ class Footprints:
         words = []
         for d, n in failed.items():
             text = f"{d}: an allocation of {size_text(n)} failed" if n else \
-                f"{d}: the kernel killed it for memory (oom-kill)"
+                f"{d}: the kernel killed it for memory (oom-kill)" if d == HOST else \
+                f"{d}: out of memory while it ran (no size said)"
             if d in free:
                 text += f", {size_text(free[d])} was free when it began"
+            now_held = found.held.get(d, 0)
             words.append(f"{text}; its need there is raised from "
-                         f"{size_text(base.held.get(d, 0))} to {size_text(found.held[d])}"
-                         + (" (all the device can hold)" if found.held[d] == capacity.get(d)
+                         f"{size_text(base.held.get(d, 0))} to {size_text(now_held)}"
+                         + (" (all the device can hold)" if now_held == capacity.get(d)
                             else ""))
-        never = any(found.held[d] > capacity[d] for d in failed if d in capacity)
+        never = any(found.held.get(d, 0) > capacity[d] for d in failed if d in capacity)
         log.warning("preset %s: its start failed out of memory (%s): %s", name,
                     "; ".join(words),
                     "it can never fit on this host as it is, so starts for requests are "
@@ -262,6 +284,7 @@ class Footprints:
         load = self.telemetry.meters.snapshot(name).get("load_seconds")
         estimated = view.footprint.estimated if view.footprint is not None else {}
         found = measure(key, nvml=nvml, buffers=buffers, host_bytes=host,
+                        visible=self._visible(name),
                         host_source=PROCESS if isinstance(runner, LocalRunner) else CGROUP,
                         estimated=estimated,
                         load_seconds=load if isinstance(load, (int, float)) else None,
@@ -295,6 +318,22 @@ class Footprints:
             task.cancel()
         self.tasks.clear()
         self.correcting.clear()
+
+
+def _by_name(failed: dict[str, int], base: Footprint) -> dict[str, int]:
+    """``failed`` with each GPU named by UUID (``GPU-…``, ``MIG-…``) put on the GPUs the
+    record measured, where it measured as many as were named so (see the module
+    docstring); else kept under the UUID."""
+    uuids = [d for d in failed if d.startswith(("GPU-", "MIG-"))]
+    measured = [d for d, s in base.sources.items() if d != HOST and s != ESTIMATE
+                and not d.startswith(("GPU-", "MIG-"))]
+    if not uuids or len(measured) != len(uuids):
+        return failed
+    out = {d: n for d, n in failed.items() if d not in uuids}
+    most = max(failed[d] for d in uuids)
+    for d in measured:
+        out[d] = max(out.get(d, 0), most)
+    return out
 
 
 def _save(state_dir: str, name: str, found: Footprint) -> None:

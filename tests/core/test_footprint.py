@@ -133,3 +133,24 @@ def test_a_record_reads_back_and_a_damaged_one_is_ignored():
                 json.dumps({**good, "load_seconds": "fast"}),
                 json.dumps({**good, "key": 3})]:
         assert from_json(bad) is None, bad
+
+
+def test_buffer_lines_are_booked_on_the_gpu_the_start_sees() -> None:
+    """Issue 44, item 5: an engine started with CUDA_VISIBLE_DEVICES=2 prints ``CUDA0``
+    (the recorded H200 line's form, ``CUDA0 model buffer size =  3200.41 MiB``); its
+    memory is the host's GPU2, not GPU0."""
+    from lokid.core.place.footprint import measure, visible_of
+
+    buffers = {("CUDA0", "model"): 3200.41, ("CUDA0", "KV"): 2.0, ("CUDA1", "model"): 1.0,
+               ("CUDA_Host", "compute"): 8.52}
+    f = measure("k", buffers=buffers, visible=visible_of("2,5"))
+    assert f is not None
+    assert f.held == {"GPU2": int(3200.41 * 2**20) + int(2.0 * 2**20),
+                      "GPU5": int(1.0 * 2**20)}
+    # without the variable the backend's index is the host's; by UUID, the driver's name
+    assert set(measure("k", buffers=buffers).held) == {"GPU0", "GPU1"}  # type: ignore[union-attr]
+    assert set(measure("k", buffers={("CUDA0", "model"): 1.0},  # type: ignore[union-attr]
+                       visible=("GPU-8f6a0c2e",)).held) == {"GPU-8f6a0c2e"}
+    # Vulkan numbers its devices itself: CUDA_VISIBLE_DEVICES does not renumber them
+    assert set(measure("k", buffers={("Vulkan0", "model"): 1.0},  # type: ignore[union-attr]
+                       visible=("2",)).held) == {"GPU0"}

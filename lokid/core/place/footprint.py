@@ -21,6 +21,15 @@ would place an engine by another's figures.
   file included, which is what a ``MemoryMax=`` counts;
 - before any load: the estimate from the GGUF header (:mod:`lokid.core.place.estimate`).
 
+**Which GPU** (issue 44, item 5). The engine names a device by its backend's index among
+the devices it sees (``CUDA0``); with ``CUDA_VISIBLE_DEVICES=2`` that is the host's GPU2,
+and lokid names GPUs as the host does (``GPU2``). :func:`engine_gpu` is the one place
+that maps one to the other, for the buffer lines here and the out-of-memory lines
+(:mod:`lokid.core.place.oomline`): booked on GPU0, an engine on GPU2 made GPU0 look full
+and left GPU2's figure an estimate. The variable is CUDA's (ROCm's HIP honours it too);
+another backend's index is its own. A GPU named there by UUID (``GPU-…``, ``MIG-…``) is
+kept by that name, which only the driver maps to an index.
+
 A record remembers the estimate made before the load, so the error of estimates is seen
 ("estimated 18.2 GiB, measured 17.6 GiB (-3 %)"). Records are JSON in the state DB; one
 that does not read back as one (damage, a newer schema) is ignored and measured again.
@@ -131,12 +140,13 @@ def measure(key: str, *, nvml: Mapping[str, float] | None = None,
             buffers: Mapping[tuple[str, str], float] | None = None,
             host_bytes: int | None = None, host_source: str = CGROUP,
             estimated: Mapping[str, int] | None = None, load_seconds: float | None = None,
-            at: float = 0.0) -> Footprint | None:
+            at: float = 0.0, visible: Sequence[str] = ()) -> Footprint | None:
     """The footprint from what was read at a ready load: the driver's MiB per
     ``"GPU<n> process"`` (:mod:`lokid.host.nvml`), the engine's buffer lines in MiB
     per (device, kind) (``CUDA0``, ``CUDA_Host``, ``CPU_Mapped``…: only GPU devices are
-    taken from them; host buffers are in the cgroup's figure), the host's bytes. None
-    when nothing was measured."""
+    taken from them, named as the host names them through ``visible``, the start's
+    CUDA_VISIBLE_DEVICES (:func:`engine_gpu`); host buffers are in the cgroup's figure),
+    the host's bytes. None when nothing was measured."""
     held: dict[str, int] = {}
     sources: dict[str, str] = {}
     for label, mib in (nvml or {}).items():
@@ -146,7 +156,7 @@ def measure(key: str, *, nvml: Mapping[str, float] | None = None,
             sources[device] = NVML
     if not any(s == NVML for s in sources.values()):
         for (device, _kind), mib in (buffers or {}).items():
-            gpu = gpu_of_device(device)
+            gpu = engine_gpu(device, visible)
             if gpu and _finite(mib):
                 held[gpu] = held.get(gpu, 0) + int(mib * 2**20)
                 sources[gpu] = BUFFERS
@@ -171,6 +181,34 @@ def gpu_of_device(device: str) -> str:
             rest = device[len(prefix):]
             return f"GPU{int(rest)}" if rest.isdigit() and len(rest) < 4 else ""
     return ""
+
+
+# The backends whose device indices CUDA_VISIBLE_DEVICES renumbers.
+VISIBLE_BACKENDS = ("CUDA", "ROCm")
+
+
+def visible_of(env_value: str | None) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES as a sequence of its items (() when unset)."""
+    if not env_value:
+        return ()
+    return tuple(s.strip() for s in env_value.split(",") if s.strip())
+
+
+def engine_gpu(device: str, visible: Sequence[str] = ()) -> str:
+    """The host's name of an engine's device: ``CUDA0`` with ``visible`` ("2",) (the
+    start's CUDA_VISIBLE_DEVICES, :func:`visible_of`) → ``GPU2``; with ("GPU-8f6a…",) →
+    ``GPU-8f6a…`` (the driver's own name of it); without ``visible`` → ``GPU0``. "" for
+    the host's buffers and for an index past ``visible`` (which GPU is not known)."""
+    gpu = gpu_of_device(device)
+    if not gpu or not visible or not device.startswith(VISIBLE_BACKENDS):
+        return gpu
+    index = int(gpu[3:])
+    if index >= len(visible):
+        return ""
+    item = visible[index]
+    if item.isdigit() and len(item) < 4:
+        return f"GPU{int(item)}"
+    return item if item.startswith(("GPU-", "MIG-")) and len(item) <= 64 else ""
 
 
 def corrected(old: Footprint, failed_on: Mapping[str, int],

@@ -1,0 +1,108 @@
+"""lokid.dbus.footprints on GPU lines (issue 44, items 5 and 6): which GPU an engine's
+failure is booked on, and a compute-time out of memory raising the record.
+
+No GPU here: the lines are ggml-cuda's own formats (``ggml_cuda_error`` of b11434:
+``CUDA error: out of memory`` then ``  current device: %d, in function %s at %s:%d``),
+fed as the daemon feeds every engine line; the room and the registry are the parts the
+measurement reads (:class:`lokid.dbus.footprints.Telemetry`), a real state DB keeps the
+record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from lokid.core.place.footprint import BUFFERS, NVML, OOM, Footprint
+from lokid.dbus.footprints import Footprints
+from lokid.dbus.registry import PresetView
+from lokid.runners.runner import FAILED, LOADING, READY, EngineState
+from lokid.store.state import StateDB
+
+GiB = 2**30
+COMPUTE_OOM = ["0.12.003.114 E CUDA error: out of memory",
+               "0.12.003.120 E   current device: 0, in function ggml_backend_cuda_graph_compute "
+               "at /build/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:3912",
+               "0.12.003.121 E   cudaGraphLaunch(cuda_ctx->cuda_graph->instance, "
+               "cuda_ctx->stream())"]
+
+
+def _setup(tmp_path: Path, visible: tuple[str, ...], record: Footprint | None,
+           free: dict[str, int]) -> tuple[Footprints, Any]:
+    view = PresetView("p", "", "m.gguf", "off", None, memory_key="k", footprint=record)
+    registry = SimpleNamespace(presets={"p": view}, state_dir=str(tmp_path))
+    devices = [SimpleNamespace(name=n, capacity=80 * GiB) for n in ("GPU0", "GPU1", "GPU2")]
+    room = SimpleNamespace(room=SimpleNamespace(free=free, devices=devices),
+                           changed=lambda *a: None, sizing=lambda *a, **k: None)
+    telemetry = SimpleNamespace(daemon=SimpleNamespace(registry=registry, runner=None),
+                                meters=SimpleNamespace(dirty=set()), room=room)
+    fp = Footprints(telemetry)  # type: ignore[arg-type]
+    fp._visible = lambda name: visible  # type: ignore[method-assign]  # the runtime plan's
+    return fp, view
+
+
+def _run(fp: Footprints, lines: list[str]) -> Footprint | None:
+    fp.on_state("p", EngineState(LOADING, "", ""))
+    fp.on_state("p", EngineState(READY, "", ""))
+    for line in lines:
+        fp.on_line("p", line)
+    fp.on_state("p", EngineState(FAILED, "", ""))
+    return asyncio.run(fp.correct("p"))
+
+
+def test_a_compute_time_oom_raises_the_gpu_the_start_sees(tmp_path: Path) -> None:
+    # CUDA_VISIBLE_DEVICES=2: the engine's device 0 is GPU2, measured at 30 GiB when ready
+    record = Footprint("k", {"GPU2": 30 * GiB, "host": GiB}, {"GPU2": NVML, "host": "cgroup"})
+    fp, view = _setup(tmp_path, ("2",), record, {"GPU2": 20 * GiB})
+    found = _run(fp, COMPUTE_OOM)
+    assert found is not None
+    # it held 30 GiB and asked for more: at least that, plus an eighth
+    assert found.held["GPU2"] == 30 * GiB + 30 * GiB // 8 and found.sources["GPU2"] == OOM
+    assert "GPU0" not in found.held and found.held["host"] == GiB
+    assert fp.telemetry.daemon.registry.presets["p"].footprint == found
+    with StateDB(str(tmp_path)) as db:
+        assert db.footprint("p", "k") == found
+
+
+def test_a_gpu_pinned_by_uuid_is_corrected(tmp_path: Path) -> None:
+    # gpus = "GPU-8f6a…": the driver measured the engine on GPU1; a load-time failure
+    line = "alloc_tensor_range: failed to allocate CUDA0 buffer of size 42949672960"
+    record = Footprint("k", {"GPU1": 30 * GiB}, {"GPU1": NVML})
+    fp, _ = _setup(tmp_path, ("GPU-8f6a0c2e",), record, {"GPU1": 10 * GiB})
+    found = _run(fp, [line])
+    assert found is not None and found.held["GPU1"] == 40 * GiB + 5 * GiB
+    # never measured: the failure is kept under the UUID, the per-GPU need of the preset
+    fp, _ = _setup(tmp_path, ("GPU-8f6a0c2e",), Footprint("k", {"host": GiB}, {"host": BUFFERS}),
+                   {})
+    found = _run(fp, [line])
+    assert found is not None and found.held["GPU-8f6a0c2e"] == 45 * GiB
+
+
+def test_buffer_lines_measure_the_gpu_the_start_sees(tmp_path: Path) -> None:
+    from lokid.core.requestlog import EngineLog
+
+    # the recorded H200 line's form; the start has CUDA_VISIBLE_DEVICES=2
+    log = EngineLog()
+    log.feed("0.00.241.592 I load_tensors:        CUDA0 model buffer size =   920.22 MiB", 0.0)
+    fp, view = _setup(tmp_path, ("2",), None, {})
+    fp.telemetry.daemon.registry.presets["p"] = replace(
+        view, plan=SimpleNamespace(argv=["llama-server"]))
+    runner = SimpleNamespace(engine_pids=_none, io_sampler=_none)
+    fp.telemetry.daemon.runner = runner
+    fp.telemetry.meters = SimpleNamespace(
+        dirty=set(), starts={"p": SimpleNamespace(log=log)}, snapshot=lambda name: {})
+    fp.telemetry.has_gpu = _false
+    found = asyncio.run(fp.measure("p"))
+    assert found is not None and set(found.held) == {"GPU2"} and \
+        found.sources["GPU2"] == BUFFERS
+
+
+async def _none(*_a: Any) -> None:
+    return None
+
+
+async def _false(*_a: Any) -> bool:
+    return False
