@@ -60,8 +60,13 @@ DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
-    "serve", "kind", "url", "upstream_model", "rpc",
+    "serve", "kind", "url", "upstream_model", "rpc", "cpu_fallback",
 )
+# cpu_fallback: what a start whose GPU engine runs on the CPU does (issue 44, item 3:
+# a GPU backend that did not start, or "offloaded" with host buffers only): "run" (the
+# default) serves and says so; "fail" stops it, for a preset that is useless 10-100x
+# slower (lokid.dbus.oncpu).
+CPU_FALLBACKS = ("run", "fail")
 SPEC_KEYS = ("mode", "draft", "n_max", "sampling")
 SPEC_MODES = ("off", "auto", "mtp", "ngram", "mtp+ngram")
 SPEC_SAMPLINGS = ("greedy", "probabilistic")
@@ -135,6 +140,7 @@ class Preset:
     # gpu_count = N. lokid prestart sets CUDA_VISIBLE_DEVICES (lokid.planning.gpuchoice).
     gpu_choice: int | None = None
     gpu_layers: str | None = None  # "N", "auto" or "all": passed to -ngl as is
+    cpu_fallback: str = "run"      # one of CPU_FALLBACKS
     ubatch: int | None = None
     port: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -274,6 +280,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         gpus=_gpus(c, env),
         gpu_choice=_gpu_choice(c, env),
         gpu_layers=_gpu_layers(c),
+        cpu_fallback=_choice(c, "cpu_fallback", CPU_FALLBACKS) or "run",
         ubatch=ubatch,
         port=port,
         extra_args=extra_args,

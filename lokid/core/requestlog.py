@@ -50,12 +50,19 @@ size (``ggml_backend_sched_get_buffer_size``), not an addition. So compute is su
 over contexts (each begins at ``constructing llama_context``), taking each context's
 latest reservation (each begins at ``sched_reserve: reserving ...``): on the recorded
 H200 partial-offload log that is CUDA0 243.02 MiB, where a plain sum would say 294.04.
+
+A GPU backend that failed to start (``ggml_cuda_init: failed to initialize CUDA: …``,
+printed before the load) is kept as the load's ``gpu_failed``: with the buffers and the
+offload lines, it is what :func:`lokid.core.enginelog.on_cpu_reason` (the one home of
+that rule) judges for the Stats' ``on_cpu`` (issue 44, item 3).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+
+from .enginelog import gpu_failure, host_buffer, on_cpu_reason
 
 # Assemblies (slot, task) held at once: llama-server runs a few slots, each one task at a
 # time; only lines of tasks that never release (lost lines, garbage) can exceed this.
@@ -127,6 +134,15 @@ class Load:
     offloaded: list[tuple[int, int]] = field(default_factory=list)
     loading_at: float | None = None
     loaded_at: float | None = None
+    gpu_failed: str = ""   # what a GPU backend that did not start said (the first one)
+
+    def on_cpu(self) -> str:
+        """Why this load runs on the CPU although it has a GPU backend or says it
+        offloaded, or "" (:func:`lokid.core.enginelog.on_cpu_reason`)."""
+        devices = {device for device, _kind in self.buffers}
+        some = next(((n, m) for n, m in self.offloaded if n > 0), (0, 0))
+        return on_cpu_reason(self.gpu_failed, some, any(map(host_buffer, devices)),
+                             not all(map(host_buffer, devices)))
 
     @property
     def seconds(self) -> float | None:
@@ -211,6 +227,11 @@ class EngineLog:
             if self.load.loaded_at is None:
                 self.load.loaded_at = at
             self.known_lines += 1
+        elif ("ggml_" in line and "failed to initialize" in line) or "ggml_vulkan: " in line:
+            failed = gpu_failure(line)
+            if failed:
+                self.load.gpu_failed = self.load.gpu_failed or failed
+                self.known_lines += 1
         elif "constructing llama_context" in line:
             if len(self._compute) < MAX_CONTEXTS:
                 self._compute.append({})

@@ -25,7 +25,10 @@ The figures:
   requests' mean accepted length (llama.cpp: 1 + accepted / verification steps);
 - ``memory_mib`` ("DEVICE kind" → MiB) and ``offload`` ("N/M", the model's then a
   draft's) come from the engine's load lines, printed at ``-lv 4`` only: None when
-  it printed none (unknown, not zero).
+  it printed none (unknown, not zero);
+- ``on_cpu`` says why the start runs on the CPU although its engine has a GPU backend
+  or says it offloaded (issue 44, item 3: a GPU backend that did not start, or
+  "offloaded" with host buffers only), None when nothing says so.
 
 Any figure that cannot be computed (no request in the window, no load given) is None.
 """
@@ -46,7 +49,7 @@ MINUTE = 60.0
 MAX_RECENT = 100_000
 
 KEYS = ("requests", "requests_per_min", "prompt_tokens", "generated_tokens", "prefill_tps",
-        "decode_tps", "draft", "in_flight", "load_seconds", "memory_mib", "offload")
+        "decode_tps", "draft", "in_flight", "load_seconds", "memory_mib", "offload", "on_cpu")
 
 
 class _Rec(NamedTuple):
@@ -266,6 +269,7 @@ def _figures(totals: _Totals, last1: _Window, last5: _Window, draft_kind: str,
                        if load is not None and load.buffers else None),
         "offload": ([f"{n}/{m}" for n, m in load.offloaded]
                     if load is not None and load.offloaded else None),
+        "on_cpu": (load.on_cpu() or None) if load is not None else None,
     }
 
 

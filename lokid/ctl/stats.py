@@ -82,6 +82,8 @@ def row(props: dict[str, Any]) -> dict[str, Any]:
         "gpu_memory_mib": gpu_memory(stats.get("memory_mib")) if live else {},
         "memory_source": stats.get("memory_source"),
         "offload": list(stats.get("offload") or []),
+        # why its GPU engine runs on the CPU (issue 44, item 3), "" when nothing says so
+        "on_cpu": stats.get("on_cpu") or "",
         "requests": stats.get("requests"),
         "requests_per_min": stats.get("requests_per_min") if live else None,
         "prefill_tps": _recent(prefill) if live else None,
@@ -122,9 +124,12 @@ def cells(r: dict[str, Any]) -> list[str]:
     state = str(r["state"])
     if r.get("on_demand_state") and r["on_demand_state"] != state:
         state += f" ({r['on_demand_state']})"
-    said = r["verdict"] or r.get("reachable") or r.get("error")
+    said = r["verdict"] or r.get("on_cpu") or r.get("reachable") or r.get("error")
+    offload = ",".join(r["offload"])
+    if r.get("on_cpu"):   # "3/3" of an engine on the CPU is no offload at all
+        offload = f"{offload} CPU".strip()
     return [str(r["preset"]), state, r["url"] or "-", str(r["model"] or "-"),
-            duration(r["uptime_seconds"]), gpu_text(r), ",".join(r["offload"]) or "-",
+            duration(r["uptime_seconds"]), gpu_text(r), offload or "-",
             _num(r["requests_per_min"], "{:.1f}"), _num(r["prefill_tps"]),
             _num(r["decode_tps"]), draft, said or "-"]
 
@@ -242,6 +247,8 @@ def stats_text(name: str, stats: dict[str, Any], since: str | None = None) -> st
     if stats.get("load_seconds") is not None or stats.get("offload"):
         lines.append(f"  load: {_num(stats.get('load_seconds'), '{:.1f}')} s, offloaded "
                      f"{', '.join(stats.get('offload') or []) or 'n/a'}")
+    if stats.get("on_cpu"):
+        lines.append(f"  on the CPU: {stats['on_cpu']}")
     memory = stats.get("memory_mib") or {}
     if memory:
         lines.append("  memory (" + str(stats.get("memory_source") or "engine log") + "): "

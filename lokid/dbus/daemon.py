@@ -473,9 +473,8 @@ class Daemon:
         def judge_log(message: str, **fields: Any) -> None:
             log.warning("%s", message)
 
-        judge = LoadJudge(self.registry.state_dir, self.runtime_dir,
-                          on_verdict=self._on_verdict, log=judge_log,
-                          on_line=self._engine_line)
+        judge = LoadJudge(self.registry.state_dir, self.runtime_dir, on_verdict=self._on_verdict,
+                          log=judge_log, on_line=self._engine_line, on_cpu=self.telemetry.cpu)
         return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
                            self.runtime_dir, judge=judge, on_job=self.jobs.on_job)
 
@@ -485,7 +484,8 @@ class Daemon:
 
             self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
                                                  on_verdict=self._on_verdict,
-                                                 on_line=self._engine_line_live)
+                                                 on_line=self._engine_line_live,
+                                                 on_cpu=self.telemetry.cpu)
             # running engines' earlier lines are read again from the journal (before attach)
             self.telemetry.hold(self.active_presets(), self.watcher.since or 0.0)
             self.watcher.attach(loop)

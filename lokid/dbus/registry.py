@@ -80,6 +80,8 @@ class PresetView:
     # estimate reads (lokid.core.place.need), None without a plan
     info: ModelInfo | None = None
     extra: Mapping[str, int] = field(default_factory=dict)
+    # the preset's cpu_fallback (lokid.dbus.oncpu): "fail" stops a start found on the CPU
+    cpu_fallback: str = "run"
 
     @property
     def unit(self) -> str:
@@ -251,7 +253,8 @@ class Registry:
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
                           plan=plan, auto_blocked=found.why, bench=bench,
                           listen=(plan.host, plan.port), memory_key=memory,
-                          footprint=footprint, info=inputs.model, extra=extra_files(plan))
+                          footprint=footprint, info=inputs.model, extra=extra_files(plan),
+                          cpu_fallback=preset.cpu_fallback)
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)

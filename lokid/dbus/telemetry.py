@@ -34,6 +34,7 @@ from ..watch.promfile import Textfile
 from .footprints import Footprints
 from .idle import IdleStops
 from .interfaces import PresetInterface
+from .oncpu import OnCpu
 from .registry import Registry
 from .room import AFTER_READY, DeviceRoom
 from .sight import Sight
@@ -88,6 +89,8 @@ class Telemetry:
         self.gpu = GpuMemory()
         # each ready load's footprint, measured and kept (lokid.dbus.footprints)
         self.footprints = Footprints(self)
+        # a start found running on the CPU: said, and stopped where its preset says so
+        self.cpu = OnCpu(daemon)
         self.gpu_mib: dict[str, tuple[str, dict[str, float] | None, str]] = {}
         self.gpu_engines: dict[str, bool] = {}  # engine path → has a GPU backend (or unknown)
         # each device's room and each preset's need on it (lokid.dbus.room)

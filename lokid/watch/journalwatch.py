@@ -11,6 +11,14 @@ the engine runs, slower than without it — so the mark is recorded as failed
 and the next start runs without automatic speculation. The journal gets a
 structured entry (``MESSAGE_ID`` :data:`MESSAGE_AUTO_CUT`) saying so.
 
+A start whose engine runs on the CPU although it has a GPU backend or says it offloaded
+(issue 44, item 3: :meth:`lokid.core.enginelog.Load.on_cpu`) is said at its "ready at"
+entry whatever its speculation, as a structured entry (``MESSAGE_ID``
+:data:`MESSAGE_ON_CPU`, ``LOKI_REASON``) and to ``on_cpu`` (the daemon: a preset with
+``cpu_fallback = "fail"`` is stopped there); an engine that ran 10-100x slower looked
+healthy before. On an automatic launch it also cuts automatic speculation (the
+layers-in-RAM verdict counts it).
+
 If a whole load goes by without any line the parser knows, the engine's log
 format has probably changed: a warning says so.
 
@@ -34,6 +42,7 @@ from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
     MESSAGE_FORMAT_UNKNOWN,
+    MESSAGE_ON_CPU,
     SYSLOG_IDENTIFIER,
     preset_of_unit,
 )
@@ -50,6 +59,7 @@ class Invocation:
     tracker: LoadTracker = field(default_factory=LoadTracker)
     judged: bool = False    # its "ready at" entry was seen
     cut: bool = False       # a verdict was recorded for it
+    on_cpu: bool = False    # its running on the CPU was said
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,11 @@ class LoadJudge:
     def __init__(self, state_dir: str, runtime_dir: str,
                  on_verdict: Callable[[AutoCut], None] | None = None,
                  log: Callable[..., None] | None = None,
-                 on_line: Callable[[str, str, str, float | None], None] | None = None):
+                 on_line: Callable[[str, str, str, float | None], None] | None = None,
+                 on_cpu: Callable[[AutoCut], None] | None = None):
         self.state_dir = state_dir
+        # a start that runs on the CPU (its reason in an AutoCut's shape), once per start
+        self.on_cpu = on_cpu
         self.runtime_dir = runtime_dir
         self.on_verdict = on_verdict
         # every engine line, for telemetry: (preset, invocation, line, its time or None)
@@ -146,6 +159,14 @@ class LoadJudge:
                      "the engine's log format may have changed, lokid's verdicts are blind",
                      MESSAGE_ID=MESSAGE_FORMAT_UNKNOWN, PRIORITY=4, LOKI_PRESET=inv.preset,
                      SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
+        cpu = load.on_cpu()
+        if cpu and not inv.on_cpu:
+            inv.on_cpu = True
+            self.log(f"preset {inv.preset}: its engine runs on the CPU: {cpu}",
+                     MESSAGE_ID=MESSAGE_ON_CPU, PRIORITY=4, LOKI_PRESET=inv.preset,
+                     LOKI_REASON=cpu, SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
+            if self.on_cpu is not None:
+                self.on_cpu(AutoCut(inv.preset, inv.invocation, cpu))
         why = load.layers_in_ram()
         if not why:
             return

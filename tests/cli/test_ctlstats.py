@@ -108,3 +108,17 @@ def test_why_presets_wait_for_memory_under_the_devices() -> None:
     assert lines[1] == "  a: 1 request waiting 0 s: x"   # by name
     assert lines[2].startswith("  qwen: 2 requests waiting 12 s: preset 'qwen' needs")
     assert len(lines[2]) == 60 and lines[2].endswith("…")
+
+
+def test_a_gpu_engine_on_the_cpu_is_said_in_top() -> None:
+    """Issue 44, item 3: the recorded Vulkan build without a device said "offloaded 3/3"
+    with CPU buffers only; the Stats' on_cpu reaches the OFFLOAD and VERDICT columns."""
+    why = ("it says offloaded 3/3 layers to GPU, but every buffer is in host memory (no GPU "
+           "device: the RPC backend counts as offload): the model runs on the CPU")
+    stats = {"url": "http://127.0.0.1:8080", "uptime_seconds": 5.0, "offload": ["3/3"],
+             "on_cpu": why}
+    r = ctlstats.row({"Name": "v", "State": "ready", "Model": "t.gguf", "Stats": stats,
+                      "AutoSpecBlocked": ""})
+    cells = ctlstats.cells(r)
+    assert cells[6] == "3/3 CPU" and cells[-1] == why
+    assert f"on the CPU: {why}" in ctlstats.stats_text("v", {**stats, "invocation": "i"})

@@ -671,3 +671,15 @@ mode = "auto"
                             '{"enable_thinking": [false, [[[[[[[[[[[[[[[[[[[[ ]}')
     assert p.spec.mode == "auto"
 
+
+
+def test_cpu_fallback_is_run_or_fail(tmp_path: Path) -> None:
+    """Issue 44, item 3: what a start whose GPU engine runs on the CPU does."""
+    from lokid.core.config import parse_preset_text
+
+    assert parse_preset_text("p", "p.toml", 'model = "/m.gguf"\n').cpu_fallback == "run"
+    text = 'model = "/m.gguf"\ncpu_fallback = "fail"\n'
+    assert parse_preset_text("p", "p.toml", text).cpu_fallback == "fail"
+    with pytest.raises(ConfigError) as e:
+        parse_preset_text("p", "p.toml", 'model = "/m.gguf"\ncpu_fallback = "stop"\n')
+    assert "cpu_fallback" in str(e.value) and "valid values: run, fail" in str(e.value)

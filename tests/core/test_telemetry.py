@@ -47,7 +47,7 @@ def test_nothing_yet() -> None:
         "prefill_tps": dict.fromkeys(("1m", "5m", "all", "p50", "p95")),
         "decode_tps": dict.fromkeys(("1m", "5m", "all", "p50", "p95")),
         "draft": None, "in_flight": 0, "load_seconds": None, "memory_mib": None,
-        "offload": None}
+        "offload": None, "on_cpu": None}
 
 
 def test_windows_and_token_weighted_speeds() -> None:
@@ -251,3 +251,29 @@ def test_a_snapshot_of_an_earlier_moment_recounts_what_is_held() -> None:
     s = stats_of([req(NOW - 50), req(NOW - 10)])
     assert s.snapshot(NOW + 30)["requests_per_min"] == 1.0   # NOW - 50 left the minute
     assert s.snapshot(NOW)["requests_per_min"] == 2.0        # both in NOW's minute again
+
+
+def _load_of(name: str, lines: tuple[str, ...] = ()) -> Load:
+    log = EngineLog()
+    text = (DATA / "engine-logs" / name).read_text(errors="replace") if name else ""
+    for i, line in enumerate([*lines, *text.splitlines()]):
+        log.feed(line, NOW + i)
+    return log.load
+
+
+def test_a_gpu_engine_on_the_cpu_is_said() -> None:
+    """Issue 44, item 3: the recorded Vulkan build without a device says "offloaded 3/3
+    layers to GPU" with CPU buffers only; the Stats say it runs on the CPU."""
+    snap = StartStats(NOW).snapshot(NOW, _load_of("vulkan-lavapipe-nodevice-lv4.log"))
+    assert snap["offload"] == ["3/3"]
+    assert "every buffer is in host memory" in snap["on_cpu"]
+    # the healthy form: CUDA0 buffers (the recorded H200 load)
+    snap = StartStats(NOW).snapshot(NOW, _load_of("b11434-cuda-h200-mid_auto.log"))
+    assert snap["on_cpu"] is None
+    # CUDA that failed to start (ggml-cuda.cu's format, before any load line), then the
+    # default verbosity's load: no offload nor buffer line at all
+    snap = StartStats(NOW).snapshot(NOW, _load_of("b11434-cuda-h200-mid_off.log", (
+        "0.00.000.912 E ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device "
+        "is detected",)))
+    assert snap["on_cpu"] == ("its GPU backend did not start (CUDA: no CUDA-capable device "
+                              "is detected): the model runs on the CPU")

@@ -106,3 +106,30 @@ async def _none(*_a: Any) -> None:
 
 async def _false(*_a: Any) -> bool:
     return False
+
+
+def test_a_start_on_the_cpu_is_stopped_where_the_preset_says_fail() -> None:
+    """Issue 44, item 3: lokid.dbus.oncpu, handed what the journal watcher found."""
+    from lokid.dbus.oncpu import OnCpu
+    from lokid.watch.journalwatch import AutoCut
+
+    stopped: list[str] = []
+
+    async def stop(name: str) -> str:
+        stopped.append(name)
+        return "stopped"
+
+    views = {n: PresetView(n, "", "m.gguf", "off", None, cpu_fallback=f)
+             for n, f in (("runs", "run"), ("fails", "fail"))}
+    host = SimpleNamespace(registry=SimpleNamespace(presets=views),
+                           runner=SimpleNamespace(stop=stop))
+    on_cpu = OnCpu(host)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        for name in ("runs", "fails"):
+            on_cpu(AutoCut(name, "inv", "its GPU backend did not start (CUDA: …)"))
+        while on_cpu.stops:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert stopped == ["fails"] and on_cpu.stopped == ["fails"]
