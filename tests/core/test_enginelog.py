@@ -316,10 +316,13 @@ def load_of(text: str):  # type: ignore[no-untyped-def]
     return tracker.current
 
 
-def test_rpc_build_says_offloaded_with_cpu_buffers_only() -> None:
-    # the recorded Vulkan build (with the RPC backend) on a host where Vulkan finds no
-    # usable device: "offloaded 3/3 layers to GPU", every buffer CPU / CPU_Mapped
-    load = load_of((LOGS / "vulkan-lavapipe-nodevice-lv4.log").read_text(errors="replace"))
+@pytest.mark.parametrize("name", ["b11434-cpu-rpc-ngl99-lv4.log",
+                                  "vulkan-lavapipe-nodevice-lv4.log"])
+def test_rpc_build_says_offloaded_with_cpu_buffers_only(name: str) -> None:
+    # the recorded b11434 CPU build (with RPC), and the Vulkan build (with RPC) on a host
+    # where Vulkan finds no usable device: "offloaded 3/3 layers to GPU", every buffer
+    # CPU / CPU_Mapped
+    load = load_of((LOGS / name).read_text(errors="replace"))
     assert load.offload() == (3, 3)
     assert "offloaded 3/3 layers to GPU, but every buffer is in host memory" in load.on_cpu()
     assert load.layers_in_ram() == load.on_cpu()
