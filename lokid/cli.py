@@ -393,6 +393,8 @@ def _parser() -> argparse.ArgumentParser:
     rpcw.add_argument("name")
     sub.add_parser("watch", help="follow the engines' journal and record verdicts (what the "
                    "daemon does; for hosts without it)")
+    sub.add_parser("gpu-nodes", help="ExecStart of loki-gpu-nodes.service: the NVIDIA "
+                   "driver's modules and device nodes, made as root once at boot")
     gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
     gen.add_argument("dirs", nargs="+", metavar="DIR")
     return p
@@ -445,6 +447,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_daemon(config_dir, args.bus, args.bus_address, args.runner)
         if command == "gateway":
             return cmd_gateway(config_dir, args.bus, args.bus_address, args.listen)
+        if command == "gpu-nodes":
+            import os
+
+            from .unit import gpunodes
+
+            # LOKI_NVIDIA_GPUS_DIR: the driver's /proc listing, which a test's container
+            # (whose /proc is the kernel's own) can only give from elsewhere
+            return gpunodes.run(gpus_dir=os.environ.get("LOKI_NVIDIA_GPUS_DIR",
+                                                        gpunodes.GPUS_DIR))
         return cmd_generate(config_dir, list(args.dirs))
 
     return _guard(dispatch, debug=bool(args.debug))

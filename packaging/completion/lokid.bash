@@ -22,11 +22,11 @@ _lokid_init() {
 _lokid() {
     local cur prev words cword
     _lokid_init
-    local commands="plan run bench check prestart engine generate watch daemon rpc-worker"
+    local commands="plan run bench check prestart engine generate watch daemon gateway rpc-worker gpu-nodes"
     local i cmd=""
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
-            plan|run|bench|check|prestart|engine|generate|watch|daemon|rpc-worker) cmd="${words[i]}"; break ;;
+            plan|run|bench|check|prestart|engine|generate|watch|daemon|gateway|rpc-worker|gpu-nodes) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in

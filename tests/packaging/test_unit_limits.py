@@ -48,7 +48,8 @@ def seconds(span: str) -> float:
 
 def test_the_package_ships_the_units_these_tests_read() -> None:
     assert [p.name for p in UNITS] == ["loki-engine@.service", "loki-gateway.service",
-                                       "loki-gateway.socket", "loki-port@.service",
+                                       "loki-gateway.socket", "loki-gpu-nodes.service",
+                                       "loki-port@.service",
                                        "loki-port@.socket", "loki-rpc@.service",
                                        "lokid.service"]
 

@@ -189,7 +189,7 @@ int nvmlDeviceGetCount_v2(unsigned int *count) {
 int nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, gpu_t **device) {
-    char path[64];
+    char path[512];
     int r;
     if (!initialised)
         return UNINITIALIZED;

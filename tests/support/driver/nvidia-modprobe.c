@@ -7,9 +7,10 @@
  * nodes with mknod when its effective uid is 0, and otherwise fails, saying
  * which uid ran it, and it appends each run's uid and arguments to a log so a
  * test can tell who ran it.
- *   (no option)  /dev/nvidiactl            c 195 255
- *   -c N, -c=N   /dev/nvidiaN              c 195 N
- *   -u           /dev/nvidia-uvm, -tools   c UVM_MAJOR 0 and 1
+ * Its options as the real one reads them (NVIDIA/nvidia-modprobe, nvidia-modprobe.c):
+ *   (no option)    load the driver: nothing to make here
+ *   -c N, -c=N     /dev/nvidiaN c 195 N, and /dev/nvidiactl for N = 255
+ *   -u -c=0 -c=1   the unified memory driver: /dev/nvidia-uvm, /dev/nvidia-uvm-tools
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@
 #define UVM_MAJOR 511
 
 static int node(const char *name, unsigned int major, unsigned int minor) {
-    char path[128];
+    char path[512];
     snprintf(path, sizeof path, STANDIN_DEV "/%s", name);
     if (mknod(path, S_IFCHR | 0666, makedev(major, minor)) != 0) {
         struct stat st;
@@ -41,7 +42,7 @@ static int node(const char *name, unsigned int major, unsigned int minor) {
 }
 
 int main(int argc, char **argv) {
-    int i, failed = 0, uvm = 0, minor = -1;
+    int i, failed = 0, uvm = 0, n = 0, minors[64];
     FILE *log = fopen(STANDIN_LOG, "ae");
     if (log) {
         fprintf(log, "euid=%u", (unsigned)geteuid());
@@ -56,22 +57,31 @@ int main(int argc, char **argv) {
         return 1;
     }
     for (i = 1; i < argc; i++) {
+        const char *value = NULL;
         if (strcmp(argv[i], "-u") == 0)
             uvm = 1;
         else if (strncmp(argv[i], "-c=", 3) == 0)
-            minor = atoi(argv[i] + 3);
+            value = argv[i] + 3;
         else if (strcmp(argv[i], "-c") == 0 && i + 1 < argc)
-            minor = atoi(argv[++i]);
+            value = argv[++i];
+        if (value && n < 64)
+            minors[n++] = atoi(value);
     }
-    failed |= node("nvidiactl", 195, 255);
-    if (minor >= 0 && minor < 255) {
+    for (i = 0; i < n; i++) {
         char name[32];
-        snprintf(name, sizeof name, "nvidia%d", minor);
-        failed |= node(name, 195, (unsigned)minor);
-    }
-    if (uvm) {
-        failed |= node("nvidia-uvm", UVM_MAJOR, 0);
-        failed |= node("nvidia-uvm-tools", UVM_MAJOR, 1);
+        if (uvm) {
+            if (minors[i] == 0 || minors[i] == 1)
+                failed |= node(minors[i] ? "nvidia-uvm-tools" : "nvidia-uvm", UVM_MAJOR,
+                               (unsigned)minors[i]);
+            continue;
+        }
+        if (minors[i] < 0 || minors[i] > 255)
+            return 1;
+        if (minors[i] == 255)
+            snprintf(name, sizeof name, "nvidiactl");
+        else
+            snprintf(name, sizeof name, "nvidia%d", minors[i]);
+        failed |= node(name, 195, (unsigned)minors[i]);
     }
     return failed;
 }
