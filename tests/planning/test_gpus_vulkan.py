@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,24 @@ NO_ENGINE_USER = {"LOKI_ENGINE_USER": "lokid-test-no-such-user"}
 # the engine's own lines naming the devices it loads onto (verbosity 4)
 USING = re.compile(r"using device (Vulkan\d+) ")
 BUFFER = re.compile(r"(Vulkan\d+) (?:model|KV|compute) buffer size")
+
+
+def engine_environ(root: int) -> dict[str, str]:
+    """The environment of the llama-server below ``root`` (its child or grandchild)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            if argv0.endswith(b"llama-server"):
+                data = Path(f"/proc/{pid}/environ").read_bytes()
+                return dict(item.decode().partition("=")[::2]
+                            for item in data.split(b"\0") if b"=" in item)
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        todo += [int(c) for c in children]
+    raise AssertionError(f"no llama-server below pid {root}")
 
 
 @pytest.fixture
@@ -77,15 +94,21 @@ def test_lokid_run_loads_only_onto_the_gpu_lokid_books(
             if "lokid: ready at " in line:
                 ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
         assert ready.wait(60), "".join(lines)
         url = "".join(lines).split("lokid: ready at ", 1)[1].split()[0]
         assert httpx.get(url + "/health", timeout=5).status_code == 200
+        # what the engine process itself was handed (one numbering: item 4 too)
+        environ = engine_environ(proc.pid)
+        assert environ["LLAMA_ARG_DEVICE"] == "Vulkan1"
+        assert environ["CUDA_VISIBLE_DEVICES"] == "1"
+        assert environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
-    time.sleep(0.1)
+    reader.join(10)   # the last lines, read once the pipe closes
     text = "".join(lines)
     assert set(USING.findall(text)) == {"Vulkan1"}, text
     assert BUFFER.findall(text) and set(BUFFER.findall(text)) == {"Vulkan1"}, text
