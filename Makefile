@@ -98,7 +98,7 @@ lint: venv
 	$(VENV)/bin/ruff check lokid tests benchmarks scripts ansible
 	$(VENV)/bin/mypy
 	# the benchmarks too: they import the test helpers (support.*) and each other
-	MYPYPATH=tests:benchmarks $(VENV)/bin/mypy --explicit-package-bases benchmarks
+	MYPYPATH=tests:benchmarks $(VENV)/bin/mypy --explicit-package-bases benchmarks scripts/gpu_check.py
 
 bench: setup
 	$(PY) benchmarks/probe_vs_ggufreader.py
