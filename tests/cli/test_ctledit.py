@@ -188,7 +188,7 @@ def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:
                                                               "chat.reasoning_effort",
                                                               "chat.temperature",
                                                               "chat.top_k", "chat.top_p",
-                                                              "ctx"]
+                                                              "cpu_fallback", "ctx"]
     assert complete("lokictl new ", tmp_path) == []   # a new name
     assert complete("lokictl new fresh --m", tmp_path) == ["--model"]
     assert "ctx=" in complete("lokictl new fresh --model m.gguf ", tmp_path)
