@@ -31,6 +31,19 @@ CTL_MINOR = 255
 
 
 @dataclass(frozen=True)
+class Mig:
+    """One MIG instance of a stand-in GPU in MIG mode: its slot under that GPU (NVML's
+    index for nvmlDeviceGetMigDeviceHandleByIndex) and what NVML says of it. MiB."""
+
+    slot: int
+    uuid: str
+    total: int
+    used: int = 0
+    name: str = "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    processes: tuple[tuple[int, int], ...] = ()   # (pid, MiB)
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One stand-in GPU: what NVML will say of it. Sizes in MiB."""
 
@@ -42,6 +55,7 @@ class Gpu:
     uuid: str = ""
     processes: tuple[tuple[int, int], ...] = ()   # (pid, MiB)
     mig: bool = False
+    migs: tuple[Mig, ...] = ()   # its MIG instances (with mig=True)
 
     def uuid_text(self) -> str:
         return self.uuid or f"GPU-5f0c{self.minor:04x}-1111-2222-3333-4444{self.minor:08x}"
@@ -56,6 +70,9 @@ def devices_text(gpus: Sequence[Gpu]) -> str:
         lines += [f"proc {i} {pid} {mib}" for pid, mib in g.processes]
         if g.mig:
             lines.append(f"mig {i} 1")
+        for m in g.migs:
+            lines.append(f"migdev {i} {m.slot} {m.uuid} {m.total} {m.used} {m.name}")
+            lines += [f"migproc {i} {m.slot} {pid} {mib}" for pid, mib in m.processes]
     return "\n".join(lines) + "\n"
 
 

@@ -21,12 +21,20 @@
  * - Memory v1 (nvmlMemory_t) counts the driver's reserve in `used`; v2
  *   (nvmlMemory_v2_t, version 0x02000028) reports it apart, as nvidia-smi does.
  * - Compute processes: the two-call protocol (count first, INSUFFICIENT_SIZE).
- * - MIG queries: NOT_SUPPORTED, unless the devices file says `mig 1`.
+ * - MIG queries: NOT_SUPPORTED, unless the devices file says `mig <gpu> 1`. A GPU in
+ *   MIG mode has MAX_MIG_SLOTS MIG device slots (an A100's seven):
+ *   nvmlDeviceGetMigDeviceHandleByIndex gives the instance a `migdev` line put in a
+ *   slot, NOT_FOUND for an empty slot (the header's "no valid MIG device at index"),
+ *   INVALID_ARGUMENT past the last slot. A MIG handle answers what a GPU's does (name,
+ *   UUID `MIG-…`, memory v1 and v2 of that instance alone, its compute processes) and
+ *   is told apart by nvmlDeviceIsMigDeviceHandle.
  *
  * The devices come from a file (STANDIN_FILE, set when compiling), one per line:
  *   gpu <minor> <uuid> <total MiB> <reserved MiB> <used MiB> <name…>
  *   proc <gpu index> <pid> <MiB>
  *   mig <gpu index> <0|1>
+ *   migdev <gpu index> <slot> <uuid> <total MiB> <used MiB> <name…>
+ *   migproc <gpu index> <slot> <pid> <MiB>
  * The device nodes are looked for under STANDIN_DEV (/dev unless set).
  */
 #include <errno.h>
@@ -46,6 +54,8 @@
 #define MIB (1024ULL * 1024ULL)
 #define MAX_GPUS 16
 #define MAX_PROCS 64
+#define MAX_MIG_SLOTS 7
+#define MAX_MIGS 32
 
 enum {
     OK = 0, UNINITIALIZED = 1, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3,
@@ -64,6 +74,8 @@ typedef struct {
     char name[96];
     unsigned long long total, reserved, used;
     int mig;
+    int parent;                      /* a MIG instance: its GPU's index; -1 for a GPU */
+    int slot;                        /* a MIG instance: its slot under that GPU */
     int nprocs;
     proc_t procs[MAX_PROCS];
 } gpu_t;
@@ -85,6 +97,8 @@ typedef struct {
 
 static gpu_t gpus[MAX_GPUS];
 static int ngpus;
+static gpu_t migs[MAX_MIGS];
+static int nmigs;
 static int initialised;
 
 static int open_error(const char *path, int absent, int refused) {
@@ -102,16 +116,25 @@ static int open_error(const char *path, int absent, int refused) {
     }
 }
 
+static gpu_t *find_mig(int parent, int slot) {
+    int i;
+    for (i = 0; i < nmigs; i++)
+        if (migs[i].parent == parent && migs[i].slot == slot)
+            return &migs[i];
+    return NULL;
+}
+
 static void load(void) {
     char line[512];
     FILE *f = fopen(STANDIN_FILE, "re");
     ngpus = 0;
+    nmigs = 0;
     if (!f)
         return;
     while (fgets(line, sizeof line, f)) {
         gpu_t *g;
         unsigned long long total, reserved, used, mib;
-        int minor, index, on, n = 0;
+        int minor, index, on, slot, n = 0;
         unsigned int pid;
         char uuid[96];
         if (sscanf(line, "gpu %d %95s %llu %llu %llu %n", &minor, uuid, &total, &reserved,
@@ -119,6 +142,7 @@ static void load(void) {
             g = &gpus[ngpus++];
             memset(g, 0, sizeof *g);
             g->minor = minor;
+            g->parent = -1;
             snprintf(g->uuid, sizeof g->uuid, "%s", uuid);
             snprintf(g->name, sizeof g->name, "%s", line + n);
             g->name[strcspn(g->name, "\r\n")] = 0;
@@ -133,6 +157,26 @@ static void load(void) {
             g->nprocs++;
         } else if (sscanf(line, "mig %d %d", &index, &on) == 2 && index >= 0 && index < ngpus) {
             gpus[index].mig = on;
+        } else if (sscanf(line, "migdev %d %d %95s %llu %llu %n", &index, &slot, uuid, &total,
+                          &used, &n) == 5 && n > 0 && index >= 0 && index < ngpus
+                   && slot >= 0 && slot < MAX_MIG_SLOTS && nmigs < MAX_MIGS) {
+            g = &migs[nmigs++];
+            memset(g, 0, sizeof *g);
+            g->minor = gpus[index].minor;
+            g->parent = index;
+            g->slot = slot;
+            snprintf(g->uuid, sizeof g->uuid, "%s", uuid);
+            snprintf(g->name, sizeof g->name, "%s", line + n);
+            g->name[strcspn(g->name, "\r\n")] = 0;
+            g->total = total * MIB;
+            g->used = used * MIB;
+        } else if (sscanf(line, "migproc %d %d %u %llu", &index, &slot, &pid, &mib) == 4) {
+            g = find_mig(index, slot);
+            if (g && g->nprocs < MAX_PROCS) {
+                g->procs[g->nprocs].pid = pid;
+                g->procs[g->nprocs].used = mib * MIB;
+                g->nprocs++;
+            }
         }
     }
     fclose(f);
@@ -219,8 +263,8 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, gpu_t **device) {
 int nvmlDeviceGetIndex(gpu_t *device, unsigned int *index) {
     if (!initialised)
         return UNINITIALIZED;
-    if (!device || !index)
-        return INVALID_ARGUMENT;
+    if (!device || !index || device->parent >= 0)
+        return INVALID_ARGUMENT;       /* a MIG handle has no index among the GPUs */
     *index = (unsigned int)(device - gpus);
     return OK;
 }
@@ -311,6 +355,32 @@ int nvmlDeviceGetMaxMigDeviceCount(gpu_t *device, unsigned int *count) {
         return INVALID_ARGUMENT;
     if (!device->mig)
         return NOT_SUPPORTED;
-    *count = 0;
+    *count = MAX_MIG_SLOTS;
+    return OK;
+}
+int nvmlDeviceGetMigDeviceHandleByIndex(gpu_t *device, unsigned int index, gpu_t **mig) {
+    gpu_t *found;
+    if (!initialised)
+        return UNINITIALIZED;
+    if (!device || !mig || device->parent >= 0 || index >= MAX_MIG_SLOTS)
+        return INVALID_ARGUMENT;
+    if (!device->mig)
+        return NOT_SUPPORTED;
+    found = find_mig((int)(device - gpus), (int)index);
+    if (!found)
+        return NOT_FOUND;              /* an empty slot: no instance made there */
+    *mig = found;
+    return OK;
+}
+int nvmlDeviceIsMigDeviceHandle(gpu_t *device, unsigned int *is_mig) {
+    if (!device || !is_mig)
+        return INVALID_ARGUMENT;
+    *is_mig = device->parent >= 0;
+    return OK;
+}
+int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(gpu_t *mig, gpu_t **device) {
+    if (!mig || !device || mig->parent < 0)
+        return INVALID_ARGUMENT;
+    *device = &gpus[mig->parent];
     return OK;
 }
