@@ -527,10 +527,12 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     waited, refusal = held(runtime_dir, name, notifier)
     if refusal:
         return EXIT_CONFIG
+    from .oncpu import watch  # the daemon's note that the engine runs on the CPU
+
     rc = supervise(launch, log=log, notifier=notifier, on_ready=on_ready,
                    on_spawned=on_spawned, while_loading=while_loading,
-                   unexpected_exit_fails=True, refused=refused,
-                   spawn=spawn)
+                   unexpected_exit_fails=True, refused=refused, spawn=spawn,
+                   told=watch(runtime_dir, name, invocation, log))
     return workers_after_exit(name, launch.argv, rc, notifier)
 
 

@@ -12,6 +12,12 @@ through a Python pipe a stalled reader could block), then:
   ``WATCHDOG=1`` only while ``/health`` keeps answering, so a hung engine is
   restarted by systemd's watchdog; the caller's ``on_ready`` runs then, and its
   failure is one logged line, never a reason to stop the healthy engine;
+- while it serves, the caller's ``told`` is asked at each /health poll until it answers
+  (the daemon's note that the engine runs on the CPU, :mod:`lokid.unit.oncpu`): its line
+  joins the ready STATUS=, or, with an exit status, the engine is stopped and the start
+  ends with that status and the line as STATUS=. Only this process may send STATUS=
+  (``NotifyAccess=main``) and it never reads the engine's lines; a fault of ``told`` is
+  one logged line, and it is not asked again;
 - on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
   after a grace period), and return the engine's status (0 when our SIGTERM
   killed it: a stop while loading is still a clean stop). At a shutdown, a ready
@@ -56,6 +62,8 @@ if TYPE_CHECKING:
     import subprocess
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
+
+    from .oncpu import Told
 
 # socket and ctypes are imported where used: the engine is spawned first, and
 # what loads while it loads costs no readiness time.
@@ -123,7 +131,8 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
               while_loading: Callable[[], None] | None = None,
               unexpected_exit_fails: bool = False,
               refused: Callable[[], tuple[int, str] | None] | None = None,
-              spawn: Callable[[list[str], dict[str, str]], Any] | None = None) -> int:
+              spawn: Callable[[list[str], dict[str, str]], Any] | None = None,
+              told: Callable[[], Told | None] | None = None) -> int:
     """Run the engine until it exits or we are told to stop; return the exit status.
 
     The engine is spawned before anything else is set up; ``notifier`` None
@@ -173,7 +182,7 @@ def supervise(launch: Launch, *, log: Callable[[str], None],
             if on_spawned is not None:
                 on_spawned()
             return _loop(proc, launch, notifier or Notifier(), log, on_ready, stop,
-                         unexpected_exit_fails, refused, waker.wait, while_loading)
+                         unexpected_exit_fails, refused, waker.wait, while_loading, told)
         finally:
             waker.close()
             _end_group(proc, log)
@@ -271,12 +280,25 @@ def system_state() -> str:
     return r.stdout.strip()
 
 
+def _ask(told: Callable[[], Told | None],
+         log: Callable[[str], None]) -> tuple[Told | None, Callable[[], Told | None] | None]:
+    """``told``'s answer, and ``told`` again while it has not answered (None once it has,
+    or once it failed: a fault of ours is one line, never a traceback nor a stop)."""
+    try:
+        said = told()
+    except Exception as e:
+        log(f"what the daemon says of this start could not be read: {type(e).__name__}: {e}")
+        return None, None
+    return said, (told if said is None else None)
+
+
 def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
           log: Callable[[str], None], on_ready: Callable[[str], None] | None,
           stop: list[int], unexpected_exit_fails: bool,
           refused: Callable[[], tuple[int, str] | None] | None = None,
           pause: Callable[[float], None] = time.sleep,
-          while_loading: Callable[[], None] | None = None) -> int:
+          while_loading: Callable[[], None] | None = None,
+          told: Callable[[], Told | None] | None = None) -> int:
     started = time.monotonic()
     pending = while_loading   # not run yet
     url = engine_url(launch.host, launch.port)
@@ -292,6 +314,8 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
     watchdog_every = (notifier.watchdog_interval or 0) / 3 or None
     next_watchdog = started
     answering = True
+    ready_line = ""     # STATUS= while it serves and answers
+    ruled: Told | None = None   # what ``told`` said, with an exit status: the start ends
     notifier.send(f"STATUS=starting {launch.label}")
     share: Callable[[str], str] | None = None   # the socket's giver, loaded while it loads
     if launch.socket:
@@ -344,8 +368,8 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
                     if why:
                         log(f"the gateway reaches this engine through its port: its socket "
                             f"could not be given to the gateway's group ({why})")
-                notifier.send("READY=1", f"STATUS=ready: {launch.label} at {url} "
-                              f"(loaded in {took:.1f} s)")
+                ready_line = f"ready: {launch.label} at {url} (loaded in {took:.1f} s)"
+                notifier.send("READY=1", f"STATUS={ready_line}")
                 if pending is not None:
                     work, pending = pending, None
                     work()
@@ -385,10 +409,21 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             if ok and watchdog_every and now >= next_watchdog:
                 notifier.send("WATCHDOG=1")
                 next_watchdog = now + watchdog_every
+            if ok and told is not None:
+                said, told = _ask(told, log)
+                if said is not None and said.status:
+                    ruled = said
+                    notifier.send("STOPPING=1", f"STATUS={said.line}")
+                    _signal_group(proc, signal.SIGTERM)
+                    stopping_since = now
+                    continue
+                if said is not None:
+                    ready_line = f"{ready_line} — {said.line}"
+                    notifier.send(f"STATUS={ready_line}")
             if ok != answering:
                 answering = ok
                 if ok:
-                    notifier.send(f"STATUS=ready: {launch.label} at {url}")
+                    notifier.send(f"STATUS={ready_line}")
                     log("the engine answers /health again")
                 else:
                     notifier.send(f"STATUS=not answering /health: {launch.label} at {url}")
@@ -398,6 +433,9 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
 
     if pending is not None:   # the engine ended before it answered: its plan is still said
         pending()
+    if ruled is not None:   # stopped as told: the line stays the unit's word
+        notifier.send(f"STATUS={ruled.line}")
+        return ruled.status
     if stopping_since is not None and (rc == -signal.SIGTERM or (resent and rc == 1)):
         # The stop we asked for. llama-server installs its SIGTERM handler only once
         # the model is loaded, so a stop while loading kills it with our signal, and

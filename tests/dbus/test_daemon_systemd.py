@@ -718,3 +718,50 @@ def test_a_start_the_engine_refuses_says_what_the_engine_said(lk: LokidSystem) -
     finally:
         lokictl(ct, "stop", "badflag", "--wait")
         ct.systemctl("reset-failed", unit("badflag"), check=False)
+
+
+# The real CPU engine (b11434, built with the RPC backend) at -lv 4 -ngl 99: "offloaded 3/3
+# layers to GPU" with CPU buffers only, a real start on the CPU on this machine.
+ON_CPU = 'model = "llama.gguf"\nextra_args = ["-lv", "4", "-ngl", "99"]\n'
+
+
+def test_the_engine_units_status_says_it_runs_on_the_cpu(lk: LokidSystem) -> None:
+    """Issue 44, item 3: the daemon reads the engine's lines, the engine's unit says it
+    (only its main process may: NotifyAccess=main), and cpu_fallback = "fail" ends the
+    unit failed with the reason, not restarted."""
+    import time
+
+    ct = lk.ct
+    runs = lk.preset("cpu-runs", ON_CPU, reload=False)
+    lk.preset("cpu-fails", f'cpu_fallback = "fail"\n{ON_CPU}')
+    ct.systemctl("restart", "lokid.service")
+    try:
+        ct.systemctl("start", unit("cpu-runs"), unit("cpu-fails"))
+        deadline = time.monotonic() + 60
+        while "running on the CPU" not in lk.show("cpu-runs", "StatusText")["StatusText"] or \
+                lk.show("cpu-fails", "ActiveState")["ActiveState"] != "failed":
+            assert time.monotonic() < deadline, (lk.journal("cpu-runs")[-2000:],
+                                                 lk.journal("cpu-fails")[-2000:],
+                                                 ct.journal("lokid.service")[-2000:])
+            time.sleep(0.2)
+        status = lk.show("cpu-runs", "StatusText", "ActiveState")
+        assert status["ActiveState"] == "active" and lk.health(runs) == 200
+        assert re.fullmatch(r"ready: cpu-runs \(llama.gguf\) at http://127\.0\.0\.1:\d+ "
+                            r"\(loaded in [\d.]+ s\) — running on the CPU: it says offloaded "
+                            r"3/3 layers to GPU.*", status["StatusText"]), status
+        time.sleep(2)   # RestartSec= (5 s) has not passed, but the unit must not be pending
+        failed = lk.show("cpu-fails", "ActiveState", "Result", "ExecMainStatus", "NRestarts",
+                         "StatusText")
+        assert failed["ActiveState"] == "failed" and failed["Result"] == "exit-code", failed
+        assert failed["ExecMainStatus"] == "78" and failed["NRestarts"] == "0", failed
+        assert failed["StatusText"].startswith("stopped: the engine runs on the CPU: it says "
+                                               "offloaded 3/3 layers to GPU"), failed
+        assert failed["StatusText"].endswith('(the preset says cpu_fallback = "fail"; a start '
+                                             'by hand tries again)'), failed
+        assert "Traceback" not in lk.journal("cpu-fails") + lk.journal("cpu-runs")
+        assert "counted as a failure" not in lk.journal("cpu-fails")
+        assert ct.run(["ls", "/run/loki"]).stdout.count(".oncpu") == 0   # both taken
+    finally:
+        ct.systemctl("stop", unit("cpu-runs"), unit("cpu-fails"), check=False)
+        ct.systemctl("reset-failed", unit("cpu-fails"), check=False)
+

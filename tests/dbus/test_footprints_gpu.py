@@ -11,6 +11,7 @@ record.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -108,9 +109,17 @@ async def _false(*_a: Any) -> bool:
     return False
 
 
-def test_a_start_on_the_cpu_is_stopped_where_the_preset_says_fail() -> None:
-    """Issue 44, item 3: lokid.dbus.oncpu, handed what the journal watcher found."""
+def test_a_start_on_the_cpu_is_told_and_stopped_by_the_daemon_only_when_not_taken(
+        tmp_path: Path) -> None:
+    """Issue 44, item 3: lokid.dbus.oncpu, handed what the journal watcher found, leaves the
+    start its note (its engine step says it, and ends a "fail" preset's start failed:
+    tests/unit/test_oncpu.py); the daemon stops that start itself only where the note
+    cannot be written, or is not taken in time by the same start (a step of a release
+    before notes)."""
     from lokid.dbus.oncpu import OnCpu
+    from lokid.runners.runner import READY, EngineState
+    from lokid.store.oncpunote import note_path, read_note, take_note
+    from lokid.store.runtimedir import write_runtime_plan
     from lokid.watch.journalwatch import AutoCut
 
     stopped: list[str] = []
@@ -119,17 +128,35 @@ def test_a_start_on_the_cpu_is_stopped_where_the_preset_says_fail() -> None:
         stopped.append(name)
         return "stopped"
 
-    views = {n: PresetView(n, "", "m.gguf", "off", None, cpu_fallback=f)
-             for n, f in (("runs", "run"), ("fails", "fail"))}
-    host = SimpleNamespace(registry=SimpleNamespace(presets=views),
-                           runner=SimpleNamespace(stop=stop))
-    on_cpu = OnCpu(host)  # type: ignore[arg-type]
+    run = tmp_path / "run"
+    run.mkdir()
+    names = ("runs", "fails", "taken", "unwritable")
+    for name in names:
+        write_runtime_plan(str(run), _runtime_plan(name, "inv"))
+    views = {n: PresetView(n, "", "m.gguf", "off", None,
+                           cpu_fallback="run" if n == "runs" else "fail") for n in names}
+    host = SimpleNamespace(registry=SimpleNamespace(presets=views), runtime_dir=str(run),
+                           runner=SimpleNamespace(stop=stop, state=lambda n: EngineState(READY)))
+    on_cpu = OnCpu(host, grace=0.3)  # type: ignore[arg-type]
+    (run / "unwritable.oncpu").mkdir()   # the note cannot be put in its place
 
     async def main() -> None:
-        for name in ("runs", "fails"):
+        for name in names:
             on_cpu(AutoCut(name, "inv", "its GPU backend did not start (CUDA: …)"))
+        assert take_note(str(run), "taken", "inv") is not None   # its step acts on it
         while on_cpu.stops:
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    assert stopped == ["fails"] and on_cpu.stopped == ["fails"]
+    assert sorted(stopped) == ["fails", "unwritable"] == sorted(on_cpu.stopped)
+    runs = read_note(str(run), "runs", "inv")
+    assert runs is not None and not runs.fail and runs.reason.startswith("its GPU backend")
+    assert os.path.exists(note_path(str(run), "fails"))
+
+
+def _runtime_plan(name: str, invocation: str) -> Any:
+    from lokid.core.attempt import Mark
+    from lokid.core.runtimeplan import RuntimePlan
+
+    return RuntimePlan(name, ("/e",), {}, "127.0.0.1", 8080, Mark("f", "/e", 1),
+                       invocation=invocation)
