@@ -7,9 +7,11 @@ what the engine holds:
 - per GPU, the NVIDIA driver's per-process figure over the start's processes (an engine
   with a GPU backend, the driver asked as :mod:`lokid.dbus.telemetry` does), else the
   engine's buffer lines where it printed them (``-lv 4``);
-- on the host, the runner's memory figure of the engine: the unit's ``MemoryCurrent``
-  under systemd (its cgroup, page cache of the model included), the engine's resident
-  memory under the local runner.
+- on the host, what the engine holds: under systemd, its unit's cgroup's ``memory.stat``
+  without the page cache of files it read and does not map (issue 44, item 11,
+  :mod:`lokid.core.place.held`: ``MemoryCurrent`` made a fully offloaded 40 GB model
+  "need" 40 GB of RAM), and ``MemoryCurrent`` only where that file cannot be read; the
+  engine's resident memory under the local runner.
 
 The record (:mod:`lokid.core.place.footprint`) is kept in the state DB under the
 preset's memory key, so that the next start of the same configuration (after a restart
@@ -276,8 +278,10 @@ class Footprints:
             pids = await runner.engine_pids(name)
             if pids:
                 nvml = await asyncio.to_thread(self.telemetry.gpu.used, pids)
-        host = None
-        sampler = await runner.io_sampler(name)
+        # what it holds (its cgroup's memory.stat under systemd), else the sampler's figure
+        held = getattr(runner, "held_memory", None)
+        host = await held(name) if held is not None else None
+        sampler = await runner.io_sampler(name) if host is None else None
         if sampler is not None:
             sample = await sampler()
             host = sample.memory_bytes if sample is not None else None

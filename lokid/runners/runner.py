@@ -139,6 +139,12 @@ class Runner(ABC):
         """A sampler of the running engine's disk reads and memory (the benchmark's thrash
         hint), each from where this runner can read them; None when it cannot."""
 
+    async def held_memory(self, preset: str) -> int | None:
+        """What the running engine holds in the host's memory, page cache of the files it
+        only read left out (a footprint's host figure); None where this runner cannot tell
+        (the footprint then takes the sampler's figure)."""
+        return None
+
     async def engine_pids(self, preset: str) -> list[int]:
         """The processes of the preset's running start (the supervisor, the engine and
         anything they started); [] when it does not run or this runner cannot tell."""

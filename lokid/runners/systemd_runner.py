@@ -17,11 +17,14 @@ subscribes again and reads every tracked unit afresh.
 The benchmark's thrash hint reads the unit's cgroup counters, ``IOReadBytes``
 (the unit has ``IOAccounting=yes``) and ``MemoryCurrent``: the engine runs as
 loki, and its ``/proc/<pid>/io`` would need CAP_SYS_PTRACE, which the daemon
-does not have.
+does not have. A footprint's host figure is what the engine holds, from the cgroup's
+``memory.stat`` (:meth:`SystemdRunner.held_memory`): ``MemoryCurrent`` counts the page
+cache of the model file a GPU engine read once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -271,6 +274,23 @@ class SystemdRunner(Runner):
                      "(IOReadBytes unknown: no io controller, or IOAccounting off)", unit)
             return None
         return sample
+
+    async def held_memory(self, preset: str) -> int | None:
+        """What the unit's processes hold, from its cgroup's ``memory.stat``
+        (:mod:`lokid.core.place.held`: ``MemoryCurrent`` without the page cache of files
+        they read and do not map); None when the file or the unit cannot be read."""
+        try:
+            (path,) = await self._call(SYSTEMD_PATH, SYSTEMD_MANAGER, "GetUnit", "s",
+                                       [engine_unit(preset)])
+            (group,) = await self._call(str(path), PROPERTIES, "Get", "ss",
+                                        [SERVICE_INTERFACE, "ControlGroup"])
+        except DBusError:
+            return None
+        from ..core.place.held import held_bytes
+        from ..host.cgroupmem import read_memory_stat
+
+        text = await asyncio.to_thread(read_memory_stat, str(group.value))
+        return held_bytes(text) if text is not None else None
 
     async def reload(self) -> None:
         """``daemon-reload``: systemd reruns lokid's generator, the drop-ins follow the presets."""

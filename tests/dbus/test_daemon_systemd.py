@@ -765,3 +765,70 @@ def test_the_engine_units_status_says_it_runs_on_the_cpu(lk: LokidSystem) -> Non
         ct.systemctl("stop", unit("cpu-runs"), unit("cpu-fails"), check=False)
         ct.systemctl("reset-failed", unit("cpu-fails"), check=False)
 
+
+# An engine that first reads a file its unit then holds in the page cache only (a GPU
+# engine's model after its copy to the GPU), then runs as the real engine.
+READS_A_FILE = """\
+for arg in "$@"; do
+    case "$arg" in --help|--version) exec "$ENGINE" "$@" ;; esac
+done
+cat /var/lib/loki-models/pagecache.bin > /dev/null
+exec "$ENGINE" "$@"
+"""
+# Written, synced and dropped from the page cache, so that the engine's read charges it
+# to the engine's cgroup (a cached page is charged to the cgroup that first faulted it in).
+UNCACHED_FILE = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for _ in range(192):
+    os.write(fd, os.urandom(1 << 20))
+os.fsync(fd)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+os.close(fd)
+"""
+HELD = """
+import asyncio, sys
+sys.path.insert(0, "/opt/lokid")
+from dbus_fast import BusType
+from dbus_fast.aio import MessageBus
+from lokid.runners.systemd_runner import SystemdRunner
+async def main():
+    bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+    print(await SystemdRunner(bus, lambda *a: None).held_memory(sys.argv[1]))
+asyncio.run(main())
+"""
+
+
+def test_a_footprints_host_figure_leaves_the_page_cache_of_files_read_out(
+        lk: LokidSystem) -> None:
+    """Issue 44, item 11, on a real cgroup (cgroup v2 under the container's systemd): the
+    unit's MemoryCurrent counts the 192 MiB its engine read; what the runner says the
+    engine holds (memory.stat, lokid.core.place.held) does not."""
+    ct = lk.ct
+    ct.run(["python3", "-c", UNCACHED_FILE, "/var/lib/loki-models/pagecache.bin"])
+    lk.track_path("/var/lib/loki-models/pagecache.bin")
+    lk.set_engine(lk.engine_wrapper("reads-a-file", READS_A_FILE))
+    port = lk.preset("pagecache", 'model = "llama.gguf"\n')
+    try:
+        ct.systemctl("start", unit("pagecache"))
+        assert lk.health(port) == 200
+        current = unit_counter(ct, "pagecache", "MemoryCurrent")
+        group = ct.run(["systemctl", "show", "-P", "ControlGroup", unit("pagecache")]).stdout
+        read = ct.run(["cat", f"/sys/fs/cgroup{group.strip()}/memory.stat"], check=False)
+        r = ct.run(["python3", "-c", HELD, "pagecache"], check=False)
+        assert r.returncode == 0, r.stderr
+        if read.returncode != 0:
+            # a host whose memory controller is on cgroup v1 (this one's, in 2026) leaves
+            # the container's cgroup2 without it: no memory.stat, and lokid says none
+            assert r.stdout.strip() == "None" and current == UINT64_MAX, (r.stdout, current)
+            pytest.skip("the container's cgroup2 has no memory controller (the host's is "
+                        "on cgroup v1): no memory.stat to read")
+        stat = read.stdout
+        held = int(r.stdout)
+        print(f"\n{unit('pagecache')}: MemoryCurrent {current}, held {held}; memory.stat:\n"
+              f"{stat}")
+        assert current >= 150 * 2**20, stat    # the file's pages are the unit's
+        assert 0 < held <= current - 150 * 2**20, (held, current, stat)
+    finally:
+        ct.systemctl("stop", unit("pagecache"), check=False)
+        lk.set_engine(lk.engine)

@@ -101,6 +101,48 @@ def test_buffer_lines_measure_the_gpu_the_start_sees(tmp_path: Path) -> None:
         found.sources["GPU2"] == BUFFERS
 
 
+def test_the_host_figure_is_what_the_engine_holds_not_the_models_page_cache(
+        tmp_path: Path) -> None:
+    """Issue 44, item 11: under systemd the unit's MemoryCurrent counts the page cache of
+    the model file a GPU engine read once (here 40 GiB); the host figure is what its
+    cgroup's memory.stat says it holds (the runner's held_memory: tests/dbus/
+    test_daemon_systemd.py reads a real unit's), MemoryCurrent only where that is
+    unknown."""
+    from lokid.core.iosample import IOSample
+    from lokid.core.place.footprint import CGROUP
+    from lokid.core.requestlog import EngineLog
+
+    log = EngineLog()
+    log.feed("0.00.241.592 I load_tensors:        CUDA0 model buffer size =   920.22 MiB", 0.0)
+
+    async def sampler() -> IOSample:
+        return IOSample(0, 40 * GiB, "memory of loki-engine@p.service")
+
+    async def io_sampler(name: str) -> Any:
+        return sampler
+
+    def measured(held: int | None) -> Any:
+        fp, view = _setup(tmp_path, ("0",), None, {})
+        fp.telemetry.daemon.registry.presets["p"] = replace(
+            view, plan=SimpleNamespace(argv=["llama-server"]))
+
+        async def held_memory(name: str) -> int | None:
+            return held
+
+        fp.telemetry.daemon.runner = SimpleNamespace(
+            engine_pids=_none, io_sampler=io_sampler, held_memory=held_memory)
+        fp.telemetry.meters = SimpleNamespace(
+            dirty=set(), starts={"p": SimpleNamespace(log=log)}, snapshot=lambda name: {})
+        fp.telemetry.has_gpu = _false
+        return asyncio.run(fp.measure("p"))
+
+    found = measured(300 * 2**20)
+    assert found is not None and found.held["host"] == 300 * 2**20, found
+    assert found.sources["host"] == CGROUP and found.held["GPU0"] > 900 * 2**20
+    found = measured(None)   # memory.stat not readable: MemoryCurrent, as before
+    assert found is not None and found.held["host"] == 40 * GiB
+
+
 async def _none(*_a: Any) -> None:
     return None
 

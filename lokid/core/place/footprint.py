@@ -16,9 +16,9 @@ would place an engine by another's figures.
   every buffer: what the device really lost; on the H200 the tiny model's buffer lines
   summed to 127 MiB and NVML said 674 MiB), else the engine's own buffer lines (model,
   KV, compute: ``-lv 4``), which leave the context out;
-- the host: the unit's cgroup (``memory.peak`` where systemd 256+ or the kernel shows it,
-  else ``MemoryCurrent``): the engine's whole resident memory, page cache of the model
-  file included, which is what a ``MemoryMax=`` counts;
+- the host: what the engine holds, from the unit's cgroup (``memory.stat``: its own
+  memory, the kernel's for it, shmem and the file pages it maps; not the page cache of the
+  model file it only read, :mod:`lokid.core.place.held`), else ``MemoryCurrent``;
 - before any load: the estimate from the GGUF header (:mod:`lokid.core.place.estimate`).
 
 **Which GPU** (issue 44, item 5). The engine names a device by its backend's index among
@@ -48,7 +48,7 @@ from .policy import HOST, size_text
 
 NVML = "nvml"            # the NVIDIA driver, per process
 BUFFERS = "buffers"      # the engine's buffer lines (-lv 4)
-CGROUP = "cgroup"        # the unit's cgroup: memory.peak or MemoryCurrent
+CGROUP = "cgroup"        # the unit's cgroup: memory.stat (held), else MemoryCurrent
 PROCESS = "process"      # the engine's own resident memory (local runner: no cgroup)
 ESTIMATE = "estimate"    # the GGUF header
 OOM = "oom"              # raised after a start that failed out of memory (corrected())
