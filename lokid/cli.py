@@ -141,7 +141,7 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
                          ensure_ascii=False))
     else:
         print(format_plan(plan))
-        print(f"memory: {memory.sizing.text if memory else unsized}")
+        print(f"memory: {memory.text if memory else unsized}")
         if chosen:
             print(f"a start now: {chosen}")
         if room is not None:

@@ -10,6 +10,8 @@ what each preset needs on it.
   (``does_not_fit``: the refusal the gateway answers at once, and ``lokid plan`` too).
   A preset split with RPC workers (``rpc``) has none until its first load is measured:
   the estimate would count every layer here, where the engine puts some on the workers.
+  Its devices whose room could not be read are in ``room_unknown`` with why (issue 44,
+  item 10): no refusal for them, and the gateway does not wait for them.
 
 When it is read: at the daemon's start, when an engine changes state (:data:`AFTER_READY`
 seconds after one became ready: the request that started it is being answered, on the
@@ -36,6 +38,7 @@ from ..core.errors import LokiError, StalePlanError, printable
 from ..core.fleet.rpc import workers_of
 from ..core.gpuselect import listing_env
 from ..core.place.need import Sizing, size_plan
+from ..core.place.policy import room_unknown
 from ..host.devices import Room, listed_gpus, read_room, room_json
 from ..planning.sizing import Memory, never_fits_here
 from ..store.runtimedir import read_runtime_plan
@@ -97,9 +100,14 @@ class DeviceRoom:
             # engine puts some on the workers; unknown until its first load is measured,
             # so the gateway's placement neither holds its start back nor evicts for it
             return {}
-        never = never_fits_here(argv, sizing, self.room.devices) if self.room is not None \
-            else ""
-        out = Memory(sizing, never).to_json()   # as lokid plan --json shows it
+        room = self.room
+        # a device whose room is unknown refuses nothing and holds nothing back (the
+        # gateway places by what is known: room_unknown in Memory)
+        never = never_fits_here(argv, sizing, room.devices, room.unknown) \
+            if room is not None else ""
+        unknown = room_unknown(sizing.need, room.devices, room.unknown) \
+            if room is not None else {}
+        out = Memory(sizing, never, unknown).to_json()   # as lokid plan --json shows it
         if sizing.need.count and name in self.host.daemon.active_presets():
             running = self.sizing(name, running=True)   # where its start put it
             if running is not None and not running.need.count:
@@ -145,7 +153,8 @@ class DeviceRoom:
                              cost=view.footprint.load_seconds if view.footprint else None,
                              gpu_choice=view.plan.gpu_choice,
                              gpu_capacity={d.name: d.capacity for d in room.devices}
-                             if room is not None else None)
+                             if room is not None else None,
+                             gpu_uuids=room.uuids if room is not None else None)
         except (ValueError, LokiError):   # a KV type the estimate does not know
             return None
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from dbus_fast import DBusError
 
 from ..core.external import EXTERNAL
-from ..core.place.policy import Device, Need, Resident, Waiting, decide, fits_now
+from ..core.place.policy import Device, Need, Resident, Waiting, decide, fits_now, placeable
 from ..core.place.settings import PlacementConfig
 from ..core.swaps import MAX_WAIT as CLOSE_AFTER
 from ..core.swaps import NEVER
@@ -94,9 +94,15 @@ def devices_of(rows: list[dict[str, object]]) -> list[Device]:
 
 def need_of(preset: Preset) -> Need | None:
     """The preset's need from its Memory; None when it is unknown. Its cost: the measured
-    load, else the groups' estimate from that need (:func:`~.groups.swap_cost`)."""
+    load, else the groups' estimate from that need (:func:`~.groups.swap_cost`). Its part
+    on devices whose room the daemon could not read (``room_unknown``) is left out: a
+    start waits for no room that nobody knows (issue 44, item 10)."""
     need = preset.need()
-    return None if need is None else Need(preset.name, *need, swap_cost(preset)[0])
+    if need is None:
+        return None
+    unknown = preset.memory.get("room_unknown")
+    unknown = {str(k): str(v) for k, v in unknown.items()} if isinstance(unknown, dict) else {}
+    return placeable(Need(preset.name, *need, swap_cost(preset)[0]), unknown)
 
 
 def held_of(preset: Preset, need: Need | None, granted_on: tuple[str, ...] = ()

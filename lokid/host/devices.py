@@ -13,6 +13,19 @@ Every figure that could not be read is said in :attr:`Room.notes`, in words an o
 can act on; the parsers (:mod:`lokid.core.place.room`) bound what they read. Nothing
 here raises for what the host says: a host whose devices cannot be read has the host's
 memory only.
+
+**Unknown is not none** (issue 44, item 10). A GPU whose room could not be read is in
+:attr:`Room.unknown` with the reason: one GPU the driver refused (``GPU1``), a GPU in MIG
+mode (its room is its instances', see :mod:`lokid.host.nvml`), or every GPU
+(:data:`~lokid.core.place.policy.ANY_GPU`) where neither the driver nor the engine's
+``--list-devices`` answered (a non-zero exit is no answer: a CUDA build that cannot
+start CUDA exits so). Taken as "no GPU", such a host refused every preset pinned to a
+GPU ("needs 4 MiB on GPU1, which this host does not have"). An engine that answers and
+lists no GPU is an answer: its engines run on the host.
+
+**UUIDs** (issue 44, item 8): :attr:`Room.uuids` maps each ``GPU-…`` and ``MIG-…`` UUID
+the driver gave to lokid's name of that device, so that a preset pinned by UUID is sized
+on it.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..core.place.footprint import gpu_of_device
-from ..core.place.policy import HOST, Device, size_text
+from ..core.place.policy import ANY_GPU, HOST, Device, size_text
 from ..core.place.room import parse_cgroup_bytes, parse_devices, parse_meminfo
 from ..core.place.settings import PlacementConfig
 
@@ -44,9 +57,17 @@ class Room:
     names: Mapping[str, str] = field(default_factory=dict)   # "GPU0" → "NVIDIA H200"
     # per GPU, the driver's pid → bytes; None when the GPUs were not read from NVML
     processes: Mapping[str, Mapping[int, int]] | None = None
+    uuids: Mapping[str, str] = field(default_factory=dict)    # "GPU-…"/"MIG-…" → "GPU0"
+    # devices whose room could not be read → why (ANY_GPU: every GPU not listed)
+    unknown: Mapping[str, str] = field(default_factory=dict)
 
     def gpus(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.devices if d.gpu)
+
+    def whole_gpus(self) -> tuple[str, ...]:
+        """The GPUs a start's choice may give by index (``CUDA_VISIBLE_DEVICES=1``): not
+        the MIG instances (``GPU0/MIG2``), which CUDA takes by UUID only."""
+        return tuple(g for g in self.gpus() if "/" not in g)
 
 
 def _read(path: str, limit: int = 1 << 16) -> str | None:
@@ -98,6 +119,11 @@ def listed_gpus(engine: str, env: Mapping[str, str] | None = None
         name = gpu_of_device(d.name)
         if name and name not in found:
             found[name] = (d.total_bytes, d.free_bytes, d.description)
+    if done.returncode != 0:   # no answer: what it listed may not be all
+        said = [line.strip() for line in done.stderr.decode("utf-8", "replace").splitlines()
+                if line.strip() and not line.strip().startswith("Available devices")]
+        last = f": {said[-1][:200]}" if said else ""
+        return found, f"{engine} --list-devices failed: exit status {done.returncode}{last}"
     return found, ""
 
 
@@ -120,15 +146,27 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
     free: dict[str, int] = {}
     sources: dict[str, str] = {}
     names: dict[str, str] = {}
+    uuids: dict[str, str] = {}
+    unknown: dict[str, str] = {}
     if gpu_engine:
         nvml = getattr(gpu, "devices", None)
         found = nvml() if callable(nvml) else None
         if found is not None:
             processes = {}
             for d in found:
-                name = f"GPU{d.index}"
+                name = d.label
+                if d.uuid:
+                    uuids[d.uuid] = name
                 if d.error:   # this GPU unknown, the others read
                     notes.append(d.error)
+                    unknown[name] = d.error
+                    continue
+                if d.mig_mode:   # its instances are the room
+                    parts = [x.label for x in found if x.index == d.index and x.mig >= 0]
+                    unknown[name] = (f"{name} is in MIG mode: its memory is its MIG "
+                                     f"instances' ({', '.join(parts) or 'none made'}); "
+                                     "name one by its MIG- UUID in gpus")
+                    notes.append(unknown[name])
                     continue
                 # the driver's reserve (NVML v2) is no one's room: not in the total
                 totals[name], free[name], names[name] = d.total - d.reserved, d.free, d.name
@@ -142,11 +180,16 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
                 notes.append(why + "; the devices are read from the engine's --list-devices")
             if failed:
                 notes.append(failed)
+                unknown[ANY_GPU] = "; ".join(w for w in (why, failed) if w)
             for name, (total, nfree, desc) in listed.items():
                 totals[name], free[name], names[name] = total, nfree, desc
                 sources[name] = f"{os.path.basename(engine)} --list-devices"
             if not listed and not failed:
                 notes.append(f"{engine} --list-devices lists no GPU: engines run on the host")
+        else:   # the driver did not answer, and no engine to ask
+            why = getattr(gpu, "why_unknown", lambda: "")() or "the GPUs were not asked"
+            notes.append(why)
+            unknown[ANY_GPU] = why
     total, host_free, host_source = host_figures(placement, proc, cgroup_root)
     if total:
         # MemAvailable says nothing of a bound's share lokid's engines took already: a
@@ -161,7 +204,8 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
         used = max(0, t - free[name])
         others = max(0, used - max(0, held.get(name, 0)))
         devices.append(Device(name, t, placement.reserve.get(name, 0), others))
-    return Room(tuple(devices), free, sources, tuple(notes), names, processes)
+    return Room(tuple(devices), free, sources, tuple(notes), names, processes, uuids,
+                unknown)
 
 
 def explain(room: Room) -> list[str]:

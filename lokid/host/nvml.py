@@ -15,6 +15,22 @@ first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); the kind is ``process``: all the
 process holds on that GPU, every buffer together. Process ids are the host's: a
 daemon in a container with its own pid namespace sees none of its engines.
 
+**MIG** (issue 44, item 8). A GPU in MIG mode is split into instances, each with its
+own memory; a process (an engine whose ``CUDA_VISIBLE_DEVICES`` names a ``MIG-…`` UUID)
+can use its instance's memory and no more, and NVML's memory of the GPU itself is the
+whole card's. So where ``nvmlDeviceGetMigMode`` says MIG is on, each instance is read
+through its own handle (``nvmlDeviceGetMaxMigDeviceCount`` slots, each
+``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot is NVML_ERROR_NOT_FOUND and
+skipped) for its memory, name, UUID and processes, and the GPU itself is listed with
+:attr:`GpuDevice.mig_mode` set and is nobody's room: offered whole, a preset would have
+been placed into memory it can never reach. Naming: a whole GPU stays ``GPU<n>`` (NVML's
+index, as the README promises); an instance is ``GPU<n>/MIG<k>``, ``k`` being NVML's
+index of the instance under its GPU (the slot it was read at), so that the GPU it
+belongs to is in its name, and no ``GPU<m>`` of another card can be mistaken for it.
+Operators name an instance by its UUID (``gpus = "MIG-…"``, what CUDA reads); the name is
+what lokid shows and books it by. A GPU whose MIG mode cannot be asked (an old driver or
+binding: NVML_ERROR_NOT_SUPPORTED, no such function) is a whole GPU, as before.
+
 Calls into the driver can block (a busy or resetting GPU): the daemon makes them in
 a worker thread, a few seconds apart.
 
@@ -105,11 +121,15 @@ class GpuMemory:
             try:
                 for index in range(nvml.nvmlDeviceGetCount()):
                     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                    for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                        used = getattr(proc, "usedGpuMemory", None)
-                        if proc.pid in wanted and isinstance(used, int):
-                            key = f"GPU{index} process"
-                            out[key] = out.get(key, 0.0) + used / MIB
+                    # on a MIG GPU, each instance's processes: booked where they are
+                    for slot, h in (_instances(nvml, handle) if _mig_on(nvml, handle)
+                                    else [(-1, handle)]):
+                        name = device_name(index, slot)
+                        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(h):
+                            used = getattr(proc, "usedGpuMemory", None)
+                            if proc.pid in wanted and isinstance(used, int):
+                                key = f"{name} process"
+                                out[key] = out.get(key, 0.0) + used / MIB
             except Exception as e:  # the driver went away (a reset, an unload)
                 self._why = f"the NVIDIA driver stopped answering (NVML: {_text(e)})"
                 self._nvml, self._tried = None, self._clock()
@@ -125,16 +145,23 @@ class GpuMemory:
             if nvml is None:
                 return None
             try:
-                return [_device(nvml, i) for i in range(min(64, nvml.nvmlDeviceGetCount()))]
+                return [d for i in range(min(64, nvml.nvmlDeviceGetCount()))
+                        for d in _device(nvml, i)]
             except Exception as e:  # the driver went away (a reset, an unload)
                 self._why = f"the NVIDIA driver stopped answering (NVML: {_text(e)})"
                 self._nvml, self._tried = None, self._clock()
                 return None
 
 
+def device_name(index: int, mig: int = -1) -> str:
+    """``GPU<index>`` for a whole GPU, ``GPU<index>/MIG<mig>`` for a MIG instance."""
+    return f"GPU{index}" if mig < 0 else f"GPU{index}/MIG{mig}"
+
+
 @dataclass(frozen=True)
 class GpuDevice:
-    """One GPU as the driver sees it (``nvmlDeviceGetMemoryInfo``), in bytes."""
+    """One GPU, or one MIG instance of a GPU, as the driver sees it
+    (``nvmlDeviceGetMemoryInfo``), in bytes."""
 
     index: int
     name: str
@@ -144,19 +171,51 @@ class GpuDevice:
     reserved: int = 0                      # the driver's own, no one's room (v2)
     uuid: str = ""
     error: str = ""                        # why this GPU could not be read ("" when read)
+    mig: int = -1                          # a MIG instance: its index under GPU ``index``
+    mig_mode: bool = False                 # a whole GPU in MIG mode: its instances are room
 
     @property
     def free(self) -> int:
         return max(0, self.total - self.reserved - self.used)
 
+    @property
+    def label(self) -> str:
+        """How lokid names it: ``GPU0``, ``GPU0/MIG2`` (see the module docstring)."""
+        return device_name(self.index, self.mig)
 
-def _device(nvml: Any, index: int) -> GpuDevice:
+
+def _device(nvml: Any, index: int) -> list[GpuDevice]:
+    """GPU ``index``: itself, and where it is in MIG mode each of its instances."""
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
     except Exception as e:  # this GPU's node refused or gone: the others may answer
         if not _is_nvml_error(nvml, e):
             raise
-        return GpuDevice(index, "", 0, 0, error=reason(_text(e), f"GPU{index}"))
+        return [GpuDevice(index, "", 0, 0, error=reason(_text(e), f"GPU{index}"))]
+    whole = _read(nvml, index, handle)
+    if not _mig_on(nvml, handle):
+        return [whole]
+    try:
+        instances = _instances(nvml, handle)
+    except Exception as e:  # its instances cannot be listed: the GPU unknown, not whole
+        if not _is_nvml_error(nvml, e):
+            raise
+        return [GpuDevice(index, whole.name, 0, 0, uuid=whole.uuid, mig_mode=True,
+                          error=reason(_text(e), f"GPU{index}'s MIG instances"))]
+    out = [GpuDevice(index, whole.name, whole.total, whole.used, whole.processes,
+                     whole.reserved, whole.uuid, mig_mode=True)]
+    for slot, h in instances:
+        try:
+            out.append(_read(nvml, index, h, slot))
+        except Exception as e:  # this instance unreadable: the others may answer
+            if not _is_nvml_error(nvml, e):
+                raise
+            out.append(GpuDevice(index, "", 0, 0, mig=slot,
+                                 error=reason(_text(e), device_name(index, slot))))
+    return out
+
+
+def _read(nvml: Any, index: int, handle: Any, mig: int = -1) -> GpuDevice:
     total, reserved, used = _memory(nvml, handle)
     procs: dict[int, int] = {}
     for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
@@ -164,7 +223,40 @@ def _device(nvml: Any, index: int) -> GpuDevice:
         if isinstance(nbytes, int) and isinstance(proc.pid, int):
             procs[proc.pid] = procs.get(proc.pid, 0) + nbytes
     return GpuDevice(index, _string(nvml, "nvmlDeviceGetName", handle)[:64], total, used,
-                     procs, reserved, _string(nvml, "nvmlDeviceGetUUID", handle)[:96])
+                     procs, reserved, _string(nvml, "nvmlDeviceGetUUID", handle)[:96], mig=mig)
+
+
+def _mig_on(nvml: Any, handle: Any) -> bool:
+    """Whether the GPU is in MIG mode now (its current mode; a pending one takes effect at
+    the GPU's reset). No: a GPU without MIG (NVML_ERROR_NOT_SUPPORTED), a driver or
+    binding too old to say."""
+    ask = getattr(nvml, "nvmlDeviceGetMigMode", None)
+    if ask is None:
+        return False
+    try:
+        current = ask(handle)[0]
+    except Exception as e:
+        if not _is_nvml_error(nvml, e):
+            raise
+        return False
+    return bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+
+MAX_MIG = 64   # slots asked at most per GPU (an A100 or H100 has 7)
+
+
+def _instances(nvml: Any, handle: Any) -> list[tuple[int, Any]]:
+    """The MIG instances of a GPU in MIG mode: (their index under it, handle), empty
+    slots (NVML_ERROR_NOT_FOUND) left out. NVML errors other than that raise."""
+    not_found = getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)
+    out = []
+    for slot in range(min(MAX_MIG, int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)))):
+        try:
+            out.append((slot, nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)))
+        except Exception as e:
+            if not _is_nvml_error(nvml, e) or getattr(e, "value", None) != not_found:
+                raise
+    return out
 
 
 def _memory(nvml: Any, handle: Any) -> tuple[int, int, int]:

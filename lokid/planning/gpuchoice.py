@@ -21,7 +21,9 @@ processes already hold per the driver (NVML); with ``--list-devices`` alone, its
 claim.
 
 A host where no GPU is found (a CPU build, no driver, none listed) chooses nothing: the
-engine sees what it would without lokid, and the note says so.
+engine sees what it would without lokid, and the note says so. MIG instances are not
+chosen from: the choice is written as indices, and CUDA takes an instance by its UUID
+only (pin one with ``gpus = "MIG-…"``).
 """
 
 from __future__ import annotations
@@ -153,7 +155,8 @@ def choose_for(plan: Plan, inputs: PlanInputs, memory: Memory, room: Room, runti
     need = memory.sizing.need
     taken = claimed(runtime_dir, plan.preset, room.processes, proc)
     reserve = {d.name: d.reserve for d in room.devices}
-    left = {g: room.free.get(g, 0) - reserve.get(g, 0) - taken.get(g, 0) for g in room.gpus()}
+    left = {g: room.free.get(g, 0) - reserve.get(g, 0) - taken.get(g, 0)
+            for g in room.whole_gpus()}
     choice = choose(need.count, need.per_gpu, left, taken)
     if not choice.gpus:
         why = choice.why + "".join(f"; {n}" for n in room.notes)

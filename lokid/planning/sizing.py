@@ -6,20 +6,22 @@ the files loaded beside it and the footprint kept for the plan's memory key (the
 DB, read only); the room is :func:`lokid.host.devices.read_room`. A preset that needs
 more on a device than the device has with every engine stopped and its reserve kept
 (:func:`lokid.core.place.policy.never_fits`) is refused with the figures: starting it
-could only fail out of memory.
+could only fail out of memory. A device whose room could not be read (``Room.unknown``)
+refuses nothing: the need on it is said with the reason its room is unknown
+(``room_unknown``), so an operator sees why lokid does not place it (issue 44, item 10).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, DoesNotFitError
 from ..core.flags import flag_value
 from ..core.place.footprint import Footprint, memory_key
 from ..core.place.need import DRAFT, MMPROJ, Sizing, size_plan
-from ..core.place.policy import Device, never_fits
+from ..core.place.policy import ANY_GPU, Device, never_fits, room_unknown
 from ..core.plan import Plan, PlanInputs
 from ..host.devices import Room
 
@@ -58,16 +60,28 @@ def extra_files(plan: Plan) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class Memory:
-    """A plan's need on this host, and why it can never fit ("" when it can)."""
+    """A plan's need on this host, why it can never fit ("" when it can), and the devices
+    of its need whose room is unknown, with why (``ANY_GPU``: the GPUs chosen at start)."""
 
     sizing: Sizing
     never: str
+    unknown: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The need in one line, and what of it is not placed for want of a room."""
+        parts = [self.sizing.text]
+        for device, why in sorted(self.unknown.items()):
+            whose = "the GPUs'" if device == ANY_GPU else f"{device}'s"
+            parts.append(f"{whose} room is unknown ({why}): not placed by it")
+        return "; ".join(parts)
 
     def to_json(self) -> dict[str, object]:
         return {"needs": dict(self.sizing.need.fixed),
                 **({"per_gpu": self.sizing.need.per_gpu, "gpu_count": self.sizing.need.count}
                    if self.sizing.need.count else {}),
-                "sources": dict(self.sizing.sources), "text": self.sizing.text,
+                "sources": dict(self.sizing.sources), "text": self.text,
+                **({"room_unknown": dict(self.unknown)} if self.unknown else {}),
                 **({"does_not_fit": self.never} if self.never else {})}
 
 
@@ -81,19 +95,23 @@ def size(plan: Plan, inputs: PlanInputs, room: Room, gpu_engine: bool,
                            host_gpus=room.gpus(), gpu_free=room.free, gpu_engine=gpu_engine,
                            extra=extra_files(plan), footprint=footprint, cost=cost,
                            gpu_choice=plan.gpu_choice,
-                           gpu_capacity={d.name: d.capacity for d in room.devices})
+                           gpu_capacity={d.name: d.capacity for d in room.devices},
+                           gpu_uuids=room.uuids)
     except ValueError as e:
         raise ConfigError(str(e), inputs.preset.path) from None
-    return Memory(sizing, never_fits_here(plan.argv, sizing, room.devices))
+    return Memory(sizing, never_fits_here(plan.argv, sizing, room.devices, room.unknown),
+                  room_unknown(sizing.need, room.devices, room.unknown))
 
 
-def never_fits_here(argv: Sequence[str], sizing: Sizing, devices: Sequence[Device]) -> str:
+def never_fits_here(argv: Sequence[str], sizing: Sizing, devices: Sequence[Device],
+                    unknown: Mapping[str, str] | None = None) -> str:
     """Why the plan can never fit on this host ("" when it can). A plan split with RPC
     workers (--rpc) is never refused so: the estimate counts every layer here, where the
-    engine puts some on the workers (their devices are not this host's)."""
+    engine puts some on the workers (their devices are not this host's). Nor is a need
+    on a device whose room is ``unknown`` (``Room.unknown``)."""
     from ..core.fleet.rpc import workers_of
 
-    return "" if workers_of(argv) else never_fits(sizing.need, devices)
+    return "" if workers_of(argv) else never_fits(sizing.need, devices, unknown)
 
 
 def refuse(memory: Memory, preset: str) -> None:

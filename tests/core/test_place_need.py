@@ -42,6 +42,28 @@ def test_which_gpus_the_engine_sees() -> None:
     assert engine_gpus({"CUDA_VISIBLE_DEVICES": "GPU-8f6a,GPU-77b1"}, host, True) == ((), 2)
 
 
+def test_gpus_named_by_uuid_are_the_devices_the_driver_gave_those_uuids() -> None:
+    """Issue 44, item 8: a preset pinned to a MIG instance (10 GiB of an 80 GiB card) was
+    sized as "one GPU to choose", and placed by the whole card's room."""
+    host = ("GPU0/MIG0", "GPU0/MIG2", "GPU1")
+    uuids = {"MIG-aa": "GPU0/MIG2", "GPU-bb": "GPU1", "GPU-cc": "GPU0"}
+    pinned = {"CUDA_VISIBLE_DEVICES": "MIG-aa"}
+    assert engine_gpus(pinned, host, True, uuids=uuids) == (("GPU0/MIG2",), 0)
+    assert engine_gpus({"CUDA_VISIBLE_DEVICES": "GPU-bb,MIG-aa"}, host, True, uuids=uuids) \
+        == (("GPU1", "GPU0/MIG2"), 0)
+    # a UUID the driver did not give (not read, or not this host's): to be found, as before
+    assert engine_gpus({"CUDA_VISIBLE_DEVICES": "GPU-bb,GPU-dd"}, host, True, uuids=uuids) \
+        == ((), 2)
+    s = size_plan("glm", ARGV, pinned, GLM, host_gpus=host, gpu_engine=True,
+                  gpu_uuids=uuids)
+    assert set(s.need.fixed) == {"GPU0/MIG2", HOST} and s.need.count == 0
+    # a footprint booked under the UUID (the engine's buffer lines) counts on that device
+    fp = Footprint("k", {"MIG-aa": 3 * GiB}, {"MIG-aa": BUFFERS})
+    s = size_plan("glm", ARGV, pinned, GLM, host_gpus=host, gpu_engine=True,
+                  gpu_uuids=uuids, footprint=fp)
+    assert s.need.fixed["GPU0/MIG2"] == 3 * GiB and s.sources["GPU0/MIG2"] == BUFFERS
+
+
 def test_a_cpu_engine_needs_everything_on_the_host() -> None:
     s = size_plan("glm", ARGV, {}, GLM, host_gpus=("GPU0",), gpu_engine=False)
     e = estimate(GLM, 8192, n_parallel=4, devices=0)

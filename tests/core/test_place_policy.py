@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 
 from lokid.core.place.policy import (
+    ANY_GPU,
     DECAY,
     GIB,
     HOST,
@@ -17,6 +18,8 @@ from lokid.core.place.policy import (
     Waiting,
     decide,
     never_fits,
+    placeable,
+    room_unknown,
 )
 
 G80 = [Device("GPU0", 80 * GIB), Device("GPU1", 80 * GIB)]
@@ -182,6 +185,36 @@ def test_refusals_for_fixed_devices_and_hosts_without_gpus():
     two = Need("x", per_gpu=50 * GIB, count=2)
     assert never_fits(two, [Device("GPU0", 80 * GIB), Device("GPU1", 40 * GIB)]) == \
         "needs 50.0 GiB on each of 2 GPUs; only 1 of 2 GPUs have that much"
+
+
+def test_a_room_that_is_unknown_refuses_nothing_and_holds_nothing_back():
+    """Issue 44, item 10: a host whose GPUs could not be read (no driver answer, the
+    engine's --list-devices failed) refused every pinned preset "which this host does
+    not have"; one GPU refused by the driver, every preset pinned to it."""
+    host = [Device(HOST, 2 * GIB)]
+    pinned = Need("x", {"GPU1": 4 * 2**20, HOST: GIB})
+    everything = {ANY_GPU: "NVML: Driver Not Loaded; --list-devices failed: exit status 1"}
+    assert never_fits(pinned, host, everything) == ""
+    assert room_unknown(pinned, host, everything) == {"GPU1": everything[ANY_GPU]}
+    assert never_fits(need("x", 1), host, everything) == ""     # one GPU to choose
+    assert room_unknown(need("x", 1), host, everything) == {ANY_GPU: everything[ANY_GPU]}
+    # what is known still refuses: the host's own figure
+    assert never_fits(Need("x", {"GPU1": GIB, HOST: 3 * GIB}), host, everything) == \
+        "needs 3.0 GiB on host; it has 2.0 GiB"
+    # one GPU unknown, the others read: only that one is spared; a GPU the driver does not
+    # list at all is still not this host's
+    one = {"GPU1": "the NVIDIA driver refused GPU1 (NVML: Insufficient Permissions)"}
+    assert never_fits(Need("x", {"GPU1": GIB}), G80[:1], one) == ""
+    assert never_fits(Need("x", {"GPU3": GIB}), G80[:1], one) == \
+        "needs 1.0 GiB on GPU3, which this host does not have"
+    assert never_fits(Need("x", per_gpu=50 * GIB, count=2), G80[:1], one) == ""
+    # the placement waits for none of it: what is left of the need starts at once
+    left = placeable(pinned, room_unknown(pinned, host, everything))
+    assert left.fixed == {HOST: GIB}
+    plan = decide(host, [], [Waiting(left, since=0.0)], now=0.0)
+    assert [s.preset for s in plan.starts] == ["x"] and not plan.refusals
+    plan = decide(host, [], [Waiting(pinned, since=0.0)], now=0.0)
+    assert [r.preset for r in plan.refusals] == ["x"]   # as it was, unplaced
 
 
 def test_host_memory_is_a_device_like_the_others():

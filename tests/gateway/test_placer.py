@@ -101,6 +101,22 @@ async def test_room_now_admits_at_once_and_the_start_holds_its_need() -> None:
     assert not pl.waiting   # a client gone leaves the queue
 
 
+async def test_a_need_on_a_gpu_whose_room_is_unknown_starts_at_once() -> None:
+    """Issue 44, item 10: the daemon could not read the GPUs (room_unknown in Memory):
+    the need on GPU1 is placed by nothing; a start waited, or was refused as needing a
+    GPU "which this host does not have"."""
+    clock = Clock()
+    p = preset("pinned", 10 * MiB)
+    p.memory = {"needs": {"GPU1": 4 * MiB, "host": 10 * MiB},
+                "room_unknown": {"GPU1": "the NVIDIA driver did not answer"}}
+    ps = FakePresets(HOST, [p])
+    pl = placer(ps, clock)
+    await asyncio.wait_for(enter(pl, p), 5)
+    assert pl.granted == {"pinned": clock.now} and not pl.why
+    need = need_of(p)
+    assert need is not None and need.fixed == {"host": 10 * MiB}
+
+
 async def enter(pl: Placer, p: Preset) -> None:
     async with pl.admitted(p):
         pass

@@ -141,6 +141,41 @@ def test_an_engine_that_lists_nothing_or_garbage_leaves_the_host(tmp_path: Path)
                                      "FileNotFoundError")
 
 
+def test_an_engine_whose_list_fails_leaves_the_gpus_unknown_not_none(tmp_path: Path) -> None:
+    """Issue 44, item 10: a CUDA build that cannot start CUDA exits non-zero; its empty
+    list was read as "no GPU", and every preset pinned to a GPU refused."""
+    from lokid.core.place.policy import ANY_GPU
+
+    script = tmp_path / "llama-server"
+    script.write_text("#!/bin/sh\necho 'Available devices:'\n"
+                      "echo 'ggml_cuda_init: failed to initialize CUDA: unknown error' >&2\n"
+                      "exit 1\n")
+    script.chmod(0o755)
+    found, why = listed_gpus(str(script))
+    assert found == {}
+    assert why == (f"{script} --list-devices failed: exit status 1: ggml_cuda_init: failed "
+                   "to initialize CUDA: unknown error")
+
+    def missing() -> types.ModuleType:
+        raise ImportError("No module named 'pynvml'")
+
+    room = read_room(PlacementConfig(), engine=str(script), gpu_engine=True,
+                     gpu=GpuMemory(missing), proc=fake_proc(tmp_path, 2**20, 2**19))
+    assert room.gpus() == () and set(room.unknown) == {ANY_GPU}
+    assert room.unknown[ANY_GPU].startswith("python3-pynvml is not installed")
+    assert room.unknown[ANY_GPU].endswith("exit status 1: ggml_cuda_init: failed to "
+                                          "initialize CUDA: unknown error")
+    # no engine to ask and no driver: unknown too, and said
+    room = read_room(PlacementConfig(), gpu_engine=True, gpu=GpuMemory(missing),
+                     proc=fake_proc(tmp_path, 2**20, 2**19))
+    assert room.unknown[ANY_GPU].startswith("python3-pynvml is not installed")
+    # an engine that answers and lists no GPU is an answer: nothing unknown
+    room = read_room(PlacementConfig(), engine=listing_engine(tmp_path, "Available devices:"),
+                     gpu_engine=True, gpu=GpuMemory(missing),
+                     proc=fake_proc(tmp_path, 2**20, 2**19))
+    assert room.unknown == {}
+
+
 def test_a_cpu_engine_asks_no_gpu(tmp_path: Path) -> None:
     asked = []
     gpu = GpuMemory(lambda: asked.append(1) or h200({}))  # type: ignore[func-returns-value]

@@ -10,8 +10,12 @@ kept (:mod:`lokid.core.place.footprint`), else the estimate from the GGUF header
   when said), ``--no-kv-unified``; the last occurrence wins, as in the engine;
 - the devices the engine sees: none for an engine without a GPU backend or a host
   without GPUs (everything on the host, as llama.cpp falls back to the CPU); the GPUs
-  named by ``CUDA_VISIBLE_DEVICES`` (the preset's ``gpus``) as ``GPU<n>``; UUIDs, which
-  only the driver maps, as a count of GPUs to be chosen; ``gpus = "auto"`` (the fewest
+  named by ``CUDA_VISIBLE_DEVICES`` (the preset's ``gpus``) as ``GPU<n>``; UUIDs
+  (``GPU-…``, ``MIG-…``) as the device the driver gave that UUID (``GPU1``, a MIG
+  instance ``GPU0/MIG2``: issue 44, item 8; sized as "a GPU to choose", a preset pinned to
+  a 10 GiB MIG instance was judged on the whole 80 GiB card), and only where one is not
+  known to the driver (none read, or not on this host) as a count of GPUs to be chosen;
+  a footprint measured under a UUID's name counts on that device; ``gpus = "auto"`` (the fewest
   GPUs whose even share fits the largest ones, :func:`fewest_gpus`) and ``gpu_count``
   as a count too, chosen at start (:mod:`lokid.planning.gpuchoice`); else every GPU of
   the host;
@@ -104,10 +108,12 @@ def shape(argv: Sequence[str], model: ModelInfo) -> dict[str, object]:
 
 
 def engine_gpus(env: Mapping[str, str], host_gpus: Sequence[str],
-                gpu_engine: bool, choose: int = 0) -> tuple[tuple[str, ...], int]:
-    """The GPUs the engine will use: (names, 0) when they are known by index, ((), n)
-    when ``n`` GPUs named by UUID are to be found by the driver, or ``choose`` GPUs are
-    to be chosen at start (``gpus = "auto"``, ``gpu_count``), ((), 0) for none."""
+                gpu_engine: bool, choose: int = 0,
+                uuids: Mapping[str, str] | None = None) -> tuple[tuple[str, ...], int]:
+    """The GPUs the engine will use: (names, 0) when they are known by index or by a UUID
+    in ``uuids`` (the driver's: UUID → name), ((), n) when ``n`` GPUs named by UUIDs the
+    driver did not give are to be found, or ``choose`` GPUs are to be chosen at start
+    (``gpus = "auto"``, ``gpu_count``), ((), 0) for none."""
     if not gpu_engine:
         return (), 0
     visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -118,6 +124,9 @@ def engine_gpus(env: Mapping[str, str], host_gpus: Sequence[str],
     items = [s.strip() for s in visible.split(",") if s.strip()]
     if items and all(s.isdigit() and len(s) < 4 for s in items):
         return tuple(f"GPU{int(s)}" for s in items), 0
+    named = [(uuids or {}).get(s) for s in items]
+    if items and all(named):
+        return tuple(n for n in named if n), 0
     return (), len(items)
 
 
@@ -137,7 +146,8 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
               gpu_engine: bool = False, extra: Mapping[str, int] | None = None,
               footprint: Footprint | None = None, cost: float | None = None,
               gpu_choice: int | None = None,
-              gpu_capacity: Mapping[str, int] | None = None) -> Sizing:
+              gpu_capacity: Mapping[str, int] | None = None,
+              gpu_uuids: Mapping[str, str] | None = None) -> Sizing:
     """The need of a start of ``argv`` (its plan) on this host's devices.
 
     ``host_gpus``: the host's GPUs (``GPU0``…), ``gpu_free`` their usable bytes (the layer
@@ -146,7 +156,8 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
     measured for this plan's key, ``cost`` its measured load in seconds; ``gpu_choice``
     the preset's ``gpus = "auto"`` (0) or ``gpu_count`` (N) where its plan has no
     CUDA_VISIBLE_DEVICES yet, ``gpu_capacity`` what each GPU can hold (for "auto": how
-    many it takes). Raises ValueError for a KV cache type the estimate does not know."""
+    many it takes), ``gpu_uuids`` the driver's UUID of each device → its name. Raises
+    ValueError for a KV cache type the estimate does not know."""
     choose = 0
     if gpu_choice is not None and "CUDA_VISIBLE_DEVICES" not in env and host_gpus:
         choose = gpu_choice
@@ -157,7 +168,7 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
                                     gpu_engine=gpu_engine, extra=extra, footprint=footprint,
                                     gpu_choice=k).need.per_gpu,
                 capacity) if all(capacity.values()) else 1
-    names, by_uuid = engine_gpus(env, host_gpus, gpu_engine, choose)
+    names, by_uuid = engine_gpus(env, host_gpus, gpu_engine, choose, gpu_uuids)
     count = len(names) or by_uuid
     free = [max(0, (gpu_free or {}).get(n, 0)) for n in names] if names else [0] * by_uuid
     if free and not all(free):
@@ -177,9 +188,10 @@ def size_plan(preset: str, argv: Sequence[str], env: Mapping[str, str], model: M
     sources = {d: ESTIMATE for d in held}
     if footprint is not None:
         for device, nbytes in footprint.held.items():
-            if device in held and footprint.sources.get(device, ESTIMATE) != ESTIMATE:
-                held[device] = nbytes
-                sources[device] = footprint.sources[device]
+            name = (gpu_uuids or {}).get(device, device)   # booked under its UUID
+            if name in held and footprint.sources.get(device, ESTIMATE) != ESTIMATE:
+                held[name] = nbytes
+                sources[name] = footprint.sources[device]
     per_gpu = max(gpu_parts) if by_uuid and gpu_parts else 0
     per_gpu_source = ESTIMATE
     if by_uuid and footprint is not None:   # measured on as many GPUs, whichever they were

@@ -14,6 +14,12 @@ preset's need. :func:`decide` answers, for every preset whose requests wait, one
 - **refuse** it: it cannot fit on this host at all, even with every engine stopped
   ("needs 82.0 GiB on one GPU; the largest has 80.0 GiB").
 
+A device whose room is unknown (the driver and the engine's ``--list-devices`` could not
+say; :data:`ANY_GPU` where the host's GPUs themselves could not be listed) is neither a
+reason to refuse nor to wait (issue 44, item 10): read as "no such GPU", a host whose
+driver did not answer refused every GPU preset. The part of a need on such a device is
+left out of the figures (:func:`placeable`), and its words say so.
+
 The rules, each against a failure seen in the peers or in lokid's groups:
 
 - no start that cannot fit: a preset starts only into room its footprint fits (Ollama
@@ -64,6 +70,9 @@ from dataclasses import dataclass, field
 from ..swaps import DEFAULT_COST, MAX_WAIT, NEVER, PAUSE
 
 HOST = "host"
+# in a map of rooms that could not be read: every GPU the host's list does not name (the
+# list itself could not be read)
+ANY_GPU = "GPU*"
 GIB = 2**30
 # An idle engine whose clients come back every ``gap`` seconds (its recent mean interval
 # between requests) is kept this many gaps after its last request, at most its own load
@@ -197,11 +206,39 @@ def cost_of(cost: float | None) -> float:
     return DEFAULT_COST if cost is None or cost < 0 else cost
 
 
-def never_fits(need: Need, devices: Sequence[Device]) -> str:
+def room_unknown(need: Need, devices: Sequence[Device],
+                 unknown: Mapping[str, str]) -> dict[str, str]:
+    """The devices of ``need`` whose room is unknown, and why (``unknown``: per device,
+    :data:`ANY_GPU` for every GPU not listed); :data:`ANY_GPU` for the GPUs to be chosen
+    at start (``count``) where the host's GPUs could not be listed."""
+    listed = {d.name for d in devices}
+    out = {name: unknown.get(name) or unknown[ANY_GPU] for name in need.fixed
+           if name in unknown or (ANY_GPU in unknown and name != HOST and name not in listed)}
+    if need.count > 0 and ANY_GPU in unknown:
+        out[ANY_GPU] = unknown[ANY_GPU]
+    return out
+
+
+def placeable(need: Need, unknown: Mapping[str, str]) -> Need:
+    """``need`` without its part on devices whose room is unknown (:func:`room_unknown`'s
+    answer): what is placed by figures. Nothing left: it starts at once."""
+    if not unknown:
+        return need
+    chosen = ANY_GPU not in unknown
+    return Need(need.preset, {d: n for d, n in need.fixed.items() if d not in unknown},
+                need.per_gpu if chosen else 0, need.count if chosen else 0, need.cost)
+
+
+def never_fits(need: Need, devices: Sequence[Device],
+               unknown: Mapping[str, str] | None = None) -> str:
     """Why ``need`` cannot fit on these devices even with every engine stopped and the
     reserves kept, "" when it can: for ``lokid plan`` and the gateway's refusal at once.
     What other processes hold is no reason to refuse (they may free it): a start it is
-    in the way of waits, and its hold says so."""
+    in the way of waits, and its hold says so. Nor is a room that is ``unknown`` (per
+    device, :data:`ANY_GPU`: see the module docstring): the GPUs whose room is unknown
+    may hold what the known ones cannot."""
+    unknown = unknown or {}
+    need = placeable(need, room_unknown(need, devices, unknown))
     by_name = {d.name: d for d in devices}
     for name, nbytes in need.fixed.items():
         d = by_name.get(name)
@@ -214,7 +251,9 @@ def never_fits(need: Need, devices: Sequence[Device]) -> str:
         gpus = sorted((d for d in devices if d.gpu and d.name not in need.fixed),
                       key=lambda d: -d.capacity)
         big = [d for d in gpus if d.capacity >= need.per_gpu]
-        if len(big) < need.count:
+        maybe = sum(1 for name in unknown if name not in (HOST, ANY_GPU)
+                    and name not in by_name and name not in need.fixed)
+        if len(big) + maybe < need.count:
             where = "one GPU" if need.count == 1 else f"each of {need.count} GPUs"
             if not gpus:
                 return f"needs {size_text(need.per_gpu)} on {where}; this host has no GPU"
