@@ -155,7 +155,7 @@ def test_a_start_on_the_cpu_is_told_and_stopped_by_the_daemon_only_when_not_take
         tmp_path: Path) -> None:
     """Issue 44, item 3: lokid.dbus.oncpu, handed what the journal watcher found, leaves the
     start its note (its engine step says it, and ends a "fail" preset's start failed:
-    tests/unit/test_oncpu.py); the daemon stops that start itself only where the note
+    tests/unit/test_unit_oncpu.py); the daemon stops that start itself only where the note
     cannot be written, or is not taken in time by the same start (a step of a release
     before notes)."""
     from lokid.dbus.oncpu import OnCpu
