@@ -21,7 +21,13 @@ mode (its room is its instances', see :mod:`lokid.host.nvml`), or every GPU
 ``--list-devices`` answered (a non-zero exit is no answer: a CUDA build that cannot
 start CUDA exits so). Taken as "no GPU", such a host refused every preset pinned to a
 GPU ("needs 4 MiB on GPU1, which this host does not have"). An engine that answers and
-lists no GPU is an answer: its engines run on the host.
+lists no GPU is an answer (its engines run on the host), but two are not: a list whose
+GPU backend says it did not start (``ggml_cuda_init: failed to initialize CUDA: …``,
+exit status 0), and an empty list where the NVIDIA driver's own library is installed
+and the driver did not answer (not loaded, or its nodes hidden or refused: the engine
+needs the same driver). Both were a GPU host whose driver was down read as a host
+without GPUs: the walk's preset pinned to GPU1 was refused with "which this host does
+not have" instead of started and said to run on the CPU.
 
 **UUIDs** (issue 44, item 8): :attr:`Room.uuids` maps each ``GPU-…`` and ``MIG-…`` UUID
 the driver gave to lokid's name of that device, so that a preset pinned by UUID is sized
@@ -35,6 +41,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..core.enginelog import gpu_failure
 from ..core.place.footprint import gpu_of_device
 from ..core.place.policy import ANY_GPU, HOST, Device, size_text
 from ..core.place.room import parse_cgroup_bytes, parse_devices, parse_meminfo
@@ -124,6 +131,13 @@ def listed_gpus(engine: str, env: Mapping[str, str] | None = None
                 if line.strip() and not line.strip().startswith("Available devices")]
         last = f": {said[-1][:200]}" if said else ""
         return found, f"{engine} --list-devices failed: exit status {done.returncode}{last}"
+    if not found:   # a GPU backend that could not start lists nothing: unknown, not none
+        for line in (done.stdout + b"\n" + done.stderr).decode("utf-8", "replace"
+                                                                ).splitlines()[:200]:
+            failed = gpu_failure(line)
+            if failed:
+                return found, f"{engine} --list-devices: its GPU backend did not start " \
+                              f"({failed})"
     return found, ""
 
 
@@ -185,7 +199,16 @@ def read_room(placement: PlacementConfig, *, engine: str | None = None,
                 totals[name], free[name], names[name] = total, nfree, desc
                 sources[name] = f"{os.path.basename(engine)} --list-devices"
             if not listed and not failed:
-                notes.append(f"{engine} --list-devices lists no GPU: engines run on the host")
+                if getattr(gpu, "driver_refused", lambda: False)():
+                    # the driver's own library is here and the driver did not answer: the
+                    # engine, which needs the same driver, cannot list its GPUs either
+                    unknown[ANY_GPU] = (f"{why}; and {os.path.basename(engine)} "
+                                        "--list-devices lists none without it")
+                    notes.append("the GPUs are unknown, not absent: the NVIDIA driver's "
+                                 "library is installed but the driver did not answer")
+                else:
+                    notes.append(f"{engine} --list-devices lists no GPU: engines run on "
+                                 "the host")
         else:   # the driver did not answer, and no engine to ask
             why = getattr(gpu, "why_unknown", lambda: "")() or "the GPUs were not asked"
             notes.append(why)

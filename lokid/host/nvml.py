@@ -89,6 +89,13 @@ class GpuMemory:
         """Why the driver cannot be asked ("" when it can, or before the first try)."""
         return self._why
 
+    def driver_refused(self) -> bool:
+        """Whether the driver's library is here but the driver did not answer (not loaded,
+        its nodes hidden or refused): a host meant to have NVIDIA GPUs, whose GPUs are
+        then unknown rather than absent."""
+        return bool(self._why) and self._why != NOT_INSTALLED and \
+            "Shared Library Not Found" not in self._why
+
     def _ready(self) -> Any:
         if self._nvml is not None:
             return self._nvml

@@ -236,3 +236,25 @@ def test_a_bounded_host_counts_lokids_engines_in_what_is_free(tmp_path: Path) ->
                      proc=proc, cgroup_root=str(tmp_path / "none"))
     (host,) = room.devices
     assert (host.total, room.free["host"], host.others) == (530 * MiB, 40 * MiB, 0)
+
+
+def test_a_gpu_backend_that_did_not_start_lists_unknown_gpus_not_none(tmp_path: Path) -> None:
+    """Issue 44, item 10: a CUDA build whose backend cannot start CUDA may still exit 0
+    with an empty list; its own line says the backend did not start (the format of
+    ggml-cuda's ggml_cuda_init in b11434)."""
+    from lokid.core.place.policy import ANY_GPU
+
+    engine = listing_engine(tmp_path, "ggml_cuda_init: failed to initialize CUDA: no "
+                                      "CUDA-capable device is detected\nAvailable devices:")
+    found, why = listed_gpus(engine)
+    assert found == {}
+    assert why == (f"{engine} --list-devices: its GPU backend did not start (CUDA: no "
+                   "CUDA-capable device is detected)")
+
+    def missing() -> types.ModuleType:
+        raise ImportError("No module named 'pynvml'")
+
+    room = read_room(PlacementConfig(), engine=engine, gpu_engine=True,
+                     gpu=GpuMemory(missing), proc=fake_proc(tmp_path, 2**20, 2**19))
+    assert set(room.unknown) == {ANY_GPU}, room
+    assert room.unknown[ANY_GPU].endswith("(CUDA: no CUDA-capable device is detected)")

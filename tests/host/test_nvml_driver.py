@@ -111,3 +111,38 @@ def test_one_gpu_refused_is_that_gpu_unknown_and_the_others_are_read(driver: Pat
     (driver / "dev" / "nvidiactl").chmod(0o600)  # the control node itself: nothing answers
     seen = ask(driver, user="nobody")
     assert "Insufficient Permissions" in str(seen["why"]), seen
+
+
+ENGINE_SAYS_NONE = """
+import json
+from lokid.core.place.settings import PlacementConfig
+from lokid.host.devices import read_room
+from lokid.host.nvml import GpuMemory
+room = read_room(PlacementConfig(), engine="llama-server", gpu_engine=True, gpu=GpuMemory(),
+                 lister=lambda engine: ({}, ""))
+print(json.dumps({"unknown": dict(room.unknown), "notes": list(room.notes)}))
+"""
+
+
+def test_an_engine_that_lists_no_gpu_where_the_driver_is_down_leaves_them_unknown(
+        driver: Path) -> None:
+    """Issue 44, item 10, as the walk of a GPU host showed it: the driver's library is
+    installed, the driver did not answer (no /dev/nvidiactl), and the engine, which needs
+    the same driver, lists no GPU: the GPUs are unknown, not absent (a preset pinned to
+    GPU1 was refused "which this host does not have")."""
+    (driver / "devices").write_text(devices_text([Gpu(0, total=24000)]))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(driver / "lib"), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", ENGINE_SAYS_NONE], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert list(seen["unknown"]) == ["GPU*"], seen
+    assert seen["unknown"]["GPU*"].startswith(
+        "the NVIDIA driver did not answer (NVML: Driver Not Loaded)"), seen
+    assert seen["unknown"]["GPU*"].endswith("and llama-server --list-devices lists none "
+                                            "without it"), seen
+    # without the driver's library at all, an empty list is an answer: no GPU here
+    env["LD_LIBRARY_PATH"] = str(driver / "nothing")
+    done = subprocess.run([sys.executable, "-c", ENGINE_SAYS_NONE], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout)["unknown"] == {}, done.stdout

@@ -208,3 +208,12 @@ def test_a_host_without_the_drivers_nodes_says_so_in_words(host: Host) -> None:
     assert set(seen) == {"host"}, seen
     out = ct.run(["lokid", "plan", "g"]).stdout
     assert "(NVML: Driver Not Loaded): no NVIDIA driver is loaded" in out, out
+    # a GPU host whose driver is down has unknown GPUs, not none: a preset pinned to GPU1
+    # is not refused "which this host does not have" (it would start, and be said to run
+    # on the CPU)
+    ct.write_file("/etc/loki/presets/pinned.toml", 'model = "big.gguf"\nctx = 2048\n'
+                  f"gpus = [1]\nport = {free_port()}\n")
+    r = ct.run(["lokid", "plan", "pinned"], check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the GPUs are unknown, not absent" in r.stdout, r.stdout
+    assert "does not have" not in r.stdout + r.stderr
