@@ -169,6 +169,9 @@ def parse(lines: str) -> tuple[enginelog.Load, list[tuple[str, int]]]:
 # --- 2, 6 ------------------------------------------------------------------------------
 
 def check_process_and_footprint(engine: str, model: Path, port: int) -> None:
+    if shutil.which("nvidia-smi") is None or not nvml_devices()[0]:
+        say("process", "SKIP", "no nvidia-smi, or no GPU read through NVML")
+        return
     e = Engine([engine, "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "-c", "4096", "-ngl", "99", "-lv", "4"],
                engine_env(CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_ORDER="PCI_BUS_ID"))
@@ -233,7 +236,10 @@ def check_order(engine: str) -> None:
                               env=engine_env(**extra))
         orders[label] = [(d.name, d.description, d.total_bytes // MIB)
                          for d in parse_devices(done.stdout + b"\n" + done.stderr)]
-    devices, _ = nvml_devices()
+    devices, why = nvml_devices()
+    if not devices:
+        say("order", "SKIP", f"no GPU read through NVML: {why}")
+        return
     pci = [(d.name, d.total // MIB) for d in devices]
     same = [desc.split(",")[0].strip() for _, desc, _ in orders["PCI_BUS_ID"]] == \
         [name for name, _ in pci]
