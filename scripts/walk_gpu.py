@@ -14,9 +14,14 @@ on-demand presets behind the gateway.
 1. the install: its time, loki-gpu-nodes' line, ``lokictl devices``;
 2. a, b, c, a through the gateway: the gateway's placement starts, evicts by GPU0's
    memory, and says why;
-3. a team's load: 8 client threads over a, b and c for ``--seconds``;
-4. a reboot: the nodes made again, the devices read again, a request served;
-5. a host whose driver's nodes are gone: what lokictl, lokid plan and a request say.
+3. a team's load: 8 client threads over a, b and c for ``--seconds``, with journald's
+   default rate limits (the harness's own turns them off) and the gateway's count of
+   answers per preset (Stats' gateway_requests) against the clients';
+4. the unhappy steps: loki-gpu-nodes restarted ten times, an engine restarted ten times
+   then asked, a start stopped while it loads five times then asked, a broken preset
+   beside the good ones;
+5. a reboot: the nodes made again, the devices read again, a request served;
+6. a host whose driver's nodes are gone: what lokictl, lokid plan and a request say.
 
     .venv/bin/python scripts/walk_gpu.py [--seconds 120]
 """
@@ -67,6 +72,17 @@ def chat(ct: Container, port: int, model: str, tokens: int = 8) -> tuple[int, fl
                 f"http://127.0.0.1:{port}/v1/chat/completions"], check=False, timeout=190)
     text, _, code = r.stdout.rpartition("\n")
     return (int(code) if code.isdigit() else 0), time.monotonic() - t0, text
+
+
+def answered(ct: Container) -> dict[str, int]:
+    """The gateway's answers per status code over a, b and c since the daemon started
+    (each preset's Stats, gateway_requests)."""
+    total: dict[str, int] = {}
+    for name in PRESETS:
+        stats = json.loads(run(ct, "lokictl", "stats", name, "--json") or "{}")
+        for code, n in (stats.get("gateway_requests") or {}).items():
+            total[code] = total.get(code, 0) + int(n)
+    return total
 
 
 def placement_lines(ct: Container, cursor: str) -> str:
@@ -124,7 +140,12 @@ def main() -> int:
                 say(placement_lines(ct, cursor))
                 say(run(ct, "lokictl", "top", "--once"))
 
-            say(f"\n=== 3. 8 client threads over a, b, c for {args.seconds:.0f} s ===")
+            say(f"\n=== 3. 8 client threads over a, b, c for {args.seconds:.0f} s, "
+                "journald's default rate limits ===")
+            run(ct, "rm", "-f", "/etc/systemd/journald.conf.d/lokid-harness.conf")
+            run(ct, "systemctl", "restart", "systemd-journald.service")
+            time.sleep(3)
+            before = answered(ct)
             counts: dict[str, int] = {}
             waits: list[float] = []
             lock = threading.Lock()
@@ -156,8 +177,49 @@ def main() -> int:
             evictions = run(ct, "sh", "-c", "journalctl -u loki-gateway.service -o cat "
                             "--no-pager -q | grep -c -i evict || true")
             say(f"gateway lines naming an eviction: {evictions}")
+            time.sleep(3)   # the gateway reports its counts to the daemon once a second
+            after = answered(ct)
+            counted = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            say(f"the gateway's count (Stats gateway_requests, over a, b, c): {counted}; "
+                f"the clients': {counts}")
+            dropped = run(ct, "sh", "-c", "journalctl -b -o cat --no-pager -q "
+                          "-u systemd-journald | grep -c 'Suppressed' || true")
+            say(f"journald lines saying it suppressed messages: {dropped}")
 
-            say("\n=== 4. a reboot ===")
+            say("\n=== 4. the unhappy steps ===")
+            for _ in range(10):
+                run(ct, "systemctl", "restart", "loki-gpu-nodes.service")
+            say("loki-gpu-nodes restarted 10 times: " + run(
+                ct, "systemctl", "show", "-p", "ActiveState", "-p", "Result", "-p",
+                "NRestarts", "loki-gpu-nodes.service").replace("\n", " ")
+                + f"; nodes {nodes(ct)}")
+            for _ in range(10):
+                run(ct, "systemctl", "restart", "loki-engine@c.service")
+            code, took, _ = chat(ct, port, "c")
+            say(f"loki-engine@c restarted 10 times, then a request: {code} in {took:.1f} s; "
+                + run(ct, "systemctl", "show", "-p", "ActiveState", "-p", "NRestarts",
+                      "loki-engine@c.service").replace("\n", " "))
+            for _ in range(5):
+                run(ct, "systemctl", "start", "--no-block", "loki-engine@b.service")
+                time.sleep(0.3)
+                run(ct, "systemctl", "stop", "loki-engine@b.service")
+            say("b started and stopped while loading, 5 times: " + run(
+                ct, "systemctl", "show", "-p", "ActiveState", "-p", "Result",
+                "loki-engine@b.service").replace("\n", " "))
+            code, took, _ = chat(ct, port, "b")
+            say(f"then a request to b: {code} in {took:.1f} s")
+            good = run(ct, "cat", "/etc/loki/presets/a.toml") + "\n"
+            ct.write_file("/etc/loki/presets/a.toml", good + "ctx = [\n")
+            say("$ lokictl reload (a.toml broken)\n" + run(ct, "lokictl", "reload"))
+            for name in ("a", "b", "c"):
+                code, took, text = chat(ct, port, name)
+                say(f"request {name}: {code} in {took:.1f} s"
+                    + ("" if code == 200 else f": {text[:300]}"))
+            say("$ lokictl presets\n" + run(ct, "lokictl", "presets"))
+            ct.write_file("/etc/loki/presets/a.toml", good)
+            run(ct, "lokictl", "reload")
+
+            say("\n=== 5. a reboot ===")
             ct.reboot()
             say(f"nodes after the boot: {nodes(ct)}")
             say(run(ct, "systemctl", "show", "-p", "ActiveEnterTimestampMonotonic",
@@ -168,7 +230,7 @@ def main() -> int:
             code, took, text = chat(ct, port, "c")
             say(f"request c: {code} in {took:.1f} s" + ("" if code == 200 else f": {text[:300]}"))
 
-            say("\n=== 5. the driver's nodes gone (a host whose driver is not loaded) ===")
+            say("\n=== 6. the driver's nodes gone (a host whose driver is not loaded) ===")
             run(ct, "sh", "-c", "systemctl stop 'loki-engine@*'; rm -f /dev/nvidia*")
             ct.systemctl("restart", "lokid.service", timeout=120)
             time.sleep(2)
