@@ -87,6 +87,6 @@ def test_the_generator_writes_each_rpc_workers_dropin_and_skips_a_broken_one(
     out = tmp_path / "out"
     assert rpc_units(str(tmp_path), str(out)) == ["loki-rpc@gpu.service"]
     text = (out / "loki-rpc@gpu.service.d" / "50-lokid-preset.conf").read_text()
-    assert "IPAddressAllow=localhost 10.0.0.1\n" in text
+    assert "IPAddressAllow=10.0.0.1\n" in text
     assert "skipping RPC worker open" in capsys.readouterr().err
     assert not (out / "loki-rpc@open.service.d").exists()

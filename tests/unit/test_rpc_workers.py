@@ -99,7 +99,7 @@ def test_the_worker_units_dropin_allows_its_heads_only() -> None:
     w = parse_worker('listen = "10.0.0.2:50052"\nheads = ["10.0.0.1", "10.1.0.0/16"]\n'
                      'devices = ["CUDA0", "CUDA1"]\ncache = true\n', "/etc/loki/rpc/gpu.toml",
                      "gpu")
-    assert "IPAddressAllow=localhost 10.0.0.1 10.1.0.0/16\n" in worker_dropin(w)
+    assert "IPAddressAllow=10.0.0.1 10.1.0.0/16\n" in worker_dropin(w)
     assert worker_argv(w, "/opt/b/ggml-rpc-server") == [
         "/opt/b/ggml-rpc-server", "--host", "10.0.0.2", "--port", "50052", "--device",
         "CUDA0,CUDA1", "--cache"]

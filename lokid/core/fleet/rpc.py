@@ -15,7 +15,9 @@ for a failure it prevents:
 - ``rpc`` and an ``extra_args`` ``--rpc`` together are an error (two lists, one flag);
 - a worker serves **one client at a time** (its accept loop serves a connection to its
   end): a probe that connects and gets no answer is told apart from one refused, and
-  said as "busy" (another engine holds it), never as down;
+  said as "busy" (another engine holds it, or any process its fence admits: a head's
+  address, loopback where a head is local, :mod:`lokid.core.fleet.worker`), never as
+  down;
 - the protocol is checked (HELLO, major version 7 in b11434): a worker of another
   llama.cpp build is refused before the engine aborts on it.
 """
