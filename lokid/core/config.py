@@ -60,8 +60,13 @@ DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
-    "serve", "kind", "url", "upstream_model", "rpc", "cpu_fallback",
+    "serve", "kind", "url", "upstream_model", "rpc", "cpu_fallback", "example",
 )
+# example = true: the file is an example (the package's /etc/loki/presets/example.toml,
+# whose model is missing by design): listed and explained like any preset, never started,
+# and left out of lokid_preset_broken, whose alert fired on every fresh install (issue
+# 45, item 14). It refuses every start, so a copy that keeps the line serves nothing
+# rather than a real preset whose later breakage would go unalerted.
 # cpu_fallback: what a start whose GPU engine runs on the CPU does (issue 44, item 3:
 # a GPU backend that did not start, or "offloaded" with host buffers only): "run" (the
 # default) serves and says so; "fail" stops it, for a preset that is useless 10-100x
@@ -157,6 +162,7 @@ class Preset:
     external: External | None = None
     # llama.cpp's RPC workers the model is split with (lokid.core.fleet.rpc): --rpc
     rpc: tuple[str, ...] = ()
+    example: bool = False         # example = true: never started, not alerted on
 
 
 def _path_setting(c: Checker, key: str, value: str) -> str:
@@ -292,6 +298,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         secrets=secret_files,
         serve=parse_serve(_table(c, "serve", SERVE_KEYS)),
         rpc=parse_rpc(c, extra_args),
+        example=c.boolean("example", False),
     )
 
 

@@ -132,6 +132,9 @@ class Registry:
     problem: str = ""   # why no preset could be read at all ("" when they could)
     # lokid.toml's [placement] as the last load read it (defaults where it did not parse)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    # the presets marked example = true (the package's example): never started, and
+    # left out of the lokid_preset_broken metric (issue 45, item 14)
+    examples: frozenset[str] = frozenset()
 
     def load(self) -> None:
         """Read every preset again and replace the snapshot (blocking: run in a thread)."""
@@ -154,10 +157,12 @@ class Registry:
                                       external=preset.external, key_file=_key_file(preset))
         self.presets = self._with_conflicts(views)
         self.broken = {name: str(error) for name, error in bad.items()}
+        self.examples = frozenset(name for name, preset in good.items() if preset.example)
 
     def refresh(self, name: str) -> PresetView:
         """Plan one preset again (after a verdict was recorded for it)."""
         preset = cfg.load_preset(self.config_dir, name)
+        self.examples = self.examples - {name} | ({name} if preset.example else set())
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
             view = replace(self._view(preset, db, deadline), serve=preset.serve,

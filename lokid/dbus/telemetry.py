@@ -262,7 +262,9 @@ class Telemetry:
             names = sorted(set(self.daemon.registry.presets) | set(self.daemon.active_presets()))
             views = {n: self.daemon.registry.presets.get(n) for n in names}
             states = {n: self.daemon.engine_state(n).state for n in names}
-            broken = sorted(self.daemon.registry.unstartable())
+            # an example (example = true) cannot start by design: no alert for it
+            examples = self.daemon.registry.examples
+            broken = sorted(n for n in self.daemon.registry.unstartable() if n not in examples)
             waits, peers = sorted(self.room.waits()), self.sight.peers()
             key = [(n, states[n], v.model if v else "", v.auto_blocked if v else "")
                    for n, v in views.items()], broken, waits, sorted(peers.items())

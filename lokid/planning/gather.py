@@ -454,7 +454,12 @@ def decide(inputs: PlanInputs, db: StateDB | StateReader, loading: bool = False,
     ``cleared``: a token the runtime directory notes as cleared
     (:func:`lokid.store.state.read_cleared`). ``blocked``: a reason of the caller's
     to cut automatic speculation when the verdict does not (no token can be set).
+    ConfigError for a preset marked ``example = true`` (issue 45, item 14): every start,
+    ``lokid plan`` and the daemon's listing refuse it; an edit of it is still checked.
     """
+    if inputs.preset.example:   # after gather's checks: a missing model still says so first
+        raise ConfigError("example = true: this file is an example and never starts; remove "
+                          "that line to serve it", inputs.preset.path)
     allowed = build_plan(inputs)
     mark = Mark(config_fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
     found = db.peek(inputs.preset.name, mark, loading, cleared)

@@ -60,7 +60,8 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
      "while it runs and removes it when it stops."),
     ("lokid_preset_broken", "gauge",
      "1 when the preset cannot start as it is (its file does not parse, or its start "
-     "cannot be planned: lokictl presets says why), else 0."),
+     "cannot be planned: lokictl presets says why), else 0; 0 for a file marked "
+     "example = true (the package's example preset), which never starts by design."),
     ("lokid_engine_up", "gauge",
      "1 when the preset's engine is ready (its /health answered), else 0."),
     ("lokid_engine_state", "gauge",

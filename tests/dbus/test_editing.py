@@ -44,6 +44,7 @@ def config(tmp_path: Path, engine: str, models: Any) -> Path:
     # the shipped annotated example, on the generated model and a port of its own
     text = EXAMPLE.read_text().replace('model = "Qwen3-8B-Q4_K_M.gguf"', 'model = "llama.gguf"')
     text = text.replace("#port = 8081", f"port = {free_port()}")
+    text = text.replace("\nexample = true\n", "\n")   # made an operator's preset
     assert 'model = "llama.gguf"' in text
     (config / "presets" / "example.toml").write_text(text)
     Path(models.llama)  # written
