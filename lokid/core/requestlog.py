@@ -38,6 +38,14 @@ bad line from spoiling anything else:
   ~150): it is skipped without being searched; the load keeps at most
   :data:`MAX_LOAD_ENTRIES` buffer keys and offloaded lines (an engine prints a few).
 
+A gap (lines of this start that lokid never read: journald said it suppressed some, issue
+45, item 9) makes the requests in flight unknown, never "none": a lost launch line hides a
+request that runs, a lost release line keeps one that ended. :meth:`EngineLog.gap` marks
+every slot unknown; a slot is known again at its next launch or release line (a slot runs
+one task at a time), and the count is known again when every slot of the engine (its
+``initializing, n_slots = N`` line at load) has been seen so. Without that line the count
+stays unknown for the rest of the start: the idle stop waits rather than stop a busy engine.
+
 At load (``-lv 4`` only): ``CUDA0 model buffer size =   920.22 MiB`` (kinds model, KV,
 RS, output, compute; devices ``CUDA0``…, ``CUDA_Host``, ``CPU_Mapped``, ``CPU``,
 ``Vulkan0``…, ``Vulkan_Host``) and ``offloaded N/M layers to GPU``. A draft model (or
@@ -96,6 +104,9 @@ _RELEASE = re.compile(rf"release: id +(\d{{1,9}}) \| task +(\d{{1,12}}) \| stop 
 _LAUNCH = re.compile(r"launch_slot_: id +(\d{1,9}) \| task +(\d{1,12}) \| processing task")
 _BUFFER = re.compile(rf"(\S+) +(\w+) buffer size = +{_MS} MiB")
 _OFFLOADED = re.compile(r"offloaded (\d{1,9})/(\d{1,9}) layers to GPU")
+# "srv    load_model: initializing, n_slots = 4, n_ctx_slot = 512, …" (older builds:
+# "initializing slots, n_slots = 4"): how many slots a gap leaves unknown.
+_SLOTS = re.compile(r"initializing(?: slots)?, n_slots = (\d{1,6})\b")
 
 
 @dataclass(frozen=True)
@@ -185,6 +196,28 @@ class EngineLog:
         self.known_lines = 0       # lines this parser recognised (for the breakage warning)
         self._pending: dict[tuple[int, int], _Pending] = {}   # insertion order: oldest first
         self._compute: list[dict[str, float]] = []   # per context: device → MiB, latest
+        self.n_slots: int | None = None   # from the load's "n_slots = N" line
+        # slots not seen since a gap (None: no gap open); see the module docstring
+        self._unsure: set[int] | None = None
+        self._unsure_all = False          # a gap with n_slots unknown: unknown until the end
+
+    def gap(self) -> None:
+        """Lines of this start were lost: the requests in flight are unknown until every
+        slot has been seen again (:attr:`in_flight_known`)."""
+        if self.n_slots is None:
+            self._unsure_all = True
+            self._unsure = set()
+        else:
+            self._unsure = set(range(self.n_slots))
+
+    @property
+    def in_flight_known(self) -> bool:
+        """False from a gap until every slot has said what it does again."""
+        return not self._unsure_all and not self._unsure
+
+    def _seen(self, slot: int) -> None:
+        if self._unsure:
+            self._unsure.discard(slot)
 
     def feed(self, line: str, at: float) -> Request | None:
         """One log line; the request it completes, if any."""
@@ -200,8 +233,9 @@ class EngineLog:
                 self._launch(line)
         elif "all slots are idle" in line:
             # the server's own word that nothing runs: a request whose release line was
-            # lost is not in flight for ever (the idle stop would never come)
+            # lost is not in flight for ever (the idle stop would never come); nor after a gap
             self.in_flight.clear()
+            self._unsure, self._unsure_all = None, False
         elif "buffer size" in line:
             m = _BUFFER.search(line)
             if m:
@@ -217,6 +251,11 @@ class EngineLog:
             if m:
                 if len(self.load.offloaded) < MAX_LOAD_ENTRIES:
                     self.load.offloaded.append((int(m[1]), int(m[2])))
+                self.known_lines += 1
+        elif "n_slots = " in line:
+            m = _SLOTS.search(line)
+            if m and self.n_slots is None:
+                self.n_slots = int(m[1])
                 self.known_lines += 1
         elif "loading model '" in line:
             # the server's own line; not "loading model tensors" nor "loading draft model"
@@ -259,6 +298,7 @@ class EngineLog:
                 out.append(r)
         self._pending.clear()
         self.in_flight.clear()
+        self._unsure, self._unsure_all = None, False   # the engine stopped: nothing runs
         return out
 
     def _assembly(self, key: tuple[int, int], at: float) -> _Pending:
@@ -330,6 +370,7 @@ class EngineLog:
         self.known_lines += 1
         key = (int(m[1]), int(m[2]))
         self.in_flight.discard(key)
+        self._seen(key[0])
         p = self._pending.pop(key, None)
         if p is None:
             return None
@@ -341,6 +382,7 @@ class EngineLog:
             return
         self.known_lines += 1
         slot, task = int(m[1]), int(m[2])
+        self._seen(slot)
         # A slot runs one task at a time: a task of this slot still "in flight" lost its
         # release line and must not stay counted forever.
         stale = [k for k in self.in_flight if k[0] == slot]

@@ -482,10 +482,10 @@ class Daemon:
         try:
             from ..watch.journalwatch import JournalWatcher
 
-            self.watcher = JournalWatcher.system(self.registry.state_dir, self.runtime_dir,
-                                                 on_verdict=self._on_verdict,
-                                                 on_line=self._engine_line_live,
-                                                 on_cpu=self.telemetry.cpu)
+            self.watcher = JournalWatcher.system(
+                self.registry.state_dir, self.runtime_dir, on_verdict=self._on_verdict,
+                on_line=self._engine_line_live, on_cpu=self.telemetry.cpu,
+                on_gap=self.telemetry.meters.gap)   # lines journald dropped (issue 45, 9)
             # running engines' earlier lines are read again from the journal (before attach)
             self.telemetry.hold(self.active_presets(), self.watcher.since or 0.0)
             self.watcher.attach(loop)

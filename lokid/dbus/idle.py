@@ -10,7 +10,9 @@ slot's ``launch_slot_: … processing task`` to its ``release: … stop processi
 (``update_slots: all slots are idle`` ends them all). That holds for a request
 through the gateway and one straight to the engine's port alike.
 
-The rule (:func:`idle_deadline`, pure): no deadline while a request is in flight;
+The rule (:func:`idle_deadline`, pure): no deadline while a request is in flight, nor
+while the count is unknown (lines of the start were lost, :mod:`lokid.watch.meter`: a
+lost launch line hides a running request; issue 45, item 9);
 otherwise ``idle_stop`` after the later of the engine's READY (a load of ten minutes
 is not ten idle minutes) and the end of its last request. After a restart of the
 daemon a running engine's clock starts when the daemon sees it ready: what came
@@ -132,6 +134,8 @@ class IdleStops:
         in_flight, last_end = 0, None
         start = self._start(name)
         if start is not None:
+            if not start.log.in_flight_known:
+                return None   # lines were lost: requests in flight unknown, not none
             in_flight, last_end = len(start.log.in_flight), start.idle_since
         return idle_deadline(view.serve.idle_stop, clock.ready_at, in_flight, last_end)
 

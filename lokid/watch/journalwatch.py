@@ -19,6 +19,12 @@ entry whatever its speculation, as a structured entry (``MESSAGE_ID``
 healthy before. On an automatic launch it also cuts automatic speculation (the
 layers-in-RAM verdict counts it).
 
+Lines journald dropped (its ``Suppressed N messages from loki-engine@P.service`` entry,
+read by :mod:`lokid.core.journalgap`; issue 45, item 9) go to ``on_gap`` (the daemon's
+meters: counts become a lower bound, requests in flight unknown) and are said once per
+start, with what they cost lokid, as a structured entry (``MESSAGE_ID``
+:data:`MESSAGE_LINES_LOST`); later drops of that start are counted, not said again.
+
 If a whole load goes by without any line the parser knows, the engine's log
 format has probably changed: a warning says so.
 
@@ -38,10 +44,12 @@ from systemd import journal
 
 from ..core.enginelog import LoadTracker
 from ..core.errors import StalePlanError, StateError
+from ..core.journalgap import dropped, match_dropped
 from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
     MESSAGE_FORMAT_UNKNOWN,
+    MESSAGE_LINES_LOST,
     MESSAGE_ON_CPU,
     SYSLOG_IDENTIFIER,
     preset_of_unit,
@@ -60,6 +68,7 @@ class Invocation:
     judged: bool = False    # its "ready at" entry was seen
     cut: bool = False       # a verdict was recorded for it
     on_cpu: bool = False    # its running on the CPU was said
+    lost: int = 0           # lines journald said it dropped (said once, then counted)
 
 
 @dataclass(frozen=True)
@@ -82,8 +91,11 @@ class LoadJudge:
                  on_verdict: Callable[[AutoCut], None] | None = None,
                  log: Callable[..., None] | None = None,
                  on_line: Callable[[str, str, str, float | None], None] | None = None,
-                 on_cpu: Callable[[AutoCut], None] | None = None):
+                 on_cpu: Callable[[AutoCut], None] | None = None,
+                 on_gap: Callable[[str, str, int, float | None], None] | None = None):
         self.state_dir = state_dir
+        # lines of a start that journald dropped: (preset, invocation or "", count, time)
+        self.on_gap = on_gap
         # a start that runs on the CPU (its reason in an AutoCut's shape), once per start
         self.on_cpu = on_cpu
         self.runtime_dir = runtime_dir
@@ -96,6 +108,10 @@ class LoadJudge:
         self.unreadable = 0   # engine lines the parser failed on (skipped, each alone)
 
     def handle(self, entry: dict[str, Any]) -> None:
+        lost = dropped(entry)
+        if lost is not None:
+            self.lines_lost(*lost, _entry_time(entry))
+            return
         preset = preset_of_unit(str(entry.get("_SYSTEMD_UNIT", "")))
         invocation = str(entry.get("_SYSTEMD_INVOCATION_ID", "") or "")
         message = entry.get("MESSAGE", "")
@@ -134,6 +150,27 @@ class LoadJudge:
             # The engine's lines and lokid's "ready at" entry reach the journal by
             # different streams: an offload line may land after it.
             self._judge(inv, late=True)
+
+    def lines_lost(self, preset: str, invocation: str, count: int,
+                   at: float | None = None) -> None:
+        """journald dropped ``count`` lines of ``preset``'s start ``invocation`` (""
+        unknown): told to ``on_gap``, and said once per start."""
+        if self.on_gap is not None:
+            self.on_gap(preset, invocation, count, at)
+        key = invocation or next((k for k, v in reversed(self.invocations.items())
+                                  if v.preset == preset), "")
+        inv = self._invocation(preset, key) if key else None
+        if inv is not None and inv.lost:
+            inv.lost += count
+            return
+        if inv is not None:
+            inv.lost = count
+        self.log(f"preset {preset}: journald dropped {count} lines of its engine before lokid "
+                 "read them: its request counts are a lower bound and its requests in flight "
+                 "unknown until every slot is seen again (no idle stop until then); see "
+                 "LogRateLimitIntervalSec= in loki-engine@.service(8)",
+                 MESSAGE_ID=MESSAGE_LINES_LOST, PRIORITY=4, LOKI_PRESET=preset,
+                 LOKI_LINES_LOST=str(count), SYSLOG_IDENTIFIER=SYSLOG_IDENTIFIER)
 
     def _unreadable(self, preset: str, error: Exception) -> None:
         self.unreadable += 1
@@ -216,6 +253,7 @@ class JournalWatcher(LoadJudge):
         self.reader = reader
         self.since: float | None = None
         reader.add_match(_SYSTEMD_SLICE=ENGINE_SLICE)
+        match_dropped(reader)   # journald's own entries: its slice is not the engines'
 
     @classmethod
     def system(cls, state_dir: str, runtime_dir: str, **kw: Any) -> JournalWatcher:

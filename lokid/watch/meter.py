@@ -23,6 +23,13 @@ it, was given another task, or the engine said all slots are idle; a launch line
 parser cannot read is never in flight, so it counts as ended at once (what a changed
 format looks like).
 
+Lines lokid never read (journald said "Suppressed N messages from loki-engine@P.service",
+issue 45, item 9: 33 % of a team load's requests went uncounted while Stats looked
+whole) reach :meth:`Meters.gap`: the start's snapshot then says ``missed_lines`` (the
+lines journald dropped), ``requests_lower_bound`` (its counts are at least, not exactly)
+and, until every slot has been seen again, ``in_flight_known`` false, which holds the
+idle stop (:mod:`lokid.dbus.idle`): lost lines are never taken for idleness.
+
 Changes are announced at most once a second per preset (the caller polls
 :meth:`Meters.take_dirty`), however many requests an engine serves.
 """
@@ -66,6 +73,8 @@ class _Start:
     # the time of the line that left no request in flight (the end of the last request):
     # where the idle stop's clock restarts (lokid.dbus.idle)
     idle_since: float | None = None
+    missed: int = 0         # engine lines journald said it dropped (0: none said)
+    gaps: int = 0           # how many times it said so
 
 
 class Meters:
@@ -105,6 +114,24 @@ class Meters:
             self.blind.append(preset)
         self.dirty.add(preset)
 
+    def gap(self, preset: str, invocation: str, dropped: int, at: float | None = None) -> None:
+        """``dropped`` lines of ``preset``'s start ``invocation`` ("": its current one) were
+        lost before lokid read them: its counts become a lower bound, and its requests in
+        flight unknown until every slot is seen again."""
+        at = time.time() if at is None else at
+        start = self.starts.get(preset)
+        if start is None or (invocation and start.invocation != invocation):
+            if not invocation:
+                return   # no start of it known: nothing counted, nothing to correct
+            start = self.starts[preset] = _Start(invocation, at)
+            start.stats = StartStats(at, self._kind(preset, invocation))
+        start.missed += max(0, dropped)
+        start.gaps += 1
+        start.log.gap()
+        self.dirty.add(preset)
+        if self.on_in_flight is not None:
+            self.on_in_flight(preset)
+
     def _kind(self, preset: str, invocation: str) -> str:
         try:
             rp = read_runtime_plan(self.runtime_dir, preset, invocation or None)
@@ -142,6 +169,10 @@ class Meters:
         out = start.stats.snapshot(now, start.log.load, len(start.log.in_flight))
         if start.counted_from is not None:
             out["counted_from"] = start.counted_from
+        if start.gaps:
+            out.update(missed_lines=start.missed, requests_lower_bound=True)
+        if not start.log.in_flight_known:
+            out["in_flight_known"] = False
         out.update(invocation=start.invocation, started=start.started,
                    uptime_seconds=max(0.0, now - start.started),
                    memory_source="engine log (-lv 4)" if start.log.load.buffers else None)
