@@ -18,9 +18,18 @@ through a Python pipe a stalled reader could block), then:
   ends with that status and the line as STATUS=. Only this process may send STATUS=
   (``NotifyAccess=main``) and it never reads the engine's lines; a fault of ``told`` is
   one logged line, and it is not asked again;
-- on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, wait (SIGKILL
-  after a grace period), and return the engine's status (0 when our SIGTERM
-  killed it: a stop while loading is still a clean stop). At a shutdown, a ready
+- on SIGTERM/SIGINT: ``STOPPING=1``, SIGTERM to the engine, a second one
+  :data:`STOP_RESEND` seconds later if it still runs (SIGKILL after a grace period
+  outside systemd), and return the engine's status (0 when our SIGTERM
+  killed it: a stop while loading is still a clean stop). A stop cuts the requests
+  in flight; letting them end first is an unload's work (``lokictl unload``,
+  :mod:`lokid.dbus.unload`, bounded by the preset's ``serve.drain``). llama-server
+  b11434 ends its task loop at the first SIGTERM and then waits for its HTTP threads,
+  which wait for results that no longer come: a busy engine stops generating and
+  hangs, its clients' streams stalled, until the second SIGTERM ("terminating
+  immediately"). That second signal came after 10 s: every stop of a busy engine
+  waited 10 s and then cut anyway (issue 45, item 12); an idle engine exits at the
+  first in milliseconds, so the second now follows after :data:`STOP_RESEND`. At a shutdown, a ready
   engine gets its SIGTERM once the gateway is gone, so the requests the gateway
   lets end run on it (:mod:`lokid.core.drainmark`);
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
@@ -77,7 +86,7 @@ STATUS_EVERY = 2.0       # STATUS= refresh while loading
 EXTEND_EVERY = 10.0      # EXTEND_TIMEOUT_USEC= cadence while loading progresses
 EXTEND_BY = 30.0         # seconds granted per extension
 STOP_GRACE = 30.0        # SIGTERM → SIGKILL when running outside systemd
-STOP_RESEND = 10.0       # a second SIGTERM if the first was missed (see _loop)
+STOP_RESEND = 1.0        # the second SIGTERM: a stop cuts (see _loop)
 LEFTOVER_WAIT = 5.0      # how long the engine's group may take to die after SIGKILL
 # Set by lokid's local runner for ``lokid engine``: the daemon's pid. The runner gives a
 # notify socket but is no service manager: nothing else would take the engine down with
@@ -346,11 +355,13 @@ def _loop(proc: subprocess.Popen[bytes], launch: Launch, notifier: Notifier,
             stopping_since = now
         if stopping_since is not None:
             if now - stopping_since > STOP_RESEND and not resent:
-                # llama-server b11434 answers /health before it installs its signal
-                # handler and starts its loop; a SIGTERM in between is lost and the
-                # engine runs on. Its answer to a second signal is an immediate exit.
-                log(f"the engine is still running {STOP_RESEND:.0f} s after SIGTERM: "
-                    "sending it again")
+                # A busy llama-server b11434 hangs after the first SIGTERM (its task
+                # loop ended, its HTTP threads wait for results that never come; see the
+                # docstring); and it answers /health before it installs its signal
+                # handler, so a SIGTERM in between is lost and the engine runs on. Its
+                # answer to a second signal is an immediate exit: the stop's cut.
+                log(f"the engine is still running {STOP_RESEND:.0f} s after SIGTERM "
+                    "(requests in flight, or a signal it missed): sending it again")
                 _signal_group(proc, signal.SIGTERM)
                 resent = True
             if now - stopping_since > STOP_GRACE and not notifier.enabled:

@@ -59,7 +59,8 @@ def test_a_stop_reaches_the_whole_group_and_kills_what_ignores_it(tmp_path: Path
     rc = supervisor.supervise(launch(script, port), log=logged.append, on_ready=on_ready)
     assert rc == 0, logged  # the wrapper died of our SIGTERM: a clean stop
     assert not alive(int(pidfile.read_text())), logged
-    assert time.monotonic() - started < supervisor.STOP_RESEND, logged
+    assert not any("sending it again" in m for m in logged), logged   # the first did it
+    assert time.monotonic() - started < 30, logged
 
 
 def test_a_failing_on_ready_never_stops_a_healthy_engine(tmp_path: Path) -> None:
