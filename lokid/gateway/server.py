@@ -50,7 +50,7 @@ from .bodyscan import BodyError, Scan, walk, with_model
 from .cors import Cors
 from .faults import Faults
 from .groups import Groups
-from .headtimeout import HEAD_TIMEOUT, Connections
+from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .ondemand import Starter
 from .peers import HOP_HEADER, Peers
 from .peers import UNAVAILABLE as UNAVAILABLE_PEER
@@ -77,7 +77,6 @@ from .upstream import read_key
 log = logging.getLogger("lokid.gateway")
 
 KNOWN_SHOWN = 20   # models named in a 404, at most
-KEEPALIVE = 75.0   # seconds an idle keep-alive connection stays open (aiohttp 3.8's, nginx's)
 BACKLOG = 1024     # connections waiting to be accepted (a burst of clients, not refused)
 MODELS_PATHS = ("/v1/models", "/models")
 UNRESPONSIVE = "unresponsive"   # a ready engine whose /health did not answer (silence)
@@ -397,8 +396,9 @@ def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
 def runner_kwargs() -> dict[str, Any]:
     """aiohttp 3.9 made handler cancellation (a client gone cancels its request) an
     option, off by default; 3.8 (Debian 12) always cancels and knows no such option.
-    An idle keep-alive connection is closed after KEEPALIVE in both (3.14's default is
-    an hour: a thousand idle clients would hold their sockets that long)."""
+    An idle keep-alive connection is closed after KEEPALIVE by the gateway itself
+    (:mod:`lokid.gateway.headtimeout`: Debian's 3.8 and 3.11 arm no timer for a
+    connection that never sent a byte); aiohttp's own is set to the same."""
     major, minor = (int(x) for x in aiohttp.__version__.split(".")[:2])
     # auto_decompress=False: the gateway inflates a body itself, bounded
     # (lokid.gateway.body); aiohttp inflated each chunk whole before any bound
@@ -413,7 +413,8 @@ async def start_sites(gateway: Gateway, sockets: Sequence[socket.socket] = (),
                       draining: Draining | None = None) -> web.AppRunner:
     """Serve on ``sockets`` (systemd's, already listening) when given, else bind
     ``settings.listen``; a request whose head does not end in ``head_timeout`` seconds
-    is answered 408 (:mod:`lokid.gateway.headtimeout`). ``draining``: the requests in
+    is answered 408, a silent or idle connection is closed (:mod:`lokid.gateway.headtimeout`,
+    whose bounds ``gateway.connections`` holds). ``draining``: the requests in
     flight counted for a graceful stop (:mod:`lokid.gateway.shutdown`)."""
     app = gateway.app()
     if draining is not None:
@@ -424,8 +425,9 @@ async def start_sites(gateway: Gateway, sockets: Sequence[socket.socket] = (),
         sockets = [socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
                                         else socket.AF_INET, backlog=BACKLOG)
                    for host, port in gateway.settings.listen]
+    gateway.connections.head = head_timeout
     for sock in sockets:
-        await StoppableSite(runner, sock, head_timeout, gateway.connections).start()
+        await StoppableSite(runner, sock, gateway.connections).start()
     return runner
 
 
