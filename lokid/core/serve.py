@@ -33,7 +33,7 @@ from .tomlread import Checker, tname
 
 SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
-                "first_byte_timeout", "stream_idle_timeout", "peers")
+                "first_byte_timeout", "stream_idle_timeout", "peers", "allowed_hosts")
 
 DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
@@ -82,6 +82,8 @@ class GatewayConfig:
     stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT
     # other lokid gateways this one routes to (lokid.core.fleet.peers)
     peers: tuple[Peer, ...] = ()
+    # names a keyless gateway answers to beyond its own (lokid.gateway.hosts)
+    allowed_hosts: tuple[str, ...] = ()
 
 
 # --- spans ------------------------------------------------------------------------
@@ -223,6 +225,11 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
         problem = origin_problem(origin)
         if problem:
             raise t.error("cors_origins", problem)
+    names = t.string_list("allowed_hosts")
+    for host in names:
+        problem = allowed_host_problem(host)
+        if problem:
+            raise t.error("allowed_hosts", problem)
     lo_t, hi_t = TIMEOUT_RANGE
     first = span_setting(t, "first_byte_timeout", lo_t, hi_t, "1s to 1d")
     idle = span_setting(t, "stream_idle_timeout", lo_t, hi_t, "1s to 1d")
@@ -232,7 +239,7 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
                          first_byte_timeout=DEFAULT_FIRST_BYTE_TIMEOUT if first is None
                          else first,
                          stream_idle_timeout=DEFAULT_STREAM_IDLE_TIMEOUT if idle is None
-                         else idle, peers=parse_peers(t))
+                         else idle, peers=parse_peers(t), allowed_hosts=tuple(names))
 
 
 def origin_problem(origin: str) -> str:
@@ -248,4 +255,21 @@ def origin_problem(origin: str) -> str:
         return (f"{origin[:80]!r} is not a web origin: write it as a browser sends it, "
                 "such as \"https://chat.example.org\" or \"http://127.0.0.1:3000\" "
                 "(scheme, host, port if not the default, no path), or \"*\" for any page")
+    return ""
+
+
+def allowed_host_problem(host: str) -> str:
+    """Why ``host`` is not an entry of ``allowed_hosts`` (a name as a client's ``Host``
+    gives it, without port; ``.example.org`` for that domain and its subdomains; ``"*"``
+    for any), or "" when it is one."""
+    if host == "*":
+        return ""
+    name = host[1:] if host.startswith(".") else host
+    labels = name.rstrip(".").split(".")
+    if not name or len(name) > 253 or not all(
+            label and len(label) <= 63 and label.isascii()
+            and all(ch.isalnum() or ch in "-_" for ch in label) for label in labels):
+        return (f"{host[:80]!r} is not a host name: write it as clients name the gateway, "
+                "without scheme or port, such as \"llm.example.org\", \".example.org\" for "
+                "that domain and its subdomains, or \"*\" for any name")
     return ""

@@ -28,7 +28,12 @@ Rules, each for a failure it prevents:
   stopped preset (started again when on demand; else the reply says how to start it).
   Sent to the engine meanwhile, a steady client kept the unload's drain from reaching 0
   and restarted the engine during its stop: the unload never ended;
-- no wait is endless: :data:`START_TIMEOUT` bounds a start.
+- no wait is endless: :data:`START_TIMEOUT` bounds a start;
+- a request a browser sends without asking first (a ``GET``: an ``<img>`` on any page a
+  local user opens, with no ``Origin`` and no CORS preflight) never starts an engine,
+  nor stops one: ``GET /props?model=X`` started X on demand, or in a GPU group swapped
+  the group to X (issue 45, item 5). It is served by a ready engine whose turn it is
+  (:func:`check_safe`), else answered 503 ``model_not_running``: a POST starts it.
 """
 
 from __future__ import annotations
@@ -54,6 +59,22 @@ DAEMON_BACK = 60.0
 # What the bus answers a call to a name nobody owns, or whose owner left before it replied
 GONE = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner",
         "org.freedesktop.DBus.Error.NoReply", "org.freedesktop.DBus.Error.Disconnected")
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD"})   # what a page sends without a preflight
+
+
+def check_safe(preset: Preset, its_turn: bool) -> None:
+    """For a GET or HEAD: GatewayError 503 unless ``preset``'s engine is ready and may
+    take it now (``its_turn``: its GPU group's turn is its own, it is not being
+    stopped); serving it then starts nothing and swaps nothing."""
+    if preset.state == READY and preset.url and not preset.unloading and its_turn:
+        return
+    how = ("a POST for it (such as /v1/chat/completions) starts it" if preset.on_demand
+           else f"start it with `lokictl start {preset.name}`")
+    raise GatewayError(503, f"preset {preset.name!r} is not running ({preset.shown_state}): "
+                       f"a GET does not start an engine; {how}", UNAVAILABLE,
+                       "model_not_running")
 
 
 def _needs(preset: Preset) -> str:

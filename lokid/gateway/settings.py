@@ -53,6 +53,9 @@ class Settings:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     # other lokid gateways this one routes to ([gateway] peers, lokid.gateway.peers)
     peers: tuple[Peer, ...] = ()
+    # names a keyless gateway answers to beyond its own ([gateway] allowed_hosts,
+    # lokid.gateway.hosts)
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
@@ -75,7 +78,8 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
                           "without client keys: set [gateway] api_keys_file", key="listen")
     return Settings(tuple(parsed), gateway.api_keys_file, gateway.max_body,
                     gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
-                    gateway.stream_idle_timeout, placement or PlacementConfig(), gateway.peers)
+                    gateway.stream_idle_timeout, placement or PlacementConfig(), gateway.peers,
+                    gateway.allowed_hosts)
 
 
 def inherited_sockets() -> list[socket.socket]:

@@ -248,4 +248,5 @@ def test_the_annotated_lokid_toml_documents_every_gateway_key() -> None:
         max_body=64 * 1024 * 1024, default_model="qwen",
         cors_origins=("https://chat.example.org",), first_byte_timeout=600.0,
         stream_idle_timeout=300.0,
-        peers=(Peer("gpu2", "http://gpu2:8000", "/etc/loki/keys/gpu2"),))
+        peers=(Peer("gpu2", "http://gpu2:8000", "/etc/loki/keys/gpu2"),),
+        allowed_hosts=("llm.example.org",))

@@ -21,7 +21,7 @@ from support.gatewaykit import LOOPS, gateway_on, loop_policy
 
 from lokid.gateway.server import Gateway
 
-HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: [::1]\r\nContent-Type: application/json\r\n"
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ async def test_no_path_of_the_external_host_but_its_routes(
         for path in ("/v1/../../admin/x", "/v1/%2e%2e/%2e%2e/admin/x", "/v1/..%2f..%2fadmin/x",
                      "/v1%2F..%2F..%2Fadmin/x", "/v1/chat/completions/../../../admin/x"):
             status, _, body = await raw(gw.url, (  # type: ignore[attr-defined]
-                f"POST {path}?model=remote HTTP/1.1\r\nHost: x\r\n{a}Content-Length: 2\r\n"
+                f"POST {path}?model=remote HTTP/1.1\r\nHost: localhost\r\n{a}Content-Length: 2\r\n"
                 "Connection: close\r\n\r\n{}").encode())
             assert status == 404, (path, body)
         assert keyed_requests(recorder[1]) == []   # the key went nowhere
@@ -208,7 +208,7 @@ async def test_bodies_that_inflate_nest_or_trickle(running: Any, bus_address: st
                          + b"]" * 1000 + b"}")
         assert r.status_code == 400 and "nested" in r.text
         # a body trickled byte by byte: 408 once its grace is over, its connection closed
-        status, headers, _ = await raw(gw.url, b"POST /completion HTTP/1.1\r\nHost: x\r\n"  # type: ignore[attr-defined]
+        status, headers, _ = await raw(gw.url, b"POST /completion HTTP/1.1\r\nHost: localhost\r\n"  # type: ignore[attr-defined]
                                        b"Content-Length: 100\r\n\r\n{")
         assert status == 408 and headers.get("connection") == "close"
     assert "Traceback" not in caplog.text

@@ -110,7 +110,7 @@ async def test_two_models_on_one_keep_alive_connection(running: Running,
         for model in ("alpha", "beta", "alpha"):
             body = json.dumps(chat(model)).encode()
             writer.write(conn.send(h11.Request(method="POST", target="/v1/chat/completions",
-                                               headers=[("Host", "gw"),
+                                               headers=[("Host", "127.0.0.1"),
                                                         ("Content-Type", "application/json"),
                                                         ("Content-Length", str(len(body)))])))
             writer.write(conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
