@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -111,6 +112,8 @@ def main() -> int:
             write_preset(config, b, PRESET.format(port=free_port(), extra='"-np", "1"',
                                                   group=group))
         gw_port = free_port()
+        # the gateway reads the slot files' sizes where the daemon's engines list them
+        os.environ["LOKI_RUNTIME_DIR"] = str(root / "run")
         with daemon_process(config, root) as daemon:
             with gateway_process(config, daemon.address, gw_port):
                 asyncio.run(measure(f"http://127.0.0.1:{gw_port}", args.turns))

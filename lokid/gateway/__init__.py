@@ -10,5 +10,6 @@ over :mod:`~lokid.gateway.groups` (one preset of a GPU group at a time) over
 second), and :mod:`~lokid.gateway.relay` (a request carried to an engine), all over
 :mod:`~lokid.gateway.settings` and :mod:`~lokid.gateway.replies`.
 May import: :mod:`lokid.core`, :mod:`lokid.host` (its one bus call), :mod:`lokid.dbus.wire`
-(the connection Debian 12's dbus-fast needs); never the daemon.
+(the connection Debian 12's dbus-fast needs), :mod:`lokid.store` (the sizes of the slot
+files the engines' steps list, :mod:`lokid.store.slotsizes`); never the daemon.
 """

@@ -26,6 +26,24 @@ Rules, each for a failure it prevents:
   (:data:`SAVE_TIMEOUT`, :data:`RESTORE_TIMEOUT`): neither ever blocks or fails a swap;
 - what was saved is remembered in this process only: a gateway restarted loses the
   record (its next start is a cold cache, never a wrong one).
+
+A full disk (issue 45, item 10): llama-server opens the file of a save for writing, which
+cuts the good file of the previous save to nothing, then fails (HTTP 500); and it does
+not check the last write of one that it says it saved. Restoring a file cut short, it
+reads past its end and aborts (``GGML_ASSERT(nread <= state_size)``, exit 134): once
+at every swap-in, after the disk was freed too. So:
+
+- each save of a slot goes to the other of two names (``…a.bin``, ``…b.bin``) than the
+  file on record, which it replaces on record only when the engine said it saved: a
+  save that fails leaves the file before it whole and on record (a file the gateway
+  cannot rename, it never overwrites);
+- a file is restored only when the size the engine's step listed before the engine
+  started (:mod:`lokid.store.slotsizes`) is the size the engine said it wrote: one
+  cut short, or not listed, is never handed to the engine, and is forgotten (logged);
+- a file whose restore the engine refused, or during which the engine went away, is
+  forgotten (logged): it is never tried again;
+- at most two files are kept per slot and configuration, the older one overwritten by
+  the next save (the gateway may not remove the engine's files).
 """
 
 from __future__ import annotations
@@ -39,6 +57,8 @@ from typing import Any
 
 import aiohttp
 
+from ..core.paths import runtime_dir
+from ..store.slotsizes import listed
 from .replies import GatewayError
 
 log = logging.getLogger("lokid.gateway")
@@ -54,20 +74,28 @@ def _tokens(slot: dict[str, Any]) -> int:
     return value if isinstance(value, int) else 0
 
 
-def slot_file(slot_id: int, model_path: str, build: str, n_ctx: int) -> str:
-    """The slot's file name (the engine refuses any with a path separator)."""
+def slot_file(slot_id: int, model_path: str, build: str, n_ctx: int, side: str = "a") -> str:
+    """The slot's file name, on ``side`` "a" or "b" (the engine refuses any with a path
+    separator)."""
     digest = hashlib.sha256(f"{model_path}\0{build}\0{n_ctx}".encode()).hexdigest()[:16]
-    return f"slot{slot_id}-{digest}.bin"
+    return f"slot{slot_id}-{digest}{side}.bin"
+
+
+def _other_side(saved: tuple[str, int] | None) -> str:
+    return "b" if saved is not None and saved[0].endswith("a.bin") else "a"
 
 
 class SlotCache:
     """Save a preset's slots before its swap's stop; restore them at its next start."""
 
     def __init__(self, client: Callable[[], aiohttp.ClientSession | None],
-                 key: Callable[[str], str | None] = lambda _preset: None):
+                 key: Callable[[str], str | None] = lambda _preset: None,
+                 runtime: str | None = None):
         self.client = client
         self.key = key   # the preset's own API key for its engine (its api_key_file), if any
-        self.saved: dict[str, dict[int, str]] = {}   # preset → slot id → file name
+        self.runtime = runtime or runtime_dir()   # where the engines' steps list slot files
+        # preset → slot id → (file name, the bytes the engine said it wrote there)
+        self.saved: dict[str, dict[int, tuple[str, int]]] = {}
         self.pending: set[str] = set()               # presets whose next start restores
         self.restoring: dict[str, asyncio.Task[None]] = {}
 
@@ -138,13 +166,13 @@ class SlotCache:
             return data if isinstance(data, dict) else {}
 
     async def _files(self, preset: str, url: str
-                     ) -> tuple[list[dict[str, Any]], Callable[[int, int], str]]:
+                     ) -> tuple[list[dict[str, Any]], Callable[[int, int, str], str]]:
         slots = await self._get(preset, url, "/slots")
         props = await self._get(preset, url, "/props")
         model, build = str(props.get("model_path", "")), str(props.get("build_info", ""))
         if not isinstance(slots, list):
             raise ValueError("GET /slots did not answer a list")
-        return slots, lambda slot_id, n_ctx: slot_file(slot_id, model, build, n_ctx)
+        return slots, lambda slot_id, n_ctx, side: slot_file(slot_id, model, build, n_ctx, side)
 
     async def _save(self, preset: str, url: str) -> None:
         started = time.monotonic()
@@ -155,18 +183,21 @@ class SlotCache:
             slot_id = slot["id"]
             if slot.get("is_processing") or _tokens(slot) <= 0:
                 continue   # busy (its save would wait for its request), or empty
-            name = name_of(slot_id, int(slot.get("n_ctx", 0)))
+            before = saved.get(slot_id)
+            name = name_of(slot_id, int(slot.get("n_ctx", 0)), _other_side(before))
             try:
                 done = await self._action(preset, url, slot_id, "save", name)
             except _Refused as e:
-                log.warning("%s: slot %d not saved: %s", preset, slot_id, e)
+                kept = f"; its save before ({before[0]}) is kept" if before else ""
+                log.warning("%s: slot %d not saved: %s%s", preset, slot_id, e, kept)
                 if e.status == 501:   # no --slot-save-path: no other slot will do better
                     break
                 continue
-            if int(done.get("n_saved", 0)) > 0:
-                saved[slot_id] = name
+            n_saved, n_written = _count(done, "n_saved"), _count(done, "n_written")
+            if n_saved > 0 and n_written > 0:
+                saved[slot_id] = (name, n_written)
                 count += 1
-                tokens += int(done.get("n_saved", 0))
+                tokens += n_saved
         if saved:
             self.pending.add(preset)
         if count:
@@ -185,21 +216,48 @@ class SlotCache:
     async def _restore(self, preset: str, url: str) -> None:
         started = time.monotonic()
         slots, name_of = await self._files(preset, url)
-        fits = {slot["id"]: name_of(slot["id"], int(slot.get("n_ctx", 0))) for slot in slots}
+        fits = {slot["id"]: {name_of(slot["id"], int(slot.get("n_ctx", 0)), side)
+                             for side in "ab"} for slot in slots}
+        saved = self.saved.get(preset, {})
+        sizes = listed(self.runtime, preset) if saved else {}
+        if sizes is None:
+            log.warning("%s: its slots were not restored: its engine's step listed none of "
+                        "their sizes (%s) to check them by", preset, self.runtime)
+            return
         count = tokens = 0
-        for slot_id, name in sorted(self.saved.get(preset, {}).items()):
-            if fits.get(slot_id) != name:
+        for slot_id, (name, size) in sorted(saved.items()):
+            if name not in fits.get(slot_id, ()):
                 continue   # another model, build or context now: that cache is not its own
+            if sizes.get(name) != size:
+                del saved[slot_id]
+                found = "is not there" if name not in sizes else f"holds {sizes[name]} bytes"
+                log.warning("%s: slot %d not restored: its file %s %s where the engine "
+                            "wrote %d (cut short by a full disk?); forgotten", preset,
+                            slot_id, name, found, size)
+                continue
             try:
                 done = await self._action(preset, url, slot_id, "restore", name)
             except _Refused as e:
-                log.warning("%s: slot %d not restored: %s", preset, slot_id, e)
+                del saved[slot_id]   # the engine will not do better with it next time
+                log.warning("%s: slot %d not restored: %s; %s forgotten", preset, slot_id, e,
+                            name)
                 continue
+            except (aiohttp.ClientError, OSError) as e:
+                del saved[slot_id]   # it may be what took the engine down: never again
+                log.warning("%s: slot %d: its engine went away restoring %s (%s): that file "
+                            "is never restored again", preset, slot_id, name,
+                            e or type(e).__name__)
+                raise
             count += 1
-            tokens += int(done.get("n_restored", 0))
+            tokens += _count(done, "n_restored")
         if count:
             log.info("%s: %d slots restored (%d tokens) in %.0f ms after its start", preset,
                      count, tokens, (time.monotonic() - started) * 1000)
+
+
+def _count(answer: dict[str, Any], field: str) -> int:
+    value = answer.get(field, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 class _Refused(Exception):

@@ -4,7 +4,8 @@ preset removed or renamed over the bus leaves none behind.
 Each name has its home beside the code that writes it (the runtime plan, the reusable
 plan, the failures the crash-loop rule counts, the last ready start, an attempt token
 the state DB could not clear, what the last prestart step handed over, the processes a
-start waits for, the daemon's note that a start runs on the CPU); this module only
+start waits for, the daemon's note that a start runs on the CPU, the sizes of its slot
+files); this module only
 gathers them. A file left under a removed preset's
 name would be found again by a later preset of that name: a stale plan read by the
 meter, a crash-loop count it never earned.
@@ -21,9 +22,10 @@ from .holds import SUFFIX as HOLD_SUFFIX
 from .oncpunote import SUFFIX as ONCPU_SUFFIX
 from .plancache import SUFFIX as REUSE_SUFFIX
 from .runtimedir import RUNTIME_SUFFIX
+from .slotsizes import SUFFIX as SLOTS_SUFFIX
 
 PRESET_SUFFIXES = (RUNTIME_SUFFIX, REUSE_SUFFIX, FAILURES_SUFFIX, READY_SUFFIX,
-                   CLEARED_SUFFIX, HANDOFF_SUFFIX, HOLD_SUFFIX, ONCPU_SUFFIX)
+                   CLEARED_SUFFIX, HANDOFF_SUFFIX, HOLD_SUFFIX, ONCPU_SUFFIX, SLOTS_SUFFIX)
 
 
 def remove_preset_files(runtime_dir: str, preset: str) -> list[str]:

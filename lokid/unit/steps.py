@@ -388,19 +388,6 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
                            planned.verdict, planned_at)
 
 
-def _slot_dir(name: str, argv: Sequence[str]) -> None:
-    """The directory the plan's ``--slot-save-path`` names, made: the engine refuses one
-    that does not exist. Not made, the engine says so and fails as for any bad flag."""
-    from ..core.flags import flag_value
-
-    path = flag_value(argv, "--slot-save-path")
-    if path:
-        try:
-            os.makedirs(path, mode=0o750, exist_ok=True)
-        except OSError as e:
-            journal_log(name, f"the slots' directory {path} cannot be made: {e}", priority=4)
-
-
 def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
            spawn: Callable[[list[str], dict[str, str]], Any] | None = None) -> int:
     """Supervise the engine of this invocation, as its prestart step planned it (or plan
@@ -464,7 +451,9 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     from .supervisor import Launch, supervise
 
     launch = Launch.of(name, rp.argv, engine_env, rp.host, rp.port, rp.socket)
-    _slot_dir(name, rp.argv)
+    from ..store.slotsizes import prepare_slot_dir
+
+    prepare_slot_dir(name, rp.argv, runtime_dir)
     fresh = planned is not None or (isinstance(left, handoff.Planned) and bool(left.paths))
     how = "" if fresh else " (the last ready start's: nothing it was made from has changed)"
     from ..store.plancache import AHEAD

@@ -29,9 +29,11 @@ LONG = "".join(f"turn {i}: the user asks, the model answers at length. " for i i
 
 @pytest.fixture(params=["open", "keyed"])
 def config(request: pytest.FixtureRequest, tmp_path: Path, engine: str, models: Any,
-           ports: dict[str, int]) -> Path:
+           ports: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> Path:
     """The two presets; "keyed": each engine with its own API key (api_key_file), which
-    the gateway must send to the slot endpoints too."""
+    the gateway must send to the slot endpoints too. The gateway reads the slot files'
+    sizes where the daemon's engines list them (their runtime directory)."""
+    monkeypatch.setenv("LOKI_RUNTIME_DIR", str(tmp_path / "run"))
     assert Path(models.llama).name == "llama.gguf"   # written on first use
     config = write_config(tmp_path, engine, [models.dir])
     key = ""
@@ -70,7 +72,7 @@ async def test_a_swap_back_restores_the_slots_and_skips_the_prefill(
         slots = gateway.groups.slots
         # the engine wrote the file where the plan told it to (the state directory)
         saved = os.listdir(tmp_path / "state" / "slots" / "alpha")
-        assert slots.saved["alpha"] and set(slots.saved["alpha"].values()) <= set(saved)
+        assert slots.saved["alpha"] and {n for n, _ in slots.saved["alpha"].values()} <= set(saved)
 
         # the same round without the restore: the whole prompt evaluated again
         assert (await prompt_n(c, "beta", "Hi"))[0] > 0

@@ -15,13 +15,13 @@ import pytest
 
 
 @contextmanager
-def small_tmpfs(where: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs mounted on ``where`` (created), until the block ends."""
+def small_tmpfs(where: Path, size: str = "1m") -> Iterator[Path]:
+    """A tmpfs of ``size`` (1 MiB) mounted on ``where`` (created), until the block ends."""
     where.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(where)],
-                       capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                        str(where)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
