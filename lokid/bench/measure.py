@@ -16,7 +16,9 @@ environment differ from the preset's plan now, the result is shown but not
 saved: it measured the old configuration, not the one its fingerprint names.
 ``lokid run`` writes no runtime plan: then the preset's plan stands for it.
 
-A partial result is returned and shown but never saved either.
+A partial result is returned and shown but never saved either. A result the state DB
+cannot store (a full disk, a read-only file system) is returned and shown with why: the
+measurement is never lost to its storage (issue 45, item 11).
 """
 
 from __future__ import annotations
@@ -30,14 +32,14 @@ import httpx
 
 from ..core import benchrules
 from ..core.address import engine_url
-from ..core.errors import EngineError, StalePlanError
+from ..core.errors import EngineError, StalePlanError, StateError
 from ..core.iosample import IOSampler
 from ..core.plan import Plan, PlanInputs
 from ..core.presetname import check_preset_name
 from ..core.runtimeplan import RuntimePlan
 from ..planning.gather import decide, gather
 from ..store.runtimedir import read_runtime_plan
-from ..store.state import SavedBench, StateDB
+from ..store.state import SavedBench, StateDB, StateReader
 from . import protocol
 
 
@@ -87,7 +89,12 @@ def started_here(runtime_dir: str, name: str) -> RuntimePlan | None:
 def planned(config_dir: str, state_dir: str, name: str) -> tuple[Plan, PlanInputs]:
     """The plan of the preset's running start (blocking: files, the engine's --help)."""
     inputs = gather(config_dir, name, state_dir=state_dir)   # as its start planned it
-    with StateDB(state_dir) as db:
+    db: StateDB | StateReader
+    try:
+        db = StateDB(state_dir)
+    except StateError:   # nothing to write to (a full disk, no database yet): look only
+        db = StateReader(state_dir)
+    with db:
         plan, _, _ = decide(inputs, db)
     return plan, inputs
 
@@ -119,14 +126,20 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: protocol.Opt
     facts = benchrules.plan_facts(argv, env, inputs.model.block_count)
     model = os.path.basename(inputs.model_path)
     wanted = inputs.preset.chat.reasoning_effort or ""
-    with StateDB(state_dir) as db:
-        learned = db.effort(model, wanted) if wanted else None
+    learned = None
+    if wanted:
+        with StateReader(state_dir) as reader:   # never raises: unread, it is learned again
+            learned = reader.effort(model, wanted)
 
     def learn(want: str, used: str) -> None:
         # The chat template refused the preset's level: remembered for this model, so the
-        # next benchmark sends what it accepts at once.
-        with StateDB(state_dir) as db:
-            db.learn_effort(model, want, used)
+        # next benchmark sends what it accepts at once; where the state DB cannot be
+        # written, learned again next time (never at the cost of this measurement).
+        try:
+            with StateDB(state_dir) as db:
+                db.learn_effort(model, want, used)
+        except StateError:
+            pass
 
     setup = protocol.Setup(ubatch=facts.ubatch, cpu_placed=facts.cpu_placed,
                         hybrid=inputs.model.hybrid, kv=facts.kv,
@@ -151,7 +164,10 @@ async def measure(config_dir: str, state_dir: str, name: str, opts: protocol.Opt
     fp = benchrules.bench_fingerprint(plan, inputs)
     not_saved = benchrules.not_saved_reason(result, changed)
     if not not_saved:
-        with StateDB(state_dir) as db:
-            db.save_bench(SavedBench(name, result.to_json(), model, result.engine, fp,
-                                     time.time()))
+        try:
+            with StateDB(state_dir) as db:
+                db.save_bench(SavedBench(name, result.to_json(), model, result.engine, fp,
+                                         time.time()))
+        except StateError as e:   # a full disk: the figures are still this run's to show
+            not_saved = f"it could not be stored: {e}"
     return Outcome(result, not not_saved, fp, url, not_saved)

@@ -215,6 +215,17 @@ class _Store:
         except StateError:
             return None
 
+    def effort(self, model: str, wanted: str) -> str | None:
+        """The level to send for ``wanted`` with ``model`` ("" = no field), if one was
+        learned; None too when it cannot be read (it is learned again)."""
+        try:
+            row = self._query(lambda db: db.execute(
+                "SELECT used FROM effort WHERE model = ? AND wanted = ?",
+                (model, wanted)).fetchone(), None)
+        except StateError:
+            return None
+        return None if row is None else str(row[0])
+
 
 class StateReader(_Store, FootprintReader):
     """A look at the state database that never creates, migrates, moves or writes it.
@@ -565,17 +576,6 @@ class StateDB(_Store, FootprintStore):
         except ValueError:
             return None
         return SavedBench(preset, result, row[1], row[2], row[3], row[4])
-
-    def effort(self, model: str, wanted: str) -> str | None:
-        """The level to send for ``wanted`` with ``model`` ("" = no field), if one was
-        learned; None too when it cannot be read (it is learned again)."""
-        try:
-            row = self._query(lambda db: db.execute(
-                "SELECT used FROM effort WHERE model = ? AND wanted = ?",
-                (model, wanted)).fetchone(), None)
-        except StateError:
-            return None
-        return None if row is None else str(row[0])
 
     def learn_effort(self, model: str, wanted: str, used: str) -> None:
         """StateError when the database cannot be written."""

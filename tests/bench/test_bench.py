@@ -129,6 +129,36 @@ def test_lokid_bench_measures_a_running_preset_and_saves_the_result(served: Serv
     assert r.returncode == 0 and "  Prefill " in r.stdout and "  [2/2] short line" in r.stderr
 
 
+@pytest.mark.engine
+@pytest.mark.slow
+def test_a_full_disk_shows_the_measurement_and_says_it_was_not_stored(
+        served: Served, tmp_path: Path) -> None:
+    """Issue 45, item 11: the measurement was discarded and only the state DB's error
+    printed. Now it is shown, with why it is not kept; then stored once there is room."""
+    from support.smallfs import fill, small_tmpfs
+
+    with small_tmpfs(tmp_path / "state") as state:
+        StateDB(str(state)).close()   # the database an installed host has
+        filler = fill(state)
+        env = {**os.environ, "LOKI_STATE_DIR": str(state)}
+        argv = [sys.executable, "-m", "lokid", "--config-dir", str(served.config), "bench",
+                "b", "--prompt", "300", "--predict", "16"]
+        r = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300,
+                           env=env)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["result"]["prompt_per_second"] > 0 and not out["saved"]
+        assert out["not_saved_reason"].startswith("it could not be stored: the state database")
+        assert "No space left on device" in out["not_saved_reason"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0 and "  Prefill " in r.stdout, r.stderr
+        assert "(not saved: it could not be stored: " in r.stdout, r.stdout
+        filler.unlink()
+        r = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=300,
+                           env=env)
+        assert r.returncode == 0 and json.loads(r.stdout)["saved"], r.stdout + r.stderr
+
+
 CHANGED = ("the preset's plan changed since its engine started (its command line differs "
            "now): restart it to keep a result")
 
