@@ -14,21 +14,66 @@ Rules, each for a failure it prevents (issue 28, items 9 to 11):
   :data:`MIN_RATE` bytes received. A client that trickles a byte every five seconds is
   answered 408 after the grace, its connection closed (200 such bodies were all open
   after 100 s); a slow but honest upload (a 10 MB image at 100 KB/s) always keeps
-  ahead of it.
+  ahead of it;
+- what the gateway holds of all bodies together is bounded (issue 45, item 8: eight
+  64 KiB gzip bombs at once took it to 299 MiB): :class:`Bodies` counts the bytes each
+  request has read (inflated) until its answer ends, at most :data:`BODIES_HELD` ×
+  ``max_body``. A body that would pass it is answered 503 ``server_busy`` (try again)
+  and what it read is let go: the gateway's memory, under the unit's ``MemoryMax=``,
+  holds however many clients send big bodies at once. One ``max_body`` always fits;
+- how much of a body is read is the caller's ``limit`` (``max_body``, or less where the
+  presets take less, :func:`lokid.gateway.prompts.read_limit`), and its 413 says which
+  bound it is (``why``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
-from .replies import GatewayError
+from .replies import UNAVAILABLE, GatewayError
 
 GRACE = 30.0          # seconds any body has, as a request's head (lokid.gateway.headtimeout)
 MIN_RATE = 8 * 1024   # bytes a second a body must average beyond the grace
 INFLATED = ("gzip", "x-gzip", "deflate")
+BODIES_HELD = 4       # max_body's worth of bodies the gateway holds at once, at most
+# a request's bytes held in Bodies (RequestKey from aiohttp 3.12; a string before)
+HELD_KEY: Any = web.RequestKey("lokid_body_held", int) if hasattr(web, "RequestKey") \
+    else "lokid_body_held"
+MAX_BODY_TEXT = "the gateway's max_body"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Bodies:
+    """The bytes of every body read and not yet let go, at most ``total``: each request's
+    share is let go when its answer ends (:meth:`middleware`)."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.held = 0
+
+    def take(self, request: web.Request, size: int) -> None:
+        """``size`` more bytes of ``request``'s body held; GatewayError 503 past the bound."""
+        if self.held + size > self.total:
+            raise GatewayError(503, "the gateway holds as much of other requests' bodies as "
+                               f"it may ({self.total // (1024 * 1024)} MiB, {BODIES_HELD} "
+                               "times its max_body): try again in a moment", UNAVAILABLE,
+                               "server_busy")
+        self.held += size
+        request[HELD_KEY] = request.get(HELD_KEY, 0) + size
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        finally:
+            self.held -= request.get(HELD_KEY, 0)
+            request[HELD_KEY] = 0
 
 
 class SlowBody(GatewayError):
@@ -40,9 +85,9 @@ class SlowBody(GatewayError):
                          f"{MIN_RATE // 1024} KiB/s)", code="request_timeout")
 
 
-def _too_big(limit: int) -> GatewayError:
-    return GatewayError(413, f"the request body is over the gateway's max_body ({limit} "
-                        "bytes, inflated)", code="request_too_large")
+def _too_big(limit: int, why: str) -> GatewayError:
+    return GatewayError(413, f"the request body is over {why} ({limit} bytes, inflated)",
+                        code="request_too_large")
 
 
 def _inflater(request: web.Request) -> zlib._Decompress | None:
@@ -57,12 +102,14 @@ def _inflater(request: web.Request) -> zlib._Decompress | None:
                        "plain, gzip or deflate", code="unsupported_encoding")
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request's body, inflated; GatewayError 413, 415, 400 or :class:`SlowBody`."""
+async def read_body(request: web.Request, limit: int, bodies: Bodies | None = None,
+                    why: str = MAX_BODY_TEXT) -> bytes:
+    """The request's body, inflated, held in ``bodies``; GatewayError 413 (over ``limit``,
+    which ``why`` names), 415, 400, 503 (``bodies`` full) or :class:`SlowBody`."""
     grace, min_rate = GRACE, MIN_RATE
     inflater = _inflater(request)
     if request.content_length is not None and request.content_length > limit:
-        raise _too_big(limit)
+        raise _too_big(limit, why)
     loop = asyncio.get_running_loop()
     start = loop.time()
     parts: list[bytes] = []
@@ -81,7 +128,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         if inflater is None:
             size += len(chunk)
             if size > limit:
-                raise _too_big(limit)
+                raise _too_big(limit, why)
+            if bodies is not None:
+                bodies.take(request, len(chunk))
             parts.append(chunk)
             continue
         data = chunk
@@ -93,7 +142,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
                                    code="invalid_encoding") from None
             size += len(out)
             if size > limit:
-                raise _too_big(limit)
+                raise _too_big(limit, why)
+            if bodies is not None:
+                bodies.take(request, len(out))
             parts.append(out)
             data = inflater.unconsumed_tail
     if inflater is not None and received:

@@ -81,6 +81,10 @@ class Preset:
     unloading: bool = False    # Unloading: an unload is under way (no new request to it)
     # Memory: what a start needs per device (needs, sources, per_gpu, gpu_count), {} unknown
     memory: dict[str, Any] = field(default_factory=dict)
+    # Argv and RunningArgv: the next start's command line and the running engine's (its
+    # context bounds a request's body, lokid.gateway.prompts)
+    argv: tuple[str, ...] = ()
+    running_argv: tuple[str, ...] = ()
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
     moves: int = 0             # its state changes seen (a grant of the placement ends at one)
@@ -105,6 +109,12 @@ class Preset:
                 count if isinstance(count, int) else 0)
 
     @property
+    def engine_argv(self) -> tuple[str, ...]:
+        """The command line of the engine a request would reach: the running one's, else
+        the next start's."""
+        return self.running_argv or self.argv
+
+    @property
     def shown_state(self) -> str:
         """Its state for routing and listings: a ready engine being unloaded takes no new
         request, so it shows as stopping."""
@@ -125,6 +135,9 @@ class Preset:
             self.keep = bool(props["Keep"])
         if "Unloading" in props:
             self.unloading = bool(props["Unloading"])
+        for prop, attr in (("Argv", "argv"), ("RunningArgv", "running_argv")):
+            if isinstance(props.get(prop), list):
+                setattr(self, attr, tuple(str(a) for a in props[prop]))
         if isinstance(props.get("Memory"), dict):
             self.memory = dict(props["Memory"])
         if "RequestsInFlight" in props:

@@ -23,9 +23,14 @@ another method), a page's origin not in ``cors_origins`` (403, :mod:`lokid.gatew
 (400), a model no preset has (404, naming the known ones), a body over ``max_body``
 once inflated (413), one that comes too slowly (408, :mod:`lokid.gateway.body`), a
 missing or wrong key when ``api_keys_file`` is set (401; ``/health`` needs none), a
-head that does not end in time (408, :mod:`lokid.gateway.headtimeout`). What a client
-reads names no server path or address (:func:`lokid.gateway.replies.public`); the
-gateway's log has them, one rate-limited line per refusal (:mod:`lokid.gateway.faults`).
+head that does not end in time (408, :mod:`lokid.gateway.headtimeout`); without keys, a
+``Host`` the gateway is not known by (421, :mod:`lokid.gateway.hosts`); a body longer
+than its preset's context can hold (413, :mod:`lokid.gateway.prompts`), or while the
+gateway holds its bound of bodies (503, :class:`lokid.gateway.body.Bodies`); a GET for a
+preset whose engine is not ready (503: a GET starts nothing, :mod:`lokid.gateway
+.ondemand`). What a client reads names no server path or address
+(:func:`lokid.gateway.replies.public`); the gateway's log has them, one rate-limited
+line per refusal (:mod:`lokid.gateway.faults`).
 """
 
 from __future__ import annotations
@@ -45,13 +50,15 @@ from aiohttp import web
 from ..core.external import EXTERNAL
 from ..core.fleet.route import LOCAL, READY, Model
 from ..core.place.policy import Resident
-from .body import SlowBody, read_body
+from . import prompts
+from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .cors import Cors
 from .faults import Faults
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
-from .ondemand import Starter
+from .hosts import Hosts, machine_names
+from .ondemand import SAFE_METHODS, Starter, check_safe
 from .peers import HOP_HEADER, Peers
 from .peers import UNAVAILABLE as UNAVAILABLE_PEER
 from .placer import Placer
@@ -96,6 +103,8 @@ class Gateway:
         self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
         self.connections = Connections()   # each with its head's deadline
         self.cors = Cors(settings.cors_origins)
+        self.hosts = Hosts(settings.allowed_hosts)   # the names a keyless gateway answers to
+        self.bodies = Bodies(BODIES_HELD * settings.max_body)   # all bodies held, bounded
         self.liveness = Liveness(lambda: self.client)
         self.faults = Faults()
         self.peers = Peers(settings.peers, lambda: self.client,   # other lokid gateways
@@ -104,7 +113,8 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
                               middlewares=[self.connections.middleware,
-                                           self.report.middleware, self.cors.middleware])
+                                           self.report.middleware, self.cors.middleware,
+                                           self.bodies.middleware])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_response_prepare.append(self.cors.on_prepare)
         app.on_startup.append(self._open)
@@ -116,6 +126,7 @@ class Gateway:
         self.external = session(EXTERNAL_KEEPALIVE)
         self.report.start()
         self.peers.start()
+        self.hosts.learn(await machine_names())
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
@@ -149,6 +160,8 @@ class Gateway:
             return web.json_response({"status": "ok",
                                       "lokid": "unreachable" if self.presets.unreachable
                                       else "reachable"})
+        if not self.keys:   # a page's request (DNS rebinding) names another host
+            self.hosts.check(request.headers.get("Host"))
         self._check_key(request)
         hopped = HOP_HEADER in request.headers   # sent by a peer: answered from here only
         if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
@@ -156,7 +169,10 @@ class Gateway:
         raw_path = request.raw_path.partition("?")[0]
         if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
             route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
-        body = await read_body(request, self.settings.max_body)
+        limit = self._read_limit(raw_path)
+        body = await read_body(request, limit, self.bodies, MAX_BODY_TEXT
+                               if limit == self.settings.max_body else "the largest prompt "
+                               "this gateway's presets take")
         scan = await self._scan(body)
         name = self._model_of(request, scan)
         preset = self.presets.presets.get(name)
@@ -189,6 +205,15 @@ class Gateway:
                                renamer=Renamer(preset.upstream_model, name)
                                if preset.upstream_model else None)
         route(request.method, raw_path, ENGINE_ROUTES)
+        bound = prompts.bound(preset.engine_argv)   # before its engine spends on it
+        if raw_path not in prompts.BULK_ROUTES and bound is not None and len(body) > bound:
+            raise GatewayError(413, prompts.too_long(name, len(body), preset.engine_argv),
+                               code="context_length_exceeded")
+        if request.method in SAFE_METHODS:   # a page's <img>: starts and swaps nothing
+            group = self.groups.groups.get(preset.group) if preset.group else None
+            check_safe(preset, name not in self.placer.evicting and name not in
+                       self.placer.closing and (group is None or not group.swapping
+                                                and group.turn in ("", name)))
         assert self.client is not None
         async with self.groups.turn(preset) as url:   # its group's turn, its engine started
             await self.liveness.check(name, url)
@@ -239,6 +264,15 @@ class Gateway:
             return await relay(self.client, request, peer.url, body, keep_auth=False,
                                patience=patience, key=key, target=target,
                                what=f"peer gateway {host!r}", hop=HOP_HEADER, stream=stream)
+
+    def _read_limit(self, raw_path: str) -> int:
+        """How much of a body on ``raw_path`` is read (lokid.gateway.prompts): no more
+        than the presets here take; ``max_body`` where a peer may take it."""
+        if self.peers:
+            return self.settings.max_body
+        return prompts.read_limit(self.settings.max_body, raw_path, (
+            None if p.kind == EXTERNAL else prompts.bound(p.engine_argv)
+            for n, p in self.presets.presets.items() if n not in self.presets.broken))
 
     def _local_model(self, p: Preset) -> Model:
         """This host's view of preset ``p`` for the routing rule."""
