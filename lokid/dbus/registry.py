@@ -135,6 +135,9 @@ class Registry:
     # the presets marked example = true (the package's example): never started, and
     # left out of the lokid_preset_broken metric (issue 45, item 14)
     examples: frozenset[str] = frozenset()
+    # why the state DB could not be written when the presets were last planned ("": it
+    # could): a refresh that finds otherwise plans them all again (issue 45, item 11)
+    db_fault: str = ""
 
     def load(self) -> None:
         """Read every preset again and replace the snapshot (blocking: run in a thread)."""
@@ -152,6 +155,7 @@ class Registry:
         self.pending_probe = None
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
+            self.db_fault = db.unwritable
             for name, preset in good.items():
                 views[name] = replace(self._view(preset, db, deadline), serve=preset.serve,
                                       external=preset.external, key_file=_key_file(preset))
@@ -165,6 +169,12 @@ class Registry:
         self.examples = self.examples - {name} | ({name} if preset.example else set())
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget
         with self._state() as db:
+            if bool(db.unwritable) != bool(self.db_fault):
+                # the state DB can be written again (a write of the start that made this
+                # refresh succeeded), or no longer: every plan said otherwise (item 11)
+                db.close()
+                self.load()
+                return self.presets[name]
             view = replace(self._view(preset, db, deadline), serve=preset.serve,
                            external=preset.external, key_file=_key_file(preset))
         self.presets = self._with_conflicts({**self.presets, name: view})

@@ -463,7 +463,11 @@ def decide(inputs: PlanInputs, db: StateDB | StateReader, loading: bool = False,
     allowed = build_plan(inputs)
     mark = Mark(config_fingerprint(allowed, inputs.model), inputs.caps.path, inputs.caps.build)
     found = db.peek(inputs.preset.name, mark, loading, cleared)
-    if blocked and not found.why:
+    if not allowed.spec.auto and not found.record:
+        # no automatic flags to cut: a verdict of the state DB's (it cannot be written)
+        # is no concern of this preset's, and said on it misleads (issue 45, item 11)
+        found = Verdict()
+    elif blocked and not found.why:
         found = Verdict(blocked)
     plan = build_plan(replace(inputs, auto_blocked=found.why)) if found.why else allowed
     if found.pending and plan.spec.auto:
