@@ -20,7 +20,11 @@ Rules, each for a failure it prevents (issue 28, items 9 to 11):
   request has read (inflated) until its answer ends, at most :data:`BODIES_HELD` ×
   ``max_body``. A body that would pass it is answered 503 ``server_busy`` (try again)
   and what it read is let go: the gateway's memory, under the unit's ``MemoryMax=``,
-  holds however many clients send big bodies at once. One ``max_body`` always fits;
+  holds however many clients send big bodies at once. One ``max_body`` always fits.
+  Measured (the real gateway process, eight 64 KiB bombs of 63 MiB each sent at once
+  in 4 KiB pieces, default ``max_body``): VmHWM 44 → 615 MiB before; now 45 → 49 MiB
+  on an inference route (the preset's bound, :mod:`lokid.gateway.prompts`) and 45 →
+  240 MiB on a batch route (two bodies held, one more being joined, the rest 503);
 - how much of a body is read is the caller's ``limit`` (``max_body``, or less where the
   presets take less, :func:`lokid.gateway.prompts.read_limit`), and its 413 says which
   bound it is (``why``).
@@ -40,7 +44,7 @@ from .replies import UNAVAILABLE, GatewayError
 GRACE = 30.0          # seconds any body has, as a request's head (lokid.gateway.headtimeout)
 MIN_RATE = 8 * 1024   # bytes a second a body must average beyond the grace
 INFLATED = ("gzip", "x-gzip", "deflate")
-BODIES_HELD = 4       # max_body's worth of bodies the gateway holds at once, at most
+BODIES_HELD = 2       # max_body's worth of bodies the gateway holds at once, at most
 # a request's bytes held in Bodies (RequestKey from aiohttp 3.12; a string before)
 HELD_KEY: Any = web.RequestKey("lokid_body_held", int) if hasattr(web, "RequestKey") \
     else "lokid_body_held"
