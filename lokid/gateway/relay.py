@@ -26,7 +26,16 @@ Rules, each for a failure it prevents:
   of events gets a last event holding the error; any other answer is cut off (the
   connection closed before its end), which a client reads as an error;
 - hop-by-hop headers stay on their hop; the client's key for the gateway is not handed
-  to the engine: a preset with its own key gets that one (:mod:`lokid.gateway.upstream`).
+  to the engine: a preset with its own key gets that one (:mod:`lokid.gateway.upstream`);
+- what is relayed costs a bounded buffer, whatever its size and however slowly the
+  client reads (issue 45, item 2: a 600 MiB answer was read whole, and under
+  ``MemoryMax=1G`` systemd would have killed the gateway with every stream through it):
+  an answer over :data:`WHOLE` bytes, or of no stated length, is written on as it comes,
+  each write awaiting the client's drain (aiohttp's), which leaves the other side's
+  bytes unread meanwhile; an external API's answer whose model is renamed is rewritten
+  as it passes (:class:`Renamer` keeps a few bytes back, never a line or the whole);
+  what the gateway itself reads to parse (``/props``) is refused beyond its cap
+  (``whole``: 502).
 """
 
 from __future__ import annotations
@@ -68,6 +77,10 @@ STALE = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 # "Server disconnected" when they rested 15 s (aiohttp's default).
 LOCAL_KEEPALIVE = 4.0
 EXTERNAL_KEEPALIVE = 1.5
+# Bytes of an answer with a stated length read whole before it is answered (an error, a
+# refusal, a short completion: one write, the length kept); a longer one, or one of no
+# stated length, is written on as it comes.
+WHOLE = 1024 * 1024
 
 
 def session(keepalive: float = LOCAL_KEEPALIVE, route: Route | None = None
@@ -102,14 +115,22 @@ def forwarded(headers: Mapping[str, str], keep_auth: bool, local: bool = True) -
 
 class Renamer:
     """An external API's answer naming the preset, not the API's model: each
-    ``"model": "<upstream_model>"`` becomes ``"model": "<preset>"`` (the API's JSON, as
-    it wrote it otherwise). A stream is rewritten line by line (an event's JSON holds no
-    raw newline); the bytes after its last newline wait for the next chunk."""
+    ``"model": "<upstream_model>"`` (up to :data:`SPACES` blanks each side of the colon)
+    becomes ``"model": "<preset>"`` (the API's JSON, as it wrote it otherwise). An answer
+    that comes in parts is rewritten as it passes: of each part, the bytes where a match
+    could still begin and not end yet (:attr:`keep`, a few dozen) wait for the next one;
+    never a line or the whole answer (a 600 MiB answer on one line held the gateway's
+    memory, issue 45, item 2)."""
+
+    SPACES = 16
 
     def __init__(self, upstream_model: str, preset: str):
         name = json.dumps(upstream_model)[1:-1].encode()
-        self.pattern = re.compile(rb'("model"\s*:\s*)"' + re.escape(name) + rb'"')
+        space = rb"\s{0,%d}" % self.SPACES
+        self.pattern = re.compile(rb'("model"' + space + b":" + space + b')"'
+                                  + re.escape(name) + rb'"')
         self.replacement = rb"\1" + json.dumps(preset).encode().replace(b"\\", b"\\\\")
+        self.keep = len(b'"model":') + 2 * self.SPACES + len(name) + 2   # a match, at most
         self.rest = b""
 
     def whole(self, data: bytes) -> bytes:
@@ -117,9 +138,17 @@ class Renamer:
 
     def chunk(self, data: bytes) -> bytes:
         data = self.rest + data
-        cut = data.rfind(b"\n") + 1
+        cut, pos = max(0, len(data) - self.keep), 0
+        out: list[bytes] = []
+        for m in self.pattern.finditer(data):
+            if m.start() >= cut:   # it may go on in the next part: it waits
+                break
+            out += (data[pos:m.start()], m.expand(self.replacement))
+            pos = m.end()
+        cut = max(cut, pos)
+        out.append(data[pos:cut])
         self.rest = data[cut:]
-        return self.whole(data[:cut])
+        return b"".join(out)
 
     def end(self) -> bytes:
         rest, self.rest = self.rest, b""
@@ -138,7 +167,7 @@ def _gone(request: web.Request) -> bool:
 async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
                 keep_auth: bool, patience: Patience, *, key: str | None = None,
                 target: str = "", what: str = "", renamer: Renamer | None = None,
-                hop: str = "", stream: bool = False) -> web.StreamResponse:
+                hop: str = "", stream: bool = False, whole: int = 0) -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
     what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
     the URL when it is not ``url`` and the client's path (an external preset's);
@@ -148,7 +177,9 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     header that marks a request sent to a peer gateway (:mod:`lokid.gateway.peers`),
     which then fails with :class:`Unreached` when none of it reached the peer;
     ``stream``: the request asks to stream: to one of our engines, its answer is carried
-    as bytes (:mod:`lokid.gateway.tunnel`)."""
+    as bytes (:mod:`lokid.gateway.tunnel`); ``whole``: the answer is read whole, up to
+    that many bytes (a :class:`aiohttp.web.Response`, for the gateway to read; 502
+    beyond), never written on as it comes."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, keep_auth and key is None, local)
@@ -157,7 +188,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     if hop:
         headers[hop] = "1"
     side = what or "the engine"
-    if stream and (local or hop) and renamer is None and request.version >= (1, 1):
+    if stream and not whole and (local or hop) and renamer is None \
+            and request.version >= (1, 1):
         other = URL(target)   # an engine of ours, or a peer gateway: plain HTTP only
         if other.scheme == "http" and other.host and other.port:
             connector = client.connector
@@ -198,9 +230,14 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             raise _unreachable(side, url, e) from None
     async with upstream:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        if not _streams(upstream):
+        if renamer is not None and "content-encoding" in {k.lower() for k in headers}:
+            renamer = None   # compressed: not read
+        length = None if _streams(upstream) else upstream.content_length
+        if whole or (length is not None and length <= WHOLE):
+            if whole and (length or 0) > whole:
+                raise _too_long(side, url, length, whole)
             try:
-                data = await within(upstream.read(), patience, side)
+                data = await within(_read(upstream, whole or WHOLE), patience, side)
             except EngineSilent as e:
                 raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
             except UPSTREAM_ERRORS as e:
@@ -208,12 +245,14 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                             e or type(e).__name__)
                 raise GatewayError(502, f"{side} failed while answering: "
                                    f"{type(e).__name__}", SERVER, "upstream_failed") from None
-            if renamer is not None and "content-encoding" not in {k.lower() for k in headers}:
+            if data is None:
+                raise _too_long(side, url, None, whole or WHOLE)
+            if renamer is not None:
                 data = renamer.whole(data)
             return web.Response(status=upstream.status, body=data, headers=headers)
-        if renamer is not None and "content-encoding" in {k.lower() for k in headers}:
-            renamer = None
         response = web.StreamResponse(status=upstream.status, headers=headers)
+        if renamer is None and length is not None:
+            response.content_length = length   # its bytes pass as they are
         watch = StreamWatch(upstream.content, patience, side)
         try:
             await response.prepare(request)
@@ -289,6 +328,24 @@ def _unreachable(side: str, url: str, e: BaseException) -> GatewayError:
     log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)
     return GatewayError(502, f"{side} did not answer ({type(e).__name__})", SERVER,
                         "upstream_unreachable")
+
+
+async def _read(answer: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """The answer's body, or None past ``cap`` bytes (what was read is dropped)."""
+    data = bytearray()
+    async for chunk in answer.content.iter_any():
+        data += chunk
+        if len(data) > cap:
+            return None
+    return bytes(data)
+
+
+def _too_long(side: str, url: str, length: int | None, cap: int) -> GatewayError:
+    """502 for an answer the gateway must read whole and that is over its ``cap``."""
+    said = f" ({length} bytes)" if length is not None else ""
+    log.warning("%s at %s answered over %d bytes%s: refused", side, url, cap, said)
+    return GatewayError(502, f"{side} answered over {cap // 1024} KiB, more than the "
+                        "gateway reads", SERVER, "upstream_too_large")
 
 
 class Unreached(GatewayError):

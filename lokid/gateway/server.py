@@ -86,6 +86,9 @@ log = logging.getLogger("lokid.gateway")
 KNOWN_SHOWN = 20   # models named in a 404, at most
 BACKLOG = 1024     # connections waiting to be accepted (a burst of clients, not refused)
 MODELS_PATHS = ("/v1/models", "/models")
+# Bytes of an engine's /props read to drop what is the server's: llama-server's is a few
+# KiB (its chat template the most of it); an answer beyond is refused (issue 45, item 2).
+MAX_PROPS = 4 * 1024 * 1024
 UNRESPONSIVE = "unresponsive"   # a ready engine whose /health did not answer (silence)
 
 
@@ -286,10 +289,12 @@ class Gateway:
 
     async def _props(self, request: web.Request, url: str, key: str | None,
                      patience: Patience) -> web.StreamResponse:
-        """GET /props, without what is the server's (lokid.gateway.routes)."""
+        """GET /props, without what is the server's (lokid.gateway.routes); read whole
+        to be parsed, so bounded (MAX_PROPS: 502 beyond)."""
         assert self.client is not None
         response = await relay(self.client, request, url, b"", keep_auth=not self.keys,
-                               patience=patience, key=key, what="the engine")
+                               patience=patience, key=key, what="the engine",
+                               whole=MAX_PROPS)
         if not isinstance(response, web.Response) or response.status != 200 \
                 or response.body is None:
             return response

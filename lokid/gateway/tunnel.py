@@ -14,8 +14,11 @@ instead, on a connection of its own:
   nothing parsed inside) and written to the client's connection as one chunk, from the
   event loop's read callback, with no task woken; aiohttp's response still writes the
   head (its hooks: CORS, the drain's count) and the last chunk;
-- an answer with a length (an error, a refusal) is read whole and answered as such; one
-  delimited by the end of its connection is carried as it comes;
+- an answer with a length up to :data:`WHOLE` (an error, a refusal) is read whole and
+  answered as such; a longer one is carried as it comes, its length kept, and so is one
+  delimited by the end of its connection (a 600 MiB answer read whole held the
+  gateway's memory, issue 45, item 2); between the head and the carrying, the engine's
+  reads pause once :data:`HIGH` bytes wait;
 - the gateway's rules stay: the engine's connection is never pooled (it is closed at the
   end); a client gone is seen at the next read and closes the engine's connection,
   which frees its slot (499); an engine gone, or silent past its patience
@@ -44,6 +47,7 @@ from .sockets import Route, open_engine
 log = logging.getLogger("lokid.gateway")
 
 MAX_HEAD = 64 * 1024          # bytes of the answer's head, at most
+WHOLE = 1024 * 1024           # bytes of an answer with a length read whole, at most
 HIGH, LOW = 256 * 1024, 64 * 1024   # the client's write buffer: pause the engine above
 RESUME_EVERY = 0.005          # seconds between looks at a paused client's buffer
 CONNECT_TIMEOUT = 10.0        # as the relay's pool's (TimeoutError: an OSError, a 502)
@@ -82,6 +86,11 @@ def _parse_head(raw: bytes) -> _Head:
                  int(length) if length is not None and length.isdigit() else None)
 
 
+def _whole(head: _Head) -> bool:
+    """Whether an answer is read whole: a length, and a short one."""
+    return head.length is not None and not head.chunked and head.length <= WHOLE
+
+
 def _one_chunk(data: bytes) -> bool:
     """Whether ``data`` is exactly one whole chunk, not the last (what llama-server writes
     per event, and mostly what one read gets): carried as it is."""
@@ -110,6 +119,7 @@ class _Engine(asyncio.Protocol):
         self.left = 0            # bytes left of the chunk being read
         self.state = "size"      # size, data, crlf, trailer (chunked); raw
         self.paused = False
+        self.held = False        # reads paused until the answer is carried
         self.ended = False       # the engine's connection closed
 
     # -- asyncio.Protocol ---------------------------------------------------------------
@@ -137,18 +147,21 @@ class _Engine(asyncio.Protocol):
             del self.buffer[:end + 4]
             if not self.head.done():
                 self.head.set_result(self.parsed)
-        if self.parsed.length is not None and not self.parsed.chunked \
-                and len(self.buffer) >= self.parsed.length:
-            del self.buffer[self.parsed.length:]
-            self._finish()
+        if _whole(self.parsed):
+            if len(self.buffer) >= self.parsed.length:  # type: ignore[operator]
+                del self.buffer[self.parsed.length:]
+                self._finish()
+        elif len(self.buffer) > HIGH and not self.held and self.transport is not None:
+            self.held = True   # not carried yet: the engine waits
+            self.transport.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.ended = True
         if self.parsed is not None and self.parsed.length is None and not self.parsed.chunked:
             self._finish()   # an answer delimited by its connection's end: whole
-        elif self.parsed is not None and self.parsed.chunked and self.client is None:
-            pass   # not carried yet: what came is read first (carry), then it ends
+        elif self.parsed is not None and not _whole(self.parsed) and self.client is None:
+            pass   # not carried yet: what came is carried first (carry), then it ends
         else:
             self._fail(EngineGone(f"the connection closed ({exc})" if exc else
                                   "the connection closed"))
@@ -161,11 +174,17 @@ class _Engine(asyncio.Protocol):
         self.client, self.watch = client, watch
         assert self.parsed is not None
         self.state = "size" if self.parsed.chunked else "raw"
+        if self.parsed.length is not None and not self.parsed.chunked:
+            self.state, self.left = "length", self.parsed.length
         if self.buffer:
             data, self.buffer = bytes(self.buffer), bytearray()
             self._carry(data)
         if self.ended and not self.done.done():   # it closed before its answer's end
             self._fail(EngineGone("the connection closed"))
+        if self.held:   # read on, unless the client's buffer paused it again
+            self.held = False
+            if not self.paused and self.transport is not None:
+                self.transport.resume_reading()
 
     def _carry(self, data: bytes) -> None:
         client = self.client
@@ -177,6 +196,11 @@ class _Engine(asyncio.Protocol):
         ended = False
         if self.state == "size" and not self.buffer and _one_chunk(data):
             client.write(data)   # one whole chunk, framed as the engine framed it
+        elif self.state == "length":   # the client's answer has this length too
+            payload = data[:self.left]
+            self.left -= len(payload)
+            client.write(payload)
+            ended = not self.left
         else:
             if self.state == "raw":
                 payload = data
@@ -306,12 +330,14 @@ async def carry(request: web.Request, host: str, port: int, authority: str, path
         head = await within(asyncio.shield(engine.head), patience, side)
         answer_headers = CIMultiDict((k, v) for k, v in head.headers.items()
                                      if k.lower() not in hop_by_hop)
-        if head.length is not None and not head.chunked:
+        if _whole(head):
             await within(asyncio.shield(engine.done), patience, side)
             return web.Response(status=head.status, reason=head.reason or None,
                                 body=bytes(engine.buffer), headers=answer_headers)
         response = web.StreamResponse(status=head.status, reason=head.reason or None,
                                       headers=answer_headers)
+        if head.length is not None and not head.chunked:
+            response.content_length = head.length   # carried as it is, unframed
         await response.prepare(request)
         await response.write(b"")   # the head on its way (aiohttp may hold it for a body)
         client = request.transport
