@@ -35,7 +35,13 @@ Rules, each for a failure it prevents:
   bytes unread meanwhile; an external API's answer whose model is renamed is rewritten
   as it passes (:class:`Renamer` keeps a few bytes back, never a line or the whole);
   what the gateway itself reads to parse (``/props``) is refused beyond its cap
-  (``whole``: 502).
+  (``whole``: 502);
+- a request to a peer gateway goes on a connection of its own, never a pooled one, and
+  only a connect that failed lets it go to another replica (:class:`Unreached`): once
+  its bytes were written the peer may have read them all, and a second replica would
+  generate the answer twice (issue 45, item 4: a peer that read the request and closed
+  2 s later had it sent on). A pooled connection closed meanwhile cannot be told from
+  a peer that read the request and then closed, so none is used.
 """
 
 from __future__ import annotations
@@ -83,12 +89,14 @@ EXTERNAL_KEEPALIVE = 1.5
 WHOLE = 1024 * 1024
 
 
-def session(keepalive: float = LOCAL_KEEPALIVE, route: Route | None = None
-            ) -> aiohttp.ClientSession:
+def session(keepalive: float = LOCAL_KEEPALIVE, route: Route | None = None,
+            fresh: bool = False) -> aiohttp.ClientSession:
     """A pool of connections (kept alive ``keepalive`` seconds at most between requests);
     with ``route``, this host's engines are reached at their socket where they have one
-    (:mod:`lokid.gateway.sockets`)."""
-    pool: dict[str, Any] = {"limit": 0, "force_close": False, "keepalive_timeout": keepalive}
+    (:mod:`lokid.gateway.sockets`); ``fresh``: no connection is ever reused (a peer
+    gateway's requests: only a failed connect may go to another replica)."""
+    pool: dict[str, Any] = {"limit": 0, "force_close": True} if fresh else \
+        {"limit": 0, "force_close": False, "keepalive_timeout": keepalive}
     connector = EngineConnector(route, **pool) if route is not None else \
         aiohttp.TCPConnector(**pool)
     return aiohttp.ClientSession(
@@ -175,7 +183,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     ``patience``: how long its silence is borne (:mod:`lokid.gateway.silence`);
     ``renamer``: an external API's model named as the preset in its answer; ``hop``: the
     header that marks a request sent to a peer gateway (:mod:`lokid.gateway.peers`),
-    which then fails with :class:`Unreached` when none of it reached the peer;
+    which then fails with :class:`Unreached` when none of it reached the peer (its
+    connect failed: ``client`` must then be a ``fresh`` :func:`session`);
     ``stream``: the request asks to stream: to one of our engines, its answer is carried
     as bytes (:mod:`lokid.gateway.tunnel`); ``whole``: the answer is read whole, up to
     that many bytes (a :class:`aiohttp.web.Response`, for the gateway to read; 502
@@ -217,8 +226,10 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
         except EngineSilent as e:
             raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
         except STALE as e:
-            if hop:   # nothing reached the peer, or it went away before any answer
-                raise Unreached(side, url, e) from None
+            if hop:   # on a new connection: only a failed connect sent it nowhere
+                if isinstance(e, aiohttp.ClientConnectorError):
+                    raise Unreached(side, url, e) from None
+                raise _unreachable(side, url, e, "after it was sent") from None
             if attempt == 0 and local and not isinstance(e, aiohttp.ClientConnectorError):
                 # a pooled connection the engine closed meanwhile: a new one
                 log.debug("%s closed a kept-alive connection: %s; once more", side, e)
@@ -323,10 +334,12 @@ async def _end_failed(request: web.Request, response: web.StreamResponse, e: Bas
         raise ClientGone(response) from None
 
 
-def _unreachable(side: str, url: str, e: BaseException) -> GatewayError:
-    """502 for an engine or API that took no request: its address for the log only."""
-    log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)
-    return GatewayError(502, f"{side} did not answer ({type(e).__name__})", SERVER,
+def _unreachable(side: str, url: str, e: BaseException, when: str = "") -> GatewayError:
+    """502 for an engine or API that did not answer (``when``: said after "did not
+    answer"): its address for the log only."""
+    when = f" {when}" if when else ""
+    log.info("%s at %s did not answer%s: %s", side, url, when, e or type(e).__name__)
+    return GatewayError(502, f"{side} did not answer{when} ({type(e).__name__})", SERVER,
                         "upstream_unreachable")
 
 
@@ -349,8 +362,8 @@ def _too_long(side: str, url: str, length: int | None, cap: int) -> GatewayError
 
 
 class Unreached(GatewayError):
-    """A request none of which reached a peer gateway (its connect failed), or that the
-    peer closed before any answer: it may go to another replica (lokid.gateway.peers)."""
+    """A request none of which reached a peer gateway (its connect failed): it may go
+    to another replica (lokid.gateway.peers)."""
 
     def __init__(self, side: str, url: str, e: BaseException):
         log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)

@@ -103,6 +103,7 @@ class Gateway:
         self.keys = tuple(k.encode() for k in keys)
         self.client: aiohttp.ClientSession | None = None     # to the engines
         self.external: aiohttp.ClientSession | None = None   # to external APIs
+        self.hops: aiohttp.ClientSession | None = None   # to peer gateways: never pooled
         self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
         self.connections = Connections()   # each with its head's deadline
         self.cors = Cors(settings.cors_origins)
@@ -127,6 +128,7 @@ class Gateway:
     async def _open(self, _app: web.Application) -> None:
         self.client = session(LOCAL_KEEPALIVE, self.presets.socket_at)   # engines' sockets
         self.external = session(EXTERNAL_KEEPALIVE)
+        self.hops = session(fresh=True)   # only a failed connect goes to another replica
         self.report.start()
         self.peers.start()
         self.hosts.learn(await machine_names())
@@ -134,7 +136,7 @@ class Gateway:
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
         await self.peers.stop()
-        for client in (self.client, self.external):
+        for client in (self.client, self.external, self.hops):
             if client is not None:
                 await client.close()
 
@@ -262,9 +264,9 @@ class Gateway:
         target = peer.url + raw_path + (f"?{request.query_string}" if request.query_string
                                         else "")
         patience = Patience(self.settings.first_byte_timeout, self.settings.stream_idle_timeout)
-        assert self.client is not None
+        assert self.hops is not None
         with self.peers.sending(host, name):
-            return await relay(self.client, request, peer.url, body, keep_auth=False,
+            return await relay(self.hops, request, peer.url, body, keep_auth=False,
                                patience=patience, key=key, target=target,
                                what=f"peer gateway {host!r}", hop=HOP_HEADER, stream=stream)
 
