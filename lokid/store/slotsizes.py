@@ -17,8 +17,12 @@ Rules, each for a failure it prevents:
 - written before the engine is spawned, at every start, the listing is what the engine
   will read: no save happens between a start and its restore (the gateway saves before
   a stop);
-- written atomically (a temporary name, then a rename) and readable by all: a gateway
-  never reads half a listing, and reads it by name from a directory it cannot list;
+- written atomically (a temporary name, then a rename): a gateway never reads half a
+  listing;
+- given to the gateway's group, mode 0640, as the engine's socket is
+  (:mod:`lokid.host.sockshare`): the gateway reads it by name from ``/run/loki`` (0751),
+  which it cannot list, and nobody else reads anything there; where that group does not
+  exist (no package: the gateway runs as the engines' user) the file stays its writer's;
 - a listing that cannot be written is removed, and a listing absent is no listing: the
   gateway then restores nothing (a stale one would vouch for files changed since);
 - bounded both ways (:data:`MAX_FILES` names written, :data:`MAX_BYTES` read): a
@@ -32,9 +36,12 @@ import json
 import os
 from collections.abc import Sequence
 
+from ..core.names import GATEWAY_USER
+
 SUFFIX = ".slots"           # $LOKI_RUNTIME_DIR/<preset>.slots
 MAX_FILES = 4096            # names listed; the rest are not restored
 MAX_BYTES = 1 << 20         # the most the gateway reads of a listing
+MODE = 0o640                # the writer's and the gateway's group's
 
 
 def _path(runtime_dir: str, preset: str) -> str:
@@ -63,8 +70,9 @@ def prepare_slot_dir(preset: str, argv: Sequence[str], runtime_dir: str) -> None
                     "none of them is restored after this start", priority=4)
 
 
-def publish(runtime_dir: str, preset: str, slot_dir: str) -> int:
-    """List the regular files of ``slot_dir`` with their sizes for the gateway; how many.
+def publish(runtime_dir: str, preset: str, slot_dir: str, group: str = GATEWAY_USER) -> int:
+    """List the regular files of ``slot_dir`` with their sizes for the gateway (its
+    ``group``); how many.
 
     OSError when the directory cannot be read or the listing written: the old listing is
     removed first, so that none is left to vouch for files it no longer describes.
@@ -83,10 +91,11 @@ def publish(runtime_dir: str, preset: str, slot_dir: str) -> int:
                 sizes[entry.name] = entry.stat(follow_symlinks=False).st_size
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(sizes, f)
-        os.chmod(tmp, 0o644)   # the gateway's user is in no group of the engine's
+        os.chmod(tmp, MODE)
+        _give(tmp, group)
         os.replace(tmp, path)
     except OSError:
         try:
@@ -95,6 +104,20 @@ def publish(runtime_dir: str, preset: str, slot_dir: str) -> int:
             pass
         raise
     return len(sizes)
+
+
+def _give(path: str, group: str) -> None:
+    import grp
+
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        return   # no such group here: the gateway runs as the engines' user
+    try:
+        os.chown(path, -1, gid)   # the engine's user is a member (sysusers.d lokid.conf)
+    except PermissionError:
+        pass   # a user who is no member (lokid run by hand): the gateway, if it is that
+        #        user, still reads it; another one finds no listing and restores nothing
 
 
 def listed(runtime_dir: str, preset: str) -> dict[str, int] | None:

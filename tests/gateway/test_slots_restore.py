@@ -13,6 +13,8 @@ nothing saved) marked it for restore again, and it was restored at every start.
 
 from __future__ import annotations
 
+import grp
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -140,6 +142,8 @@ def test_a_listing_is_bounded_and_a_bad_one_is_none(tmp_path: Path) -> None:
     where.mkdir()
     for i in range(slotsizes.MAX_FILES + 5):
         (where / f"s{i}.bin").write_bytes(b"")
-    assert publish(str(run), "alpha", str(where)) == slotsizes.MAX_FILES
-    assert (run / "alpha.slots").stat().st_mode & 0o777 == 0o644
+    group = grp.getgrgid(os.getgid()).gr_name if os.geteuid() else "daemon"
+    assert publish(str(run), "alpha", str(where), group=group) == slotsizes.MAX_FILES
+    st = (run / "alpha.slots").stat()   # the gateway's group's alone (nobody reads it)
+    assert st.st_mode & 0o777 == 0o640 and st.st_gid == grp.getgrnam(group).gr_gid
     assert len(slotsizes.listed(str(run), "alpha") or {}) == slotsizes.MAX_FILES
