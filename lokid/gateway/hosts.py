@@ -28,8 +28,9 @@ page cannot change is the name it asked for: the browser sends it as ``Host``. R
 - the client is not told which names are served (a rebinding page reads the refusal):
   the operator's log line names the refused one.
 
-The machine's names are read once, at start, off the event loop (a fully qualified name
-asks the resolver, which may be slow or absent): :func:`machine_names`.
+The machine's names are read once, at start (:meth:`Hosts.start`): its host name at
+once, its fully qualified name in the background, off the event loop (it asks the
+resolver, which may be slow or absent: the first requests do not wait for it).
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ class Hosts:
         self.any = ANY in allowed
         self.names = set(LOOPBACK_NAMES) | {a for a in allowed if a and a[0] != "."}
         self.domains = tuple(a for a in allowed if a.startswith(".") and len(a) > 1)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """The machine's names learnt: its host name now, its FQDN soon."""
+        self.learn([socket.gethostname()])
+        self.task = asyncio.get_running_loop().create_task(self._fqdn())
+
+    async def _fqdn(self) -> None:
+        self.learn(await machine_names())
 
     def learn(self, names: Iterable[str]) -> None:
         """The machine's own names (its host name, its FQDN)."""

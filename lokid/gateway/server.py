@@ -57,7 +57,7 @@ from .cors import Cors
 from .faults import Faults
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
-from .hosts import Hosts, machine_names
+from .hosts import Hosts
 from .ondemand import SAFE_METHODS, Starter, check_safe
 from .peers import HOP_HEADER, Peers
 from .peers import UNAVAILABLE as UNAVAILABLE_PEER
@@ -131,7 +131,7 @@ class Gateway:
         self.hops = session(fresh=True)   # only a failed connect goes to another replica
         self.report.start()
         self.peers.start()
-        self.hosts.learn(await machine_names())
+        self.hosts.start()   # this machine's names
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()

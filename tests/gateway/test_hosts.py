@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,8 @@ async def test_a_rebinding_page_is_refused_and_health_answers(
         assert r.status_code == 421
         r = await c.get("/health", headers={"Host": "attacker.example"})
         assert r.status_code == 200   # a load balancer's check names anything
-        for name in (f"127.0.0.1:{port}", f"localhost:{port}", "llm.example.org"):
+        for name in (f"127.0.0.1:{port}", f"localhost:{port}", "llm.example.org",
+                     f"{socket.gethostname()}:{port}"):
             r = await c.get("/v1/models", headers={"Host": name})
             assert r.status_code == 200 and r.json()["object"] == "list", name
         assert gw.presets.presets["lazy"].state == "inactive"
