@@ -13,13 +13,24 @@ was an unhandled exception, and each client gone mid-stream one more. Rules:
   exception's type) as the lines above: a defect a client can trigger at will must not
   fill the journal either;
 - a client gone mid-answer is no fault at all: counted 499 (lokid.gateway.report), not
-  logged.
+  logged;
+- a client that resets its connection while sending its body (or while its answer is
+  written) is gone too, not a defect (issue 45, item 6: each was "the gateway failed"
+  with a traceback, on aiohttp 3.8.4, 3.11.16 and 3.14 alike): a ``ConnectionError``
+  with the client's connection closed (:func:`client_gone`) is said in one
+  rate-limited line "client gone: … 499", without a traceback, and counted 499 in the
+  report where its preset is known (not while its body is read: the model is in it). A ``ConnectionError`` while
+  the client's connection is open is no client's doing: still a defect;
+- aiohttp's own lines (a malformed request, answered 400 before any route) are made
+  rate-limited lines the same way by :mod:`lokid.gateway.serverlog`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from aiohttp import web
 
 log = logging.getLogger("lokid.gateway")
 
@@ -51,6 +62,15 @@ class Throttle:
         return True, held
 
 
+def client_gone(request: web.Request, e: BaseException) -> bool:
+    """Whether ``e`` is the client's connection lost: a ConnectionError (reset, broken
+    pipe) once aiohttp has seen the connection close (its transport gone or closing)."""
+    if not isinstance(e, ConnectionError):
+        return False
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
 class Faults:
     def __init__(self) -> None:
         self.throttle = Throttle()
@@ -72,3 +92,11 @@ class Faults:
             more = f" ({held} more like it not logged)" if held else ""
             log.error("%s %s: the gateway failed: %s: %s%s", method[:16], path[:80],
                       type(e).__name__, str(e)[:200], more, exc_info=e)
+
+    def gone(self, e: BaseException, method: str, path: str) -> None:
+        """A client whose connection ended before its answer (499): no fault, one line."""
+        ok, held = self.throttle.allow(f"gone {type(e).__name__}")
+        if ok:
+            more = f" ({held} more like it not logged)" if held else ""
+            log.info("client gone: %s %s: 499: its connection ended before its answer "
+                     "(%s)%s", method[:16], path[:80], type(e).__name__, more)

@@ -54,7 +54,7 @@ from . import prompts
 from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .cors import Cors
-from .faults import Faults
+from .faults import Faults, client_gone
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .hosts import Hosts
@@ -75,6 +75,7 @@ from .relay import (
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, model_entry, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
 from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
+from .serverlog import install as install_serverlog
 from .settings import Settings
 from .shutdown import Draining, StoppableSite
 from .silence import Liveness, Patience
@@ -155,6 +156,10 @@ class Gateway:
             request[STATUS_KEY] = CLIENT_GONE
             return e.response
         except Exception as e:   # a defect of ours: a 500 in OpenAI's shape, a line
+            if client_gone(request, e):   # reset while sending its body (issue 45, item 6)
+                request[STATUS_KEY] = CLIENT_GONE
+                self.faults.gone(e, request.method, request.path)
+                return web.Response(status=CLIENT_GONE)
             self.faults.defect(e, request.method, request.path)
             return web.json_response(error_body(f"the gateway failed: {type(e).__name__}",
                                                 SERVER, "gateway_error"), status=500)
@@ -514,6 +519,7 @@ async def serve(settings: Settings, bus_type: str, bus_address: str | None,
         return preset.drain if preset is not None else None
 
     draining = Draining(drain_of)
+    install_serverlog()   # aiohttp's lines on malformed requests: one a kind, throttled
     runner = await start_sites(gateway, sockets, draining=draining)
     log.info("gateway listening on %s%s", "systemd's sockets " if sockets else "",
              ", ".join(f"{h}:{p}" for h, p in settings.listen))
