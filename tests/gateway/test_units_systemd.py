@@ -235,6 +235,15 @@ def test_a_group_swap_waits_for_the_stream_then_the_idle_stop_follows(lk: LokidS
     daemon = ct.journal("lokid.service", since_cursor=cursor)
     assert "preset beta: stopped after 5s without a request (serve.idle_stop)" in daemon, \
         daemon[-2000:]
+    # alpha back: its slot, saved before its swap's stop, restored by the gateway's user
+    # after the size its engine's step listed for the gateway's group (issue 45, item 10)
+    code, reply = curl(ct, f"http://127.0.0.1:{port}/completion",
+                       {"model": "alpha", "prompt": "Once", "n_predict": 2})
+    assert code == 200, reply
+    assert ct.run(["stat", "-c", "%U %G %a", "/run/loki/alpha.slots"]).stdout.split() == \
+        ["loki", "loki-gateway", "640"]
+    journal = ct.journal(SERVICE, since_cursor=cursor)
+    assert "alpha: 1 slots restored" in journal, journal[-2000:]
     assert "Traceback" not in journal + daemon
     ct.systemctl("stop", SOCKET, SERVICE, check=False)
 
