@@ -4,15 +4,18 @@ directory a real tmpfs that fills.
 
 Reproduced before: with the disk full every preset, spec off included, had
 AutoSpecBlocked "the state database … cannot be written (No space left on device), and
-automatic speculation needs its attempt token", and kept it after the space was freed.
-Now only a preset whose plan adds automatic speculation (its attempt token needs the
-database) says so, and the first start that writes the database again clears it
-everywhere.
+automatic speculation needs its attempt token", and kept it after the space was freed;
+``lokictl bench`` printed only the database's error. Now only a preset whose plan adds
+automatic speculation (its attempt token needs the database) says so; the benchmark is
+shown, with why it is not stored; and the first write that succeeds again (here the
+benchmark's, stored once there is room) has every preset planned again, the note gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,8 +61,17 @@ async def blocked(running: Running) -> dict[str, str]:
     return out
 
 
+async def lokictl(address: str, *args: str) -> tuple[int, str, str]:
+    """lokictl as its own process (the daemon runs in this event loop: never blocked)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lokid.ctl", "--address", address, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
 async def test_a_full_disk_is_said_only_where_it_cuts_and_not_after_it_is_freed(
-        running: Running, state_fs: Path) -> None:
+        running: Running, state_fs: Path, bus_address: str) -> None:
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     assert await blocked(running) == {"plain": "", "ngram": "", "mtp": ""}
 
@@ -69,10 +81,19 @@ async def test_a_full_disk_is_said_only_where_it_cuts_and_not_after_it_is_freed(
     assert now["plain"] == "" and now["ngram"] == "", now   # no automatic flags to cut
     assert FULL in now["mtp"] and "needs its attempt token" in now["mtp"], now
 
-    filler.unlink()
-    await manager.call_start_preset("plain")   # its start writes the database again
+    # lokictl bench: the measurement shown, and that it could not be stored
+    await manager.call_start_preset("plain")
     await running.wait_event("plain", "ready")
+    bench = ("bench", "plain", "--prompt", "300", "--predict", "16")
+    rc, out, err = await lokictl(bus_address, *bench)
+    assert rc == 0 and "  Prefill " in out and "  Decode " in out, (out, err)
+    assert "(not saved: it could not be stored: the state database" in out, out
+    assert FULL in out, out
+
+    filler.unlink()
+    rc, out, err = await lokictl(bus_address, *bench, "--json")   # stored: a write again
+    assert rc == 0 and json.loads(out)["saved"] is True, (out, err)
     deadline = time.monotonic() + 30
     while (now := await blocked(running))["mtp"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)   # planned again once its start is ready (0.5 s after)
+        await asyncio.sleep(0.2)   # every preset planned again after the bench's refresh
     assert now == {"plain": "", "ngram": "", "mtp": ""}, now
