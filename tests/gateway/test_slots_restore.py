@@ -24,6 +24,7 @@ from aiohttp import web
 from support.gatewaykit import app_on_loopback
 
 from lokid.gateway.slots import SlotCache
+from lokid.store.runtimefiles import remove_preset_files
 from lokid.store.slotsizes import publish
 
 
@@ -147,3 +148,5 @@ def test_a_listing_is_bounded_and_a_bad_one_is_none(tmp_path: Path) -> None:
     st = (run / "alpha.slots").stat()   # the gateway's group's alone (nobody reads it)
     assert st.st_mode & 0o777 == 0o640 and st.st_gid == grp.getgrnam(group).gr_gid
     assert len(slotsizes.listed(str(run), "alpha") or {}) == slotsizes.MAX_FILES
+    # a preset removed or renamed leaves no listing behind for a later one of its name
+    assert "alpha.slots" in remove_preset_files(str(run), "alpha")
