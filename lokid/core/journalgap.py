@@ -32,7 +32,7 @@ from typing import Any
 from .names import preset_of_unit
 
 # systemd's sd-messages.h SD_MESSAGE_JOURNAL_DROPPED: "journal messages dropped"
-JOURNAL_DROPPED = "a596d6fe7bfa4994828e72dfa1e5a9a4"
+JOURNAL_DROPPED = "a596d6fe7bfa4994828e72309e95d61e"
 MAX_DROPPED = 10**12
 _SAID = re.compile(r"Suppressed (\d{1,13}) messages from (\S{1,256})")
 
