@@ -3,9 +3,9 @@
 Issue 45, item 9: under a team's load (157 requests/s, 7 lines each) journald's default
 rate limit dropped 18,582 lines of ``loki-engine@gamma.service`` in 120 s, and lokid's
 Stats, ``lokid_requests_total`` and ``lokictl stats --since`` counted 67 % of the requests
-without a word. The engine units now turn the limit off (``units/loki-engine@.service``
-says why), but a drop must still be seen whatever causes it (a drop-in that sets a limit
-back, a journald that cannot keep up): lokid reads journald's own entry about it.
+without a word. The engine units now set a limit no engine reaches
+(``units/loki-engine@.service`` says why), but a drop must still be seen whatever causes
+it (a drop-in that sets a lower limit back): lokid reads journald's own entry about it.
 
 When journald's rate limit for a unit ends after dropping lines, its next line from that
 unit is preceded by one entry of journald itself (``journald-server.c``,
