@@ -229,7 +229,8 @@ def stats_text(name: str, stats: dict[str, Any], since: str | None = None) -> st
         return f"{name}: no start seen yet"
     prefill = stats.get("prefill_tps") or {}
     decode = stats.get("decode_tps") or {}
-    lines = [f"{name}: {counted(stats.get('requests') or 0, 'request')}, "
+    least = "at least " if stats.get("requests_lower_bound") else ""
+    lines = [f"{name}: {least}{counted(stats.get('requests') or 0, 'request')}, "
              f"{stats.get('prompt_tokens', 0)} prompt tokens, "
              f"{stats.get('generated_tokens', 0)} generated"
              + (f" ({_num(stats.get('requests_per_min'), '{:.1f}')} in the last minute)"
@@ -247,6 +248,11 @@ def stats_text(name: str, stats: dict[str, Any], since: str | None = None) -> st
     if stats.get("load_seconds") is not None or stats.get("offload"):
         lines.append(f"  load: {_num(stats.get('load_seconds'), '{:.1f}')} s, offloaded "
                      f"{', '.join(stats.get('offload') or []) or 'n/a'}")
+    if stats.get("requests_lower_bound"):   # lines journald dropped (issue 45, item 9)
+        lines.append(f"  journald dropped {stats.get('missed_lines', 0)} engine lines: the "
+                     "counts are a lower bound"
+                     + ("; requests in flight unknown, no idle stop until every slot is seen "
+                        "again" if stats.get("in_flight_known") is False else ""))
     if stats.get("on_cpu"):
         lines.append(f"  on the CPU: {stats['on_cpu']}")
     memory = stats.get("memory_mib") or {}

@@ -19,7 +19,9 @@ What a read gives, and what a fault gives its caller:
 - :func:`window` counts the engine's requests since a point in time with the daemon's
   own parser (each start, by invocation id, through its own :class:`EngineLog`), over at
   most :data:`MAX_WINDOW_ENTRIES` entries: past that the figures stop and
-  ``truncated_at`` says where.
+  ``truncated_at`` says where. Lines journald dropped in the window (its "Suppressed N
+  messages from UNIT" entries, :mod:`lokid.core.journalgap`; issue 45, item 9) are summed
+  as ``missed_lines``, with ``requests_lower_bound``: the counts are at least, not exactly.
 
 Reads block (the journal files): the daemon runs them in a worker thread, each with its
 own reader.
@@ -32,6 +34,7 @@ import time
 from typing import Any
 
 from ..core.errors import InvalidArgsError
+from ..core.journalgap import dropped, match_dropped
 from ..core.names import SYSLOG_IDENTIFIER
 
 MAX_LINES = 10000
@@ -113,12 +116,13 @@ def window(reader: Any, unit: str, since: float, kind: str = "",
 
     now = time.time() if now is None else now
     reader.add_match(_SYSTEMD_UNIT=unit)
+    match_dropped(reader, unit)   # journald's word that it dropped some of them
     reader.seek_realtime(datetime.datetime.fromtimestamp(max(since, 0.0)))
     logs: dict[str, EngineLog] = {}
     requests = []
     first = None
     truncated = None
-    seen = 0
+    seen = missed = 0
     at = since
     while True:
         entry = reader.get_next()
@@ -130,6 +134,10 @@ def window(reader: Any, unit: str, since: float, kind: str = "",
             break
         stamp = entry.get("__REALTIME_TIMESTAMP")
         at = stamp.timestamp() if isinstance(stamp, datetime.datetime) else now
+        lost = dropped(entry)
+        if lost is not None:
+            missed += lost[2]
+            continue
         if entry.get("SYSLOG_IDENTIFIER") == SYSLOG_IDENTIFIER:
             continue  # lokid's own lines: not the engine's
         message = entry.get("MESSAGE")
@@ -151,4 +159,6 @@ def window(reader: Any, unit: str, since: float, kind: str = "",
     out["since"] = since
     if truncated is not None:
         out["truncated_at"] = truncated
+    if missed:
+        out.update(missed_lines=missed, requests_lower_bound=True)
     return out

@@ -11,6 +11,7 @@ from support.journalfiles import write_journal
 from systemd import journal
 
 from lokid.core.errors import InvalidArgsError
+from lokid.core.journalgap import JOURNAL_DROPPED
 from lokid.core.requestlog import EngineLog
 from lokid.watch.journalread import MESSAGE_CHARS, match_unit, read_unit, window
 
@@ -89,3 +90,25 @@ def test_the_window_counts_the_requests_of_the_daemons_parser(journal_file: Path
     assert after.get("requests", 0) == 0 and after["starts"] == 0
     cut = window(reader(journal_file), UNIT, T0 / 1e6 - 60, now=now, limit=5)
     assert cut["truncated_at"] == pytest.approx(T0 / 1e6 + 5) and cut.get("requests", 0) == 0
+
+
+def test_the_window_says_the_lines_journald_dropped(tmp_path: Path) -> None:
+    """Issue 45, item 9: journald's own entry about the unit (as a real journald writes
+    it: tests/watch/test_journal_limits_systemd.py) makes the window's counts a lower
+    bound, with the lines missed; one about another unit does not."""
+    def suppressed(unit: str, count: int) -> dict[str, str]:
+        return {"MESSAGE": f"Suppressed {count} messages from {unit}",
+                "MESSAGE_ID": JOURNAL_DROPPED, "N_DROPPED": str(count),
+                "_TRANSPORT": "driver", "_SYSTEMD_UNIT": "systemd-journald.service",
+                "SYSLOG_IDENTIFIER": "systemd-journald", "OBJECT_SYSTEMD_UNIT": unit,
+                "OBJECT_SYSTEMD_INVOCATION_ID": "a" * 32}
+    entries = [engine(UNIT, "a" * 32, line) for line in RECORDED]
+    entries += [suppressed(UNIT, 640), suppressed("loki-engine@other.service", 9),
+                suppressed(UNIT, 60)]
+    path = write_journal(tmp_path / "t.journal", entries, T0, 1_000_000)
+    now = T0 / 1e6 + 3600
+    stats = window(reader(path), UNIT, T0 / 1e6 - 60, now=now)
+    assert stats["missed_lines"] == 700 and stats["requests_lower_bound"] is True, stats
+    assert stats["requests"] >= 1
+    later = window(reader(path), UNIT, T0 / 1e6 + len(RECORDED) + 5, now=now)
+    assert "missed_lines" not in later   # the drops before the window are not its own
