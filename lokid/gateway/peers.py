@@ -7,17 +7,33 @@ Rules, each for a failure it prevents:
 - each peer's ``GET /v1/models`` is read every :data:`POLL_EVERY` seconds while it is
   up, with the peer's own key (never a client's) and the hop mark (:data:`HOP_HEADER`:
   the peer lists only its own presets, so hosts that list each other never count a
-  model twice); the read is bounded (:data:`READ_TIMEOUT`, :data:`MAX_LISTING`);
+  model twice); the read is bounded in time (:data:`READ_TIMEOUT`) and in bytes: a
+  body is read in chunks and cut at :data:`MAX_LISTING`, never whole first; what a
+  listing may say (depth, models, ids, facts) is :mod:`lokid.core.fleet.listing`'s;
 - a peer that refuses or times out the read, answers other than 200 or sends what is no
-  model list is **down**: its models are unavailable at once (a client is answered 503
-  naming the peer, rather than kept waiting on a dead host), and it is read again after
-  a backoff (:data:`BACKOFF`, from 1 s to 5 s), then routed to as soon as a read
-  succeeds. A request that could not reach a peer marks it down the same way;
+  model list, or one refused by those bounds, is **down**: its models are unavailable
+  at once (a client is answered 503 naming the peer, rather than kept waiting on a dead
+  host), and it is read again after a backoff (:data:`BACKOFF`, from 1 s to 5 s), then
+  routed to as soon as a read succeeds. A request that could not reach a peer marks it
+  down the same way. Whatever a read meets, the peer is read again: an exception that
+  escaped once ended a peer's reads for good, silently, its last listing left "up";
+- what a peer's answer did is logged in one line naming the peer and why, when it
+  changes, and at most :data:`LINES_PER_MINUTE` lines a minute per peer (the next line
+  says how many were held back): a peer flapping between lies cannot fill the journal;
+- a listing the same as the last one read (its digest) is not parsed again: a big
+  allowed listing costs its parse once, not every :data:`POLL_EVERY` seconds on the
+  loop that answers every client; the merged listing of all peers is built when a
+  peer's changes, not per ``GET /v1/models``;
 - what a peer said last stays known while it is down, so a model only it serves is
   answered "on gpu2, which is down" (503) rather than "no such model" (404);
 - the requests this gateway has in flight to a peer count with what the peer last said
   (the larger of the two), so a burst between two reads is spread over the replicas;
-- no peer's address reaches a client: replies and listings name the peer only;
+- no peer's address reaches a client: replies and listings name the peer only, and a
+  reason for a peer being down is ours, never an exception's text (aiohttp's name the
+  URL) nor the peer's bytes; a peer's status text is shown as :func:`public` makes it;
+- a peer key going over plain http:// beyond loopback is warned about when the peers
+  are loaded (:func:`lokid.core.fleet.peers.cleartext_key`); https:// peers are verified
+  (aiohttp's default context: the system's CAs, the host name checked);
 - the daemon is told which peers are down (``ReportPeers``: lokictl top, Prometheus's
   ``lokid_peer_up``) when that changes, and again every :data:`REPORT_EVERY` seconds
   (it forgets a word not repeated); a report that fails is logged once, never in the
@@ -28,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hashlib
 import logging
 import os
 import time
@@ -39,9 +55,11 @@ from typing import Any
 
 import aiohttp
 
-from ..core.fleet.peers import Peer, peer_key_credential
-from ..core.fleet.route import LOCAL, READY, Host, Model, Route, route
-from .replies import GatewayError
+from ..core.fleet.listing import MAX_BYTES, ListingRefused, model_of, over_size, read_listing
+from ..core.fleet.peers import Peer, cleartext_key, peer_key_credential
+from ..core.fleet.route import LOCAL, Host, Model, Route, route
+from .faults import Throttle
+from .replies import GatewayError, public
 from .upstream import read_key
 
 log = logging.getLogger("lokid.gateway")
@@ -55,10 +73,10 @@ READ_TIMEOUT = 3.0          # seconds a read may take, connect included
 # nothing worth saving, and with 30 s a host rebooted in 3 s (the fleet walk) stayed
 # "down" for its clients some 6 s after it was back.
 BACKOFF = (1.0, 2.0, 4.0, 5.0)
-MAX_LISTING = 4 * 1024 * 1024   # bytes of a peer's /v1/models, at most
+MAX_LISTING = MAX_BYTES         # bytes of a peer's /v1/models, at most
 REPORT_EVERY = 10.0             # seconds between two ReportPeers when nothing changed
 UNAVAILABLE = "unavailable"     # the state a down peer's models are listed in
-EXTERNAL = "external"
+LINES_PER_MINUTE = 3            # log lines about one peer, at most
 
 
 @dataclass
@@ -74,34 +92,9 @@ class PeerState:
     sent: Counter[str] = field(default_factory=Counter)    # our requests in flight there
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     tried: asyncio.Event = field(default_factory=asyncio.Event)   # its first read ended
-
-
-def model_of(facts: Any) -> Model:
-    """A peer's /v1/models entry's ``lokid`` facts as the routing rule reads them; an
-    entry without them (an OpenAI API, not a lokid gateway) counts as ready."""
-    if not isinstance(facts, dict) or "state" not in facts:
-        return Model(READY)
-    state = facts.get("state")
-    if state == EXTERNAL:
-        return Model(READY, kind=EXTERNAL)
-    in_flight = facts.get("in_flight")
-    fits = facts.get("fits")
-    return Model(state if isinstance(state, str) else "unknown",
-                 in_flight if isinstance(in_flight, int) and in_flight >= 0 else 0,
-                 facts.get("on_demand") is True, fits if isinstance(fits, bool) else None)
-
-
-def listing_of(data: Any) -> dict[str, dict[str, Any]]:
-    """Model id → its ``lokid`` facts ({} when none), from a /v1/models answer;
-    ValueError for what is not one."""
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise ValueError("its /v1/models answer is not a model list")
-    out = {}
-    for entry in data["data"]:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]:
-            facts = entry.get("lokid")
-            out[entry["id"][:256]] = facts if isinstance(facts, dict) else {}
-    return out
+    digest: bytes = b""        # of the last answer parsed
+    refused: str = ""          # why that answer was refused ("" = taken)
+    left_out: int = 0          # its entries whose ids are no model names
 
 
 class Peers:
@@ -112,6 +105,12 @@ class Peers:
         self.client = client
         self.report = report     # ReportPeers to the daemon
         self.tasks: list[asyncio.Task[None]] = []
+        self.throttle = Throttle(60.0, LINES_PER_MINUTE)
+        self.merged: dict[str, dict[str, dict[str, Any]]] | None = None   # listing()'s
+        for p in peers:
+            warning = cleartext_key(p)
+            if warning:
+                log.warning("%s", warning)
 
     def __bool__(self) -> bool:
         return bool(self.states)
@@ -155,7 +154,10 @@ class Peers:
 
     async def _follow(self, s: PeerState) -> None:
         while True:
-            await self.read(s)
+            try:
+                await self.read(s)
+            except Exception as e:   # a defect of ours: said, and the peer read again
+                self.down(s.peer.name, f"the gateway failed reading it ({type(e).__name__})")
             pause = POLL_EVERY if s.up else BACKOFF[min(s.failures, len(BACKOFF)) - 1]
             s.wake.clear()
             try:
@@ -182,7 +184,8 @@ class Peers:
 
     async def _read(self, s: PeerState) -> None:
         try:
-            listing = await asyncio.wait_for(self._get(s.peer), READ_TIMEOUT)
+            data = await asyncio.wait_for(self._get(s.peer), READ_TIMEOUT)
+            changed = self._take(s, data)
         except TimeoutError:
             self.down(s.peer.name, f"its /v1/models did not answer in {READ_TIMEOUT:g} s")
             return
@@ -192,15 +195,43 @@ class Peers:
         except (aiohttp.ClientError, OSError, ValueError) as e:
             self.down(s.peer.name, _reason(e))
             return
-        s.models = {name: model_of(facts) for name, facts in listing.items()}
-        s.facts = listing
         s.read = True
         if not s.up:
-            log.info("peer gateway %s is up: %d model(s)", s.peer.name, len(listing))
+            self._say(s, logging.INFO, f"is up: {len(s.models)} model(s)" + (
+                f"; {s.left_out} entr{'ies' if s.left_out != 1 else 'y'} left out (an id "
+                "that is no model name)" if s.left_out else ""))
             s.up, s.since = True, time.monotonic()
+            changed = True
+        elif changed and s.left_out:
+            self._say(s, logging.WARNING, f"{s.left_out} entr{'ies' if s.left_out != 1 else 'y'}"
+                      " of its /v1/models left out (an id that is no model name)")
         s.failures, s.why_down = 0, ""
+        if changed:
+            self.merged = None
 
-    async def _get(self, peer: Peer) -> dict[str, dict[str, Any]]:
+    def _take(self, s: PeerState, data: bytes) -> bool:
+        """``data``, a peer's answer, read into ``s`` (whether it changed what is known);
+        ListingRefused saying why not. The same bytes as the last answer parsed are not
+        parsed again: the same verdict."""
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        if digest == s.digest:
+            if s.refused:
+                raise ListingRefused(s.refused)
+            return False
+        s.digest, s.refused = digest, ""
+        try:
+            listing = read_listing(data)
+        except ListingRefused as e:
+            s.refused = str(e)
+            raise
+        for facts in listing.models.values():
+            if facts.get("status"):
+                facts["status"] = public(facts["status"])
+        s.models = {name: model_of(facts) for name, facts in listing.models.items()}
+        s.facts, s.left_out = listing.models, listing.left_out
+        return True
+
+    async def _get(self, peer: Peer) -> bytes:
         client = self.client()
         if client is None:
             raise ValueError("the gateway is not serving yet")
@@ -211,29 +242,39 @@ class Peers:
         async with client.get(peer.url + "/v1/models", headers=headers,
                               allow_redirects=False) as answer:
             if answer.status != 200:
-                raise ValueError(f"its /v1/models answered {answer.status}"
-                                 + (" (is its key right?)" if answer.status == 401 else ""))
-            data = b""
+                raise ListingRefused(f"its /v1/models answered {answer.status}"
+                                     + (" (is its key right?)" if answer.status == 401
+                                        else ""))
+            why = over_size(answer.content_length)
+            if why:
+                raise ListingRefused(why)
+            data = bytearray()
             async for chunk in answer.content.iter_any():
                 data += chunk
-                if len(data) > MAX_LISTING:
-                    raise ValueError(f"its /v1/models is over {MAX_LISTING} bytes")
-        try:
-            return listing_of(json.loads(data))
-        except ValueError:
-            raise ValueError("its /v1/models answer is not a model list") from None
+                if len(data) > MAX_LISTING:   # the connection is closed, the rest unread
+                    raise ListingRefused(f"its /v1/models is over {MAX_LISTING} bytes")
+        return bytes(data)
 
     def down(self, name: str, why: str) -> None:
         """Mark peer ``name`` down (a read or a request could not reach it)."""
         s = self.states[name]
         s.failures += 1
         if s.up or s.why_down != why:
-            log.warning("peer gateway %s is down: %s", name, why)
+            self._say(s, logging.WARNING, f"is down: {why}")
+            self.merged = None
         if s.up:
             s.since = time.monotonic()
         s.up, s.why_down = False, why
         if s.failures == 1:
             s.wake.set()   # read again soon: the first backoff step
+
+    def _say(self, s: PeerState, level: int, what: str) -> None:
+        """One line about peer ``s``, as :data:`LINES_PER_MINUTE` allows."""
+        ok, held = self.throttle.allow(s.peer.name)
+        if ok:
+            log.log(level, "peer gateway %s %s%s", s.peer.name, what,
+                    f" ({held} more line{'s' if held != 1 else ''} about it not logged)"
+                    if held else "")
 
     def hosts(self, local: Model | None, name: str) -> list[Host]:
         """This host (its view of model ``name``: ``local``, None when it has no such
@@ -276,7 +317,10 @@ class Peers:
 
     def listing(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Every model a peer serves or served: name → peer → its facts (a down peer's
-        in the state "unavailable", saying why)."""
+        in the state "unavailable", saying why). Built again only when a peer's listing
+        or state changed: the caller must not change it."""
+        if self.merged is not None:
+            return self.merged
         out: dict[str, dict[str, dict[str, Any]]] = {}
         for s in self.states.values():
             for name, facts in s.facts.items():
@@ -284,6 +328,7 @@ class Peers:
                     "state": UNAVAILABLE, "status": f"peer gateway {s.peer.name} is down: "
                     f"{s.why_down}"}
                 out.setdefault(name, {})[s.peer.name] = shown
+        self.merged = out
         return out
 
     def summary(self) -> dict[str, str]:
@@ -292,9 +337,39 @@ class Peers:
 
 
 def _reason(e: BaseException) -> str:
+    """Why a read failed, in our words: aiohttp's texts name the peer's URL, and a
+    refusal's are ours (:class:`ListingRefused`)."""
+    if isinstance(e, ListingRefused):
+        return str(e)
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        cert = e.certificate_error
+        why = "it is not for that host name" \
+            if getattr(cert, "verify_code", None) == _HOSTNAME_MISMATCH \
+            else _fixed(getattr(cert, "verify_message", None)) or "not trusted here"
+        return f"its TLS certificate was refused: {why}"
+    if isinstance(e, aiohttp.ClientSSLError):
+        return "the TLS handshake failed (is its url https:// where it speaks http?)"
     if isinstance(e, aiohttp.ClientConnectorError):   # its text names the address: not shown
         number = e.os_error.errno
         return f"cannot connect ({os.strerror(number) if number else type(e.os_error).__name__})"
     if isinstance(e, aiohttp.ServerDisconnectedError):
         return "it closed the connection"
-    return str(e) or type(e).__name__
+    if isinstance(e, aiohttp.ClientResponseError):
+        return "its answer is not valid HTTP"
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return "its answer broke off"
+    if isinstance(e, OSError) and e.errno:
+        return f"the connection failed ({os.strerror(e.errno)})"
+    return f"the read failed ({type(e).__name__})"
+
+
+_HOSTNAME_MISMATCH = 62   # X509_V_ERR_HOSTNAME_MISMATCH
+
+
+def _fixed(text: object) -> str:
+    """OpenSSL's verify message when it is one of its fixed texts (lower-case words,
+    such as "self-signed certificate"), else ""."""
+    if isinstance(text, str) and len(text) <= 80 and all(
+            c.islower() or c in " -," for c in text):
+        return text
+    return ""

@@ -15,6 +15,7 @@ from aiohttp import web
 from support.enginekit import free_port
 from support.gatewaykit import app_on_loopback
 
+from lokid.core.fleet.listing import MAX_MODELS
 from lokid.core.fleet.peers import Peer
 from lokid.gateway import peers as peers_mod
 from lokid.gateway.peers import HOP_HEADER, Peers
@@ -70,7 +71,7 @@ async def peer() -> AsyncIterator[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize("answer,why", [
     ("500", "its /v1/models answered 500"),
-    ("junk", "its /v1/models answer is not a model list"),
+    ("junk", "its /v1/models answer is not JSON"),
     ("huge", f"its /v1/models is over {peers_mod.MAX_LISTING} bytes"),
     ("silent", "its /v1/models did not answer in 0.5 s"),
 ])
@@ -148,13 +149,13 @@ async def test_a_name_of_another_kind_on_a_peer_is_no_replica_and_the_conflict_i
     assert "plain" in entries and entries["plain"]["lokid"]["host"] == "gpu2"
 
 
-async def test_a_peer_listing_thousands_of_models_is_read_whole(
+async def test_a_peer_listing_as_many_models_as_allowed_is_read_whole(
         tmp_path: Any) -> None:
-    """5,000 models (some 600 KiB): under the bound, every one listed and routed."""
+    """1,024 models (some 150 KiB): at the bound, every one listed and routed."""
     many = {"object": "list", "data": [
         {"id": f"m{i:05d}", "object": "model", "lokid": {"state": "inactive", "on_demand":
                                                          True, "in_flight": 0, "fits": True}}
-        for i in range(5000)]}
+        for i in range(MAX_MODELS)]}
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response(many)
@@ -166,5 +167,5 @@ async def test_a_peer_listing_thousands_of_models_is_read_whole(
             await peers.read(peers.states["big"])
         finally:
             await client.close()
-    assert len(peers.states["big"].models) == 5000
-    assert peers.route("m04999", None).candidates == ("big",)
+    assert len(peers.states["big"].models) == MAX_MODELS
+    assert peers.route(f"m{MAX_MODELS - 1:05d}", None).candidates == ("big",)
