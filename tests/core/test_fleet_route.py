@@ -16,18 +16,25 @@ def hosts(**views: dict[str, Model] | None) -> list[Host]:
     return out
 
 
-def test_ready_replicas_by_fewest_in_flight_ties_stay_here() -> None:
-    r = route("qwen", hosts(here={"qwen": Model("ready", 2)}, b={"qwen": Model("ready", 1)},
-                            c={"qwen": Model("ready", 1)}))
-    assert r.candidates == ("b", "c", LOCAL) and r.why == "b: ready, 1 request in flight"
-    tie = route("qwen", hosts(here={"qwen": Model("ready", 1)}, b={"qwen": Model("ready", 1)}))
-    assert tie.candidates == (LOCAL, "b") and tie.why.startswith("this host: ready")
+def test_ready_replicas_by_fewest_in_flight_ties_to_the_first_peer() -> None:
+    r = route("qwen", hosts(here={}, b={"qwen": Model("ready", 2)},
+                            c={"qwen": Model("ready", 1)}, d={"qwen": Model("ready", 1)}))
+    assert r.candidates == ("c", "d", "b") and r.why == "c: ready, 1 request in flight"
 
 
-def test_ready_on_a_peer_beats_starting_here() -> None:
-    r = route("big", hosts(here={"big": Model("inactive", on_demand=True, fits=True)},
-                           b={"big": Model("ready")}))
-    assert r.candidates == ("b", LOCAL)
+def test_this_hosts_own_preset_answers_here_whatever_a_peer_says() -> None:
+    """Issue 45, item 3: a peer saying "ready, nothing in flight" for this host's model
+    took its requests; this host's preset answers while it can take them."""
+    liar = {"qwen": Model("ready", 0)}
+    for mine in (Model("ready", 7), Model("inactive", on_demand=True, fits=True),
+                 Model("inactive", on_demand=True), Model("loading", 3)):
+        r = route("qwen", hosts(here={"qwen": mine}, b=liar))
+        assert r.candidates == (LOCAL, "b"), mine
+        assert r.why.startswith("this host: its own preset, "), r.why
+    # it cannot: a peer with it is the one to ask
+    for mine in (Model("inactive", on_demand=True, fits=False), Model("failed"),
+                 Model("stopping", on_demand=True), Model("unresponsive", 2)):
+        assert route("qwen", hosts(here={"qwen": mine}, b=liar)).candidates[0] == "b", mine
 
 
 def test_else_the_host_that_can_start_it_soonest() -> None:
@@ -37,10 +44,12 @@ def test_else_the_host_that_can_start_it_soonest() -> None:
     r = route("m", views)
     # fits now on c, loading on b, waits for memory here
     assert r.candidates == ("c", "b", LOCAL) and r.why == "c: on demand, fits now"
-    # a preset here that fits now goes first: no hop
+    # a preset here that fits now goes first, before a ready peer too: no hop
     assert route("m", hosts(here={"m": Model("inactive", on_demand=True)},
                             c={"m": Model("inactive", on_demand=True)})).candidates == \
         (LOCAL, "c")
+    assert route("m", hosts(here={"m": Model("inactive", on_demand=True)},
+                            c={"m": Model("ready")})).candidates == (LOCAL, "c")
 
 
 def test_a_hop_is_never_sent_on() -> None:

@@ -8,14 +8,19 @@ from its placement); a peer that is down has no view. The rule, in order:
 1. **A request that already made a hop** (it carries the hop mark) is answered here or
    not at all: a gateway never forwards a marked request, so peers that list each other
    cannot loop.
-2. **Ready replicas first**: among the hosts where the model's engine is ready, the
-   one with the fewest requests in flight; a tie goes to this host (no hop), then to
-   the peer listed first.
-3. **Else the host that can start it soonest**: this host if the model is on demand
-   here and fits now; else a peer where it is on demand and fits now; else one where it
-   is loading (its start is under way: the soonest); else this host or a peer where it
-   would wait for memory (placement: it starts once room is made).
-4. Nowhere: the reason names each host and why (a peer down, a preset broken there,
+2. **This host's own preset, when it can take the request**: ready, loading, or on
+   demand and fitting now, it answers here whatever a peer says (issue 45, item 3). A
+   peer's view is its word, and nothing checks it: a peer listing this host's model
+   "ready" with nothing in flight took every request for it, the local preset on demand
+   never started. Peers serve a model this host has only when it cannot (broken,
+   failed, unresponsive, stopping, or waiting for memory here), by the rules below.
+3. **Ready replicas first**: among the hosts where the model's engine is ready, the
+   one with the fewest requests in flight; a tie goes to the peer listed first.
+4. **Else the host that can start it soonest**: a peer where it is on demand and fits
+   now; else one where it is loading (its start is under way: the soonest); else this
+   host or a peer where it would wait for memory (placement: it starts once room is
+   made).
+5. Nowhere: the reason names each host and why (a peer down, a preset broken there,
    none has the model).
 
 The answer is every candidate in that order: the relay tries the next only when no
@@ -82,7 +87,7 @@ def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
     """The hosts that may answer a request for ``name``, best first (see the module
     docstring). ``hosts``: this gateway's (name LOCAL) first, then its peers in their
     configured order; ``hopped``: the request carries the hop mark."""
-    ranked: list[tuple[tuple[int, int, int, int], str]] = []
+    ranked: list[tuple[bool, tuple[int, int, int, int], str]] = []
     missing: list[str] = []
     for index, host in enumerate(hosts):
         if hopped and host.name != LOCAL:
@@ -99,7 +104,10 @@ def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
         if rank is None:
             missing.append(f"{_label(host.name)} has it {m.state}")
             continue
-        ranked.append((rank, host.name))
+        # rule 2: this host's own first when it can take it now (False sorts first)
+        here_first = host.name == LOCAL and (m.state in (READY, LOADING) or (
+            m.on_demand and m.state == "inactive" and m.fits is not False))
+        ranked.append((not here_first, rank, host.name))
     ranked.sort()
     if not ranked:
         if hopped:
@@ -107,12 +115,13 @@ def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
                          "from a peer gateway is not sent on")
         where = "; ".join(missing) if missing else "no host lists it"
         return Route((), f"model {name!r} cannot be answered: {where}")
-    best_rank, best = ranked[0]
+    _, best_rank, best = ranked[0]
     words = ("ready", "on demand, fits now", "loading", "on demand, waits for memory")
-    why = f"{_label(best)}: {words[best_rank[0]]}"
+    why = f"{_label(best)}: {'its own preset, ' if best == LOCAL else ''}" \
+        f"{words[best_rank[0]]}"
     if best_rank[0] in (0, 2):
         why += f", {best_rank[1]} request{'s' if best_rank[1] != 1 else ''} in flight"
-    return Route(tuple(h for _, h in ranked), why)
+    return Route(tuple(h for _, _, h in ranked), why)
 
 
 def _label(name: str) -> str:
