@@ -96,6 +96,10 @@ FAMILIES: tuple[tuple[str, str, str], ...] = (
      "Requests the engine completed in its current start."),
     ("lokid_requests_in_flight", "gauge",
      "Requests the engine is processing now."),
+    ("lokid_engine_lines_missed_total", "counter",
+     "Engine lines of the current start that journald dropped before the daemon read "
+     "them (its 'Suppressed N messages' entries): above 0, the request and token counts "
+     "are a lower bound."),
     ("lokid_prompt_tokens_total", "counter",
      "Prompt tokens the engine evaluated (prefill) in its current start."),
     ("lokid_generated_tokens_total", "counter",
@@ -269,6 +273,7 @@ def _preset(out: _Samples, r: Record) -> None:
     out.add("lokid_engine_load_seconds", base, _number(s.get("load_seconds")))
     out.add("lokid_requests_total", base, _number(s.get("requests")))
     out.add("lokid_requests_in_flight", base, _number(s.get("in_flight")))
+    out.add("lokid_engine_lines_missed_total", base, _number(s.get("missed_lines", 0)))
     out.add("lokid_prompt_tokens_total", base, _number(s.get("prompt_tokens")))
     out.add("lokid_generated_tokens_total", base, _number(s.get("generated_tokens")))
     for family, key in (("lokid_prefill_tokens_per_second", "prefill_tps"),

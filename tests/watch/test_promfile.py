@@ -490,3 +490,14 @@ def test_the_shipped_alert_rules_use_only_series_lokid_writes() -> None:
         assert written, name
         assert any(keys == set(re_.findall(r'(\w+)="', line)) for line in written), \
             (name, keys, written[:2])
+
+
+def test_lines_journald_dropped_are_a_series_to_alert_on() -> None:
+    """Issue 45, item 9: a start whose lines journald dropped says how many (its
+    lokid_requests_total is a lower bound); one read whole says 0."""
+    lossy = {"requests": 12695, "missed_lines": 18582, "requests_lower_bound": True}
+    fams = parse(render([Record("gamma", "m", "ready", lossy, ""),
+                         Record("whole", "m", "ready", {"requests": 3}, "")], now=0.0))
+    assert series(fams, "lokid_engine_lines_missed_total", preset="gamma") == 18582
+    assert series(fams, "lokid_engine_lines_missed_total", preset="whole") == 0
+    assert series(fams, "lokid_requests_total", preset="gamma") == 12695
