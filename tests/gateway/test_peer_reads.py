@@ -169,3 +169,47 @@ async def test_a_peer_listing_as_many_models_as_allowed_is_read_whole(
             await client.close()
     assert len(peers.states["big"].models) == MAX_MODELS
     assert peers.route(f"m{MAX_MODELS - 1:05d}", None).candidates == ("big",)
+
+
+def test_a_peer_key_over_plain_http_beyond_loopback_is_warned_about_at_load(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 45, item 3: the README's example sent peer keys over plain http://."""
+    key = str(tmp_path / "k")
+    Peers([Peer("gpu2", "http://10.0.0.3:8000", key), Peer("tls", "https://10.0.0.4:8443", key),
+           Peer("here", "http://127.0.0.1:8001", key), Peer("v6", "http://[::1]:8002", key),
+           Peer("open", "http://10.0.0.5:8000")], lambda: None)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["peer gateway gpu2: its key is sent over plain http:// to 10.0.0.3, "
+                      "readable on the way with every prompt: use https:// (a TLS proxy in "
+                      "front of that gateway), or a network only these hosts reach"]
+
+
+async def test_an_https_peer_is_read_with_its_certificate_verified(tmp_path: Any) -> None:
+    """A peer behind TLS (the lying peer's server in its own process, a certificate for
+    127.0.0.1 signed by itself): refused by the gateway's own session, which verifies
+    against the system's CAs, saying why without an address; read once that certificate
+    is trusted."""
+    import ssl
+
+    import aiohttp
+    from support.lyingpeer import lying_peer, self_signed
+
+    cert, key = self_signed(tmp_path)
+    with lying_peer(tmp_path, "good", "secure", tls=(cert, key)) as liar:
+        assert liar.url.startswith("https://")
+        client = session()
+        peers = Peers([Peer("tls", liar.url)], lambda: client)
+        try:
+            await peers.read(peers.states["tls"])
+        finally:
+            await client.close()
+        assert peers.summary() == {"tls": "its TLS certificate was refused: self-signed "
+                                          "certificate"}
+        trusting = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+            ssl=ssl.create_default_context(cafile=str(cert))))
+        peers = Peers([Peer("tls", liar.url)], lambda: trusting)
+        try:
+            await peers.read(peers.states["tls"])
+        finally:
+            await trusting.close()
+    assert peers.summary() == {"tls": ""} and set(peers.states["tls"].models) == {"secure"}

@@ -5,7 +5,7 @@ item 1), typed and validated. Part of the pure core.
 
     [gateway]
     peers = [
-      { url = "http://gpu2:8000", api_key_file = "/etc/loki/keys/gpu2" },
+      { url = "https://gpu2:8443", api_key_file = "/etc/loki/keys/gpu2" },
       { name = "gpu3", url = "http://10.0.0.3:8000" },
     ]
 
@@ -21,11 +21,15 @@ Rules, each for a failure it prevents:
   client keys). Under loki-gateway.service it travels as the systemd credential
   ``peer-key.<name>`` (``LoadCredential=``, written by the generator), as external
   presets' keys do; the client's own key never goes to a peer;
-- a url listed twice is an error (the same host twice would count its replicas twice).
+- a url listed twice is an error (the same host twice would count its replicas twice);
+- a key sent over plain ``http://`` to a host that is not loopback is warned about when
+  the gateway loads its peers (:func:`cleartext_key`): anyone on the path reads the key
+  and every prompt. ``https://`` is verified against the system's CAs (issue 45, item 3).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -50,6 +54,23 @@ class Peer:
 def peer_key_credential(name: str) -> str:
     """The credential id of peer ``name``'s key in loki-gateway.service."""
     return PEER_KEY_CREDENTIAL_PREFIX + name
+
+
+def cleartext_key(peer: Peer) -> str | None:
+    """The warning for ``peer`` when its key would cross a network in clear text (plain
+    http:// to a host that is not 127.0.0.0/8, ::1 or localhost), else None."""
+    if not peer.api_key_file or not peer.url.startswith("http://"):
+        return None
+    host = _host_of(peer.url)
+    try:
+        local = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = host.lower() == "localhost"
+    if local:
+        return None
+    return (f"peer gateway {peer.name}: its key is sent over plain http:// to {host}, "
+            "readable on the way with every prompt: use https:// (a TLS proxy in front of "
+            "that gateway), or a network only these hosts reach")
 
 
 def _host_of(url: str) -> str:
