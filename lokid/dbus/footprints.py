@@ -21,12 +21,15 @@ meanwhile (the preset was edited while it ran) is not kept: it measured the old 
 
 A start that fails out of memory (issue 29, item 5) is read from the engine's own lines
 (:mod:`lokid.core.place.oomline`: the allocation that failed, and on which device) and
-raises the record (:func:`lokid.core.place.footprint.corrected`): to what the device had
-free at the start's beginning (the daemon's last reading of the room) or the failed
-allocation, whichever is larger, plus an eighth, bounded the first time by what the
-device can hold at all. The gateway then places the next start by that figure (it waits
-for room, or evicts); a second failure at the bound makes the preset one that never
-fits, refused with the figures. The warning in the daemon's journal gives them.
+raises the record (:func:`lokid.core.place.footprint.corrected`): to what the device can
+hold at all, since what the device had free at the start's beginning (the daemon's last
+reading of the room) or the failed allocation is only a lower bound (issue 45, item 13:
+raised an eighth past it at each failure, a preset that never fits cost 4 failed starts
+and 11 evictions of idle engines). The gateway then places the next start by that
+figure, evicting what it must once; a second failure at the bound makes the preset one
+that never fits, refused with the figures. The warning in the daemon's journal gives
+them, and the failed start's job says how it ran out of memory (:meth:`out_of_memory`),
+which the gateway answers its clients.
 
 Issue 44: a GPU is named as the host names it, through the start's CUDA_VISIBLE_DEVICES
 (:func:`lokid.core.place.footprint.engine_gpu`), for buffer lines as for failures. A
@@ -96,6 +99,9 @@ class Footprints:
         self.visible: dict[str, tuple[str, ...]] = {}
         self.failed: dict[str, dict[str, int]] = {}
         self.readers: dict[str, OomReader] = {}   # per preset: its start's OOM lines
+        # per preset: what its current start's out-of-memory failure was, in words, for
+        # its job's end (the clients' reply), kept after the record was raised
+        self.said: dict[str, str] = {}
 
     def on_line(self, preset: str, line: str) -> None:
         """An engine line: an allocation that failed is kept for its start's end."""
@@ -112,6 +118,14 @@ class Footprints:
             device, nbytes = found
             failed = self.failed.setdefault(preset, {})
             failed[device] = max(failed.get(device, 0), nbytes)
+            self.said[preset] = failure_words(failed, self.start_free.get(preset, {}))
+
+    def out_of_memory(self, name: str) -> str:
+        """How the preset's current start ran out of memory ("host: an allocation of
+        488 MiB failed, 1.9 GiB was free when it began"), "" when it did not: what its
+        failed job says to clients, instead of the engine's last line ("exiting due to
+        model loading error") or the load's last progress line (issue 45, item 13)."""
+        return self.said.get(name, "")
 
     def on_state(self, name: str, state: EngineState) -> None:
         """A preset's engine is ready: measure it once it settled; any other state gives
@@ -127,6 +141,7 @@ class Footprints:
         failed = state.state == FAILED or now[1]
         if failed and "oom-kill" in state.detail:   # the kernel's, in its cgroup: no line
             self.failed.setdefault(name, {}).setdefault(HOST, 0)
+            self.said[name] = failure_words(self.failed[name], self.start_free.get(name, {}))
         if state.state == LOADING and was[0] != LOADING and not failed:
             self._begins(name)
         task = self.tasks.pop(name, None)
@@ -147,6 +162,7 @@ class Footprints:
 
     def _begins(self, name: str) -> None:
         self.failed.pop(name, None)
+        self.said.pop(name, None)
         room = getattr(self.telemetry.room, "room", None)
         self.start_free[name] = dict(room.free) if room is not None else {}
         self.visible.pop(name, None)
@@ -233,13 +249,8 @@ class Footprints:
         self.telemetry.room.changed()
         words = []
         for d, n in failed.items():
-            text = f"{d}: an allocation of {size_text(n)} failed" if n else \
-                f"{d}: the kernel killed it for memory (oom-kill)" if d == HOST else \
-                f"{d}: out of memory while it ran (no size said)"
-            if d in free:
-                text += f", {size_text(free[d])} was free when it began"
             now_held = found.held.get(d, 0)
-            words.append(f"{text}; its need there is raised from "
+            words.append(f"{failure_words({d: n}, free)}; its need there is raised from "
                          f"{size_text(base.held.get(d, 0))} to {size_text(now_held)}"
                          + (" (all the device can hold)" if now_held == capacity.get(d)
                             else ""))
@@ -322,6 +333,20 @@ class Footprints:
             task.cancel()
         self.tasks.clear()
         self.correcting.clear()
+
+
+def failure_words(failed: dict[str, int], free: dict[str, int]) -> str:
+    """A start's out-of-memory failure, per device: what failed, and what was free when
+    it began ("host: an allocation of 488 MiB failed, 1.9 GiB was free when it began")."""
+    words = []
+    for d, n in failed.items():
+        text = f"{d}: an allocation of {size_text(n)} failed" if n else \
+            f"{d}: the kernel killed it for memory (oom-kill)" if d == HOST else \
+            f"{d}: out of memory while it ran (no size said)"
+        if d in free:
+            text += f", {size_text(free[d])} was free when it began"
+        words.append(text)
+    return "; ".join(words)
 
 
 def _by_name(failed: dict[str, int], base: Footprint) -> dict[str, int]:

@@ -3,7 +3,9 @@
 A failed start quotes the engine's own last error line rather than the last status
 line (often the load's progress, stale by then). Under systemd that line reaches
 the daemon through the journal, by another path than the job's end: the journal
-is read for it, a moment at most, before ``JobFinished`` goes out without it.
+is read for it, a moment at most, before ``JobFinished`` goes out without it. A start
+that ran out of memory says so first, with what failed and what was free (issue 45,
+item 13: its clients read the load's last progress line instead).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class JobHost(Protocol):
 
     last_errors: LastErrors
     watcher: Any      # a Journal, or None without one (the local runner)
+    # its footprints' out_of_memory(name): how the preset's start ran out of memory, ""
+    # when it did not (lokid.dbus.footprints.Footprints)
+    telemetry: Any
 
     def engine_state(self, name: str) -> EngineState: ...
 
@@ -78,6 +83,13 @@ class JobReports:
         status = f"the engine said: {said}" if said else state.status
         if status and status not in detail and (result != "done" or state.state != "ready"):
             detail = f"{detail}: {status}" if detail else status
+        # a start out of memory says so first: the engine's last line was only "exiting
+        # due to model loading error", or none yet (issue 45, item 13); its restart is
+        # cancelled (lokid.dbus.footprints)
+        oom = self.host.telemetry.footprints.out_of_memory(name) if result == JOB_FAILED \
+            else ""
+        if oom:
+            detail = f"out of memory ({oom})" + (f"; the engine said: {said}" if said else "")
         if result != "done":
             log.info("preset %s: the %s job ended: %s%s", name, verb, result,
                      f" ({detail})" if detail else "")

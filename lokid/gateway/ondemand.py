@@ -13,6 +13,10 @@ Rules, each for a failure it prevents:
   retrying in a loop does not restart a broken engine in a loop; unless its need moved
   meanwhile (a start that failed out of memory has its footprint raised by the daemon,
   issue 29): the next start is another one, placed by the new figure;
+- a start that ran out of memory says so, with the daemon's figures: its job's words,
+  else (no job's end heard: the journal lags) its need raised since it was asked, waited
+  for :data:`OOM_LAG` at most. Clients read the load's last progress line instead
+  ("loading big (s.gguf): 0 s, 1 MiB resident", issue 45, item 13);
 - a start that lokid's restart interrupted is no start that failed (issue 28, item 4:
   kill -9 of the daemon during a cold start held the preset at "failed to start:
   inactive" for 30 s after it was back). When the daemon leaves the bus, or its owner on
@@ -52,6 +56,9 @@ READY, LOADING, FAILED, INACTIVE, STOPPING = "ready", "loading", "failed", "inac
 START_TIMEOUT = 600.0
 FAILED_HOLD = 30.0
 JOB_LAG = 3.0   # seconds a failed start's JobFinished may follow its state (journal lag)
+# seconds a failed start with no job's word waits for the daemon to raise its need for
+# memory (its footprints read the engine's lines up to 3 s after the failure, then Memory)
+OOM_LAG = 5.0
 # Seconds a start waits for lokid to come back on the bus: its unit restarts it after
 # RestartSec=2s, and it owns the bus name once its presets are loaded (a few seconds
 # with hundreds of them).
@@ -81,6 +88,18 @@ def _needs(preset: Preset) -> str:
     """The preset's need as the daemon says it (Memory), to tell a failed start's hold
     from a start placed anew: a start that failed out of memory has its record raised."""
     return repr(sorted((preset.memory.get("needs") or {}).items()))
+
+
+def _out_of_memory(preset: Preset, asked_needs: str) -> str:
+    """Why a start failed, where the daemon raised the preset's need for memory since it
+    was asked and its job did not say it (issue 45, item 13: clients read the load's last
+    progress line, "loading big (s.gguf): 0 s, 1 MiB resident"); else ""."""
+    memory = preset.memory
+    sources = memory.get("sources")
+    if _needs(preset) == asked_needs or not isinstance(sources, dict) \
+            or "oom" not in sources.values():
+        return ""
+    return f"out of memory: it {memory.get('text') or 'needs more than this host had free'}"
 
 
 class Starter:
@@ -144,6 +163,7 @@ class Starter:
 
     async def _until_ready(self, preset: Preset) -> None:
         generation = self.presets.generation
+        asked_needs = _needs(preset)
         job: str | None = ""
         if preset.state in (INACTIVE, FAILED) or (preset.state == STOPPING and preset.on_demand):
             job = await self._ask(preset)
@@ -181,9 +201,28 @@ class Starter:
                     await self.presets.changed(preset, JOB_LAG)
                     continue
                 detail = self.presets.job_details.get(job, "") if job else ""
+                if not detail:   # no word on this start (its job's end not heard): the
+                    # daemon may still be reading it out of memory (lines from the journal)
+                    detail = await self._raised(preset, asked_needs)
                 reason = detail or preset.status or result or preset.state
-                self._fail(preset, f"preset {preset.name!r} failed to start: {reason}")
+                if "out of memory" not in reason:
+                    reason = _out_of_memory(preset, asked_needs) or reason
+                # held against the need it was asked with: one the daemon raised since
+                # (out of memory) is a start placed anew, however late the raise came
+                self._fail(preset, f"preset {preset.name!r} failed to start: {reason}",
+                           asked_needs)
             await self.presets.changed(preset, 5.0)
+
+    async def _raised(self, preset: Preset, asked_needs: str) -> str:
+        """Why the start failed, once the daemon raised the preset's need after it ran out
+        of memory (:func:`_out_of_memory`), within :data:`OOM_LAG`; "" when it did not."""
+        deadline = time.monotonic() + OOM_LAG
+        while not (said := _out_of_memory(preset, asked_needs)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            await self.presets.changed(preset, min(left, 0.25))   # Memory: no waiter's
+        return said
 
     async def _ask(self, preset: Preset) -> str | None:
         """StartForRequest after any stop under way: the job, or None when lokid is not
@@ -214,6 +253,7 @@ class Starter:
                                    "lokid_unreachable")
             await self.presets.changed(preset, min(left, 5.0))
 
-    def _fail(self, preset: Preset, reason: str) -> NoReturn:
-        self.failed[preset.name] = (time.monotonic() + FAILED_HOLD, reason, _needs(preset))
+    def _fail(self, preset: Preset, reason: str, needs: str | None = None) -> NoReturn:
+        self.failed[preset.name] = (time.monotonic() + FAILED_HOLD, reason,
+                                    _needs(preset) if needs is None else needs)
         raise GatewayError(503, reason, UNAVAILABLE, "model_start_failed")

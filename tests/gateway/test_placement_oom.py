@@ -60,8 +60,12 @@ async def test_an_out_of_memory_start_is_placed_anew_then_refused(
         assert (await c.post("/v1/chat/completions", json=chat("s"))).status_code == 200
         r = await c.post("/v1/chat/completions", json=chat("big"))
         assert r.status_code == 503 and r.json()["error"]["code"] == "model_start_failed"
-        # the engine's own words (its job's end), not the load's last progress line
-        assert "the engine said: " in r.json()["error"]["message"], r.text
+        # how it ran out of memory (the daemon's reading of the engine's lines) and the
+        # engine's own words (its job's end), not the load's last progress line
+        message = r.json()["error"]["message"]
+        assert message.startswith("preset 'big' failed to start: out of memory (host: an "
+                                  "allocation of 488 MiB failed, "), r.text
+        assert "the engine said: " in message and "loading big" not in message, r.text
 
         async def raised() -> bool:
             f = registry.presets["big"].footprint

@@ -215,20 +215,28 @@ def corrected(old: Footprint, failed_on: Mapping[str, int],
               capacity: Mapping[str, int] | None = None) -> Footprint:
     """The record after a start that failed for memory anyway (issue 29, item 5):
     ``failed_on`` is, per device, a lower bound of what it needs (what the device had
-    free for it, or the allocation that failed, whichever is larger), so each figure is
-    raised to at least that plus an eighth, and its source says why.
+    free for it, or the allocation that failed, whichever is larger); its source says why.
 
-    ``capacity`` (what each device holds with every other engine gone) bounds the first
-    raise: a figure read while something else was loading would otherwise refuse the
-    preset for good. A record already at that bound that fails again is raised past it:
-    the preset then never fits and is refused with the figures, never started again."""
+    Where ``capacity`` (what each device holds with every other engine gone) is known,
+    the first failure raises the figure to it: all the device can hold. A lower bound
+    says nothing of how much more the engine needs, and raising it to the bound plus an
+    eighth let each next start evict a few more idle engines and fail again (issue 45,
+    item 13: 4 failed starts and 11 evictions of healthy engines before the preset was
+    known never to fit): now its next start evicts what it must in one round, and has
+    all the room. Not past it: a figure read while something else was loading would
+    otherwise refuse the preset for good. A record already at that bound that fails
+    again is raised past it (to the bound plus an eighth): the preset then never fits
+    and is refused with the figures, never started again. Without a capacity, the
+    figure is raised to the lower bound plus an eighth."""
     held, sources = dict(old.held), dict(old.sources)
     for device, lower in failed_on.items():
         was = held.get(device, 0)
         raised = lower + lower // 8
         cap = (capacity or {}).get(device)
         if cap is not None and was < cap:
-            raised = min(raised, cap)
+            raised = cap
+        elif cap is not None:
+            raised = max(raised, cap + cap // 8)
         if raised > was:
             held[device], sources[device] = raised, OOM
     return Footprint(old.key, held, sources, old.estimated, old.load_seconds, old.at)
