@@ -254,9 +254,8 @@ class EngineLog:
                 self.known_lines += 1
         elif "n_slots = " in line:
             m = _SLOTS.search(line)
-            if m and self.n_slots is None:
-                self.n_slots = int(m[1])
-                self.known_lines += 1
+            if m and self.n_slots is None:   # not counted in known_lines: the
+                self.n_slots = int(m[1])      # breakage warning keeps its contract
         elif "loading model '" in line:
             # the server's own line; not "loading model tensors" nor "loading draft model"
             if self.load.loading_at is None:

@@ -164,3 +164,24 @@ def test_only_journald_may_say_lines_were_dropped(tmp_path: Path,
 def test_journalds_entry_read_field_by_field(fields: dict[str, str], expected: Any) -> None:
     entry: dict[str, Any] = {**suppressed(7), **fields}
     assert dropped(entry) == expected
+
+
+def test_a_gap_without_the_slot_count_stays_unknown_until_the_engine_says_idle() -> None:
+    """The rule, on recorded lines (the engine's, above): with no ``n_slots`` line read
+    (lost with the rest), no number of slots seen again makes the count known; the
+    engine's own "all slots are idle" does, and so does its stop."""
+    from lokid.core.requestlog import EngineLog
+
+    log = EngineLog()
+    log.gap()
+    for slot in range(8):
+        log.feed(f"0.01.436.745 I slot launch_slot_: id  {slot} | task {slot} | processing "
+                 "task, is_child = 0", 1.0)
+        log.feed(f"0.01.438.299 I slot      release: id  {slot} | task {slot} | stop "
+                 "processing: n_tokens = 42, truncated = 0", 1.0)
+    assert not log.in_flight_known and not log.in_flight
+    log.feed("0.07.773.095 I srv  update_slots: all slots are idle", 2.0)
+    assert log.in_flight_known
+    log.gap()
+    log.flush(3.0)
+    assert log.in_flight_known
