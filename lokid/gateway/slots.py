@@ -40,6 +40,8 @@ at every swap-in, after the disk was freed too. So:
 - a file is restored only when the size the engine's step listed before the engine
   started (:mod:`lokid.store.slotsizes`) is the size the engine said it wrote: one
   cut short, or not listed, is never handed to the engine, and is forgotten (logged);
+  the file of the save before it, on the other name and whole, is restored instead (so
+  a good file is given up only for one found whole);
 - a file whose restore the engine refused, or during which the engine went away, is
   forgotten (logged): it is never tried again;
 - at most two files are kept per slot and configuration, the older one overwritten by
@@ -96,6 +98,7 @@ class SlotCache:
         self.runtime = runtime or runtime_dir()   # where the engines' steps list slot files
         # preset → slot id → (file name, the bytes the engine said it wrote there)
         self.saved: dict[str, dict[int, tuple[str, int]]] = {}
+        self.older: dict[str, dict[int, tuple[str, int]]] = {}   # the save before, aside
         self.pending: set[str] = set()               # presets whose next start restores
         self.restoring: dict[str, asyncio.Task[None]] = {}
 
@@ -195,6 +198,8 @@ class SlotCache:
                 continue
             n_saved, n_written = _count(done, "n_saved"), _count(done, "n_written")
             if n_saved > 0 and n_written > 0:
+                if before is not None:   # kept until this one is found whole at a restore
+                    self.older.setdefault(preset, {})[slot_id] = before
                 saved[slot_id] = (name, n_written)
                 count += 1
                 tokens += n_saved
@@ -224,17 +229,24 @@ class SlotCache:
             log.warning("%s: its slots were not restored: its engine's step listed none of "
                         "their sizes (%s) to check them by", preset, self.runtime)
             return
+        older = self.older.pop(preset, {})
         count = tokens = 0
         for slot_id, (name, size) in sorted(saved.items()):
             if name not in fits.get(slot_id, ()):
                 continue   # another model, build or context now: that cache is not its own
             if sizes.get(name) != size:
-                del saved[slot_id]
                 found = "is not there" if name not in sizes else f"holds {sizes[name]} bytes"
-                log.warning("%s: slot %d not restored: its file %s %s where the engine "
-                            "wrote %d (cut short by a full disk?); forgotten", preset,
-                            slot_id, name, found, size)
-                continue
+                log.warning("%s: slot %d: its file %s %s where the engine wrote %d (cut "
+                            "short by a full disk?): forgotten", preset, slot_id, name, found,
+                            size)
+                aside = older.get(slot_id)
+                if aside is None or aside[0] not in fits[slot_id] or sizes.get(aside[0]) != \
+                        aside[1]:
+                    del saved[slot_id]
+                    continue
+                name, size = saved[slot_id] = aside   # the save before it, whole
+                log.info("%s: slot %d: its save before, %s, is restored instead", preset,
+                         slot_id, name)
             try:
                 done = await self._action(preset, url, slot_id, "restore", name)
             except _Refused as e:

@@ -112,19 +112,44 @@ async def test_nothing_is_restored_without_a_listing_or_against_it(
     await cache.restored("alpha", url)   # the engine's step listed nothing
     assert fake.restores == [] and "listed none" in caplog.text, caplog.text
 
-    await cache.save("alpha", url)       # the other side now; the first one left as is
-    name, = (n for n, _ in cache.saved["alpha"].values())
-    (fake.where / name).write_bytes(b"s" * 999)   # its last write lost
+    name, = (n for n, _ in cache.saved["alpha"].values())   # still on record
+    (fake.where / name).write_bytes(b"s" * 999)   # its last write lost, no save before it
+    fake.tokens = 0
+    await cache.save("alpha", url)       # the next stop: nothing to save, that one pending
+    fake.tokens = 10
     start(fake, tmp_path)
     await cache.restored("alpha", url)
     assert fake.restores == [] and "holds 999 bytes where the engine wrote 1000" in caplog.text
     assert cache.saved["alpha"] == {}   # forgotten
 
+    for _ in range(3):
+        await cache.save("alpha", url)
+        start(fake, tmp_path)
+        await cache.restored("alpha", url)
+    assert len(fake.restores) == 3
+    assert len(list(fake.where.iterdir())) == 2   # two sides, never more
+
+
+async def test_a_save_found_cut_short_gives_way_to_the_one_before(
+        engine: tuple[Engine, str], cache: SlotCache, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The engine said 200 and the new file is short (its last write lost): the file of
+    the save before, on the other name and whole, is the one restored."""
+    fake, url = engine
+    fake.die = False
     await cache.save("alpha", url)
+    first, _ = cache.saved["alpha"][0]
+    await cache.save("alpha", url)
+    second, _ = cache.saved["alpha"][0]
+    assert second != first
+    (fake.where / second).write_bytes(b"s" * 10)
     start(fake, tmp_path)
     await cache.restored("alpha", url)
-    assert len(fake.restores) == 1
-    assert len(list(fake.where.iterdir())) == 2   # two sides, never more
+    assert fake.restores == [first], (fake.restores, caplog.text)
+    assert "holds 10 bytes where the engine wrote 1000" in caplog.text
+    assert cache.saved["alpha"][0][0] == first
+    await cache.save("alpha", url)            # the next save goes over the short one
+    assert cache.saved["alpha"][0][0] == second
 
 
 def test_a_listing_is_bounded_and_a_bad_one_is_none(tmp_path: Path) -> None:
