@@ -320,7 +320,7 @@ class Telemetry:
         ``counted_from``. The lines that arrived meanwhile follow."""
         from systemd import journal
 
-        from ..watch.journalwatch import invocation_lines
+        from ..watch.journalwatch import invocation_drops, invocation_lines
 
         todo = {name: (invocation, until) for name, (invocation, until, _) in
                 self.replaying.items()}
@@ -329,12 +329,21 @@ class Telemetry:
             meters, gaps = Meters(self.daemon.runtime_dir), {}
             for name, (invocation, until) in todo.items():
                 reader = journal.Reader(flags=journal.SYSTEM_ONLY)
+                drops = journal.Reader(flags=journal.SYSTEM_ONLY)
                 try:
                     lines, gaps[name] = invocation_lines(reader, invocation, until)
+                    lost = invocation_drops(drops, invocation, until)
                 finally:
                     reader.close()
-                for line, at in lines:
-                    meters.feed(name, invocation, line, at)
+                    drops.close()
+                # lines journald dropped stay said (issue 45, item 9), in their place
+                events: list[tuple[float, int, str | int]] = [(at, 1, x) for x, at in lines]
+                events += [(at, 0, n) for n, at in lost if at >= (gaps[name] or 0.0)]
+                for at, kind, what in sorted(events, key=lambda e: e[:2]):
+                    if kind:
+                        meters.feed(name, invocation, str(what), at)
+                    else:
+                        meters.gap(name, invocation, int(what), at)
             return meters, gaps
 
         try:

@@ -44,7 +44,7 @@ from systemd import journal
 
 from ..core.enginelog import LoadTracker
 from ..core.errors import StalePlanError, StateError
-from ..core.journalgap import dropped, match_dropped
+from ..core.journalgap import JOURNAL_DROPPED, dropped, match_dropped
 from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
@@ -329,3 +329,23 @@ def invocation_lines(reader: Any, invocation: str, until: float, head: int = REP
             resumed = until - window
             reader.seek_realtime(datetime.datetime.fromtimestamp(resumed))
     return out, resumed
+
+
+def invocation_drops(reader: Any, invocation: str, until: float) -> list[tuple[int, float]]:
+    """journald's word that it dropped lines of start ``invocation`` up to ``until``: (lines
+    dropped, when said) each, oldest first (a replay after the daemon's restart keeps a
+    start's counts a lower bound, :mod:`lokid.core.journalgap`)."""
+    reader.add_match(MESSAGE_ID=JOURNAL_DROPPED, _TRANSPORT="driver",
+                     OBJECT_SYSTEMD_INVOCATION_ID=invocation)
+    reader.seek_head()
+    out: list[tuple[int, float]] = []
+    while True:
+        entry = reader.get_next()
+        if not entry:
+            return out
+        at = _entry_time(entry)
+        if at is None or at > until:
+            return out
+        lost = dropped(entry)
+        if lost is not None:
+            out.append((lost[2], at))

@@ -12,7 +12,8 @@ of 600 requests.
 And where lines are dropped anyway (an operator's drop-in setting a limit back), the
 daemon reads journald's own "Suppressed N messages from loki-engine@P.service" entry, as
 the real journald writes it: the preset's Stats say how many lines were missed and that
-the counts are a lower bound, and the daemon's journal says it.
+the counts are a lower bound, and the daemon's journal says it; after a restart of the
+daemon too (it reads the running start again from the journal, journald's entry with it).
 """
 
 from __future__ import annotations
@@ -148,3 +149,14 @@ def test_lines_dropped_anyway_are_said_and_the_counts_a_lower_bound(lk: LokidSys
     said = ct.journal("lokid.service", since_cursor=cursor)
     assert re.search(r"preset gappy: journald dropped \d+ lines of its engine", said), said
     assert "Traceback" not in said
+    # A restart of the daemon reads the running start again from the journal: the loss too.
+    ct.systemctl("restart", "lokid.service")
+    ct.wait_for("lokid.service", "active", timeout=30)
+    deadline = time.monotonic() + 20
+    while True:
+        again = stats(ct, "gappy")
+        if again.get("missed_lines") == sum(lost) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert again.get("missed_lines") == sum(lost), again
+    assert again["requests_lower_bound"] is True and again["requests"] >= got["requests"]
