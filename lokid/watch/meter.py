@@ -147,6 +147,10 @@ class Meters:
         if theirs is None or (mine is not None and mine.invocation != theirs.invocation):
             return False
         theirs.counted_from = counted_from
+        if mine is not None and mine.gaps:   # said live while the replay ran: keep it
+            theirs.missed += mine.missed
+            theirs.gaps += mine.gaps
+            theirs.log.gap()
         self.starts[preset] = theirs
         self.dirty.add(preset)
         return True

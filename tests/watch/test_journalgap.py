@@ -185,3 +185,15 @@ def test_a_gap_without_the_slot_count_stays_unknown_until_the_engine_says_idle()
     log.gap()
     log.flush(3.0)
     assert log.in_flight_known
+
+
+def test_a_loss_said_while_a_replay_ran_survives_its_adoption(tmp_path: Path) -> None:
+    """After a restart of the daemon the replayed figures replace the live ones
+    (Meters.adopt); journald's word that arrived meanwhile is not forgotten with them."""
+    live, replayed = Meters(str(tmp_path)), Meters(str(tmp_path))
+    replayed.feed("p", INV, "0.00.014.295 I srv    load_model: initializing, n_slots = 1, "
+                  "n_ctx_slot = 512", 1.0)
+    live.gap("p", INV, 40, 2.0)
+    assert live.adopt("p", replayed, None)
+    snap = live.snapshot("p", now=3.0)
+    assert snap["missed_lines"] == 40 and snap["in_flight_known"] is False
