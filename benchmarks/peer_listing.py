@@ -5,10 +5,11 @@ process of its own (no daemon: its peers only), one peer that lies in another
 
 For each mode of the peer (``huge``: 600 MiB; ``many``: 87,000 models, 4 MiB; ``big N``:
 N models, the most a listing may hold), after the gateway read it a few times: the
-gateway's resident memory (VmRSS, and its peak VmHWM), what it says of the peer, and
-``--requests`` sequential ``GET /health`` and ``GET /v1/models`` with their p50/p99.
+gateway's resident memory (VmRSS, and its peak VmHWM), how many models it lists, then
+for ``--seconds``: sequential ``GET /health`` (p50/p99/max) while another client asks
+``GET /v1/models`` in a loop beside it (its p50/p99), as a team's clients do.
 
-    .venv/bin/python benchmarks/peer_listing.py [--requests 2000] [--modes huge,many,big]
+    .venv/bin/python benchmarks/peer_listing.py [--seconds 10] [--modes huge,many,big]
 
 What it printed here is in the commit that changed the figures (issue 45).
 """
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -56,23 +58,24 @@ def status(pid: int) -> dict[str, int]:
     return out
 
 
-def timed(port: int, path: str, n: int) -> dict[str, float]:
+def timed(port: int, path: str, seconds: float) -> dict[str, float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    took = []
-    for _ in range(n):
+    took: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
         t0 = time.perf_counter()
         conn.request("GET", path)
         conn.getresponse().read()
         took.append((time.perf_counter() - t0) * 1000)
     took.sort()
-    return {"p50_ms": round(statistics.median(took), 2),
+    return {"n": len(took), "p50_ms": round(statistics.median(took), 2),
             "p99_ms": round(took[int(len(took) * 0.99) - 1], 2), "max_ms": round(took[-1], 2)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", nargs=3, metavar=("BUS", "PORT", "PEER"))
-    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--modes", default="huge,many,big")
     args = ap.parse_args()
     if args.serve:
@@ -91,11 +94,16 @@ def main() -> int:
                     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                     conn.request("GET", "/v1/models")
                     listed = json.loads(conn.getresponse().read())["data"]
+                    after = status(child.pid)
+                    beside: dict[str, dict[str, float]] = {}
+                    thread = threading.Thread(target=lambda b=beside, p=port: b.update(
+                        v1_models=timed(p, "/v1/models", args.seconds)))
+                    thread.start()
+                    health = timed(port, "/health", args.seconds)
+                    thread.join()
                     print(json.dumps({
-                        "mode": mode, "rss_mib_at_3s": before, "rss_mib_at_11s":
-                        status(child.pid), "models_listed": len(listed),
-                        "health": timed(port, "/health", args.requests),
-                        "v1_models": timed(port, "/v1/models", max(args.requests // 20, 20)),
+                        "mode": mode, "rss_mib_at_3s": before, "rss_mib_at_11s": after,
+                        "models_listed": len(listed), "health": health, **beside,
                         "rss_mib_end": status(child.pid)}), flush=True)
                 finally:
                     child.terminate()
