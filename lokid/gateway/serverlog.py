@@ -16,9 +16,13 @@ could do it, without a key. Rules, each for that failure:
   most LINES_PER_WINDOW a WINDOW for each, the next saying how many were not written;
 - a client's doing (aiohttp's HTTP errors, a connection reset or cut, a timeout) is
   that line at INFO, without a traceback: the exception's type, its HTTP status and its
-  message's first line up to the first quote, so what a client sent is never written
-  (aiohttp's pure-Python parser quotes the bad line; the C parser prints it on the lines
-  after), and no secret a client put in a malformed header reaches the journal;
+  message's first line up to the first colon or quote, so what a client sent is never
+  written (aiohttp quotes the bad line, or puts it after a colon: "Invalid HTTP Header:
+  NAME" in 3.8.4, "Invalid header token:" then the line in the C parser), and no secret
+  a client put in a malformed header reaches the journal (a message of one word is such
+  bytes themselves: 3.14's pure-Python parser says a bad chunk size as it came); the
+  line's kind is the exception's type, never its text, so a client cannot make kinds
+  without end (each new kind would have its own lines);
 - anything else (a defect of aiohttp's or of ours that reached aiohttp) keeps its level
   and its traceback, rate-limited by kind as :meth:`lokid.gateway.faults.Faults.defect`;
 - debug records pass untouched (they are not written at the gateway's INFO level).
@@ -31,29 +35,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 
-from aiohttp import http_exceptions
+from aiohttp import http_exceptions, web
 
 from .faults import Throttle
 
 LOGGERS = ("aiohttp.server", "aiohttp.internal", "aiohttp.web", "asyncio")
 SAID = 120   # characters of an exception's message written, at most
-CLIENTS = (http_exceptions.HttpProcessingError, ConnectionError, TimeoutError,
-           asyncio.CancelledError, asyncio.IncompleteReadError)
+# a client's doing: aiohttp's HTTP errors (a body's, such as a bad chunk, reach the
+# handler as RequestPayloadError), a connection cut or reset, a timeout
+CLIENTS = (http_exceptions.HttpProcessingError, web.RequestPayloadError, ConnectionError,
+           TimeoutError, asyncio.CancelledError, asyncio.IncompleteReadError)
 
-_NO_DIGITS = str.maketrans("", "", "0123456789")
+_WRAPPED = re.compile(r"(\d{3}), message[=:]\s*(.*)", re.S)
 
 
 def summary(exc: BaseException) -> str:
     """"400 BadStatusLine: Invalid method encountered": no byte the client sent."""
     message = getattr(exc, "message", None)
     text = str(message if isinstance(message, str) else exc).strip()
-    first = text.splitlines()[0] if text else ""
-    for quote in ("'", '"', "bytearray(", "b'"):   # what the client sent starts there
-        first = first.split(quote, 1)[0]
-    first = "".join(c if c.isprintable() else "?" for c in first).strip(" :")[:SAID]
     code = getattr(exc, "code", None)
+    wrapped = _WRAPPED.match(text)   # RequestPayloadError: an HTTP error's text inside
+    if wrapped:
+        code, text = int(wrapped.group(1)), wrapped.group(2)
+    first = text.splitlines()[0] if text else ""
+    for start in (":", "'", '"', "bytearray("):   # what the client sent starts there
+        first = first.split(start, 1)[0]
+    first = "".join(c if c.isprintable() else "?" for c in first).strip(" :")[:SAID]
+    if len(first.split()) < 2:   # one word: the client's bytes themselves ("zz"), no text
+        first = ""
     status = f"{code} " if isinstance(code, int) and 100 <= code <= 599 else ""
     return f"{status}{type(exc).__name__}" + (f": {first}" if first else "")
 
@@ -70,9 +82,8 @@ class ServerLog(logging.Filter):
             return True
         exc = record.exc_info[1] if record.exc_info else None
         client = isinstance(exc, CLIENTS)
-        if exc is not None:   # aiohttp's messages are constants, but for their figures
-            said = summary(exc)
-            kind = f"{record.name} {said.translate(_NO_DIGITS)[:80]}"
+        if exc is not None:   # by type: a message may hold what the client sent
+            said, kind = summary(exc), f"{record.name} {type(exc).__name__}"
         else:   # aiohttp's and asyncio's messages are constant formats
             kind, said = f"{record.name} {str(record.msg)[:60]}", ""
         ok, held = self.throttle.allow(kind)
@@ -80,8 +91,9 @@ class ServerLog(logging.Filter):
             return False
         more = f" ({held} more like it not logged)" if held else ""
         if client:
-            what = ("refused a malformed request" if isinstance(
-                exc, http_exceptions.HttpProcessingError) else "a client's connection ended")
+            what = ("refused a malformed request" if isinstance(exc, (
+                http_exceptions.HttpProcessingError, web.RequestPayloadError))
+                else "a client's connection ended")
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.msg, record.args = "%s: %s%s", (what, said, more)
             record.exc_info = record.exc_text = None
