@@ -213,3 +213,25 @@ async def test_an_https_peer_is_read_with_its_certificate_verified(tmp_path: Any
         finally:
             await trusting.close()
     assert peers.summary() == {"tls": ""} and set(peers.states["tls"].models) == {"secure"}
+
+
+async def test_a_peer_flapping_between_answers_writes_a_few_lines_a_minute(
+        peer: tuple[str, dict[str, Any]], caplog: pytest.LogCaptureFixture) -> None:
+    """Each change of a peer's state is worth a line, but a peer changing at every read
+    (a lie, an error, a good listing, again) must not fill the journal."""
+    import logging
+
+    caplog.set_level(logging.INFO, "lokid.gateway")
+    url, mode = peer
+    client = session()
+    peers = Peers([Peer("gpu2", url)], lambda: client)
+    try:
+        for _ in range(5):
+            for answer in ("500", "junk", "good"):
+                mode["answer"] = answer
+                await peers.read(peers.states["gpu2"])
+    finally:
+        await client.close()
+    lines = [r.getMessage() for r in caplog.records if "peer gateway gpu2" in r.getMessage()]
+    assert 1 <= len(lines) <= 3, lines   # LINES_PER_MINUTE
+    assert peers.summary() == {"gpu2": ""}   # the state is right, logged or not
