@@ -19,8 +19,9 @@ was an unhandled exception, and each client gone mid-stream one more. Rules:
   with a traceback, on aiohttp 3.8.4, 3.11.16 and 3.14 alike): a ``ConnectionError``
   with the client's connection closed (:func:`client_gone`) is said in one
   rate-limited line "client gone: … 499", without a traceback, and counted 499 in the
-  report where its preset is known (not while its body is read: the model is in it). A ``ConnectionError`` while
-  the client's connection is open is no client's doing: still a defect;
+  report where its preset is known (not while its body is read: the model is in it).
+  A ``ConnectionError`` while the client's connection is open is no client's doing:
+  still a defect;
 - aiohttp's own lines (a malformed request, answered 400 before any route) are made
   rate-limited lines the same way by :mod:`lokid.gateway.serverlog`.
 """
