@@ -99,6 +99,7 @@ class Connections:
         self.cap = cap
         self.live: dict[asyncio.BaseTransport, HeadDeadline] = {}
         self.busy = 0          # connections with a request being served
+        self.closing = 0       # closed by a bound here, their descriptor freed next
         self.evicted = 0       # closed near the limit since the last line said so
         self.said = -LOG_EVERY
 
@@ -106,8 +107,10 @@ class Connections:
         return HeadDeadline(inner, self)
 
     def load(self) -> int:
-        """Descriptors the connections take: one each, two for a busy one."""
-        return len(self.live) + self.busy
+        """Descriptors the connections take: one each, two for a busy one. Those closed
+        here are not counted (their descriptor goes at the loop's next turn): counted,
+        each connection accepted in the same turn would close another batch."""
+        return len(self.live) + self.busy - self.closing
 
     def opened(self, conn: HeadDeadline) -> None:
         if self.cap is None:
@@ -119,7 +122,8 @@ class Connections:
         """Close the longest idle connections until the load is a sixteenth below the cap."""
         assert self.cap is not None
         want = self.load() - (self.cap - max(1, self.cap // 16))
-        idle = (c for c in self.live.values() if not c.requests and c is not newest)
+        idle = (c for c in self.live.values() if not c.requests and c is not newest
+                and not c.closed)
         closed = 0
         for conn in heapq.nsmallest(want, idle, key=lambda c: c.idle_since):
             conn.close_idle()
@@ -127,10 +131,10 @@ class Connections:
         self.evicted += closed
         now = time.monotonic()
         if now - self.said >= LOG_EVERY:
-            log.warning("%d connections open, near this process's limit of %d descriptors: "
-                        "closed %d idle ones, the longest idle first (%d serving a "
-                        "request kept)", len(self.live) + closed, descriptor_limit(),
-                        self.evicted, self.busy)
+            log.warning("connections near this process's limit of %d descriptors: closed "
+                        "%d idle ones, the longest idle first (%d left open, %d of them "
+                        "serving a request)", descriptor_limit(), self.evicted,
+                        len(self.live) - self.closing, self.busy)
             self.said, self.evicted = now, 0
 
     @web.middleware
@@ -156,6 +160,7 @@ class HeadDeadline(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.requests = 0         # requests of this connection the application is serving
         self.received = False     # bytes of a next request arrived (while idle or served)
+        self.closed = False       # by close_idle, its connection_lost still to come
         self.idle_since = time.monotonic()   # when it last began to wait for a request
 
     # --- what the application tells ----------------------------------------------------
@@ -200,6 +205,9 @@ class HeadDeadline(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.closed:
+            self.closed = False
+            self.connections.closing -= 1
         if self.transport is not None and \
                 self.connections.live.pop(self.transport, None) is not None and self.requests:
             self.connections.busy -= 1
@@ -232,6 +240,8 @@ class HeadDeadline(asyncio.Protocol):
             return
         if self.received:
             transport.write(timeout_reply(self.connections.head))
+        self.closed = True
+        self.connections.closing += 1
         transport.close()
 
     def _head_expired(self) -> None:

@@ -113,7 +113,7 @@ async def test_near_the_limit_the_longest_idle_close_first_and_health_is_served(
     assert (await answer(reader)).startswith(b"HTTP/1.1 200 ")
     gone = [await closed_unanswered(r, 0.05) for r, _ in silent]
     assert gone[0] and all(gone[:20]), gone          # the oldest went first
-    assert not all(gone) and not gone[-1], gone      # the newest stayed
+    assert sum(not g for g in gone) >= 30 and not gone[-1], gone   # the newer stayed
     assert len(gw.connections.live) + gw.connections.busy <= 40
     busy[1].write(body)                              # the busy one was kept
     assert (await answer(busy[0])).startswith(b"HTTP/1.1 4")   # its 404, answered
