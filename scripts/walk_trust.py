@@ -274,18 +274,20 @@ def attacker(ct: Container, port: int) -> None:
     say("\n-- 1g. a local user at an RPC worker's port --")
     rpc_port = free_port()
     ct.write_file("/etc/loki/rpc/w.toml", f'listen = "127.0.0.1:{rpc_port}"\n'
-                  'heads = ["10.0.0.1"]\n')
+                  'heads = ["127.0.0.2"]\n')
     ct.systemctl("daemon-reload")
     run(ct, "systemctl", "start", "loki-rpc@w.service")
     time.sleep(3)
     say("  the unit's fence: " + run(ct, "systemctl", "show", "-p", "IPAddressAllow", "-p",
                                      "IPAddressDeny", "loki-rpc@w.service").replace("\n", " "))
-    hello = run(ct, "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-                "python3", "-c",
-                "import socket\ntry:\n socket.create_connection(('127.0.0.1', "
-                + str(rpc_port) + "), timeout=5)\n print('connected')\n"
-                "except OSError as e:\n print('not connected:', e)")
-    say(f"  user nobody connects to 127.0.0.1:{rpc_port}: {hello.splitlines()[-1][:160]}")
+    for source in ("127.0.0.1", "127.0.0.2"):
+        hello = run(ct, "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                    "python3", "-c",
+                    "import socket\ntry:\n socket.create_connection(('127.0.0.1', "
+                    + str(rpc_port) + f"), timeout=5, source_address=('{source}', 0))\n"
+                    " print('connected')\nexcept OSError as e:\n print('not connected:', e)")
+        say(f"  user nobody from {source} to the worker (127.0.0.1:{rpc_port}): "
+            f"{hello.splitlines()[-1][:160] if hello else '?'}")
     run(ct, "systemctl", "stop", "loki-rpc@w.service")
 
 
