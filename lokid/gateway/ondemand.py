@@ -17,6 +17,10 @@ Rules, each for a failure it prevents:
   else (no job's end heard: the journal lags) its need raised since it was asked, waited
   for :data:`OOM_LAG` at most. Clients read the load's last progress line instead
   ("loading big (s.gguf): 0 s, 1 MiB resident", issue 45, item 13);
+- a failed start waits for its own job's end (:data:`JOB_LAG`), not for the preset's next
+  change: under systemd the failure's other signals (its State, OnDemandState, the
+  restart's pause) come first, and the reason a client read was never the job's, on every
+  failed start that lost that race (issue 45, the item-13 walk);
 - a start that lokid's restart interrupted is no start that failed (issue 28, item 4:
   kill -9 of the daemon during a cold start held the preset at "failed to start:
   inactive" for 30 s after it was back). When the daemon leaves the bus, or its owner on
@@ -198,12 +202,12 @@ class Starter:
                     # its JobFinished follows with the engine's own words (the status
                     # is often the load's last progress line): a moment for it
                     job_awaited = True
-                    await self.presets.changed(preset, JOB_LAG)
+                    await self._job_end(preset, job)
                     continue
                 detail = self.presets.job_details.get(job, "") if job else ""
                 if not detail:   # no word on this start (its job's end not heard): the
                     # daemon may still be reading it out of memory (lines from the journal)
-                    detail = await self._raised(preset, asked_needs)
+                    detail = await self._raised(preset, asked_needs, job)
                 reason = detail or preset.status or result or preset.state
                 if "out of memory" not in reason:
                     reason = _out_of_memory(preset, asked_needs) or reason
@@ -213,11 +217,27 @@ class Starter:
                            asked_needs)
             await self.presets.changed(preset, 5.0)
 
-    async def _raised(self, preset: Preset, asked_needs: str) -> str:
+    async def _job_end(self, preset: Preset, job: str) -> None:
+        """Until the daemon's JobFinished of ``job`` is heard, :data:`JOB_LAG` at most, or
+        lokid leaves the bus. Not until the preset's next change: under systemd the same
+        failure sends the preset's State, OnDemandState and the restart's pause before the
+        job's end, whose words (the daemon read the engine's lines for them) were then
+        never read: clients got the raised need's or the load's progress's wording."""
+        deadline = time.monotonic() + JOB_LAG
+        while job not in self.presets.jobs and not self.presets.unreachable:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await self.presets.changed(preset, left)
+
+    async def _raised(self, preset: Preset, asked_needs: str, job: str | None) -> str:
         """Why the start failed, once the daemon raised the preset's need after it ran out
-        of memory (:func:`_out_of_memory`), within :data:`OOM_LAG`; "" when it did not."""
+        of memory (:func:`_out_of_memory`), or its job's end came with its words (late),
+        within :data:`OOM_LAG`; "" when neither did."""
         deadline = time.monotonic() + OOM_LAG
         while not (said := _out_of_memory(preset, asked_needs)):
+            if job and self.presets.job_details.get(job):
+                return self.presets.job_details[job]
             left = deadline - time.monotonic()
             if left <= 0:
                 return ""
