@@ -239,8 +239,12 @@ def _verbosity_args(inp: PlanInputs, auto: bool, arg_env: Mapping[str, str],
     """``-lv 4`` on an automatic launch whose engine may print offload lines.
 
     The layers-in-RAM verdict reads ``offloaded N/M layers to GPU``, which the engine
-    prints at verbosity 4 and only with a GPU backend; 4 also prints ~5x more lines per
-    request, so a CPU-only engine is left at its default. Unknown backends keep 4.
+    prints at verbosity 4 and only with a GPU backend; 4 also prints the engine's trace
+    lines per request, two more per prompt in its prompt cache (79 lines after 20
+    prompts, growing with the cache), so a CPU-only engine is left at its default.
+    Unknown backends keep 4. Under systemd the engine's unit has journald drop those
+    trace lines (``LogFilterPatterns=`` in loki-engine@.service, systemd >= 253): the
+    journal's cost per request stays bounded (issue 45, item 9).
     """
     p = inp.preset
     if not auto or not inp.caps.knows("-lv") or has_flag(p.extra_args, *VERBOSITY_FLAGS) \
