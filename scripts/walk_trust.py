@@ -109,10 +109,10 @@ def lines_since(ct: Container, after: str, *units: str) -> list[str]:
 def gateway_memory(ct: Container) -> str:
     pid = run(ct, "systemctl", "show", "-P", "MainPID", "loki-gateway.service")
     status = run(ct, "cat", f"/proc/{pid}/status")
-    keep = [x.split(":")[1].strip() for x in status.splitlines()
-            if x.startswith(("VmRSS", "VmHWM"))]
+    keep = dict(x.split(":", 1) for x in status.splitlines()
+                if x.startswith(("VmRSS:", "VmHWM:")))
     fds = run(ct, "sh", "-c", f"ls /proc/{pid}/fd | wc -l")
-    return f"RSS {keep[0] if keep else '?'}, peak {keep[1] if len(keep) > 1 else '?'}, " \
+    return f"RSS {keep.get('VmRSS', '?').strip()}, peak {keep.get('VmHWM', '?').strip()}, " \
            f"{fds} descriptors"
 
 
