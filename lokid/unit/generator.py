@@ -50,6 +50,13 @@ line lokid adds. The engine's own drop-in gets the mark :data:`lokid.core.portun
 the port too, as boot does). A preset whose port another preset holds, or whose host is a
 name, gets no port unit.
 
+And the engine template's journal filter (:func:`journal_dropin`,
+:mod:`lokid.core.journalfilter`): a drop-in of ``loki-engine@.service`` itself (every
+instance reads it) with ``LogFilterPatterns=``, written only where the running systemd is 253
+or later (:mod:`lokid.unit.systemdversion`, ``systemctl --version``): the static unit cannot
+carry the key, since systemd 252 (Debian 12) logs "Unknown key" for each of its lines at
+every load of every instance (issue 45, item 9).
+
 Installed as ``/usr/lib/systemd/system-generators/lokid-engine-generator``,
 which runs ``lokid generate NORMAL EARLY LATE``.
 """
@@ -67,6 +74,8 @@ from ..core.external import ip_host, key_credential
 from ..core.fleet.peers import peer_key_credential
 from ..core.fleet.worker import worker_dropin
 from ..core.gpuselect import visible_env
+from ..core.journalfilter import DROPIN_NAME as JOURNAL_DROPIN
+from ..core.journalfilter import filter_dropin
 from ..core.names import engine_unit
 from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
 from ..core.secrets import API_KEY_TARGET, credential_id
@@ -84,6 +93,7 @@ GATEWAY_DROPIN = "50-lokid-gateway.conf"
 # Where the package installs the unit; systemd reads a .wants/ link by its name.
 GATEWAY_SOCKET_PATH = "/usr/lib/systemd/system/" + GATEWAY_SOCKET
 PORT_DROPIN = "50-lokid-port.conf"
+ENGINE_TEMPLATE = engine_unit("")   # loki-engine@.service: its drop-ins reach every instance
 PORT_SOCKET_TEMPLATE_PATH = "/usr/lib/systemd/system/loki-port@.socket"
 
 
@@ -155,7 +165,9 @@ def _warn(message: str) -> None:
 
 
 def generate(config_dir: str, out_dir: str) -> list[str]:
-    """Write one drop-in per valid preset; return the units written."""
+    """Write one drop-in per valid preset; return the units written (the engine
+    template's journal filter, :func:`journal_dropin`, is not listed: a template is no
+    unit)."""
     try:
         glob = cfg.load_global(config_dir)
     except ConfigError as e:
@@ -192,6 +204,12 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
             del presets[name]
             continue
         written.append(unit)
+    from .systemdversion import running_version
+
+    try:
+        journal_dropin(out_dir, running_version())
+    except OSError as e:
+        _warn(f"the engines' journal filter: cannot write its drop-in ({e})")
     # Both drop-ins are written all the same: the prestart of the one that does not hold
     # the port refuses it, naming the holder.
     from ..core.paths import runtime_dir
@@ -214,6 +232,20 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
         _warn(f"the on-demand ports' units: cannot write them ({e})")
         ports = []
     return written + ports + gateway + rpc_units(config_dir, out_dir)
+
+
+def journal_dropin(out_dir: str, version: int | None) -> bool:
+    """Write the engine template's journal filter for a systemd of ``version`` (None:
+    unknown) where it knows the key (:func:`lokid.core.journalfilter.filter_dropin`);
+    whether it was written."""
+    text = filter_dropin(version)
+    if not text:
+        return False
+    directory = os.path.join(out_dir, ENGINE_TEMPLATE + ".d")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, JOURNAL_DROPIN), "w", encoding="utf-8") as f:
+        f.write(text)
+    return True
 
 
 def rpc_units(config_dir: str, out_dir: str) -> list[str]:
