@@ -242,9 +242,10 @@ def _verbosity_args(inp: PlanInputs, auto: bool, arg_env: Mapping[str, str],
     prints at verbosity 4 and only with a GPU backend; 4 also prints the engine's trace
     lines per request, two more per prompt in its prompt cache (79 lines after 20
     prompts, growing with the cache), so a CPU-only engine is left at its default.
-    Unknown backends keep 4. Under systemd the engine's unit has journald drop those
-    trace lines (``LogFilterPatterns=`` in loki-engine@.service, systemd >= 253): the
-    journal's cost per request stays bounded (issue 45, item 9).
+    Unknown backends keep 4. Under systemd >= 253 journald drops those trace lines
+    (``LogFilterPatterns=`` of :mod:`lokid.core.journalfilter`, in the generator's drop-in
+    of loki-engine@.service): the journal's cost per request stays bounded (issue 45,
+    item 9).
     """
     p = inp.preset
     if not auto or not inp.caps.knows("-lv") or has_flag(p.extra_args, *VERBOSITY_FLAGS) \
