@@ -9,8 +9,9 @@ parser and journald's PCRE2 (issue 45, item 9): 50 requests over 20 distinct pro
 a bounded number of journal entries each, not one more per prompt in the engine's cache.
 The unit is a test unit rather than loki-engine@.service itself so that no lokid needs
 installing on Debian 13 for it (its runtime image has no python3); the engine's lines
-reach journald the same way (the unit's stdout stream). Debian 12's systemd 252 gets no
-drop-in: tests/unit/test_logfilter_bookworm_systemd.py.
+reach journald the same way (the unit's stdout stream). A second test has Debian 13's
+systemd load the shipped loki-engine@.service with the drop-in where the generator puts
+it. Debian 12's systemd 252 gets no drop-in: tests/unit/test_logfilter_bookworm_systemd.py.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import REPO
 from support.debpkg import runtime_packages
 from support.enginekit import engine_binary, free_port
 from support.models import write_glm4moe_mtp
 from support.systemd_harness import Container
 from test_logfilter import BOUND, PROMPTS, REQUESTS, per_request
 
-from lokid.core.journalfilter import DROPIN_NAME, systemd_version
+from lokid.core.journalfilter import DROPIN_NAME, PATTERNS, systemd_version
 from lokid.unit.generator import journal_dropin
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
@@ -90,3 +92,33 @@ def test_journald_keeps_a_bounded_number_of_lines_per_request(tmp_path: Path) ->
     assert max(counts) <= BOUND, (counts, requests[counts.index(max(counts))])
     assert counts[PROMPTS - 1] <= counts[0] and max(counts[PROMPTS:]) <= counts[PROMPTS], counts
     assert sum("acc per pos" in line for line in body.splitlines()) == REQUESTS
+
+
+def test_the_generated_template_dropin_reaches_every_engine_instance(tmp_path: Path) -> None:
+    """Debian 13's systemd reads the generator's drop-in of the template for any instance
+    of the shipped loki-engine@.service, all 7 patterns, with no complaint. The runtime
+    image has no python3 to run lokid's generator: a shell generator copies the drop-in
+    lokid writes for the container's systemctl --version into systemd's generator
+    directory, where lokid's would."""
+    with Container(suite="trixie", packages=runtime_packages("trixie")) as ct:
+        version = systemd_version(ct.run(["systemctl", "--version"]).stdout)
+        assert journal_dropin(str(tmp_path), version), f"systemd {version}: no filter"
+        dropin = (tmp_path / "loki-engine@.service.d" / DROPIN_NAME).read_text()
+        ct.write_file("/usr/local/share/lokid-journal.conf", dropin)
+        ct.write_file("/etc/systemd/system-generators/lokid-standin",
+                      '#!/bin/sh\nmkdir -p "$1/loki-engine@.service.d"\n'
+                      'cp /usr/local/share/lokid-journal.conf '
+                      f'"$1/loki-engine@.service.d/{DROPIN_NAME}"\n', mode=0o755)
+        ct.write_file("/etc/systemd/system/loki-engine@.service",
+                      (REPO / "units" / "loki-engine@.service").read_bytes())
+        cursor = ct.cursor()
+        ct.systemctl("daemon-reload")
+        shown = ct.show("loki-engine@any.service", "LoadState", "DropInPaths")
+        patterns = ct.run(["systemctl", "show", "-p", "LogFilterPatterns",
+                           "loki-engine@any.service"]).stdout.splitlines()
+        log = ct.run(["journalctl", f"--after-cursor={cursor}", "--output=cat",
+                      "--no-pager", "--quiet"]).stdout
+    assert shown == {"LoadState": "loaded", "DropInPaths":
+                     f"/run/systemd/generator/loki-engine@.service.d/{DROPIN_NAME}"}, shown
+    assert sorted(patterns) == sorted(f"LogFilterPatterns=~{p}" for p in PATTERNS), patterns
+    assert "loki-engine@" not in log, log
