@@ -24,8 +24,8 @@ from support.enginekit import write_config, write_preset
 from lokid.core.journalfilter import DROPIN_NAME, PATTERNS, filter_dropin, systemd_version
 from lokid.unit.generator import journal_dropin
 
-# systemctl --version's first two lines on Debian 12 (measured here: the host and the
-# bookworm container) and Debian 13 (the trixie container).
+# systemctl --version's first two lines on Debian 12 (measured on this Debian 12 host) and
+# Debian 13 (the trixie container of tests/unit/test_logfilter_systemd.py).
 BOOKWORM = ("systemd 252 (252.39-1~deb12u2)\n"
             "+PAM +AUDIT +SELINUX +APPARMOR +IMA +SMACK +SECCOMP +GCRYPT -GNUTLS +OPENSSL\n")
 TRIXIE = ("systemd 257 (257.13-1~deb13u1)\n"
