@@ -120,20 +120,27 @@ def active(ct: Container, unit: str) -> str:
     return run(ct, "systemctl", "is-active", unit)
 
 
-def stats_counts(ct: Container) -> tuple[dict[str, int], int]:
-    """The gateway's answers by status code, and the requests the engines' journal
-    showed (Stats' requests), over a, b, c."""
+def stats_counts(ct: Container, since: str) -> tuple[dict[str, int], int, bool]:
+    """The gateway's answers by status code (Stats' gateway_requests, since the daemon
+    started), and the requests the engines' journal shows since ``since`` over every
+    start of a, b, c (``lokictl stats --since``: a swap starts an engine again, and
+    Stats' own count is the current start's), and whether lokid said that count is a
+    lower bound (journald dropped lines)."""
     answers: dict[str, int] = {}
     requests = 0
+    lower = False
     for name in PRESETS:
         try:
             stats = json.loads(run(ct, "lokictl", "stats", name, "--json"))
+            window = json.loads(run(ct, "lokictl", "stats", name, "--since", since,
+                                    "--json"))
         except ValueError:
             continue
         for code, n in (stats.get("gateway_requests") or {}).items():
             answers[code] = answers.get(code, 0) + int(n)
-        requests += int(stats.get("requests") or 0)
-    return answers, requests
+        requests += int(window.get("requests") or 0)
+        lower = lower or bool(window.get("requests_lower_bound"))
+    return answers, requests, lower
 
 
 def boot(work: Path) -> tuple[Container, int, int]:
@@ -186,8 +193,9 @@ def configure(ct: Container, port: int, peer_port: int) -> None:
     run(ct, "rm", "-f", "/etc/loki/presets/example.toml")
     for name in PRESETS:
         group = 'group = "g"\n' if name in ("a", "b") else ""
+        ctx = 16384 if name == "c" else 2048   # c streams long enough to be stopped
         ct.write_file(f"/etc/loki/presets/{name}.toml",
-                      f'model = "{name}.gguf"\nctx = 2048\n'
+                      f'model = "{name}.gguf"\nctx = {ctx}\n'
                       f"port = {free_port()}\n[serve]\non_demand = true\n{group}")
     ct.systemctl("daemon-reload")
     ct.systemctl("restart", "lokid.service", timeout=120)
@@ -297,7 +305,8 @@ def team_load(ct: Container, port: int, seconds: float) -> None:
     run(ct, "rm", "-f", "/etc/systemd/journald.conf.d/lokid-harness.conf")
     run(ct, "systemctl", "restart", "systemd-journald.service")
     time.sleep(3)
-    before, before_req = stats_counts(ct)
+    since = run(ct, "date", "+%Y-%m-%d %H:%M:%S")
+    before, _, _ = stats_counts(ct, since)
     at = cursor(ct)
     counts: dict[str, int] = {}
     lock = threading.Lock()
@@ -318,16 +327,22 @@ def team_load(ct: Container, port: int, seconds: float) -> None:
     for t in threads:
         t.join()
     time.sleep(5)
-    after, after_req = stats_counts(ct)
+    after, journal, lower = stats_counts(ct, since)
     counted = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     say(f"the clients' answers: {counts} ({sum(counts.values())} requests)")
     say(f"the gateway's count (Stats gateway_requests): {counted}")
-    say(f"the engines' journal (Stats requests): {after_req - before_req}")
+    say(f"the engines' journal (lokictl stats --since, over every start): {journal}"
+        + (" (said to be a lower bound)" if lower else ""))
     supp = run(ct, "journalctl", "--no-pager", "-q", "-o", "cat", "--after-cursor", at,
                "MESSAGE_ID=a596d6fe7bfa4994828e72309e95d61e").splitlines()
     say(f"journald suppressed: {supp[-3:] or 'nothing'}")
-    usage = run(ct, "journalctl", "--disk-usage")
-    say(f"journal: {usage}")
+    engine_lines = run(ct, "journalctl", "--no-pager", "-q", "-o", "cat", "--since", since,
+                       "-u", "loki-engine@a", "-u", "loki-engine@b", "-u", "loki-engine@c")
+    n = max(1, sum(counts.values()))
+    say(f"the engines' journal lines meanwhile: {len(engine_lines.splitlines())} "
+        f"({len(engine_lines.splitlines()) / n:.1f} per request, "
+        f"{len(engine_lines.encode()) / n:.0f} bytes of text per request, starts included)")
+    say("journal: " + run(ct, "journalctl", "--disk-usage"))
 
 
 def full_disk(ct: Container, port: int) -> None:
@@ -377,9 +392,9 @@ def busy_stop(ct: Container, port: int) -> None:
     say("\n=== 2c. a busy engine stopped ===")
     chat(ct, port, "c", 2)
     result: list[tuple[int, float, str]] = []
-    t = threading.Thread(target=lambda: result.append(chat(ct, port, "c", 4000, stream=True)))
+    t = threading.Thread(target=lambda: result.append(chat(ct, port, "c", 12000, stream=True)))
     t.start()
-    time.sleep(3)
+    time.sleep(2)
     t0 = time.monotonic()
     run(ct, "systemctl", "stop", "loki-engine@c.service")
     took = time.monotonic() - t0
