@@ -21,7 +21,11 @@ was an unhandled exception, and each client gone mid-stream one more. Rules:
   rate-limited line "client gone: … 499", without a traceback, and counted 499 in the
   report where its preset is known (not while its body is read: the model is in it).
   A ``ConnectionError`` while the client's connection is open is no client's doing:
-  still a defect;
+  still a defect. From Python 3.12 (Debian 13's 3.13) ``asyncio.wait_for`` reads in the
+  handler's own task, and aiohttp's cancel of a handler whose client left (3.8 always,
+  3.9+ with ``handler_cancellation``) wins over the reset it set on the body: that
+  cancel is said the same way when the body was cut short (:func:`reset_mid_body`);
+  without it the reset was said on Debian 12 and not at all on Debian 13;
 - aiohttp's own lines (a malformed request, answered 400 before any route) are made
   rate-limited lines the same way by :mod:`lokid.gateway.serverlog`.
 """
@@ -70,6 +74,17 @@ def client_gone(request: web.Request, e: BaseException) -> bool:
         return False
     transport = request.transport
     return transport is None or transport.is_closing()
+
+
+def reset_mid_body(request: web.Request) -> BaseException | None:
+    """The ConnectionError aiohttp set on the body of a request whose client left before
+    sending it whole, once the connection is closed; None otherwise (a body read whole:
+    a client gone mid-answer, which is not logged)."""
+    content = request.content
+    lost = content.exception()
+    if lost is None or content.is_eof() or not client_gone(request, lost):
+        return None
+    return lost
 
 
 class Faults:

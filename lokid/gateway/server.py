@@ -54,7 +54,7 @@ from . import prompts
 from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .cors import Cors
-from .faults import Faults, client_gone
+from .faults import Faults, client_gone, reset_mid_body
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .hosts import Hosts
@@ -155,6 +155,11 @@ class Gateway:
         except ClientGone as e:
             request[STATUS_KEY] = CLIENT_GONE
             return e.response
+        except asyncio.CancelledError:   # Python 3.12+: a reset mid-body (faults.py)
+            lost = reset_mid_body(request)
+            if lost is not None:
+                self.faults.gone(lost, request.method, request.path)
+            raise
         except Exception as e:   # a defect of ours: a 500 in OpenAI's shape, a line
             if client_gone(request, e):   # reset while sending its body (issue 45, item 6)
                 request[STATUS_KEY] = CLIENT_GONE

@@ -4,9 +4,11 @@ lines with their tracebacks (1.5 MB); a client that reset while sending its body
 "the gateway failed" with a traceback. Here ``lokid gateway`` runs as the unit runs it
 (its stderr is what journald would get), beside the real daemon on a private bus.
 
-The package runs on Debian's aiohttp (3.8.4, 3.11.16), the venv has 3.14: set
-``LOKID_TEST_AIOHTTP`` to directories holding other versions (``pip install --target``),
-separated by ':', and the gateway process runs on each of them too."""
+The package runs on Debian's aiohttp (3.8.4, 3.11.16), the venv has 3.14:
+tests/packaging/test_deb_hostile.py runs this module in a container of each release on
+its own aiohttp; here, set ``LOKID_TEST_AIOHTTP`` to directories holding other versions
+(``pip install --target``), separated by ':', and the gateway process runs on each of
+them too ("python" is the running interpreter's own aiohttp)."""
 
 from __future__ import annotations
 
@@ -68,12 +70,12 @@ class GatewayProcess:
         return self.text()
 
 
-@pytest.fixture(params=["venv", *EXTRA])
+@pytest.fixture(params=["python", *EXTRA])
 async def gateway(request: pytest.FixtureRequest, running: Any, bus_address: str,
                   config: Path, tmp_path: Path) -> AsyncIterator[GatewayProcess]:
     port = free_port()
     env = dict(os.environ)
-    if request.param != "venv":
+    if request.param != "python":
         env["PYTHONPATH"] = request.param
     log = tmp_path / "gateway.log"
     with open(log, "wb") as out:
