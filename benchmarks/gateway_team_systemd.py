@@ -69,7 +69,7 @@ GROUP = '[serve]\non_demand = true\ngroup = "gpu0"\n'
 TRICKLE = r"""
 import socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
           b"application/json\r\nContent-Length: 100000\r\n\r\n")
 t = time.monotonic()
 s.settimeout(5)
