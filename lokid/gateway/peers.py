@@ -59,6 +59,7 @@ from ..core.fleet.listing import MAX_BYTES, ListingRefused, model_of, over_size,
 from ..core.fleet.peers import Peer, cleartext_key, peer_key_credential
 from ..core.fleet.route import LOCAL, Host, Model, Route, route
 from .faults import Throttle
+from .relay import read_capped
 from .replies import GatewayError, public
 from .upstream import read_key
 
@@ -248,12 +249,10 @@ class Peers:
             why = over_size(answer.content_length)
             if why:
                 raise ListingRefused(why)
-            data = bytearray()
-            async for chunk in answer.content.iter_any():
-                data += chunk
-                if len(data) > MAX_LISTING:   # the connection is closed, the rest unread
-                    raise ListingRefused(f"its /v1/models is over {MAX_LISTING} bytes")
-        return bytes(data)
+            data = await read_capped(answer, MAX_LISTING)
+            if data is None:   # the connection is closed, the rest unread
+                raise ListingRefused(f"its /v1/models is over {MAX_LISTING} bytes")
+        return data
 
     def down(self, name: str, why: str) -> None:
         """Mark peer ``name`` down (a read or a request could not reach it)."""

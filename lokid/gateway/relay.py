@@ -248,7 +248,7 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             if whole and (length or 0) > whole:
                 raise _too_long(side, url, length, whole)
             try:
-                data = await within(_read(upstream, whole or WHOLE), patience, side)
+                data = await within(read_capped(upstream, whole or WHOLE), patience, side)
             except EngineSilent as e:
                 raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
             except UPSTREAM_ERRORS as e:
@@ -343,7 +343,7 @@ def _unreachable(side: str, url: str, e: BaseException, when: str = "") -> Gatew
                         "upstream_unreachable")
 
 
-async def _read(answer: aiohttp.ClientResponse, cap: int) -> bytes | None:
+async def read_capped(answer: aiohttp.ClientResponse, cap: int) -> bytes | None:
     """The answer's body, or None past ``cap`` bytes (what was read is dropped)."""
     data = bytearray()
     async for chunk in answer.content.iter_any():
