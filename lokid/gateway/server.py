@@ -49,10 +49,10 @@ from aiohttp import web
 
 from ..core.external import EXTERNAL
 from ..core.fleet.route import LOCAL, READY, Model
-from ..core.place.policy import Resident
 from . import prompts
 from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
+from .catalog import UNRESPONSIVE, Catalog
 from .cors import Cors
 from .faults import Faults, client_gone, reset_mid_body
 from .groups import Groups
@@ -60,7 +60,6 @@ from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .hosts import Hosts
 from .ondemand import SAFE_METHODS, Starter, check_safe
 from .peers import HOP_HEADER, Peers
-from .peers import UNAVAILABLE as UNAVAILABLE_PEER
 from .placer import Placer
 from .presets import Preset, Presets
 from .relay import (
@@ -72,7 +71,7 @@ from .relay import (
     relay,
     session,
 )
-from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, model_entry, public
+from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
 from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
 from .serverlog import install as install_serverlog
@@ -84,13 +83,11 @@ from .upstream import read_key
 
 log = logging.getLogger("lokid.gateway")
 
-KNOWN_SHOWN = 20   # models named in a 404, at most
 BACKLOG = 1024     # connections waiting to be accepted (a burst of clients, not refused)
 MODELS_PATHS = ("/v1/models", "/models")
 # Bytes of an engine's /props read to drop what is the server's: llama-server's is a few
 # KiB (its chat template the most of it); an answer beyond is refused (issue 45, item 2).
 MAX_PROPS = 4 * 1024 * 1024
-UNRESPONSIVE = "unresponsive"   # a ready engine whose /health did not answer (silence)
 
 
 class Gateway:
@@ -114,6 +111,7 @@ class Gateway:
         self.faults = Faults()
         self.peers = Peers(settings.peers, lambda: self.client,   # other lokid gateways
                            presets.report_peers)
+        self.catalog = Catalog(presets, self.placer, self.liveness, self.peers)   # /v1/models
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
@@ -180,7 +178,7 @@ class Gateway:
         self._check_key(request)
         hopped = HOP_HEADER in request.headers   # sent by a peer: answered from here only
         if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
-            return self._models(path, hopped or not self.peers)
+            return self.catalog.models(path, hopped or not self.peers)
         raw_path = request.raw_path.partition("?")[0]
         if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
             route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
@@ -197,7 +195,7 @@ class Gateway:
             if answer is not None:
                 return answer
         if preset is None or name in self.presets.broken:
-            raise self._unknown(name, everywhere=not hopped)
+            raise self.catalog.unknown(name, everywhere=not hopped)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
         # the preset's own key, never the client's (lokid.gateway.upstream)
         key = read_key(name, preset.key_file) if preset.key_file else None
@@ -347,37 +345,6 @@ class Gateway:
             raise GatewayError(401, "a valid API key is required: send `Authorization: "
                                "Bearer <key>`", "authentication_error", "invalid_api_key")
 
-    def _models(self, path: str, here_only: bool = True) -> web.Response:
-        """Every preset a client can ask for; a broken one only by its name (a model
-        picker does not offer what cannot answer: /v1/models/<name> says why). Unless
-        ``here_only``, the peers' models too (lokid.gateway.peers: :func:`with_peers`)."""
-        broken = self.presets.broken
-        residents = self.placer.residents(self.placer.clock())   # once for every entry
-        entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
-                   if name in broken else model_entry(name, EXTERNAL, False, public(p.reachable))
-                   if p.kind == EXTERNAL else self._entry(p, residents)
-                   for name, p in sorted(self.presets.presets.items())}
-        if not here_only:
-            broken = with_peers(entries, broken, self.peers.listing())
-        if path.startswith("/v1/models/"):
-            name = path[len("/v1/models/"):]
-            if name not in entries:
-                raise self._unknown(name, everywhere=not here_only)
-            return web.json_response(entries[name])
-        return web.json_response({"object": "list", "data": [
-            e for name, e in sorted(entries.items()) if name not in broken]})
-
-    def _entry(self, p: Preset, residents: list[Resident]) -> dict[str, Any]:
-        self.liveness.forget(p.name, p.state)
-        unresponsive = self.liveness.state(p.name)
-        in_flight = max(p.in_flight, self.placer.own[p.name])
-        if unresponsive:
-            return model_entry(p.name, UNRESPONSIVE, p.on_demand, public(unresponsive),
-                               in_flight, False)
-        return model_entry(p.name, p.shown_state, p.on_demand,
-                           "unloading" if p.unloading else public(p.status), in_flight,
-                           self.placer.fits(p, residents))
-
     def _model_of(self, request: web.Request, scan: Scan | None) -> str:
         model: Any = scan.model if scan is not None else request.query.get("model")
         if scan is not None and scan.model_kind:
@@ -387,62 +354,9 @@ class Gateway:
             model = self.settings.default_model
         if not isinstance(model, str) or not model:
             raise GatewayError(400, "which model? give \"model\" in the request (one of "
-                               f"{self._known(HOP_HEADER not in request.headers)})",
+                               f"{self.catalog.known(HOP_HEADER not in request.headers)})",
                                code="model_required")
         return model
-
-    def _known(self, everywhere: bool = False) -> str:
-        """The models a client may ask for here; ``everywhere``: its peers' too (what they
-        listed), for a request that may be sent on."""
-        names = sorted({n for n in self.presets.presets if n not in self.presets.broken}
-                       | (set(self.peers.listing()) if everywhere and self.peers else set()))
-        shown = ", ".join(names[:KNOWN_SHOWN]) + (", ..." if len(names) > KNOWN_SHOWN else "")
-        return shown or "none: lokid has no preset that can answer"
-
-    def _unknown(self, name: str, everywhere: bool = False) -> GatewayError:
-        if self.presets.unreachable and not self.presets.presets:
-            return GatewayError(503, "lokid is not reachable (lokid.service); the gateway's "
-                                "log says why", UNAVAILABLE, "lokid_unreachable")
-        shown = name if len(name) <= 64 else name[:64] + "..."
-        if name in self.presets.broken:
-            return GatewayError(503, f"preset {shown!r} is broken: "
-                                f"{public(self.presets.broken[name])}",
-                                UNAVAILABLE, "model_broken")
-        return GatewayError(404, f"no model {shown!r}: the known ones are "
-                            f"{self._known(everywhere)}",
-                            code="model_not_found")
-
-
-def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
-               listing: dict[str, dict[str, dict[str, Any]]]) -> dict[str, str]:
-    """``entries`` (this host's) with the peers' models added: a name served here gets the
-    peers' facts under ``lokid.replicas`` (peer → facts); a name served by peers only is
-    listed with the facts of the first peer where it is ready (else the first up),
-    its ``host`` named, and the others' as replicas. A name broken here that a peer serves
-    is the peer's. The names still broken (not listed) are returned."""
-    broken = dict(broken)
-    for name in sorted(listing):
-        replicas = listing[name]
-        mine = entries.get(name)
-        if mine is not None and name not in broken:
-            external = mine["lokid"]["state"] == EXTERNAL
-            other = sorted(h for h, f in replicas.items() if "state" in f
-                           and f["state"] != UNAVAILABLE_PEER
-                           and (f["state"] == EXTERNAL) != external)
-            if other:   # another kind of model under this name: the local preset wins
-                mine["lokid"]["conflict"] = (
-                    f"{', '.join(other)} serve{'s' if len(other) == 1 else ''} another kind "
-                    f"of model named {name!r} ({'an engine' if external else 'an external API'}"
-                    "): this host's preset is the one routed to")
-            mine["lokid"]["replicas"] = {h: f for h, f in replicas.items() if h not in other}
-            continue
-        broken.pop(name, None)
-        host = min(replicas, key=lambda h: (replicas[h].get("state") != READY,
-                                            replicas[h].get("state") == UNAVAILABLE_PEER))
-        facts = {**replicas[host], "host": host, "replicas": replicas}
-        entries[name] = {**model_entry(name, "", False, ""), "lokid": facts}
-    return broken
-
 
 def runner_kwargs() -> dict[str, Any]:
     """aiohttp 3.9 made handler cancellation (a client gone cancels its request) an

@@ -126,7 +126,7 @@ async def test_a_name_of_another_kind_on_a_peer_is_no_replica_and_the_conflict_i
     """The peer serves "api" as an external API and "qwen" as an engine; here "api" is an
     engine and "qwen" an external preset: the local presets win, each conflict said."""
     from lokid.core.fleet.route import LOCAL, Model
-    from lokid.gateway.server import with_peers
+    from lokid.gateway.catalog import with_peers
 
     url, _ = peer
     client = session()

@@ -1,0 +1,119 @@
+"""``GET /v1/models``: what a client may ask this gateway for, and the refusals that
+name it (a model no preset has, a broken one, lokid unreachable).
+
+Every preset that can answer is listed, running or not, in OpenAI's shape, its state
+under ``lokid`` (``external`` for an API elsewhere, its status then whether the daemon
+saw it answer; ``unresponsive`` for an engine whose /health did not answer). A broken
+preset is not listed (a model picker would offer what cannot answer); asked by name, it
+is shown with its reason. With peers, their models are added (:func:`with_peers`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..core.external import EXTERNAL
+from ..core.fleet.route import READY
+from ..core.place.policy import Resident
+from .peers import UNAVAILABLE as UNAVAILABLE_PEER
+from .peers import Peers
+from .placer import Placer
+from .presets import Preset, Presets
+from .replies import UNAVAILABLE, GatewayError, model_entry, public
+from .silence import Liveness
+
+KNOWN_SHOWN = 20   # models named in a 404, at most
+UNRESPONSIVE = "unresponsive"   # a ready engine whose /health did not answer (silence)
+
+
+class Catalog:
+    def __init__(self, presets: Presets, placer: Placer, liveness: Liveness, peers: Peers):
+        self.presets = presets
+        self.placer = placer
+        self.liveness = liveness
+        self.peers = peers
+
+    def models(self, path: str, here_only: bool = True) -> web.Response:
+        """Every preset a client can ask for; a broken one only by its name (a model
+        picker does not offer what cannot answer: /v1/models/<name> says why). Unless
+        ``here_only``, the peers' models too (lokid.gateway.peers: :func:`with_peers`)."""
+        broken = self.presets.broken
+        residents = self.placer.residents(self.placer.clock())   # once for every entry
+        entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
+                   if name in broken else model_entry(name, EXTERNAL, False, public(p.reachable))
+                   if p.kind == EXTERNAL else self._entry(p, residents)
+                   for name, p in sorted(self.presets.presets.items())}
+        if not here_only:
+            broken = with_peers(entries, broken, self.peers.listing())
+        if path.startswith("/v1/models/"):
+            name = path[len("/v1/models/"):]
+            if name not in entries:
+                raise self.unknown(name, everywhere=not here_only)
+            return web.json_response(entries[name])
+        return web.json_response({"object": "list", "data": [
+            e for name, e in sorted(entries.items()) if name not in broken]})
+
+    def _entry(self, p: Preset, residents: list[Resident]) -> dict[str, Any]:
+        self.liveness.forget(p.name, p.state)
+        unresponsive = self.liveness.state(p.name)
+        in_flight = max(p.in_flight, self.placer.own[p.name])
+        if unresponsive:
+            return model_entry(p.name, UNRESPONSIVE, p.on_demand, public(unresponsive),
+                               in_flight, False)
+        return model_entry(p.name, p.shown_state, p.on_demand,
+                           "unloading" if p.unloading else public(p.status), in_flight,
+                           self.placer.fits(p, residents))
+
+    def known(self, everywhere: bool = False) -> str:
+        """The models a client may ask for here; ``everywhere``: its peers' too (what they
+        listed), for a request that may be sent on."""
+        names = sorted({n for n in self.presets.presets if n not in self.presets.broken}
+                       | (set(self.peers.listing()) if everywhere and self.peers else set()))
+        shown = ", ".join(names[:KNOWN_SHOWN]) + (", ..." if len(names) > KNOWN_SHOWN else "")
+        return shown or "none: lokid has no preset that can answer"
+
+    def unknown(self, name: str, everywhere: bool = False) -> GatewayError:
+        if self.presets.unreachable and not self.presets.presets:
+            return GatewayError(503, "lokid is not reachable (lokid.service); the gateway's "
+                                "log says why", UNAVAILABLE, "lokid_unreachable")
+        shown = name if len(name) <= 64 else name[:64] + "..."
+        if name in self.presets.broken:
+            return GatewayError(503, f"preset {shown!r} is broken: "
+                                f"{public(self.presets.broken[name])}",
+                                UNAVAILABLE, "model_broken")
+        return GatewayError(404, f"no model {shown!r}: the known ones are "
+                            f"{self.known(everywhere)}",
+                            code="model_not_found")
+
+
+def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
+               listing: dict[str, dict[str, dict[str, Any]]]) -> dict[str, str]:
+    """``entries`` (this host's) with the peers' models added: a name served here gets the
+    peers' facts under ``lokid.replicas`` (peer → facts); a name served by peers only is
+    listed with the facts of the first peer where it is ready (else the first up),
+    its ``host`` named, and the others' as replicas. A name broken here that a peer serves
+    is the peer's. The names still broken (not listed) are returned."""
+    broken = dict(broken)
+    for name in sorted(listing):
+        replicas = listing[name]
+        mine = entries.get(name)
+        if mine is not None and name not in broken:
+            external = mine["lokid"]["state"] == EXTERNAL
+            other = sorted(h for h, f in replicas.items() if "state" in f
+                           and f["state"] != UNAVAILABLE_PEER
+                           and (f["state"] == EXTERNAL) != external)
+            if other:   # another kind of model under this name: the local preset wins
+                mine["lokid"]["conflict"] = (
+                    f"{', '.join(other)} serve{'s' if len(other) == 1 else ''} another kind "
+                    f"of model named {name!r} ({'an engine' if external else 'an external API'}"
+                    "): this host's preset is the one routed to")
+            mine["lokid"]["replicas"] = {h: f for h, f in replicas.items() if h not in other}
+            continue
+        broken.pop(name, None)
+        host = min(replicas, key=lambda h: (replicas[h].get("state") != READY,
+                                            replicas[h].get("state") == UNAVAILABLE_PEER))
+        facts = {**replicas[host], "host": host, "replicas": replicas}
+        entries[name] = {**model_entry(name, "", False, ""), "lokid": facts}
+    return broken
