@@ -85,6 +85,7 @@ ACTION_MANAGE = "org.lokid.lokid1.manage"
 ACTION_BENCH = "org.lokid.lokid1.bench"
 ACTION_EDIT = "org.lokid.lokid1.edit-presets"
 ACTION_READ_LOGS = "org.lokid.lokid1.read-logs"
+ACTION_MANAGE_KEYS = "org.lokid.lokid1.manage-keys"   # the gateway's client keys (issue 46)
 # The group that may manage engines and edit presets without polkit, that polkit's rules
 # (data/polkit/50-lokid.rules) let in, and that a preset created over the bus belongs to
 # (root:loki 0640): user loki's own group (debian/lokid.sysusers).

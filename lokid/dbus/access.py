@@ -18,7 +18,13 @@ from typing import Any, Protocol, TypeVar
 from dbus_fast import DBusError
 
 from ..core.errors import FAILED, LokiError, NotFoundError, dbus_name
-from ..core.names import ACTION_BENCH, ACTION_EDIT, ACTION_MANAGE, ACTION_READ_LOGS
+from ..core.names import (
+    ACTION_BENCH,
+    ACTION_EDIT,
+    ACTION_MANAGE,
+    ACTION_MANAGE_KEYS,
+    ACTION_READ_LOGS,
+)
 from ..core.presetname import valid_preset_name
 from ..runners.runner import EngineState
 from .registry import Registry
@@ -30,6 +36,7 @@ MANAGE = ACTION_MANAGE   # start, stop, reload, clear failures: authorised per c
 BENCH = ACTION_BENCH     # running a benchmark against an engine
 EDIT = ACTION_EDIT       # reading a preset's source, creating, changing, removing presets
 READ_LOGS = ACTION_READ_LOGS  # reading an engine's journal (lines, past request figures)
+KEYS = ACTION_MANAGE_KEYS     # adding, changing, revoking the gateway's client keys
 ACCESS_ATTR = "_lokid_access"
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -23,10 +23,8 @@ Layers-in-RAM verdicts come from the engines' output: the journal watcher
 otherwise. A verdict is recorded in the state DB, the preset is planned again
 and ``VerdictRecorded`` is emitted.
 
-Verbs are authorised per call (:mod:`lokid.dbus.authz`) before they run.
-
-The same engine lines are counted for each preset's ``Stats`` and the
-Prometheus textfile (:mod:`lokid.dbus.telemetry`).
+Verbs are authorised per call (:mod:`lokid.dbus.authz`) before they run. The same engine
+lines are counted for each preset's ``Stats`` and Prometheus (:mod:`lokid.dbus.telemetry`).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ from ..core.config import PRESETS_DIR
 from ..core.errors import DaemonError, LokiError, StalePlanError
 from ..core.iosample import IOSampler
 from ..core.lasterror import LastErrors
-from ..core.names import ACTION_EDIT, BUS_NAME, OBJECT_PATH, preset_object_path
+from ..core.names import ACTION_EDIT, BUS_NAME, preset_object_path
 from ..core.runtimeplan import RuntimePlan
 from ..core.secrets import mask_argv
 from ..core.wording import counted
@@ -68,6 +66,7 @@ from .readyplans import ReadyPlans
 from .registry import Registry
 from .reveal import Revealer
 from .serving import Serving, close_parts, serve_until_lost
+from .team import export_all
 from .telemetry import Telemetry
 from .unload import Unloads
 from .wire import SafeMessageBus
@@ -541,7 +540,7 @@ class Daemon:
             self.bus.disconnect()
             raise DaemonError(f"cannot follow the engines ({self.runner.kind} runner): "
                               f"{e}") from None
-        self.bus.export(OBJECT_PATH, self.manager)
+        export_all(self, self.bus)   # the manager, and the team's interfaces (keys, usage)
         self._sync_objects()
         self._follow_probe()
         reply = await self.bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)
