@@ -49,15 +49,18 @@ from aiohttp import web
 
 from ..core.external import EXTERNAL
 from ..core.fleet.route import LOCAL, READY, Model
+from ..core.keys import ANONYMOUS
 from . import prompts
 from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .catalog import UNRESPONSIVE, Catalog
+from .context import IDENTITY_KEY
 from .cors import Cors
 from .faults import Faults, client_gone, reset_mid_body
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .hosts import Hosts
+from .limits import Limiter
 from .ondemand import SAFE_METHODS, Starter, check_safe
 from .peers import HOP_HEADER, Peers
 from .placer import Placer
@@ -112,6 +115,7 @@ class Gateway:
         self.peers = Peers(settings.peers, lambda: self.client,   # other lokid gateways
                            presets.report_peers)
         self.catalog = Catalog(presets, self.placer, self.liveness, self.peers)   # /v1/models
+        self.limits = Limiter(presets.bus)   # keys' rates and budgets (lokid.gateway.limits)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
@@ -122,6 +126,7 @@ class Gateway:
         app.on_response_prepare.append(self.cors.on_prepare)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
+        self.limits.install(app)
         return app
 
     async def _open(self, _app: web.Application) -> None:
@@ -145,7 +150,8 @@ class Gateway:
         except GatewayError as e:
             if e.status < 500:
                 self.faults.client(e.status, e.code, request.method, request.path, e.message)
-            headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+            headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else \
+                getattr(e, "headers", None)   # a 429's Retry-After
             response = web.json_response(e.body(), status=e.status, headers=headers)
             if isinstance(e, SlowBody):
                 response.force_close()   # what is left of its body is not read
@@ -189,6 +195,7 @@ class Gateway:
         scan = await self._scan(body)
         name = self._model_of(request, scan)
         preset = self.presets.presets.get(name)
+        self.limits.check(request.get(IDENTITY_KEY, ANONYMOUS))   # 429 past a key's limit
         stream = scan is not None and scan.stream   # carried as bytes (lokid.gateway.tunnel)
         if self.peers and not hopped:
             answer = await self._via_peers(request, raw_path, body, name, preset, stream)
