@@ -46,6 +46,7 @@ OBJECT_PATH = f"/org/lokid/Lokid{API_VERSION}"
 PRESET_PATH_PREFIX = OBJECT_PATH + "/preset/"
 MANAGER_INTERFACE = BUS_NAME + ".Manager"
 PRESET_INTERFACE = BUS_NAME + ".Preset"
+KEYS_INTERFACE = BUS_NAME + ".Keys"   # the gateway's named client keys (issue 46)
 ERROR_PREFIX = BUS_NAME + ".Error."
 
 
