@@ -32,8 +32,9 @@ message naming the key, the limit, what was used and when it frees (UTC), and a
   (a gateway whose keys have none has nothing to say);
 - a key without limits costs one look at its limits and no state: the anonymous
   identity of a keyless gateway and the flat ``api_keys_file``'s keys are never refused
-  here. The state kept is bounded by the keys that have limits and the day and month
-  that are current (older days' counts are dropped at each read of the totals);
+  here. The state kept is bounded by the keys that have limits and used them in the
+  last minute (empty windows are dropped every minute) and by the day and month that
+  are current (older days' counts are dropped at each read of the totals);
 - times are the wall clock's (``time.time()``): what a client is told is a UTC time. A
   clock stepped back holds a window's counts a little longer, never drops a limit.
 """
@@ -242,6 +243,14 @@ class Limiter:
             self.spent(identity, int(getattr(figures, "prompt_tokens", 0) or 0)
                        + int(getattr(figures, "generated_tokens", 0) or 0))
 
+    def prune(self, now: float | None = None) -> None:
+        """Drop the windows with nothing left in them (a key removed, or idle a minute):
+        the state kept is that of the keys with limits used in the last minute."""
+        now = time.time() if now is None else now
+        for windows in (self.requests, self.tokens):
+            for name in [n for n, w in windows.items() if not w.used(now)]:
+                del windows[name]
+
     # --- the daemon's totals -----------------------------------------------------------
 
     def totals(self, answer: dict[str, Any], asked_at: float) -> None:
@@ -289,6 +298,7 @@ class Limiter:
         while True:
             await asyncio.sleep(TOTALS_EVERY)
             try:
+                self.prune()
                 await self.read_totals()
             except Exception as e:   # a defect of ours: requests go on being served
                 log.warning("reading lokid's usage totals: %s", type(e).__name__)

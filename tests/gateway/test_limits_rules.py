@@ -55,6 +55,9 @@ def test_requests_per_minute() -> None:
     limiter.check(bob, NOON + 60)       # the first one left the window
     with pytest.raises(LimitReached):
         limiter.check(bob, NOON + 60.5)
+    limiter.prune(NOON + 130)           # a key idle a minute keeps nothing
+    assert limiter.requests == {}
+    limiter.check(bob, NOON + 130)
 
 
 def test_tokens_per_minute_counts_what_ended() -> None:
