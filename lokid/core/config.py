@@ -42,6 +42,7 @@ from .presetname import check_preset_name
 from .serve import GATEWAY_KEYS, SERVE_KEYS, GatewayConfig, Serve, parse_gateway, parse_serve
 from .tomlread import MAX_FILE_BYTES as MAX_FILE_BYTES  # its home; presets' bound
 from .tomlread import Checker, close_match, parse_toml, read_text, read_toml, tname
+from .usage import USAGE_KEYS, UsageConfig, parse_usage
 
 GLOBAL_FILE = "lokid.toml"
 PRESETS_DIR = "presets"
@@ -53,7 +54,7 @@ DEFAULT_PORT = 8080
 DEFAULT_CTX = 32768
 
 GLOBAL_KEYS = ("engine", "model_dirs", "host", "port", "metrics_textfile", "gateway",
-               "placement")
+               "placement", "usage")
 # Debian's prometheus-node-exporter reads /var/lib/prometheus/node-exporter/*.prom (its
 # textfile collector): the daemon writes its metrics there when that directory exists.
 DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
@@ -93,6 +94,8 @@ class GlobalConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)   # lokid.core.serve
     # [placement]: engines placed by memory (lokid.core.place.settings)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    # [usage]: how long the gateway's usage counts are kept (lokid.core.usage)
+    usage: UsageConfig = field(default_factory=UsageConfig)
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,7 @@ def load_global(config_dir: str) -> GlobalConfig:
         port=DEFAULT_PORT if port is None else port, path=path, metrics_textfile=metrics,
         gateway=parse_gateway(_table(c, "gateway", GATEWAY_KEYS)),
         placement=parse_placement(_table(c, "placement", PLACEMENT_KEYS)),
+        usage=parse_usage(_table(c, "usage", USAGE_KEYS)),
     )
 
 

@@ -47,6 +47,7 @@ PRESET_PATH_PREFIX = OBJECT_PATH + "/preset/"
 MANAGER_INTERFACE = BUS_NAME + ".Manager"
 PRESET_INTERFACE = BUS_NAME + ".Preset"
 KEYS_INTERFACE = BUS_NAME + ".Keys"   # the gateway's named client keys (issue 46)
+USAGE_INTERFACE = BUS_NAME + ".Usage"   # who used what: the gateway's counts (issue 46)
 ERROR_PREFIX = BUS_NAME + ".Error."
 
 

@@ -101,6 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-n", "--lines", type=int, default=50, metavar="N",
                    help="the last N entries (1 to 10000; default 50)")
     s.add_argument("-f", "--follow", action="store_true", help="then follow, until Ctrl-C")
+    s = sub.add_parser("usage", help="who used what: requests, refusals, tokens, wait and "
+                       "engine time by key, preset or day (the gateway's counts, UTC days)")
+    s.add_argument("--by", default="key", metavar="key|preset|day",
+                   help="group by these, comma-separated (default key)")
+    s.add_argument("--key", metavar="NAME", help="this key only")
+    s.add_argument("--preset", metavar="NAME", help="this preset only")
+    s.add_argument("--since", metavar="DAY", help="from this UTC day: YYYY-MM-DD, today, or "
+                   "Nd (the last N days, today included); default every day kept")
+    s.add_argument("--until", metavar="DAY", help="up to this UTC day (included)")
+    s.add_argument("--json", action="store_true")
     sub.add_parser("reload", help="read the presets again (after editing them)")
     s = sub.add_parser("clear-failures", help="forget the recorded failures of automatic "
                        "speculative decoding for a preset")
@@ -218,6 +228,11 @@ async def _main(args: argparse.Namespace) -> int:
                 raise CtlError(f"-n: 1 to {ctllogs.MAX_LINES}", EXIT_USAGE)
             return await ctllogs.cmd_logs(client, str(args.preset), int(args.lines),
                                           bool(args.follow))
+        if command == "usage":
+            from .usage import cmd_usage
+
+            return await cmd_usage(client, str(args.by), args.key, args.preset, args.since,
+                                   args.until, bool(args.json))
         as_json = bool(args.json)
         if command == "top":
             return await cmd_top(client, bool(args.once), as_json)
