@@ -306,6 +306,7 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
 
     from .core import config as cfg
     from .gateway import settings as gws
+    from .gateway.keys import Keyring
     from .gateway.server import run, serve
 
     # loki-gateway.socket's sockets, unless --listen says otherwise (tests, by hand)
@@ -314,7 +315,8 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
     settings = gws.settings_of(glob.gateway, listen or [gws.socket_address(s) for s in sockets],
                                glob.placement)
     configured = settings.api_keys_file
-    keys = gws.read_keys(gws.keys_path(configured), configured) if configured else frozenset()
+    legacy = gws.read_keys(gws.keys_path(configured), configured) if configured else frozenset()
+    keys = Keyring(legacy, settings.keys_file)   # and the named keys file (lokictl keys)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     run(serve(settings, bus, bus_address, keys, sockets))   # on uvloop where installed
     return 0

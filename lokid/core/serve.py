@@ -27,13 +27,15 @@ from dataclasses import dataclass
 
 from . import secrets
 from .fleet.peers import Peer, parse_peers
+from .keys import KEYS_FILE
 from .presetname import valid_preset_name
 from .timespec import span_seconds
 from .tomlread import Checker, tname
 
 SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
-                "first_byte_timeout", "stream_idle_timeout", "peers", "allowed_hosts")
+                "first_byte_timeout", "stream_idle_timeout", "peers", "allowed_hosts",
+                "keys_file")
 
 DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
@@ -84,6 +86,8 @@ class GatewayConfig:
     peers: tuple[Peer, ...] = ()
     # names a keyless gateway answers to beyond its own (lokid.gateway.hosts)
     allowed_hosts: tuple[str, ...] = ()
+    # the named keys file lokictl keys writes (lokid.core.keys), "" for none
+    keys_file: str = KEYS_FILE
 
 
 # --- spans ------------------------------------------------------------------------
@@ -208,11 +212,19 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
         problem = secrets.source_problem(keys)
         if problem:
             raise t.error("api_keys_file", problem)
+    named = t.string("keys_file", KEYS_FILE)
+    named = KEYS_FILE if named is None else named
+    if named and not named.startswith("/"):
+        raise t.error("keys_file", f"{named[:64]!r} is not an absolute path (the named keys "
+                      f"file, {KEYS_FILE} by default; \"\" for none)")
     open_to = [item for item, host in zip(listen, hosts, strict=True) if not loopback(host)]
-    if open_to and not keys:
+    # named keys are counted when the gateway starts (lokid.gateway.settings.settings_of):
+    # the file changes with lokictl keys, this one does not
+    if open_to and not keys and not named:
         raise t.error("listen", f"{open_to[0]!r} is beyond loopback and gateway.api_keys_file "
-                      "is not set: set api_keys_file (client keys, one per line) to listen "
-                      "there, or listen on 127.0.0.1 only")
+                      "is not set: set api_keys_file (client keys, one per line) or keys_file "
+                      "(named keys, lokictl keys add) to listen there, or listen on 127.0.0.1 "
+                      "only")
     lo, hi = MAX_BODY_RANGE
     max_body = t.integer("max_body", lo, hi, "bytes, 1024 (1 KiB) to 1073741824 (1 GiB)")
     model = t.string("default_model", "") or ""
@@ -239,7 +251,8 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
                          first_byte_timeout=DEFAULT_FIRST_BYTE_TIMEOUT if first is None
                          else first,
                          stream_idle_timeout=DEFAULT_STREAM_IDLE_TIMEOUT if idle is None
-                         else idle, peers=parse_peers(t), allowed_hosts=tuple(names))
+                         else idle, peers=parse_peers(t), allowed_hosts=tuple(names),
+                         keys_file=named)
 
 
 def origin_problem(origin: str) -> str:

@@ -6,6 +6,12 @@ under ``lokid`` (``external`` for an API elsewhere, its status then whether the 
 saw it answer; ``unresponsive`` for an engine whose /health did not answer). A broken
 preset is not listed (a model picker would offer what cannot answer); asked by name, it
 is shown with its reason. With peers, their models are added (:func:`with_peers`).
+
+A client's key may be limited to some models (:meth:`lokid.core.keys.Identity.allows`):
+it is shown only those, here and the peers', and any other is answered as a model that
+does not exist (404 model_not_found, :meth:`Catalog.refused`), by the list, by
+``/v1/models/<id>`` and by the known names a refusal lists: a key must not learn which
+models the gateway serves beyond its own.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from aiohttp import web
 
 from ..core.external import EXTERNAL
 from ..core.fleet.route import READY
+from ..core.keys import ANONYMOUS, Identity
 from ..core.place.policy import Resident
 from .peers import UNAVAILABLE as UNAVAILABLE_PEER
 from .peers import Peers
@@ -35,10 +42,21 @@ class Catalog:
         self.liveness = liveness
         self.peers = peers
 
-    def models(self, path: str, here_only: bool = True) -> web.Response:
+    def allowed(self, identity: Identity, name: str) -> bool:
+        """Whether ``identity`` may use the model ``name``: its key's patterns match the
+        name asked or, for a preset here, its name or any of its aliases."""
+        if identity.allows(name):
+            return True
+        preset = self.presets.presets.get(name)
+        return preset is not None and any(
+            identity.allows(n) for n in (preset.name, *getattr(preset, "aliases", ())))
+
+    def models(self, path: str, here_only: bool = True,
+               identity: Identity = ANONYMOUS) -> web.Response:
         """Every preset a client can ask for; a broken one only by its name (a model
         picker does not offer what cannot answer: /v1/models/<name> says why). Unless
-        ``here_only``, the peers' models too (lokid.gateway.peers: :func:`with_peers`)."""
+        ``here_only``, the peers' models too (lokid.gateway.peers: :func:`with_peers`).
+        Only what ``identity`` may use."""
         broken = self.presets.broken
         residents = self.placer.residents(self.placer.clock())   # once for every entry
         entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
@@ -47,10 +65,12 @@ class Catalog:
                    for name, p in sorted(self.presets.presets.items())}
         if not here_only:
             broken = with_peers(entries, broken, self.peers.listing())
+        if identity.models:
+            entries = {n: e for n, e in entries.items() if self.allowed(identity, n)}
         if path.startswith("/v1/models/"):
             name = path[len("/v1/models/"):]
             if name not in entries:
-                raise self.unknown(name, everywhere=not here_only)
+                raise self.unknown(name, not here_only, identity)
             return web.json_response(entries[name])
         return web.json_response({"object": "list", "data": [
             e for name, e in sorted(entries.items()) if name not in broken]})
@@ -66,26 +86,40 @@ class Catalog:
                            "unloading" if p.unloading else public(p.status), in_flight,
                            self.placer.fits(p, residents))
 
-    def known(self, everywhere: bool = False) -> str:
+    def known(self, everywhere: bool = False, identity: Identity = ANONYMOUS) -> str:
         """The models a client may ask for here; ``everywhere``: its peers' too (what they
-        listed), for a request that may be sent on."""
-        names = sorted({n for n in self.presets.presets if n not in self.presets.broken}
-                       | (set(self.peers.listing()) if everywhere and self.peers else set()))
+        listed), for a request that may be sent on; of those, what ``identity`` may use."""
+        names = sorted(n for n in {n for n in self.presets.presets
+                                   if n not in self.presets.broken}
+                       | (set(self.peers.listing()) if everywhere and self.peers else set())
+                       if self.allowed(identity, n))
         shown = ", ".join(names[:KNOWN_SHOWN]) + (", ..." if len(names) > KNOWN_SHOWN else "")
         return shown or "none: lokid has no preset that can answer"
 
-    def unknown(self, name: str, everywhere: bool = False) -> GatewayError:
+    def unknown(self, name: str, everywhere: bool = False,
+                identity: Identity = ANONYMOUS) -> GatewayError:
+        """The refusal of a model that cannot be used: lokid unreachable, a broken preset
+        (why), or none such, which is also the refusal of a model ``identity`` may not use
+        (:meth:`refused`: as if it did not exist)."""
         if self.presets.unreachable and not self.presets.presets:
             return GatewayError(503, "lokid is not reachable (lokid.service); the gateway's "
                                 "log says why", UNAVAILABLE, "lokid_unreachable")
         shown = name if len(name) <= 64 else name[:64] + "..."
-        if name in self.presets.broken:
+        if name in self.presets.broken and self.allowed(identity, name):
             return GatewayError(503, f"preset {shown!r} is broken: "
                                 f"{public(self.presets.broken[name])}",
                                 UNAVAILABLE, "model_broken")
         return GatewayError(404, f"no model {shown!r}: the known ones are "
-                            f"{self.known(everywhere)}",
+                            f"{self.known(everywhere, identity)}",
                             code="model_not_found")
+
+    def refused(self, name: str, everywhere: bool, identity: Identity) -> None:
+        """GatewayError 404 model_not_found when ``identity`` may not use ``name``, worded
+        as for a model no preset has: a scoped key learns nothing of the others."""
+        if not self.allowed(identity, name):
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            raise GatewayError(404, f"no model {shown!r}: the known ones are "
+                               f"{self.known(everywhere, identity)}", code="model_not_found")
 
 
 def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],

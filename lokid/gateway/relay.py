@@ -25,8 +25,16 @@ Rules, each for a failure it prevents:
 - an engine that dies mid-answer ends the client's answer too, never a hang: a stream
   of events gets a last event holding the error; any other answer is cut off (the
   connection closed before its end), which a client reads as an error;
-- hop-by-hop headers stay on their hop; the client's key for the gateway is not handed
-  to the engine: a preset with its own key gets that one (:mod:`lokid.gateway.upstream`);
+- hop-by-hop headers stay on their hop; no header that may carry a client's key
+  (:data:`lokid.core.keys.CLIENT_KEY_HEADERS`: ``Authorization``, ``x-api-key``,
+  ``api-key``, ``Proxy-Authorization``) leaves the gateway, to an engine, an external API
+  or a peer gateway, keyed gateway or not: a preset with its own key gets that one
+  (:mod:`lokid.gateway.upstream`), a peer the peer key. Only ``Authorization`` was dropped
+  before, and a keyed gateway's own client key sent as ``x-api-key`` reached an external
+  preset's API and a peer gateway (issue 46). A keyless gateway no longer hands its
+  engines the client's ``Authorization`` either: an engine keyed with ``--api-key``
+  typed in its command line, which the gateway cannot know, is reached by giving the
+  preset ``api_key_file`` (what lokid sends it then), not by clients sending its key;
 - what is relayed costs a bounded buffer, whatever its size and however slowly the
   client reads (issue 45, item 2: a 600 MiB answer was read whole, and under
   ``MemoryMax=1G`` systemd would have killed the gateway with every stream through it):
@@ -56,6 +64,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from ..core.keys import CLIENT_KEY_HEADERS
 from . import tunnel
 from .replies import SERVER, GatewayError, sse_error
 from .silence import EngineSilent, Patience, StreamWatch, within
@@ -105,16 +114,15 @@ def session(keepalive: float = LOCAL_KEEPALIVE, route: Route | None = None,
         auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
 
-def forwarded(headers: Mapping[str, str], keep_auth: bool, local: bool = True) -> dict[str, str]:
+def forwarded(headers: Mapping[str, str], local: bool = True) -> dict[str, str]:
     """The client's headers for the other side: no hop-by-hop one, no Content-Encoding
-    (the body sent is the inflated one, :mod:`lokid.gateway.body`), the client's key only
-    when ``keep_auth``; to an external API no Accept-Encoding either (its answer is read
-    to name the model as the preset, :class:`Renamer`)."""
+    (the body sent is the inflated one, :mod:`lokid.gateway.body`), none that may carry
+    a client's key (CLIENT_KEY_HEADERS); to an external API no Accept-Encoding either (its
+    answer is read to name the model as the preset, :class:`Renamer`)."""
     out = {}
     for key, value in headers.items():
         low = key.lower()
-        if low in HOP_BY_HOP or low == "content-encoding" or (
-                low == "authorization" and not keep_auth) or (
+        if low in HOP_BY_HOP or low == "content-encoding" or low in CLIENT_KEY_HEADERS or (
                 low == "accept-encoding" and not local):
             continue
         out[key] = value
@@ -177,7 +185,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                 target: str = "", what: str = "", renamer: Renamer | None = None,
                 hop: str = "", stream: bool = False, whole: int = 0) -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
-    what it answers. ``key``: the preset's own, sent instead of any client's; ``target``:
+    what it answers. ``keep_auth``: no longer used (no client key leaves the gateway,
+    whatever a caller asks); ``key``: the preset's own, the only key sent; ``target``:
     the URL when it is not ``url`` and the client's path (an external preset's);
     ``what``: how errors name the other side (to the client: no address of it);
     ``patience``: how long its silence is borne (:mod:`lokid.gateway.silence`);
@@ -191,7 +200,7 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     beyond), never written on as it comes."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
-    headers = forwarded(request.headers, keep_auth and key is None, local)
+    headers = forwarded(request.headers, local)
     if key is not None:   # forwarded() dropped the client's
         headers["Authorization"] = f"Bearer {key}"
     if hop:

@@ -22,7 +22,9 @@ another method), a page's origin not in ``cors_origins`` (403, :mod:`lokid.gatew
 .cors`), a body that is not a JSON object (400), no model and no ``default_model``
 (400), a model no preset has (404, naming the known ones), a body over ``max_body``
 once inflated (413), one that comes too slowly (408, :mod:`lokid.gateway.body`), a
-missing or wrong key when ``api_keys_file`` is set (401; ``/health`` needs none), a
+missing or wrong key on a keyed gateway (401, :mod:`lokid.gateway.keys`; ``/health``
+needs none), a model the key may not use (404, as for none: :mod:`lokid.gateway
+.catalog`), a
 head that does not end in time (408, :mod:`lokid.gateway.headtimeout`); without keys, a
 ``Host`` the gateway is not known by (421, :mod:`lokid.gateway.hosts`); a body longer
 than its preset's context can hold (413, :mod:`lokid.gateway.prompts`), or while the
@@ -36,7 +38,6 @@ line per refusal (:mod:`lokid.gateway.faults`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import signal
@@ -60,6 +61,7 @@ from .faults import Faults, client_gone, reset_mid_body
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .hosts import Hosts
+from .keys import Keyring
 from .limits import Limiter
 from .ondemand import SAFE_METHODS, Starter, check_safe
 from .peers import HOP_HEADER, Peers
@@ -94,14 +96,17 @@ MAX_PROPS = 4 * 1024 * 1024
 
 
 class Gateway:
-    def __init__(self, settings: Settings, presets: Presets, keys: frozenset[str] = frozenset()):
+    def __init__(self, settings: Settings, presets: Presets,
+                 keys: frozenset[str] | Keyring = frozenset()):
         self.settings = settings
         self.presets = presets
         self.starter = Starter(presets)
         slots = SlotCache(lambda: self.client, self._engine_key)
         self.placer = Placer(presets, settings.placement, slots)   # room by memory
         self.groups = Groups(presets, self.starter, slots=slots, placed=self.placer.admitted)
-        self.keys = tuple(k.encode() for k in keys)
+        # who a request is (lokid.gateway.keys): api_keys_file's keys, the named keys file
+        self.keyring = keys if isinstance(keys, Keyring) else Keyring(keys,
+                                                                      settings.keys_file)
         self.client: aiohttp.ClientSession | None = None     # to the engines
         self.external: aiohttp.ClientSession | None = None   # to external APIs
         self.hops: aiohttp.ClientSession | None = None   # to peer gateways: never pooled
@@ -136,10 +141,12 @@ class Gateway:
         self.report.start()
         self.peers.start()
         self.hosts.start()   # this machine's names
+        self.keyring.start()   # the named keys file looked at, changes in force in < 1 s
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
         await self.peers.stop()
+        await self.keyring.stop()
         for client in (self.client, self.external, self.hops):
             if client is not None:
                 await client.close()
@@ -179,12 +186,12 @@ class Gateway:
             return web.json_response({"status": "ok",
                                       "lokid": "unreachable" if self.presets.unreachable
                                       else "reachable"})
-        if not self.keys:   # a page's request (DNS rebinding) names another host
+        if not self.keyring.keyed:   # a page's request (DNS rebinding) names another host
             self.hosts.check(request.headers.get("Host"))
-        self._check_key(request)
+        identity = request[IDENTITY_KEY] = self.keyring.identify(request.headers)   # or 401
         hopped = HOP_HEADER in request.headers   # sent by a peer: answered from here only
         if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
-            return self.catalog.models(path, hopped or not self.peers)
+            return self.catalog.models(path, hopped or not self.peers, identity)
         raw_path = request.raw_path.partition("?")[0]
         if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
             route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
@@ -194,6 +201,7 @@ class Gateway:
                                "this gateway's presets take")
         scan = await self._scan(body)
         name = self._model_of(request, scan)
+        self.catalog.refused(name, not hopped, identity)   # a key's scope: 404 as for none
         preset = self.presets.presets.get(name)
         self.limits.check(request.get(IDENTITY_KEY, ANONYMOUS))   # 429 past a key's limit
         stream = scan is not None and scan.stream   # carried as bytes (lokid.gateway.tunnel)
@@ -241,7 +249,7 @@ class Gateway:
                                               self.settings.stream_idle_timeout)
             if raw_path == "/props":
                 return await self._props(request, url, key, patience)
-            return await relay(self.client, request, url, body, keep_auth=not self.keys,
+            return await relay(self.client, request, url, body, keep_auth=False,
                                patience=patience, key=key,
                                what=f"the engine of preset {name!r}", stream=stream)
 
@@ -309,7 +317,7 @@ class Gateway:
         """GET /props, without what is the server's (lokid.gateway.routes); read whole
         to be parsed, so bounded (MAX_PROPS: 502 beyond)."""
         assert self.client is not None
-        response = await relay(self.client, request, url, b"", keep_auth=not self.keys,
+        response = await relay(self.client, request, url, b"", keep_auth=False,
                                patience=patience, key=key, what="the engine",
                                whole=MAX_PROPS)
         if not isinstance(response, web.Response) or response.status != 200 \
@@ -341,17 +349,6 @@ class Gateway:
         return read_key(name, preset.key_file) if preset is not None and preset.key_file \
             else None
 
-    def _check_key(self, request: web.Request) -> None:
-        if not self.keys:
-            return
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        token = given.strip().encode()
-        # compare_digest against every key: the time taken says nothing of which matched
-        if scheme.lower() != "bearer" or not sum(hmac.compare_digest(token, k)
-                                                 for k in self.keys):
-            raise GatewayError(401, "a valid API key is required: send `Authorization: "
-                               "Bearer <key>`", "authentication_error", "invalid_api_key")
-
     def _model_of(self, request: web.Request, scan: Scan | None) -> str:
         model: Any = scan.model if scan is not None else request.query.get("model")
         if scan is not None and scan.model_kind:
@@ -360,8 +357,10 @@ class Gateway:
         if model is None or model == "":
             model = self.settings.default_model
         if not isinstance(model, str) or not model:
+            known = self.catalog.known(HOP_HEADER not in request.headers,
+                                       request.get(IDENTITY_KEY, ANONYMOUS))
             raise GatewayError(400, "which model? give \"model\" in the request (one of "
-                               f"{self.catalog.known(HOP_HEADER not in request.headers)})",
+                               f"{known})",
                                code="model_required")
         return model
 
@@ -423,7 +422,7 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 
 async def serve(settings: Settings, bus_type: str, bus_address: str | None,
-                keys: frozenset[str], sockets: Sequence[socket.socket] = ()) -> None:
+                keys: frozenset[str] | Keyring, sockets: Sequence[socket.socket] = ()) -> None:
     """The gateway until SIGTERM or SIGINT; on ``sockets`` when systemd passed them."""
     from dbus_fast import BusType
 

@@ -4,8 +4,9 @@ Rules, each for a failure it prevents:
 
 - off unless set: no ``listen`` address and no ``--listen``, and ``lokid gateway`` says so
   and exits 2, rather than open a port nobody asked for;
-- an address beyond loopback needs ``api_keys_file``: an engine on a GPU server is not
-  for anyone on the network by default;
+- an address beyond loopback needs client keys, ``api_keys_file`` or named keys (the
+  file ``[gateway] keys_file`` holding a key at start, :mod:`lokid.gateway.keys`): an
+  engine on a GPU server is not for anyone on the network by default;
 - the keys file is read once at start, one key a line (``#`` comments and blank lines
   skipped); a missing, unreadable or empty file is an error naming it, never "no keys
   needed". A key never appears in a log line or an error;
@@ -36,6 +37,7 @@ from ..core.serve import (
     loopback,
     split_listen,
 )
+from .keys import named_keys_held
 
 MAX_KEYS_FILE = 1024 * 1024
 
@@ -56,6 +58,8 @@ class Settings:
     # names a keyless gateway answers to beyond its own ([gateway] allowed_hosts,
     # lokid.gateway.hosts)
     allowed_hosts: tuple[str, ...] = ()
+    # the named keys file ([gateway] keys_file, lokid.gateway.keys); "" for none
+    keys_file: str = ""
 
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
@@ -73,13 +77,15 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
         except ValueError as e:
             raise ConfigError(f"--listen {e}", key="listen") from None
     wide = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in parsed if not loopback(h)]
-    if wide and not gateway.api_keys_file:
+    if wide and not gateway.api_keys_file and not named_keys_held(gateway.keys_file):
         raise ConfigError(f"the gateway would listen beyond loopback ({', '.join(wide)}) "
-                          "without client keys: set [gateway] api_keys_file", key="listen")
+                          "without client keys: set [gateway] api_keys_file, or add a named "
+                          f"key to {gateway.keys_file or 'the keys file'} (lokictl keys add "
+                          "NAME)", key="listen")
     return Settings(tuple(parsed), gateway.api_keys_file, gateway.max_body,
                     gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
                     gateway.stream_idle_timeout, placement or PlacementConfig(), gateway.peers,
-                    gateway.allowed_hosts)
+                    gateway.allowed_hosts, gateway.keys_file)
 
 
 def inherited_sockets() -> list[socket.socket]:

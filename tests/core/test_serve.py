@@ -183,15 +183,22 @@ def test_the_gateway_table_parses_to_typed_values(tmp_path: Path) -> None:
         ("127.0.0.1", 8000), ("::1", 8000), ("0.0.0.0", 8443)]
     write(tmp_path, "lokid.toml", '[gateway]\nlisten = ["127.0.0.2:8000"]\n')
     assert cfg.load_global(str(tmp_path)).gateway.listen == ("127.0.0.2:8000",)
+    write(tmp_path, "lokid.toml", '[gateway]\nmax_queue = 9\nmax_queue_per_key = 3\n')
+    g = cfg.load_global(str(tmp_path)).gateway
+    assert (g.max_queue, g.max_queue_per_key) == (9, 3)
 
 
 @pytest.mark.parametrize("body,line,fragment", [
-    ('listen = ["0.0.0.0:8000"]\n', 2, "gateway.listen: '0.0.0.0:8000' is beyond loopback and "
-     "gateway.api_keys_file is not set: set api_keys_file"),
-    ('listen = ["127.0.0.1:8000", "[::]:8000"]\n', 2, "gateway.listen: '[::]:8000' is beyond "
-     "loopback and gateway.api_keys_file is not set"),
-    ('listen = ["192.168.1.5:8000"]\napi_keys_file = ""\n', 2,
+    # without keys_file = "" the named keys file may hold keys: counted when the gateway
+    # starts (tests/gateway/test_command.py), not here
+    ('listen = ["0.0.0.0:8000"]\nkeys_file = ""\n', 2, "gateway.listen: '0.0.0.0:8000' is "
+     "beyond loopback and gateway.api_keys_file is not set: set api_keys_file"),
+    ('listen = ["127.0.0.1:8000", "[::]:8000"]\nkeys_file = ""\n', 2, "gateway.listen: "
+     "'[::]:8000' is beyond loopback and gateway.api_keys_file is not set"),
+    ('listen = ["192.168.1.5:8000"]\napi_keys_file = ""\nkeys_file = ""\n', 2,
      "gateway.listen: '192.168.1.5:8000' is beyond loopback"),
+    ('keys_file = "keys.toml"\n', 2, "gateway.keys_file: 'keys.toml' is not an absolute "
+     "path"),
     ('listen = ["localhost:8000"]\n', 2, "gateway.listen: 'localhost:8000' is not an IP address "
      "and a port, such as 127.0.0.1:8000 or [::1]:8000"),
     ('listen = ["127.0.0.1"]\n', 2, "gateway.listen: '127.0.0.1' is not an IP address and a "
@@ -215,6 +222,9 @@ def test_the_gateway_table_parses_to_typed_values(tmp_path: Path) -> None:
     ('default_model = "two words"\n', 2, "gateway.default_model: 'two words' is not a model "
      "name"),
     ('default_model = 3\n', 2, "gateway.default_model: must be a string, not an integer"),
+    ('max_queue = 0\n', 2, "gateway.max_queue: 0 is out of range (requests, 1 to 1000000)"),
+    ('max_queue_per_key = "10"\n', 2, "gateway.max_queue_per_key: must be an integer "
+     "(requests, 1 to 1000000), not a string"),
     ('listn = []\n', 2, "gateway.listn: unknown key (did you mean 'listen'?); valid keys: "
      "listen, api_keys_file, max_body, default_model"),
 ])
