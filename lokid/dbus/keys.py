@@ -14,9 +14,12 @@ Rules, each for a failure it prevents:
 - options are checked here by name and type before the store sees them (an unknown
   option is an error, never ignored: a typo in a limit must not lift it), and the store
   checks the file against the gateway's own rules before it writes;
-- the file follows the daemon's config directory (``<config>/keys/keys.toml``,
-  :data:`lokid.core.keys.KEYS_FILE` for ``/etc/loki``), as its presets do: a daemon run
-  on a test directory never touches ``/etc``.
+- the file is the one the gateway reads: ``[gateway] keys_file`` of lokid.toml, read at
+  each call (keys written where the gateway does not look would be keys that silently
+  never work); its default follows the daemon's config directory
+  (``<config>/keys/keys.toml``, :data:`lokid.core.keys.KEYS_FILE` for ``/etc/loki``), as
+  the presets do, so that a daemon run on a test directory never touches ``/etc``; a
+  ``keys_file = ""`` (no named keys) refuses every method, saying so.
 
 Signatures are dbus-fast's string annotations (Debian 12's 1.84 and 13's 2.44): no
 postponed annotations in this module.
@@ -34,7 +37,8 @@ from typing import Any
 from dbus_fast import Variant
 from dbus_fast.service import ServiceInterface, method, signal
 
-from ..core.errors import InvalidArgsError
+from ..core import config as cfg
+from ..core.errors import InvalidArgsError, NotFoundError
 from ..core.keys import CLASSES, KEYS_DIR, KEYS_FILE, LIMITS, KeyEntry
 from ..core.names import KEYS_INTERFACE
 from ..store.keystore import KeyStore, Options
@@ -73,13 +77,28 @@ def options_of(values: "dict[str, Variant]", allowed: "tuple[str, ...]") -> "dic
 
 
 class KeysInterface(ServiceInterface):
-    def __init__(self, backend: Any, store: "KeyStore | None" = None):
+    def __init__(self, backend: Any):
         super().__init__(KEYS_INTERFACE)
         self.backend = backend
-        self.store = store or KeyStore(keys_file(str(backend.config_dir)))
+        self._stores: dict[str, KeyStore] = {}   # by path: one thread lock per file
 
-    async def _changed(self, call: Any, *args: Any) -> Any:
-        result = await asyncio.to_thread(call, *args)
+    def _store(self) -> KeyStore:
+        """The store of the file the gateway reads (blocking: lokid.toml is read)."""
+        config_dir = str(self.backend.config_dir)
+        path = cfg.load_global(config_dir).gateway.keys_file
+        if not path:
+            raise NotFoundError(f"[gateway] keys_file is \"\" in "
+                                f"{os.path.join(config_dir, cfg.GLOBAL_FILE)}: the gateway "
+                                "reads no named keys; remove that line to manage them")
+        if path == KEYS_FILE:
+            path = keys_file(config_dir)
+        return self._stores.setdefault(path, KeyStore(path))
+
+    async def _run(self, verb: str, *args: Any) -> Any:
+        return await asyncio.to_thread(lambda: getattr(self._store(), verb)(*args))
+
+    async def _changed(self, verb: str, *args: Any) -> Any:
+        result = await self._run(verb, *args)
         self.KeysChanged()
         return result
 
@@ -87,13 +106,13 @@ class KeysInterface(ServiceInterface):
     @access(KEYS)
     @guarded
     async def AddKey(self, name: "s", options: "a{sv}") -> "s":
-        return await self._changed(self.store.add, name, _options(options))
+        return await self._changed("add", name, _options(options))
 
     @method()
     @access(KEYS)
     @guarded
     async def ListKeys(self) -> "aa{sv}":
-        entries = await asyncio.to_thread(self.store.entries)
+        entries = await self._run("entries")
         now = time.time()
         return [_listed(e, now) for e in entries]
 
@@ -101,26 +120,26 @@ class KeysInterface(ServiceInterface):
     @access(KEYS)
     @guarded
     async def ChangeKey(self, name: "s", options: "a{sv}") -> None:
-        await self._changed(self.store.change, name, _options(options))
+        await self._changed("change", name, _options(options))
 
     @method()
     @access(KEYS)
     @guarded
     async def RevokeKey(self, name: "s") -> None:
-        await self._changed(self.store.revoke, name)
+        await self._changed("revoke", name)
 
     @method()
     @access(KEYS)
     @guarded
     async def RotateKey(self, name: "s", options: "a{sv}") -> "s":
         grace = options_of(options, ("grace",)).get("grace", 0)
-        return await self._changed(self.store.rotate, name, float(grace))
+        return await self._changed("rotate", name, float(grace))
 
     @method()
     @access(KEYS)
     @guarded
     async def RemoveKey(self, name: "s") -> None:
-        await self._changed(self.store.remove, name)
+        await self._changed("remove", name)
 
     @signal()
     def KeysChanged(self) -> None:

@@ -288,3 +288,23 @@ async def test_where_polkit_runs_its_own_action_decides(config: Path, tmp_path: 
     if not ok:
         assert "not authorized by polkit for org.lokid.lokid1.manage-keys" in r.stderr
     assert [action for _, action, _ in stand_in.calls] == ["org.lokid.lokid1.manage-keys"]
+
+
+async def test_the_file_is_the_one_the_gateway_reads(running: Running, config: Path,
+                                                     tmp_path: Path) -> None:
+    keys = await keys_iface(running)
+    await keys.call_add_key("here", {})
+    assert "here" in lookup(config).names     # the default: <config>/keys/keys.toml
+    elsewhere = tmp_path / "elsewhere" / "team.toml"
+    with open(config / "lokid.toml", "a") as f:
+        f.write(f"[gateway]\nkeys_file = \"{elsewhere}\"\n")
+    secret = await keys.call_add_key("there", {})   # read at each call: no restart
+    found = corekeys.Lookup(corekeys.parse(elsewhere.read_text()).values())
+    assert found.find(secret, time.time())[0].name == "there"
+    assert "there" not in lookup(config).names
+    text = (config / "lokid.toml").read_text().replace(str(elsewhere), "")
+    (config / "lokid.toml").write_text(text)
+    with pytest.raises(DBusError) as exc:
+        await keys.call_list_keys()
+    assert exc.value.type == ERROR_PREFIX + "NotFound"
+    assert 'keys_file is "" in' in exc.value.text and "lokid.toml" in exc.value.text
