@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import external, flags, secrets
+from .aliases import parse_aliases
 from .errors import ConfigError, NotFoundError
 from .external import External
 from .fleet.rpc import parse_rpc
@@ -61,7 +62,7 @@ DEFAULT_METRICS_TEXTFILE = "/var/lib/prometheus/node-exporter/lokid.prom"
 PRESET_KEYS = (
     "model", "mmproj", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port",
     "extra_args", "env", "op_offload_min_batch", "spec", "chat", "api_key_file", "secrets",
-    "serve", "kind", "url", "upstream_model", "rpc", "cpu_fallback", "example",
+    "serve", "kind", "url", "upstream_model", "rpc", "cpu_fallback", "example", "aliases",
 )
 # example = true: the file is an example (the package's /etc/loki/presets/example.toml,
 # whose model is missing by design): listed and explained like any preset, never started,
@@ -166,6 +167,7 @@ class Preset:
     # llama.cpp's RPC workers the model is split with (lokid.core.fleet.rpc): --rpc
     rpc: tuple[str, ...] = ()
     example: bool = False         # example = true: never started, not alerted on
+    aliases: tuple[str, ...] = ()   # other names clients ask for it by (lokid.core.aliases)
 
 
 def _path_setting(c: Checker, key: str, value: str) -> str:
@@ -254,8 +256,10 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
     data = parse_toml(text, path)
     c = Checker(path, text, data)
     c.reject_unknown(PRESET_KEYS)
+    aliases = parse_aliases(c, name)
     if external.kind_of(c) == external.EXTERNAL:
-        return Preset(name=name, path=path, model="", external=external.parse_external(c, name))
+        return Preset(name=name, path=path, model="", external=external.parse_external(c, name),
+                      aliases=aliases)
     external.reject_external_keys(c)
 
     model = c.string("model")
@@ -303,6 +307,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
         serve=parse_serve(_table(c, "serve", SERVE_KEYS)),
         rpc=parse_rpc(c, extra_args),
         example=c.boolean("example", False),
+        aliases=aliases,
     )
 
 

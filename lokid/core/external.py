@@ -41,7 +41,7 @@ from .tomlread import Checker, tname
 ENGINE, EXTERNAL = "engine", "external"
 KINDS = (ENGINE, EXTERNAL)
 # What an external preset may hold; every other preset key is an engine's.
-EXTERNAL_KEYS = ("kind", "url", "upstream_model", "api_key_file")
+EXTERNAL_KEYS = ("kind", "url", "upstream_model", "api_key_file", "aliases")
 ONLY_EXTERNAL = ("url", "upstream_model")
 BENCH_REFUSAL = "the preset is an external API: a benchmark measures a local engine"
 # The systemd credential a preset's key travels to loki-gateway.service as: the external

@@ -7,6 +7,8 @@ that keep an edit from breaking what runs.
   that holds it counts), and a refusal is the planner's own one-line error
   (``InvalidPreset``: file, line, key, valid values). The file then stays byte for
   byte as it was.
+- An edit never gives a preset a name another one is routed by (its aliases, or its
+  name as another's alias): ``InvalidPreset`` naming both (:mod:`lokid.core.aliases`).
 - The files are written by :class:`lokid.store.presetstore.PresetStore`: atomic,
   one writer per preset at a time, over the version the caller read, and never over
   a hand edit saved meanwhile (``Busy`` otherwise). Comments and layout survive a
@@ -39,7 +41,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..core import access, drafts, presetedit
+from ..core import access, aliases, drafts, presetedit
 from ..core import config as cfg
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, ModelError
 from ..core.plan import build_plan
@@ -211,6 +213,9 @@ class Editor:
 
         def check(path: str, text: str) -> None:
             preset = cfg.parse_preset_text(name, path, text)
+            # each name routes to one preset: an edit never makes a clash (lokid.core.aliases)
+            aliases.check_unique(name, preset.aliases, {n: v.aliases for n, v in
+                                                         registry.presets.items()}, path)
             if preset.external is not None:   # nothing runs here: parsed is all there is
                 return
             inputs = gather(config_dir, name, for_unit=for_unit, preset=preset)

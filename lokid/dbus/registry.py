@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core import aliases, modeltraits
 from ..core import config as cfg
 from ..core.attempt import LOADING_NOW
 from ..core.benchrules import bench_fingerprint
@@ -82,6 +83,15 @@ class PresetView:
     extra: Mapping[str, int] = field(default_factory=dict)
     # the preset's cpu_fallback (lokid.dbus.oncpu): "fail" stops a start found on the CPU
     cpu_fallback: str = "run"
+    # its aliases as written, those it is routed by (a clash costs the alias, not the
+    # preset: lokid.core.aliases), and why one was dropped
+    declared_aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    alias_notes: tuple[str, ...] = ()
+    # what it can do and its context, from its plan and GGUF (lokid.core.modeltraits),
+    # computed with the plan: () and 0 without one
+    capabilities: tuple[str, ...] = ()
+    context_length: int = 0
 
     @property
     def unit(self) -> str:
@@ -94,8 +104,8 @@ class PresetView:
     @property
     def notes(self) -> list[str]:
         if self.external is not None:
-            return external_notes(self.name, self.external)
-        return list(self.plan.notes) if self.plan else [self.error]
+            return external_notes(self.name, self.external) + list(self.alias_notes)
+        return (list(self.plan.notes) if self.plan else [self.error]) + list(self.alias_notes)
 
     @property
     def argv(self) -> list[str]:
@@ -158,7 +168,8 @@ class Registry:
             self.db_fault = db.unwritable
             for name, preset in good.items():
                 views[name] = replace(self._view(preset, db, deadline), serve=preset.serve,
-                                      external=preset.external, key_file=_key_file(preset))
+                                      external=preset.external, key_file=_key_file(preset),
+                                      declared_aliases=preset.aliases)
         self.presets = self._with_conflicts(views)
         self.broken = {name: str(error) for name, error in bad.items()}
         self.examples = frozenset(name for name, preset in good.items() if preset.example)
@@ -176,7 +187,8 @@ class Registry:
                 self.load()
                 return self.presets[name]
             view = replace(self._view(preset, db, deadline), serve=preset.serve,
-                           external=preset.external, key_file=_key_file(preset))
+                           external=preset.external, key_file=_key_file(preset),
+                           declared_aliases=preset.aliases)
         self.presets = self._with_conflicts({**self.presets, name: view})
         return self.presets[name]
 
@@ -205,9 +217,15 @@ class Registry:
         clashes = conflicts.port_conflicts(found, last_starts(self.runtime_dir, found))
         # a preset that has no plan anyway keeps its own reason; the file first, as the
         # start's own refusal says it
-        return {name: replace(v, plan=None, error=str(ConfigError(clashes[name], v.path)),
-                              error_type=ConfigError)
-                if name in clashes and v.plan is not None else v
+        views = {name: replace(v, plan=None, error=str(ConfigError(clashes[name], v.path)),
+                               error_type=ConfigError)
+                 if name in clashes and v.plan is not None else v
+                 for name, v in views.items()}
+        # each name routes to one preset: a clash costs the alias (lokid.core.aliases)
+        kept, lost = aliases.resolve({n: v.declared_aliases for n, v in views.items()})
+        for name, why in sorted(lost.items()):
+            log.warning("preset %s: %s", name, "; ".join(why))
+        return {name: replace(v, aliases=kept[name], alias_notes=tuple(lost.get(name, ())))
                 for name, v in views.items()}
 
     def _state(self) -> StateDB | StateReader:
@@ -265,11 +283,14 @@ class Registry:
                      "at": saved.at}
         memory = memory_key_of(plan, inputs)
         footprint = db.footprint(preset.name, memory)
+        traits = modeltraits.read_traits(inputs.model_path)   # once per plan, bounded
         return PresetView(preset.name, preset.path, preset.model, mode or "off",
                           plan=plan, auto_blocked=found.why, bench=bench,
                           listen=(plan.host, plan.port), memory_key=memory,
                           footprint=footprint, info=inputs.model, extra=extra_files(plan),
-                          cpu_fallback=preset.cpu_fallback)
+                          cpu_fallback=preset.cpu_fallback,
+                          capabilities=tuple(modeltraits.capabilities(plan.argv, traits)),
+                          context_length=modeltraits.context_length(plan.argv, traits))
 
     def get(self, name: str) -> PresetView:
         view = self.presets.get(name)

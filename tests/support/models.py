@@ -73,7 +73,7 @@ def _finish(w: gguf.GGUFWriter, path: PathLike) -> Path:
     return Path(path)
 
 
-def _byte_tokenizer(w: gguf.GGUFWriter, *, chat_template: bool = True) -> None:
+def _byte_tokenizer(w: gguf.GGUFWriter, *, chat_template: bool | str = True) -> None:
     w.add_tokenizer_model("llama")
     w.add_token_list(BYTE_TOKENS)
     w.add_token_scores([0.0] * N_VOCAB)
@@ -82,7 +82,7 @@ def _byte_tokenizer(w: gguf.GGUFWriter, *, chat_template: bool = True) -> None:
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
     if chat_template:
-        w.add_chat_template(CHAT_TEMPLATE)
+        w.add_chat_template(CHAT_TEMPLATE if chat_template is True else chat_template)
 
 
 class _Weights:
@@ -138,7 +138,8 @@ def _attention_tensors(w: gguf.GGUFWriter, wt: _Weights, i: int, *, n_embd: int,
 
 def _llama_writer(path: PathLike, *, n_layers: int, n_embd: int, n_head: int, n_head_kv: int,
                   n_ff: int, context_length: int, name: str, seed: int,
-                  predict: str | None) -> tuple[gguf.GGUFWriter, _Weights]:
+                  predict: str | None, chat_template: bool | str = True
+                  ) -> tuple[gguf.GGUFWriter, _Weights]:
     """A llama writer with every key and tensor llama.cpp's llama arch needs."""
     head_dim = n_embd // n_head
     w = gguf.GGUFWriter(os.fspath(path), "llama")
@@ -154,7 +155,7 @@ def _llama_writer(path: PathLike, *, n_layers: int, n_embd: int, n_head: int, n_
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(N_VOCAB)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _byte_tokenizer(w)
+    _byte_tokenizer(w, chat_template=chat_template)
 
     wt = _Weights(seed)
     _output_tensors(w, wt, n_embd, predict)
@@ -178,6 +179,23 @@ def write_llama(path: PathLike, *, n_layers: int = 2, n_embd: int = 64, n_head: 
     w, _ = _llama_writer(path, n_layers=n_layers, n_embd=n_embd, n_head=n_head,
                          n_head_kv=n_head_kv, n_ff=n_ff, context_length=context_length,
                          name=name, seed=seed, predict=predict)
+    return _finish(w, path)
+
+
+def write_llama_uses(path: PathLike, *, chat_template: bool | str = True, fim: bool = False,
+                     pooling: int | None = None, context_length: int = 4096) -> Path:
+    """The plain llama with the keys that say what it can do (issue 46, item 5): its chat
+    template (False: none; a string: that one), the fill-in-the-middle token ids
+    (``fim``), an embedding pooling type (``llama.pooling_type``: 1 mean ... 4 rank)."""
+    w, _ = _llama_writer(path, n_layers=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=128,
+                         context_length=context_length, name="tiny-random-llama-uses",
+                         seed=0, predict=None, chat_template=chat_template)
+    if fim:
+        w.add_uint32("tokenizer.ggml.fim_pre_token_id", byte_token("<"))
+        w.add_uint32("tokenizer.ggml.fim_suf_token_id", byte_token(">"))
+        w.add_uint32("tokenizer.ggml.fim_mid_token_id", byte_token("|"))
+    if pooling is not None:
+        w.add_uint32("llama.pooling_type", pooling)
     return _finish(w, path)
 
 
