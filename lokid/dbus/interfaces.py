@@ -159,7 +159,8 @@ class PresetInterface(ServiceInterface):
                 "Kind": self.view.kind,
                 "Url": self.Url, "UpstreamModel": self.UpstreamModel,
                 "KeyFile": self.KeyFile, "Reachable": self.Reachable,
-                "Memory": self.Memory}
+                "Memory": self.Memory, "Aliases": self.Aliases,
+                "Capabilities": self.Capabilities, "ContextLength": self.ContextLength}
 
     # kind = "external" (lokid.core.external): where its API is, and whether it answers;
     # its key's file by path only (the gateway reads it; nothing of the key is here)
@@ -185,6 +186,20 @@ class PresetInterface(ServiceInterface):
     def Reachable(self) -> "s":
         ext = self.view.external
         return self.reach.look(ext.url) if ext else ""
+
+    # what clients ask for it by and what it can do (issue 46, item 5): aliases as routed
+    # (lokid.core.aliases), capabilities and context from its plan (lokid.core.modeltraits)
+    @dbus_property(access=PropertyAccess.READ)
+    def Aliases(self) -> "as":
+        return list(self.view.aliases)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Capabilities(self) -> "as":
+        return list(self.view.capabilities)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ContextLength(self) -> "u":
+        return min(self.view.context_length, 2**32 - 1)
 
     @dbus_property(access=PropertyAccess.READ)
     def OnDemand(self) -> "b":
