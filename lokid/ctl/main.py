@@ -41,6 +41,8 @@ from .commands import (
     cmd_top,
     cmd_verb,
 )
+from .keys import add_parsers as keys_parsers
+from .keys import cmd_keys
 
 EDIT_VERBS = ("new", "set", "unset", "rm", "mv", "cat", "edit")
 
@@ -126,6 +128,7 @@ def _parser() -> argparse.ArgumentParser:
                    "one warm-up: each figure's median and spread (1 to 20, default 1)")
     s.add_argument("--json", action="store_true")
     _edit_parsers(sub)
+    keys_parsers(sub)
     return p
 
 
@@ -203,6 +206,8 @@ async def _main(args: argparse.Namespace) -> int:
         command: str = args.command
         if command in EDIT_VERBS:
             return await _edit_command(client, args)
+        if command == "keys":
+            return await cmd_keys(client, args)
         if command in VERBS:
             timeout = None if args.timeout is None else float(args.timeout)
             return await cmd_verb(client, command, str(args.preset), bool(args.wait), timeout)

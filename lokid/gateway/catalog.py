@@ -6,6 +6,8 @@ under ``lokid`` (``external`` for an API elsewhere, its status then whether the 
 saw it answer; ``unresponsive`` for an engine whose /health did not answer). A broken
 preset is not listed (a model picker would offer what cannot answer); asked by name, it
 is shown with its reason. With peers, their models are added (:func:`with_peers`).
+Each entry says what a client picks a model by (:func:`described`): its context length
+and capabilities, and its aliases, each also listed as a model of its own.
 
 A client's key may be limited to some models (:meth:`lokid.core.keys.Identity.allows`):
 it is shown only those, here and the peers', and any other is answered as a model that
@@ -47,9 +49,9 @@ class Catalog:
         name asked or, for a preset here, its name or any of its aliases."""
         if identity.allows(name):
             return True
-        preset = self.presets.presets.get(name)
+        preset = self.presets.presets.get(self.presets.resolve(name))   # an alias: its preset
         return preset is not None and any(
-            identity.allows(n) for n in (preset.name, *getattr(preset, "aliases", ())))
+            identity.allows(n) for n in (preset.name, *preset.aliases))
 
     def models(self, path: str, here_only: bool = True,
                identity: Identity = ANONYMOUS) -> web.Response:
@@ -63,6 +65,7 @@ class Catalog:
                    if name in broken else model_entry(name, EXTERNAL, False, public(p.reachable))
                    if p.kind == EXTERNAL else self._entry(p, residents)
                    for name, p in sorted(self.presets.presets.items())}
+        described(entries, self.presets)   # context, capabilities; each alias an entry
         if not here_only:
             broken = with_peers(entries, broken, self.peers.listing())
         if identity.models:
@@ -122,6 +125,28 @@ class Catalog:
                                f"{self.known(everywhere, identity)}", code="model_not_found")
 
 
+def described(entries: dict[str, dict[str, Any]], presets: Presets) -> None:
+    """Each preset's entry with what a client picks a model by (issue 46, item 5): under
+    ``lokid`` its ``context_length`` (null: not known) and ``capabilities`` (the daemon's,
+    lokid.core.modeltraits), and ``aliases`` beside ``id`` (llama.cpp's router names the
+    field so); and each alias as an entry of its own, ``lokid.alias_of`` its preset, so
+    that a model picker offers it and ``/v1/models/<alias>`` answers. A broken preset's
+    aliases are not listed (a picker would offer what cannot answer)."""
+    for name, p in list(presets.presets.items()):
+        entry = entries.get(name)
+        if entry is None:
+            continue
+        entry["aliases"] = list(p.aliases)
+        entry["lokid"].update(context_length=p.context_length or None,
+                              capabilities=list(p.capabilities))
+        if name in presets.broken:
+            continue
+        for alias in p.aliases:
+            if alias not in entries:   # a name wins over an alias (lokid.core.aliases)
+                entries[alias] = {**entry, "id": alias, "aliases": [],
+                                  "lokid": {**entry["lokid"], "alias_of": name}}
+
+
 def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
                listing: dict[str, dict[str, dict[str, Any]]]) -> dict[str, str]:
     """``entries`` (this host's) with the peers' models added: a name served here gets the
@@ -133,6 +158,12 @@ def with_peers(entries: dict[str, dict[str, Any]], broken: dict[str, str],
     for name in sorted(listing):
         replicas = listing[name]
         mine = entries.get(name)
+        if mine is not None and "alias_of" in mine["lokid"]:   # a local alias wins
+            mine["lokid"]["conflict"] = (
+                f"{', '.join(sorted(replicas))} list{'s' if len(replicas) == 1 else ''} a "
+                f"model named {name!r}: this host's alias of preset "
+                f"{mine['lokid']['alias_of']!r} is the one routed to")
+            continue
         if mine is not None and name not in broken:
             external = mine["lokid"]["state"] == EXTERNAL
             other = sorted(h for h, f in replicas.items() if "state" in f

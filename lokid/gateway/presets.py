@@ -88,6 +88,11 @@ class Preset:
     # futures of requests waiting for this preset's next change
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
     moves: int = 0             # its state changes seen (a grant of the placement ends at one)
+    # Aliases, Capabilities, ContextLength: the other names it is routed by, what it can do
+    # and its context, as /v1/models shows them (issue 46, item 5)
+    aliases: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    context_length: int = 0
 
     def set_state(self, state: str) -> None:
         if state == "ready" and self.state != "ready":
@@ -135,9 +140,12 @@ class Preset:
             self.keep = bool(props["Keep"])
         if "Unloading" in props:
             self.unloading = bool(props["Unloading"])
-        for prop, attr in (("Argv", "argv"), ("RunningArgv", "running_argv")):
+        for prop, attr in (("Argv", "argv"), ("RunningArgv", "running_argv"),
+                           ("Aliases", "aliases"), ("Capabilities", "capabilities")):
             if isinstance(props.get(prop), list):
                 setattr(self, attr, tuple(str(a) for a in props[prop]))
+        if isinstance(props.get("ContextLength"), int):
+            self.context_length = int(props["ContextLength"])
         if isinstance(props.get("Memory"), dict):
             self.memory = dict(props["Memory"])
         if "RequestsInFlight" in props:
@@ -169,6 +177,7 @@ class Presets:
         self.bus = bus
         self.presets: dict[str, Preset] = {}
         self.broken: dict[str, str] = {}
+        self.by_alias: dict[str, str] = {}   # alias → its preset (the daemon's Aliases)
         self.unreachable = "the gateway has not read lokid's presets yet"
         self.jobs: OrderedDict[str, str] = OrderedDict()   # job id → result
         self.job_details: OrderedDict[str, str] = OrderedDict()   # job id → its detail
@@ -223,6 +232,7 @@ class Presets:
         for name in set(self.presets) - set(found):
             self._wake(self.presets[name])
         self.presets = found
+        self._index()
         self.broken = {str(k): str(v) for k, v in manager.get("BrokenPresets", {}).items()}
         if self.devices_seen == devices_seen:   # else a signal newer than this reading came
             self._devices(manager.get("Devices"))
@@ -289,7 +299,27 @@ class Presets:
             preset = self.presets.get(name) if name is not None else None
             if preset is not None:
                 preset.update(changed)
+                if "Aliases" in changed:
+                    self._index()
                 self._wake(preset)
+
+    def _index(self) -> None:
+        """Which preset each alias routes to. The daemon gives each alias to one preset
+        (lokid.core.aliases); should two say so between two of its signals, the first by
+        name keeps it, as the daemon decides, and a preset's name is never an alias."""
+        index: dict[str, str] = {}
+        for name in sorted(self.presets):
+            for alias in self.presets[name].aliases:
+                if alias not in self.presets:
+                    index.setdefault(alias, name)
+        self.by_alias = index
+
+    def resolve(self, model: str) -> str:
+        """The preset a client's ``model`` names: a preset's name as is, an alias as its
+        preset's name; anything else as is (the refusal names it)."""
+        if model in self.presets:
+            return model
+        return self.by_alias.get(model, model)
 
     def _devices(self, rows: Any) -> None:
         if isinstance(rows, list):

@@ -15,7 +15,8 @@ aiohttp parses HTTP (no parser of ours). Routes:
 - a request on an inference route (:mod:`lokid.gateway.routes`) goes to an engine,
   chosen by the JSON body's ``model`` (found without parsing the body,
   :mod:`lokid.gateway.bodyscan`; a request without a body, such as ``GET /props``, by
-  ``?model=``), or ``default_model``.
+  ``?model=``), or ``default_model``: a preset's name or one of its aliases
+  (:meth:`lokid.gateway.presets.Presets.resolve`).
 
 Refusals, in OpenAI's error shape: a route the gateway does not offer (404; 405 for
 another method), a page's origin not in ``cors_origins`` (403, :mod:`lokid.gateway
@@ -200,7 +201,10 @@ class Gateway:
                                if limit == self.settings.max_body else "the largest prompt "
                                "this gateway's presets take")
         scan = await self._scan(body)
-        name = self._model_of(request, scan)
+        asked = self._model_of(request, scan)
+        name = self.presets.resolve(asked)   # an alias: its preset (lokid.core.aliases)
+        if name != asked and self.peers and not hopped and scan is not None:
+            body = with_model(body, scan, name)   # a peer knows the preset by its name
         self.catalog.refused(name, not hopped, identity)   # a key's scope: 404 as for none
         preset = self.presets.presets.get(name)
         self.limits.check(request.get(IDENTITY_KEY, ANONYMOUS))   # 429 past a key's limit

@@ -102,7 +102,7 @@ _lokictl() {
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
             status|presets|devices|show|plan|start|stop|restart|unload|reload|clear-failures|bench|top|stats|logs|\
-            new|set|unset|rm|mv|cat|edit) cmd="${words[i]}"; break ;;
+            new|set|unset|rm|mv|cat|edit|keys) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
@@ -110,6 +110,9 @@ _lokictl() {
         -H|--host|--hosts) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --timeout|--address|--predict|--prompt|--repeat|--since|-n|--lines) return ;;
+        --class) COMPREPLY=($(compgen -W "interactive batch" -- "$cur")); return ;;
+        --models|--max-in-flight|--rpm|--tpm|--tokens-per-day|--tokens-per-month|--expires|--grace)
+            return ;;
     esac
     # n: the words after the verb that are not options (0: the cursor is on the preset)
     local j n=0
@@ -117,7 +120,7 @@ _lokictl() {
         case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
     done
     local verbs="status presets devices top stats logs show plan start stop restart unload reload clear-failures bench
-new set unset rm mv cat edit"
+new set unset rm mv cat edit keys"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --hosts --help" -- "$cur")) ;;
         status|presets|devices) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
@@ -140,6 +143,18 @@ new set unset rm mv cat edit"
             else
                 _lokictl_key "$cmd"
             fi ;;
+        keys)   # lokictl keys VERB NAME [options]: the gateway's client keys
+            local kverb="" k
+            for ((k = i + 1; k < cword; k++)); do
+                case "${words[k]}" in add|list|change|revoke|rotate|remove) kverb="${words[k]}"; break ;; esac
+            done
+            case "$kverb" in
+                "") COMPREPLY=($(compgen -W "add list change revoke rotate remove" -- "$cur")) ;;
+                add|change) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "--models --class
+--max-in-flight --rpm --tpm --tokens-per-day --tokens-per-month --expires" -- "$cur")) ;;
+                list) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
+                rotate) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "--grace" -- "$cur")) ;;
+            esac ;;
         new)
             if [[ "$cur" == -* ]]; then
                 COMPREPLY=($(compgen -W "--model" -- "$cur"))

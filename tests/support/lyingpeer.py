@@ -5,6 +5,8 @@ test changes it without a restart:
 
 - ``good [NAME...]``: a lokid listing of each NAME ready (default: ``peer-only``);
 - ``claim NAME``: NAME ready with nothing in flight (a name this host serves);
+- ``alias NAME MODEL``: MODEL ready and NAME its alias, as a lokid gateway lists them
+  (issue 46, item 5: ``lokid.alias_of``, capabilities, context length, ``aliases``);
 - ``huge``: one entry padded to 600 MiB (Content-Length set), sent as fast as it is read;
 - ``endless``: a chunked body that never ends (no Content-Length);
 - ``deep``: a listing nested 100,000 lists deep (Python's json gives up at ~1,000);
@@ -54,6 +56,14 @@ def answer(mode: list[str]) -> bytes | None:
     what = mode[0] if mode else "good"
     if what == "claim":
         return listing(mode[1:2])
+    if what == "alias":
+        data = json.loads(listing([mode[2], mode[1]]))
+        for entry in data["data"]:
+            entry["lokid"].update(capabilities=["chat", "completion", "telepathy"],
+                                  context_length=8192)
+            entry["aliases"] = [mode[1]] if entry["id"] == mode[2] else []
+        data["data"][1]["lokid"]["alias_of"] = mode[2]
+        return json.dumps(data).encode()
     if what == "deep":
         return b'{"object":"list","data":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     if what == "many":   # as terse as an OpenAI API's: just under 4 MiB

@@ -26,8 +26,12 @@ A peer is another host, maybe broken, maybe lying. Rules, each for a failure it 
   another model);
 - of an entry's ``lokid`` facts only what the routing rule reads is kept, typed: its
   state a word, ``in_flight`` a count, ``on_demand`` and ``fits`` booleans, ``status``
-  at most :data:`MAX_STATUS` printable characters. Anything else a peer writes there
-  is dropped: no text of a peer's reaches a client beyond a model id and its status.
+  at most :data:`MAX_STATUS` printable characters; and what a client picks a model by
+  (issue 46, item 5): ``alias_of`` a model id (the rule above), ``context_length`` a
+  count, ``capabilities`` the known words only (:data:`lokid.core.modeltraits
+  .CAPABILITIES`). An alias is an entry of its own, so it counts in :data:`MAX_MODELS`
+  and its id follows the id rule. Anything else a peer writes there is dropped: no text
+  of a peer's reaches a client beyond a model id and its status.
 
 A refusal's reason is ours, fixed text and figures: never the peer's bytes, which may
 name its address or carry anything.
@@ -41,6 +45,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..modeltraits import CAPABILITIES
 from .route import READY, Model
 
 MAX_BYTES = 1024 * 1024
@@ -137,6 +142,14 @@ def facts_of(facts: Any) -> dict[str, Any]:
     status = facts.get("status")
     if isinstance(status, str):
         kept["status"] = "".join(c for c in status[:MAX_STATUS] if c.isprintable())
+    if valid_id(facts.get("alias_of")):
+        kept["alias_of"] = facts["alias_of"]
+    length = facts.get("context_length")
+    if isinstance(length, int) and not isinstance(length, bool) and 0 < length < 2**32:
+        kept["context_length"] = length
+    can = facts.get("capabilities")
+    if isinstance(can, list):
+        kept["capabilities"] = [c for c in CAPABILITIES if c in can]
     return kept
 
 
