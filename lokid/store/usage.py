@@ -85,7 +85,7 @@ class UsageStore:
                 self._db = self._connect()
                 self.unwritable = ""
                 return
-            except (OSError, sqlite3.Error) as e:
+            except (OSError, sqlite3.Error, StateError) as e:
                 self._close()
                 if attempt == 1 and isinstance(e, sqlite3.Error) and is_damaged(e) \
                         and self._set_aside(e):
