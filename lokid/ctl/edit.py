@@ -53,7 +53,7 @@ KNOWN_KEYS = ("model", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port
               "spec.sampling", "chat.reasoning_effort", "chat.temperature", "chat.top_p",
               "chat.top_k", "chat.min_p", "serve.on_demand", "serve.idle_stop", "serve.group",
               "serve.drain", "serve.keep", "kind", "url", "upstream_model", "rpc",
-              "api_key_file", "cpu_fallback", "example")
+              "api_key_file", "cpu_fallback", "example", "aliases")
 
 
 # --- the pure parts ---------------------------------------------------------------------

@@ -52,7 +52,7 @@ _lokid() {
 _lokictl_keys="model ctx gpus gpu_count gpu_layers ubatch port mmproj extra_args env. op_offload_min_batch
 spec.mode spec.draft spec.n_max spec.sampling chat.reasoning_effort chat.temperature chat.top_p
 chat.top_k chat.min_p serve.on_demand serve.idle_stop serve.group serve.drain kind url
-upstream_model serve.keep rpc api_key_file cpu_fallback example"
+upstream_model serve.keep rpc api_key_file cpu_fallback example aliases"
 
 # The values of the keys that take one of a fixed set, as lokid's configuration checks
 # them (lokid/core/config.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS, and

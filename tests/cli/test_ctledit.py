@@ -183,6 +183,7 @@ def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:
     assert complete("lokictl set qwen ctx=4096 chat.t", tmp_path) == [
         "chat.temperature=", "chat.top_k=", "chat.top_p="]
     assert complete("lokictl set qwen e", tmp_path) == ["env.", "example=", "extra_args="]
+    assert complete("lokictl set qwen a", tmp_path) == ["aliases=", "api_key_file="]
     assert complete("lokictl unset qwen spec.m", tmp_path) == ["spec.mode"]
     assert complete("lokictl unset qwen ctx c", tmp_path) == ["chat.min_p",
                                                               "chat.reasoning_effort",
