@@ -161,3 +161,29 @@ async def test_lokictl_set_aliases_and_a_clash_refused(running: Running, gateway
     r = await asyncio.to_thread(lokictl, bus_address, "unset", "bare", "aliases")
     assert r.returncode == 0, r.stderr
     assert (await props(running, "bare"))["aliases"] == []
+
+
+async def test_a_keys_scope_matches_a_presets_name_or_any_alias(
+        running: Running, bus_address: str, tmp_path: Path) -> None:
+    from lokid.core.keys import digest
+
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.mini]\nhash = "{digest("sk-mini")}"\nmodels = ["gpt-4o-mini"]\n'
+                    f'[keys.coding]\nhash = "{digest("sk-coding")}"\nmodels = ["cod*"]\n')
+    async with gateway_on(bus_address, keys_file=str(keys)) as gw:
+        def as_key(key: str) -> httpx.AsyncClient:
+            return httpx.AsyncClient(base_url=gw.url, timeout=60,  # type: ignore[attr-defined]
+                                     headers={"Authorization": f"Bearer {key}"})
+
+        async with as_key("sk-mini") as c:   # scoped to an alias: its preset by either name
+            assert sorted(await listed(c)) == ["gpt-4o-mini", "qwen"]
+            assert (await c.get("/v1/models/qwen")).status_code == 200
+            r = await c.get("/v1/models/shared")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        async with as_key("sk-coding") as c:   # scoped to a name: its aliases too
+            assert sorted(await listed(c)) == ["coder", "shared"]
+            for name in ("gpt-4o-mini", "qwen"):
+                r = await c.post("/v1/chat/completions", json=chat(name))
+                assert r.status_code == 404, r.text
+                assert r.json()["error"]["code"] == "model_not_found"
+    assert not [e for e in running.events if e[1] == "loading"]   # nothing was started
