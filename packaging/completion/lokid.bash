@@ -102,7 +102,7 @@ _lokictl() {
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
             status|presets|devices|show|plan|start|stop|restart|unload|reload|clear-failures|bench|top|stats|logs|\
-            new|set|unset|rm|mv|cat|edit|keys) cmd="${words[i]}"; break ;;
+            new|set|unset|rm|mv|cat|edit|keys|usage) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
@@ -110,6 +110,9 @@ _lokictl() {
         -H|--host|--hosts) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --timeout|--address|--predict|--prompt|--repeat|--since|-n|--lines) return ;;
+        --by) COMPREPLY=($(compgen -W "key preset day" -- "$cur")); return ;;
+        --key|--until) return ;;
+        --preset) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")); return ;;
         --class) COMPREPLY=($(compgen -W "interactive batch" -- "$cur")); return ;;
         --models|--max-in-flight|--rpm|--tpm|--tokens-per-day|--tokens-per-month|--expires|--grace)
             return ;;
@@ -120,7 +123,7 @@ _lokictl() {
         case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
     done
     local verbs="status presets devices top stats logs show plan start stop restart unload reload clear-failures bench
-new set unset rm mv cat edit keys"
+new set unset rm mv cat edit keys usage"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --hosts --help" -- "$cur")) ;;
         status|presets|devices) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
@@ -130,6 +133,7 @@ new set unset rm mv cat edit keys"
         clear-failures) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
         bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --repeat --json" -- "$cur")) ;;
         top) COMPREPLY=($(compgen -W "--once --json" -- "$cur")) ;;
+        usage) COMPREPLY=($(compgen -W "--by --key --preset --since --until --json" -- "$cur")) ;;
         stats) COMPREPLY=($(compgen -W "$(_lokid_presets) --since --json" -- "$cur")) ;;
         logs) COMPREPLY=($(compgen -W "$(_lokid_presets) -n --follow" -- "$cur")) ;;
         cat|edit) [ $n -eq 0 ] && COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;

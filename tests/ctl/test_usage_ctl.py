@@ -86,3 +86,15 @@ def test_days_as_lokictl_reads_them() -> None:
     assert groups_of("key, preset") == ["key", "preset"]
     with pytest.raises(CtlError):
         groups_of("key,key")
+
+
+def test_bash_completion_offers_usage_and_its_options(tmp_path: Path) -> None:
+    from support.completion import complete
+
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "qwen.toml").write_text('model = "m"\n')
+    assert "usage" in complete("lokictl u", tmp_path)
+    assert complete("lokictl usage --", tmp_path) == ["--by", "--json", "--key", "--preset",
+                                                      "--since", "--until"]
+    assert complete("lokictl usage --by ", tmp_path) == ["day", "key", "preset"]
+    assert complete("lokictl usage --preset ", tmp_path) == ["qwen"]
