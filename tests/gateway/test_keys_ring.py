@@ -204,3 +204,34 @@ def test_named_keys_at_start_let_the_gateway_listen_beyond_loopback(tmp_path: Pa
     assert settings_of(wide).keys_file == str(path)
     with pytest.raises(ConfigError, match="beyond loopback"):
         settings_of(GatewayConfig(listen=("0.0.0.0:8000",), keys_file=""))
+
+
+def test_the_command_starts_on_named_keys_and_refuses_a_broken_file(tmp_path: Path) -> None:
+    """``lokid gateway`` itself: beyond loopback with a named key only (it goes on to the
+    bus, absent here), and a keys file broken at start is exit 2 naming it, no traceback."""
+    import subprocess
+    import sys
+
+    keys = tmp_path / "keys.toml"
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "lokid.toml").write_text(f'[gateway]\nkeys_file = "{keys}"\n')
+
+    def gateway() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "lokid", "--config-dir", str(config),
+                               "gateway", "--bus", "session", "--bus-address",
+                               f"unix:path={tmp_path}/no-bus", "--listen", "0.0.0.0:1"],
+                              capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+
+    r = gateway()
+    assert r.returncode == 2 and "beyond loopback" in r.stderr, r.stderr
+    write(keys, entry("alice", "sk-alice"))
+    r = gateway()
+    assert r.returncode == 2 and "cannot reach the session bus" in r.stderr, r.stderr
+    assert "beyond loopback" not in r.stderr
+    write(keys, entry("alice", "sk-alice") + "[keys.bob]\nhash = 7\n")
+    r = gateway()
+    assert r.returncode == 2 and f"{keys}:" in r.stderr and "keys.bob.hash" in r.stderr, \
+        r.stderr
+    assert "Traceback" not in r.stderr and "sk-alice" not in r.stderr
