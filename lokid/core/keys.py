@@ -60,7 +60,7 @@ from typing import Any
 from .errors import ConfigError
 from .tomlread import Checker, key_line
 
-KEYS_DIR = "/etc/loki/keys"
+KEYS_DIR = "/etc/loki/clients"   # not /etc/loki/keys: that one holds root-only secrets
 KEYS_FILE = f"{KEYS_DIR}/keys.toml"
 MAX_KEYS_BYTES = 4 * 1024 * 1024   # ~10,000 keys; a runaway file never fills memory
 MAX_KEYS = 10000

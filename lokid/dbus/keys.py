@@ -17,7 +17,7 @@ Rules, each for a failure it prevents:
 - the file is the one the gateway reads: ``[gateway] keys_file`` of lokid.toml, read at
   each call (keys written where the gateway does not look would be keys that silently
   never work); its default follows the daemon's config directory
-  (``<config>/keys/keys.toml``, :data:`lokid.core.keys.KEYS_FILE` for ``/etc/loki``), as
+  (``<config>/clients/keys.toml``, :data:`lokid.core.keys.KEYS_FILE` for ``/etc/loki``), as
   the presets do, so that a daemon run on a test directory never touches ``/etc``; a
   ``keys_file = ""`` (no named keys) refuses every method, saying so.
 

@@ -10,7 +10,7 @@ Rules, each for a failure it prevents:
 - one writer at a time: each change reads the file, changes it and renames the new one
   into place holding an exclusive ``flock`` on the keys directory (and a lock between
   the daemon's own threads), so two ``AddKey`` at once both land, and a script that takes
-  the same lock (``flock /etc/loki/keys …``) is never overwritten;
+  the same lock (``flock /etc/loki/clients …``) is never overwritten;
 - atomic: the new text goes to a hidden temporary file in the same directory, flushed to
   the disk, ``0640`` group ``loki-gateway`` (when that group exists and the daemon may
   give it: root), renamed over the old one, and the directory flushed: the gateway,
@@ -344,7 +344,7 @@ def _iso(seconds: float) -> str:
 def _io_error(what: str, path: str, e: OSError) -> LokiError:
     hint = ""
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        hint = " (lokid.service writes /etc/loki/keys only: ReadWritePaths=)"
+        hint = " (lokid.service writes /etc/loki/clients only: ReadWritePaths=)"
     return LokiError(f"{what} {path}: {e.strerror or e}{hint}")
 
 

@@ -94,8 +94,8 @@ def test_the_flat_keys_file_keeps_working_under_a_name_that_is_not_the_key() -> 
 ])
 def test_a_fault_is_an_error_naming_where_never_a_wider_key(text: str, where: str) -> None:
     with pytest.raises(ConfigError) as e:
-        keys.parse(text, "/etc/loki/keys/keys.toml")
-    assert where in str(e.value) and "/etc/loki/keys/keys.toml" in str(e.value)
+        keys.parse(text, "/etc/loki/clients/keys.toml")
+    assert where in str(e.value) and "/etc/loki/clients/keys.toml" in str(e.value)
 
 
 def test_a_runaway_file_is_refused_before_it_is_parsed() -> None:

@@ -66,7 +66,7 @@ def test_flags_become_the_apis_options() -> None:
 def daemon(tmp_path: Path, engine: str, bus_address: str) -> Iterator[tuple[str, Path]]:
     config = write_config(tmp_path, engine, [tmp_path])
     with daemon_on_bus(config, tmp_path, bus_address) as address:
-        yield address, config / "keys" / "keys.toml"
+        yield address, config / "clients" / "keys.toml"
 
 
 def lokictl(address: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -47,7 +47,7 @@ def config(tmp_path: Path, engine: str) -> Path:
 
 
 def file_of(config: Path) -> Path:
-    return config / "keys" / "keys.toml"
+    return config / "clients" / "keys.toml"
 
 
 async def keys_iface(running: Running) -> Any:
@@ -74,7 +74,7 @@ def test_the_interface_is_documented_registered_and_guarded() -> None:
     assert allowed == set(METHODS)
     # /etc/loki: the packaged file; a test daemon's config dir: its own
     assert keys_file("/etc/loki") == corekeys.KEYS_FILE
-    assert keys_file("/tmp/c") == "/tmp/c/keys/keys.toml"
+    assert keys_file("/tmp/c") == "/tmp/c/clients/keys.toml"
 
 
 async def test_a_key_is_shown_once_and_only_its_hash_is_kept(running: Running,
@@ -219,7 +219,7 @@ async def test_writers_at_once_all_land(running: Running, config: Path,
         assert sorted(found.names) == sorted(names)
         for name, secret in zip(names, secrets, strict=True):
             assert found.find(secret, time.time())[0].name == name
-        # a program holding the directory's lock (flock /etc/loki/keys …) is waited for
+        # a program holding the directory's lock (flock /etc/loki/clients …) is waited for
         fd = os.open(file_of(config).parent, os.O_RDONLY | os.O_DIRECTORY)
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
@@ -294,7 +294,7 @@ async def test_the_file_is_the_one_the_gateway_reads(running: Running, config: P
                                                      tmp_path: Path) -> None:
     keys = await keys_iface(running)
     await keys.call_add_key("here", {})
-    assert "here" in lookup(config).names     # the default: <config>/keys/keys.toml
+    assert "here" in lookup(config).names     # the default: <config>/clients/keys.toml
     elsewhere = tmp_path / "elsewhere" / "team.toml"
     with open(config / "lokid.toml", "a") as f:
         f.write(f"[gateway]\nkeys_file = \"{elsewhere}\"\n")

@@ -1,5 +1,5 @@
 """``lokictl keys`` against lokid.service under a real systemd (issue 46, item 1): the
-shipped tmpfiles entry makes /etc/loki/keys 0750 root:loki-gateway, the unit's
+shipped tmpfiles entry makes /etc/loki/clients 0750 root:loki-gateway, the unit's
 ReadWritePaths lets the hardened daemon write there and nowhere else in /etc, the file is
 0640 root:loki-gateway (the gateway's user reads it, others do not), and the real polkitd
 with the shipped action and rules lets group loki manage keys and refuses the gateway's
@@ -17,7 +17,7 @@ from support.systemd_harness import Container
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
-KEYS = "/etc/loki/keys/keys.toml"
+KEYS = "/etc/loki/clients/keys.toml"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_keys_under_systemd(lk: LokidSystem) -> None:
     ct.systemctl("start", "lokid.service")
     ct.wait_for("lokid.service", "active", timeout=60)
     cursor = ct.cursor()
-    r = ct.run(["stat", "-c", "%a %U %G", "/etc/loki/keys"])
+    r = ct.run(["stat", "-c", "%a %U %G", "/etc/loki/clients"])
     assert r.stdout.split() == ["750", "root", "loki-gateway"], r.stdout
 
     r = lokictl_as(ct, None, "add", "ci", "--models", "demo*", "--rpm", "60")
