@@ -54,7 +54,7 @@ import secrets
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ConfigError
@@ -208,7 +208,7 @@ def _time(c: Checker, key: str) -> float | None:
     if not isinstance(value, datetime):
         raise c.error(key, "must be a TOML date-time, such as 2027-01-31T00:00:00Z")
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return value.timestamp()
 
 
