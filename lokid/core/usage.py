@@ -15,8 +15,10 @@ in ``usage.db`` (:mod:`lokid.store.usage`). Rules, each for the failure it preve
   nobody serves). Anything else is refused with the row's place, never stored;
 - a value is at most :data:`MAX_VALUE` per row and a call at most :data:`MAX_ROWS` rows
   of at most :data:`MAX_COUNTERS` counters: one report covers one second, so more is a
-  fault, and the sums can never overflow SQLite's 64-bit integers
-  (10^12 x 86,400 reports a day x 36,500 days stays below 2^63 / 10);
+  fault, and a day's cell can never overflow SQLite's 64-bit integers (10^12 x 86,400
+  reports a day stays below 2^63 / 100). A sum over many days that would (a reporter at
+  the bound every second for decades) is SQLite's "integer overflow", said as an error
+  naming the database, never a wrong number;
 - a day is ``YYYY-MM-DD`` (UTC) and at most one day ahead of the daemon's clock (a
   gateway a little ahead across midnight is fine; a year ahead is a broken clock whose
   rows would never expire);
