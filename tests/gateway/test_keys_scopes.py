@@ -194,3 +194,42 @@ async def test_a_revoked_keys_next_request_is_refused_while_its_stream_finishes(
 async def _lists(c: httpx.AsyncClient, name: str) -> bool:
     r = await c.get("/v1/models")
     return r.status_code == 200 and name in {m["id"] for m in r.json()["data"]}
+
+
+async def test_rotation_a_broken_file_and_the_flat_file_through_the_gateway(
+        running: Any, bus_address: str, tmp_path: Path) -> None:
+    """No engine needed: /v1/models answers for a key the gateway takes."""
+    keys = tmp_path / "keys.toml"
+
+    def rotated(until: str) -> None:
+        part = keys.with_suffix(".part")
+        old = digest("sk-loki-ci-old")
+        part.write_text(entry("ci", "sk-loki-ci-new", f'previous_hash = "{old}"\n'
+                              f"previous_until = {until}"))
+        os.replace(part, keys)
+
+    rotated("2099-01-01T00:00:00Z")   # the old key's grace: until 2099
+    async with gateway_on(bus_address, keys_file=str(keys), keys=frozenset({"flat-key"})) as gw, \
+            httpx.AsyncClient(base_url=gw.url, timeout=30) as c:  # type: ignore[attr-defined]
+
+        async def status(key: str) -> int:
+            return (await c.get("/v1/models", headers={"x-api-key": key})).status_code
+
+        assert [await status(k) for k in ("sk-loki-ci-new", "sk-loki-ci-old", "flat-key")] \
+            == [200, 200, 200]
+        rotated("2026-01-01T00:00:00Z")   # the grace is over
+
+        async def old_refused() -> bool:
+            r = await c.get("/v1/models", headers={"x-api-key": "sk-loki-ci-old"})
+            return r.status_code == 401 and "key 'ci' was rotated" in r.text
+        await until(old_refused, 2 * 1.0, "the old key refused within twice a second")
+        assert await status("sk-loki-ci-new") == 200
+        # a file broken by hand: the last good set stays (ci's new key, the flat file's)
+        keys.write_text(keys.read_text() + "[keys.half\n")
+        await until(lambda: _said(gw), 2 * 1.0, "the broken file said")
+        assert [await status(k) for k in ("sk-loki-ci-new", "flat-key", "sk-loki-ci-old")] \
+            == [200, 200, 401]
+
+
+async def _said(gw: Any) -> bool:
+    return "TOML syntax error" in gw.keyring.problem
