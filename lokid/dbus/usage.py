@@ -121,9 +121,14 @@ class UsageKeeper:
                             pair[0])
             self.counts.setdefault(pair, Counter())[counter] += value
         self.prom_dirty = self.prom_dirty or bool(cells)
-        self.store.add({c: v for c, v in cells.items() if c[0] >= oldest})
         self.last_try = time.monotonic()
-        await asyncio.to_thread(self.store.flush)
+        # in a thread, the adding too: the store's lock may be held by a purge or a slow
+        # write, which must not stall the daemon's loop
+        await asyncio.to_thread(self._keep, {c: v for c, v in cells.items() if c[0] >= oldest})
+
+    def _keep(self, cells: dict[rules.Cell, int]) -> None:
+        self.store.add(cells)
+        self.store.flush()
 
     async def run(self) -> None:
         """Until the daemon stops: counts held by a fault written again, old days purged

@@ -49,6 +49,24 @@ def test_a_damaged_file_is_set_aside_and_a_new_one_started(
     store.close()
 
 
+def test_damage_found_by_a_query_sets_the_file_aside_and_keeps_the_counts_in_memory(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = UsageStore(str(tmp_path))
+    store.add({(DAY, f"k{i}", "qwen", "requests"): 1 for i in range(2000)})
+    assert store.flush()
+    store.close()
+    with open(tmp_path / "usage.db", "r+b") as f:   # the table's pages, not the header
+        f.seek(4096)
+        f.write(b"\xff" * 4096 * 3)
+    store = UsageStore(str(tmp_path))   # opens: the header is whole
+    store.add({(DAY, "alice", "qwen", "requests"): 1})
+    assert requests(store) == {"alice": 1}   # the file's days are lost, memory's are not
+    assert "is damaged (database disk image is malformed): moved aside" in caplog.text
+    assert store.flush() and requests(store) == {"alice": 1}
+    assert len([p for p in tmp_path.iterdir() if ".damaged-" in p.name]) == 1
+    store.close()
+
+
 def test_a_newer_schema_is_never_written_and_the_counts_wait(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with sqlite3.connect(tmp_path / "usage.db") as db:
