@@ -44,12 +44,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import date
+from typing import Any, TypeVar
 
 from ..core.errors import StateError
 from ..core.usage import Cell, Query, group_of, matches, tokens
 from .sqlfile import BUSY_TIMEOUT_MS, DAMAGED_SUFFIX, cause, is_damaged, use_wal
 
 log = logging.getLogger("lokid.usage")
+T = TypeVar("T")
+Row = tuple[Any, ...]
 
 DB_FILE = "usage.db"
 SCHEMA = 1
@@ -157,7 +160,7 @@ class UsageStore:
                         why)
         self.unwritable = why
 
-    def _run(self, fn: Callable[[sqlite3.Connection], object]) -> object:
+    def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the database (opened again if it was not); a damaged file is set aside
         and ``fn`` runs once on the new one. Raises sqlite3.Error, OSError or StateError."""
         for attempt in (1, 2):
@@ -237,30 +240,32 @@ class UsageStore:
             for cell in gone:
                 del self.pending[cell]
             try:
-                deleted = self._run(lambda db: db.execute(
+                deleted: int = self._run(lambda db: db.execute(
                     "DELETE FROM usage WHERE day < ?", (cutoff,)).rowcount)
             except (OSError, sqlite3.Error, StateError) as e:
                 self._fail(e, "written")
                 return len(gone)
-            return len(gone) + int(deleted)  # type: ignore[call-overload]
+            return len(gone) + deleted
 
     # --- reading ------------------------------------------------------------------------
 
-    def _read(self, sql: str, args: tuple[object, ...]) -> list[tuple[object, ...]]:
+    def _read(self, sql: str, args: tuple[str, ...]) -> list[Row]:
         """Rows of ``sql``; [] when there is no database yet (none, or an empty file the
         disk had no room to make one in). StateError naming the file and the cause when
         it cannot be read."""
         if self._db is None and _size(self.path) == 0:
             return []
         try:
-            return list(self._run(lambda db: db.execute(sql, args).fetchall()))  # type: ignore[call-overload]
+            rows: list[Row] = self._run(lambda db: db.execute(sql, args).fetchall())
+            return rows
         except (OSError, sqlite3.Error, StateError) as e:
             if self._db is None and _size(self.path + "-wal") == 0:
                 # cannot be opened for writing (a full disk cannot make its -shm): the
                 # file alone is the whole database, read as it is
                 try:
                     with _immutable(self.path) as db:
-                        return db.execute(sql, args).fetchall()
+                        found: list[Row] = db.execute(sql, args).fetchall()
+                        return found
                 except sqlite3.Error:
                     pass
             raise StateError(f"the usage database {self.path} cannot be read "
@@ -270,12 +275,13 @@ class UsageStore:
     def sums(self, q: Query) -> dict[tuple[tuple[str, ...], str], int]:
         """(group, counter) → total for the question ``q``, the counts in memory added.
         StateError when the file cannot be read."""
-        where, args = ["1"], []
-        for column, op, value in (("day", ">=", q.since), ("day", "<=", q.until),
+        where: list[str] = ["1"]
+        args: list[str] = []
+        for column, op, bound in (("day", ">=", q.since), ("day", "<=", q.until),
                                   ("key", "=", q.key), ("preset", "=", q.preset)):
-            if value:
+            if bound:
                 where.append(f"{column} {op} ?")
-                args.append(value)
+                args.append(bound)
         cols = "".join(f"{g}, " for g in q.by)
         sql = (f"SELECT {cols}counter, SUM(value) FROM usage WHERE {' AND '.join(where)} "
                f"GROUP BY {cols}counter")
@@ -285,11 +291,11 @@ class UsageStore:
         out: dict[tuple[tuple[str, ...], str], int] = {}
         n = len(q.by)
         for row in rows:
-            key = (tuple(str(x) for x in row[:n]), str(row[n]))
-            out[key] = out.get(key, 0) + int(row[n + 1])  # type: ignore[call-overload]
+            found = (tuple(str(x) for x in row[:n]), str(row[n]))
+            out[found] = out.get(found, 0) + int(row[n + 1])
         for cell, value in pending:
-            key = (group_of(q, cell), cell[3])
-            out[key] = out.get(key, 0) + value
+            kept = (group_of(q, cell), cell[3])
+            out[kept] = out.get(kept, 0) + value
         return out
 
     def key_totals(self, today: date) -> dict[str, tuple[int, int]]:
@@ -303,7 +309,7 @@ class UsageStore:
             rows = self._read(sql, (day, month, day))
             pending = [(c, v) for c, v in self.pending.items()
                        if month <= c[0] <= day and tokens(c[3])]
-        out = {str(k): (int(d), int(m)) for k, d, m in rows}  # type: ignore[call-overload]
+        out = {str(k): (int(d), int(m)) for k, d, m in rows}
         for (d, key, _, _), value in pending:
             t, m = out.get(key, (0, 0))
             out[key] = (t + (value if d == day else 0), m + value)
