@@ -26,6 +26,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from . import secrets
+from .fairshare import DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_PER_KEY, MAX_QUEUE
 from .fleet.peers import Peer, parse_peers
 from .keys import KEYS_FILE
 from .presetname import valid_preset_name
@@ -35,7 +36,7 @@ from .tomlread import Checker, tname
 SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
                 "first_byte_timeout", "stream_idle_timeout", "peers", "allowed_hosts",
-                "keys_file")
+                "keys_file", "max_queue", "max_queue_per_key")
 
 DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
@@ -88,6 +89,10 @@ class GatewayConfig:
     allowed_hosts: tuple[str, ...] = ()
     # the named keys file lokictl keys writes (lokid.core.keys), "" for none
     keys_file: str = KEYS_FILE
+    # requests waiting for an engine's slots, per preset and per key and preset
+    # (lokid.core.fairshare: past them, 429)
+    max_queue: int = DEFAULT_MAX_QUEUE
+    max_queue_per_key: int = DEFAULT_MAX_QUEUE_PER_KEY
 
 
 # --- spans ------------------------------------------------------------------------
@@ -242,6 +247,8 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
         problem = allowed_host_problem(host)
         if problem:
             raise t.error("allowed_hosts", problem)
+    queue = t.integer("max_queue", 1, MAX_QUEUE, f"requests, 1 to {MAX_QUEUE}")
+    per_key = t.integer("max_queue_per_key", 1, MAX_QUEUE, f"requests, 1 to {MAX_QUEUE}")
     lo_t, hi_t = TIMEOUT_RANGE
     first = span_setting(t, "first_byte_timeout", lo_t, hi_t, "1s to 1d")
     idle = span_setting(t, "stream_idle_timeout", lo_t, hi_t, "1s to 1d")
@@ -252,7 +259,10 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
                          else first,
                          stream_idle_timeout=DEFAULT_STREAM_IDLE_TIMEOUT if idle is None
                          else idle, peers=parse_peers(t), allowed_hosts=tuple(names),
-                         keys_file=named)
+                         keys_file=named,
+                         max_queue=DEFAULT_MAX_QUEUE if queue is None else queue,
+                         max_queue_per_key=DEFAULT_MAX_QUEUE_PER_KEY if per_key is None
+                         else per_key)
 
 
 def origin_problem(origin: str) -> str:

@@ -53,6 +53,7 @@ from ..core.external import EXTERNAL
 from ..core.fleet.route import LOCAL, READY, Model
 from ..core.keys import ANONYMOUS
 from . import prompts
+from .admission import Admission
 from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .catalog import UNRESPONSIVE, Catalog
@@ -121,6 +122,9 @@ class Gateway:
         self.peers = Peers(settings.peers, lambda: self.client,   # other lokid gateways
                            presets.report_peers)
         self.catalog = Catalog(presets, self.placer, self.liveness, self.peers)   # /v1/models
+        # each engine's gate: its slots in flight, fair share between keys (issue 46)
+        self.admission = Admission(settings.max_queue, settings.max_queue_per_key,
+                                   lambda: self.client, self._engine_key)
         self.limits = Limiter(presets.bus)   # keys' rates and budgets (lokid.gateway.limits)
 
     def app(self) -> web.Application:
@@ -229,13 +233,14 @@ class Gateway:
                 f"?{request.query_string}" if request.query_string else "")
             patience = Patience(self.settings.first_byte_timeout,
                                 self.settings.stream_idle_timeout)
-            return await relay(self.external, request, preset.upstream,
-                               with_model(body, scan, preset.upstream_model)
-                               if scan is not None else body,
-                               keep_auth=False, patience=patience, key=key, target=target,
-                               what=f"the external API of preset {name!r}",
-                               renamer=Renamer(preset.upstream_model, name)
-                               if preset.upstream_model else None)
+            async with self.admission.gate(request, preset, "", raw_path):   # per-key limit
+                return await relay(self.external, request, preset.upstream,
+                                   with_model(body, scan, preset.upstream_model)
+                                   if scan is not None else body,
+                                   keep_auth=False, patience=patience, key=key, target=target,
+                                   what=f"the external API of preset {name!r}",
+                                   renamer=Renamer(preset.upstream_model, name)
+                                   if preset.upstream_model else None)
         route(request.method, raw_path, ENGINE_ROUTES)
         bound = prompts.bound(preset.engine_argv)   # before its engine spends on it
         if raw_path not in prompts.BULK_ROUTES and bound is not None and len(body) > bound:
@@ -253,9 +258,10 @@ class Gateway:
                                               self.settings.stream_idle_timeout)
             if raw_path == "/props":
                 return await self._props(request, url, key, patience)
-            return await relay(self.client, request, url, body, keep_auth=False,
-                               patience=patience, key=key,
-                               what=f"the engine of preset {name!r}", stream=stream)
+            async with self.admission.gate(request, preset, url, raw_path):   # its slot
+                return await relay(self.client, request, url, body, keep_auth=False,
+                                   patience=patience, key=key,
+                                   what=f"the engine of preset {name!r}", stream=stream)
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
                          preset: Preset | None, stream: bool) -> web.StreamResponse | None:

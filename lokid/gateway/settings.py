@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError
+from ..core.fairshare import DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_PER_KEY
 from ..core.fleet.peers import Peer
 from ..core.place.settings import PlacementConfig
 from ..core.secrets import CREDENTIALS_DIR_ENV
@@ -60,6 +61,10 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()
     # the named keys file ([gateway] keys_file, lokid.gateway.keys); "" for none
     keys_file: str = ""
+    # requests waiting for an engine's slots, per preset and per key ([gateway] max_queue,
+    # max_queue_per_key, lokid.gateway.admission)
+    max_queue: int = DEFAULT_MAX_QUEUE
+    max_queue_per_key: int = DEFAULT_MAX_QUEUE_PER_KEY
 
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
@@ -85,7 +90,8 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
     return Settings(tuple(parsed), gateway.api_keys_file, gateway.max_body,
                     gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
                     gateway.stream_idle_timeout, placement or PlacementConfig(), gateway.peers,
-                    gateway.allowed_hosts, gateway.keys_file)
+                    gateway.allowed_hosts, gateway.keys_file, gateway.max_queue,
+                    gateway.max_queue_per_key)
 
 
 def inherited_sockets() -> list[socket.socket]:

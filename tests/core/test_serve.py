@@ -183,6 +183,9 @@ def test_the_gateway_table_parses_to_typed_values(tmp_path: Path) -> None:
         ("127.0.0.1", 8000), ("::1", 8000), ("0.0.0.0", 8443)]
     write(tmp_path, "lokid.toml", '[gateway]\nlisten = ["127.0.0.2:8000"]\n')
     assert cfg.load_global(str(tmp_path)).gateway.listen == ("127.0.0.2:8000",)
+    write(tmp_path, "lokid.toml", '[gateway]\nmax_queue = 9\nmax_queue_per_key = 3\n')
+    g = cfg.load_global(str(tmp_path)).gateway
+    assert (g.max_queue, g.max_queue_per_key) == (9, 3)
 
 
 @pytest.mark.parametrize("body,line,fragment", [
@@ -219,6 +222,9 @@ def test_the_gateway_table_parses_to_typed_values(tmp_path: Path) -> None:
     ('default_model = "two words"\n', 2, "gateway.default_model: 'two words' is not a model "
      "name"),
     ('default_model = 3\n', 2, "gateway.default_model: must be a string, not an integer"),
+    ('max_queue = 0\n', 2, "gateway.max_queue: 0 is out of range (requests, 1 to 1000000)"),
+    ('max_queue_per_key = "10"\n', 2, "gateway.max_queue_per_key: must be an integer "
+     "(requests, 1 to 1000000), not a string"),
     ('listn = []\n', 2, "gateway.listn: unknown key (did you mean 'listen'?); valid keys: "
      "listen, api_keys_file, max_body, default_model"),
 ])
