@@ -56,6 +56,7 @@ log = logging.getLogger("lokid.usage")
 TICK = 1.0              # seconds between two looks at what is due
 RETRY_EVERY = 5.0       # seconds between two writes of counts a fault held in memory
 SETTINGS_EVERY = 3600.0  # seconds between two reads of [usage] retention_days
+UNREAD_EVERY = 60.0      # the same while lokid.toml could not be read yet
 PROM_REFRESH = 15.0     # the usage textfile is rewritten at least this often once written
 
 
@@ -80,7 +81,9 @@ class UsageKeeper:
     def __init__(self, host: UsageHost):
         self.host = host
         self.store = UsageStore(host.registry.state_dir)
-        self.retention = rules.DEFAULT_RETENTION_DAYS
+        # [usage] retention_days as last read; None until lokid.toml could be read
+        self.retention: int | None = None
+        self.unread_said = False
         self.counts: dict[tuple[str, str], Counter[str]] = {}   # since the daemon started
         self.overflow_said = False
         self.textfile: Textfile | None = None
@@ -94,17 +97,24 @@ class UsageKeeper:
         self.purge(utc_today())
 
     def read_retention(self) -> None:
-        """lokid.toml's ``[usage] retention_days``; a broken lokid.toml keeps the last one
-        (its error is the presets' to report)."""
+        """lokid.toml's ``[usage] retention_days``. A broken lokid.toml keeps the last one
+        read (its error is the presets' to report); at the daemon's start, none: nothing
+        is deleted until the file says how long to keep (a typo must not cut a 365-day
+        retention to the default 90)."""
         from ..core import config as cfg
 
         try:
             self.retention = cfg.load_global(self.host.config_dir).usage.retention_days
-        except LokiError:
-            pass
+            self.unread_said = False
+        except LokiError as e:
+            if self.retention is None and not self.unread_said:
+                self.unread_said = True
+                log.warning("usage: no day is deleted until lokid.toml can be read (%s)", e)
         self.settings_at = time.monotonic()
 
     def purge(self, today: date) -> None:
+        if self.retention is None:
+            return
         gone = self.store.purge(rules.oldest_kept(today, self.retention))
         if gone:
             log.info("usage: %d counts of days older than %d days deleted (retention_days)",
@@ -115,7 +125,8 @@ class UsageKeeper:
         """GatewayUsage's rows: checked, counted, written (one transaction)."""
         today = utc_today()
         cells = rules.check_rows(rows, today)
-        oldest = rules.oldest_kept(today, self.retention).isoformat()
+        oldest = "" if self.retention is None else \
+            rules.oldest_kept(today, self.retention).isoformat()
         for (_, key, preset, counter), value in cells.items():
             pair = pair_of(self.counts, key, preset)
             if pair[0] != key and not self.overflow_said:
@@ -165,7 +176,8 @@ class UsageKeeper:
 
     async def _purge_due(self) -> None:
         today = utc_today()
-        if time.monotonic() - self.settings_at >= SETTINGS_EVERY:
+        every = SETTINGS_EVERY if self.retention is not None else UNREAD_EVERY
+        if time.monotonic() - self.settings_at >= every:
             await asyncio.to_thread(self.read_retention)
             self.purged = None
         if today != self.purged:

@@ -137,6 +137,24 @@ async def test_days_past_the_retention_are_deleted(
             "alice": 2 if first != TODAY else 1, "bob": 1}
 
 
+async def test_nothing_is_deleted_while_lokid_toml_cannot_be_read(
+        config: Path, tmp_path: Path, bus_address: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    older = TODAY - timedelta(days=400)
+    store = UsageStore(str(tmp_path / "state"))
+    store.add({(day(older), "alice", "qwen", "requests"): 1})
+    assert store.flush()
+    store.close()
+    # a typo: the retention the operator set cannot be read, so none is applied (the
+    # default 90 days would delete what a longer retention keeps)
+    with open(config / "lokid.toml", "a") as f:
+        f.write("retention = 365\n")
+    caplog.set_level(logging.INFO, "lokid.usage")
+    async with daemon_on(config, tmp_path, bus_address) as running:
+        assert [r["day"] for r in await ask(running, by=["day"])] == [day(older)]
+        assert "no day is deleted until lokid.toml can be read" in caplog.text
+
+
 def busctl_as(address: str, user: str, groups: str, *args: str
               ) -> subprocess.CompletedProcess[str]:
     """busctl as another user (setpriv: real uid, gid and supplementary groups)."""
