@@ -141,15 +141,17 @@ def body(tokens: int) -> dict[str, Any]:
 
 
 class Tally:
-    """Tokens received while the phase's clock runs."""
+    """Tokens received while the phase's clock runs (``--seconds``, the same span for
+    both sides: an interactive request sent at its end may be answered long after)."""
 
     def __init__(self) -> None:
         self.on = False
         self.tokens = 0
+        self.batch = 0
 
 
 async def streamed(session: aiohttp.ClientSession, url: str, secret: str, tokens: int,
-                   tally: Tally) -> float | None:
+                   tally: Tally, batch: bool = False) -> float | None:
     """One streamed chat; its time to first token (None: refused or no token)."""
     t = time.perf_counter()
     first = None
@@ -167,6 +169,7 @@ async def streamed(session: aiohttp.ClientSession, url: str, secret: str, tokens
                     first = time.perf_counter() - t
                 if tally.on:
                     tally.tokens += 1
+                    tally.batch += batch
     return first
 
 
@@ -191,7 +194,7 @@ async def flooding(session: aiohttp.ClientSession, url: str, secret: str, tokens
     cancelled)."""
     async def one_lane() -> None:
         while True:
-            if await streamed(session, url, secret, tokens, tally) is None:
+            if await streamed(session, url, secret, tokens, tally, True) is None:
                 await asyncio.sleep(0.1)   # refused (a bound): try again
 
     await asyncio.gather(*(one_lane() for _ in range(streams)))
@@ -211,9 +214,12 @@ async def phase(url: str, keys: Mapping[str, str], args: argparse.Namespace,
         tally.on = True
         start = time.perf_counter()
         until = start + args.seconds
+        loop = asyncio.get_running_loop()
+        clock = loop.call_later(args.seconds, setattr, tally, "on", False)
         refused = await asyncio.gather(*(interactive(session, url, keys[k], args.short, tally,
                                                      until, ttft) for k in INTERACTIVE))
-        wall = time.perf_counter() - start
+        clock.cancel()
+        wall = min(time.perf_counter() - start, args.seconds)
         tally.on = False
         if flooder is not None:
             flooder.cancel()
@@ -221,7 +227,27 @@ async def phase(url: str, keys: Mapping[str, str], args: argparse.Namespace,
                 await flooder
             except asyncio.CancelledError:
                 pass
-    return {"ttft": ttft, "tokens_per_s": tally.tokens / wall, "refused": sum(refused)}
+    await idle_engine(args.engine)
+    return {"ttft": ttft, "tokens_per_s": tally.tokens / wall,
+            "batch_tokens_per_s": tally.batch / wall, "refused": sum(refused)}
+
+
+async def idle_engine(engine: str, timeout: float = 120) -> None:
+    """Until the engine's slots are all idle (its /slots): the streams a phase left behind
+    (cancelled by their client, not yet noticed by the engine) must not slow the next."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            try:
+                async with session.get(engine + "/slots") as r:
+                    if r.status != 200:
+                        break
+                    if not any(s.get("is_processing") for s in await r.json()):
+                        break
+            except aiohttp.ClientError:
+                break
+            await asyncio.sleep(0.2)
+    await asyncio.sleep(0.5)
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -245,7 +271,7 @@ def measure(sides: Mapping[str, str], keys: Mapping[str, str], args: argparse.Na
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         s: {"quiet": [], "flood": []} for s in sides}
     for r in range(args.rounds):
-        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        order = list(sides) if r % 2 == 0 else list(sides)[::-1]
         for i, side in enumerate(order):
             phases = ("quiet", "flood") if (r + i) % 2 == 0 else ("flood", "quiet")
             for name in phases:
@@ -255,7 +281,8 @@ def measure(sides: Mapping[str, str], keys: Mapping[str, str], args: argparse.Na
                       f"{pct(got['ttft'], 50) * 1000:8.1f} ms  p95 "
                       f"{pct(got['ttft'], 95) * 1000:8.1f} ms  ({len(got['ttft'])} requests"
                       f"{', ' + str(got['refused']) + ' refused' if got['refused'] else ''})"
-                      f"   {got['tokens_per_s']:7.0f} tok/s", flush=True)
+                      f"   {got['tokens_per_s']:7.0f} tok/s ({got['batch_tokens_per_s']:.0f} "
+                      "the batch key's)", flush=True)
     result: dict[str, Any] = {"sides": {}}
     for side, phases_of in runs.items():
         per_round = {p: [pct(f["ttft"], p) / pct(q["ttft"], p)
@@ -268,6 +295,7 @@ def measure(sides: Mapping[str, str], keys: Mapping[str, str], args: argparse.Na
             "flood_ttft_ms": {"p50": pct(all_flood, 50) * 1000, "p95": pct(all_flood, 95) * 1000},
             "ratio_p50": per_round[50], "ratio_p95": per_round[95],
             "flood_tokens_per_s": [f["tokens_per_s"] for f in phases_of["flood"]],
+            "flood_batch_tokens_per_s": [f["batch_tokens_per_s"] for f in phases_of["flood"]],
         }
     fair, fifo = result["sides"]["fair"], result["sides"]["fifo"]
     share = [a / b for a, b in zip(fair["flood_tokens_per_s"], fifo["flood_tokens_per_s"],
@@ -318,6 +346,7 @@ def main() -> int:
         with daemon_process(keyed, root) as daemon, \
                 gateway_of(ROOT, keyed, daemon.address, fair_port), \
                 gateway_of(old, config, daemon.address, fifo_port):
+            args.engine = f"http://127.0.0.1:{port}"
             print(f"load average at start: {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs; "
                   f"fifo = lokid at {args.fifo_commit}, fair = this tree")
             result = measure({"fair": f"http://127.0.0.1:{fair_port}",
