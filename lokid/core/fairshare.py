@@ -26,12 +26,16 @@ next is decided here, pure, and each rule is here for the failure it prevents:
   end), so a batch flood holding every slot makes a person wait for a long stream to
   end. A batch request is not admitted where it would leave fewer free slots than
   ``reserve``: the most interactive requests (in flight and waiting) the preset had at
-  once in the last :data:`RECENT` seconds, at least 1 once any came, and at most
-  ``slots - 1`` (a batch key always keeps one slot; an engine with one slot has no
-  reserve: its batch would otherwise wait for a minute of silence after every
-  interactive request). The interactive keys' own demand sizes it: three people chatting
-  on a 4-slot engine keep 3 slots theirs while they chat, none once they left for
-  :data:`RECENT` seconds, and a batch key has the whole engine again;
+  once in the last :data:`RECENT` seconds, and 1 while one came in the last
+  :data:`KEEP_ONE` seconds, at most ``slots - 1`` (a batch key always keeps one slot; an
+  engine with one slot has no reserve: its batch would otherwise wait for minutes of
+  silence after every interactive request). The interactive keys' own demand sizes it:
+  three people chatting on a 4-slot engine keep 3 slots theirs while they chat; after a
+  pause of a minute the first of them to come back finds one slot free and the others
+  wait only for that person's short answer, not for a batch stream to end (measured with
+  benchmarks/fair_share.py: without that one slot, the interactive time to first token's
+  p95 under a batch flood was the length of a batch stream); once no interactive key
+  came for :data:`KEEP_ONE` seconds, a batch key has the whole engine again;
 - **bounded queues**: at most ``max_queue`` requests wait per preset and
   ``max_queue_per_key`` per key and preset; one more is refused (:class:`QueueFull`) with
   its position and an estimated wait from the measured pace (the mean time in the engine
@@ -51,6 +55,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 RECENT = 60.0          # seconds an interactive key's demand keeps its reserve
+KEEP_ONE = 600.0       # seconds one slot stays kept after the last interactive request
 PACE_KEPT = 32         # requests whose time in the engine the pace is measured over
 DEFAULT_PACE = 2.0     # seconds a request is taken to hold a slot before any was measured
 UNLIMITED = 1 << 30    # slots of an API elsewhere: only the per-key limit holds its requests
@@ -257,7 +262,7 @@ class FairShare:
             t.admitted_at = now
             admitted.append(t)
         if not q.queued and not q.running and not q.interactive and \
-                now - max(q.seen_at, default=-math.inf) > RECENT:
+                now - max(q.seen_at, default=-math.inf) > KEEP_ONE:
             del self.presets[preset]   # nothing to remember: a bound on what is kept
         return admitted
 
@@ -287,6 +292,8 @@ class FairShare:
             if q.interactive >= n or now - q.seen_at[n] <= RECENT:
                 level = n
                 break
+        if level == 0 and len(q.seen_at) > 1 and now - q.seen_at[1] <= KEEP_ONE:
+            level = 1
         return min(level, q.slots - 1)
 
     def _interactive(self, q: _Preset, change: int, now: float) -> None:

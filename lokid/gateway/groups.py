@@ -37,6 +37,12 @@ A swap, in this order, each step for a failure it prevents:
 - each stopped member's idle slots are saved first, and restored at its next start before
   its requests are sent (:mod:`lokid.gateway.slots`): a swap keeps the users' caches.
 
+A batch key's request (:attr:`lokid.core.keys.Identity.batch`, issue 46, item 3) never
+starts a swap while the holder serves an interactive key's request (in flight or
+waiting for its turn): it is left out of the rule until they end, so that neither the
+holder's drain nor the wait cap cuts a person's stream for a batch job. Once the holder
+has no interactive request, it counts as any other.
+
 Faults: a stop refused answers the new preset's waiting requests with 503 and the
 reason, and the old preset keeps the group; an old engine still running when the stop's
 own bound is past fails the new start (its engine step says why). A preset
@@ -86,6 +92,7 @@ class _Waiter:
     preset: str
     since: float
     admitted: asyncio.Future[None]
+    batch: bool = False   # a batch key's: never the cause of a swap that stops a person's
 
 
 class Group:
@@ -100,6 +107,7 @@ class Group:
         self.max_wait = max_wait
         self.waiting: list[_Waiter] = []
         self.own: Counter[str] = Counter()   # the gateway's requests in flight, by preset
+        self.interactive: Counter[str] = Counter()   # of them, interactive keys' (issue 46)
         self.active_at: dict[str, float] = {}   # when each last had one in flight (monotonic)
         # per preset, how long its clients took to come back after it went idle, lately
         self.returns: dict[str, deque[float]] = {}
@@ -147,11 +155,12 @@ class Group:
 
     # --- the requests' side ------------------------------------------------------------
 
-    async def enter(self, preset: str) -> None:
-        """Until the rule admits a request for ``preset``; GatewayError when its swap
-        failed. A request cancelled meanwhile (its client gone) leaves the queue."""
+    async def enter(self, preset: str, batch: bool = False) -> None:
+        """Until the rule admits a request for ``preset`` (``batch``: a batch key's);
+        GatewayError when its swap failed. A request cancelled meanwhile (its client
+        gone) leaves the queue."""
         waiter = _Waiter(next(self.keys), preset, time.monotonic(),
-                         asyncio.get_running_loop().create_future())
+                         asyncio.get_running_loop().create_future(), batch)
         self._returned(preset, waiter.since)
         self.waiting.append(waiter)
         self._step(time.monotonic())   # a ready holder's request goes on without a wait
@@ -165,7 +174,7 @@ class Group:
                 self._poke()
             elif (waiter.admitted.done() and not waiter.admitted.cancelled()
                   and waiter.admitted.exception() is None):
-                self.leave(preset)   # admitted, then cancelled before it went on
+                self.leave(preset, batch)   # admitted, then cancelled before it went on
             raise
 
     def _returned(self, preset: str, now: float) -> None:
@@ -177,8 +186,12 @@ class Group:
             return
         self.returns.setdefault(preset, deque(maxlen=RETURNS_KEPT)).append(now - last)
 
-    def leave(self, preset: str) -> None:
+    def leave(self, preset: str, batch: bool = False) -> None:
         """A request admitted for ``preset`` ended."""
+        if not batch:
+            self.interactive[preset] -= 1
+            if self.interactive[preset] <= 0:
+                del self.interactive[preset]
         self.own[preset] -= 1
         if self.own[preset] <= 0:
             del self.own[preset]
@@ -198,14 +211,25 @@ class Group:
         admits go on."""
         if self.swapping:
             return Decision()
-        d = decide(self.holder(now), [Waiting(w.key, w.preset, w.since) for w in self.waiting],
+        d = decide(self.holder(now), [Waiting(w.key, w.preset, w.since)
+                                      for w in self.waiting if not self._held_back(w)],
                    now, self.max_wait, self.costs())
         for key in d.admit:
             waiter = next(w for w in self.waiting if w.key == key)
             self.waiting.remove(waiter)
             self.own[waiter.preset] += 1
+            if not waiter.batch:
+                self.interactive[waiter.preset] += 1
             waiter.admitted.set_result(None)
         return d
+
+    def _held_back(self, w: _Waiter) -> bool:
+        """Whether ``w``, a batch key's request for another preset than the holder, is
+        left out of the rule: the holder serves an interactive request, or has one
+        waiting for it."""
+        return w.batch and w.preset != self.turn and bool(self.turn) and (
+            self.interactive[self.turn] > 0 or any(
+                not o.batch and o.preset == self.turn for o in self.waiting))
 
     async def _run(self) -> None:
         try:
@@ -367,9 +391,11 @@ class Groups:
         self.groups: dict[str, Group] = {}
 
     @contextlib.asynccontextmanager
-    async def turn(self, preset: Preset) -> AsyncIterator[str]:
+    async def turn(self, preset: Preset, batch: bool = False) -> AsyncIterator[str]:
         """The URL of ``preset``'s ready engine once its group is its own (at once without a
-        group) and its engine has room; its request counts in flight until the block ends."""
+        group) and its engine has room; its request counts in flight until the block ends.
+        ``batch``: a batch key's request, which starts no swap that would stop an
+        interactive one."""
         group = self.group_of(preset)
         if group is None:
             async with self.placed(preset):
@@ -377,14 +403,14 @@ class Groups:
                 await self.slots.restored(preset.name, url)   # after an eviction's save
                 yield url
             return
-        await group.enter(preset.name)
+        await group.enter(preset.name, batch)
         try:
             async with self.placed(preset):
                 url = await self.starter.url(preset)
                 await self.slots.restored(preset.name, url)   # before its first request
                 yield url
         finally:
-            group.leave(preset.name)
+            group.leave(preset.name, batch)
 
     def group_of(self, preset: Preset) -> Group | None:
         """The preset's group; None without one, and for a preset a request cannot start

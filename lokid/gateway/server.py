@@ -252,7 +252,8 @@ class Gateway:
                        self.placer.closing and (group is None or not group.swapping
                                                 and group.turn in ("", name)))
         assert self.client is not None
-        async with self.groups.turn(preset) as url:   # its group's turn, its engine started
+        batch = request.get(IDENTITY_KEY, ANONYMOUS).batch   # starts no swap over a person's
+        async with self.groups.turn(preset, batch) as url:   # its group's turn, its engine
             await self.liveness.check(name, url)
             patience = self.liveness.patience(name, url, self.settings.first_byte_timeout,
                                               self.settings.stream_idle_timeout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lokid.core.fairshare import RECENT, UNLIMITED, FairShare, QueueFull, Ticket
+from lokid.core.fairshare import KEEP_ONE, RECENT, UNLIMITED, FairShare, QueueFull, Ticket
 
 
 def order(fs: FairShare, tickets: list[Ticket], now: float = 0.0) -> list[str]:
@@ -86,8 +86,9 @@ def test_a_batch_flood_leaves_the_interactive_reserve() -> None:
     bob = fs.arrive("p", "bob", slots=4, now=3.0)
     assert bob.admitted
     assert fs.leave(bob, 4.0) == []   # its slot stays free for the next person
-    # once the interactive keys have been gone RECENT seconds, batch has every slot
-    later = 4.0 + RECENT + 1
+    # once the interactive keys have been gone KEEP_ONE seconds, batch has every slot
+    assert fs.reserve("p", 4.0 + RECENT + 1) == 1
+    later = 4.0 + KEEP_ONE + 1
     assert fs.reserve("p", later) == 0
     assert len(fs.leave(next(t for t in batch if t.admitted), later)) == 2
     assert fs.running("p") == 4
@@ -101,10 +102,13 @@ def test_the_reserve_follows_the_interactive_demand() -> None:
     batch = [fs.arrive("p", "job", batch=True, slots=4, now=2.0) for _ in range(4)]
     assert sum(t.admitted for t in batch) == 1   # three people chatted: three kept
     assert fs.reserve("p", 2.0) == 3
-    # after RECENT seconds without them, the freed slot goes to batch with no reserve
+    # after RECENT seconds without them one slot stays theirs, after KEEP_ONE none
     running = next(t for t in batch if t.admitted)
     admitted = fs.leave(running, 2.0 + RECENT + 1)
-    assert len(admitted) == 3 and fs.reserve("p", 2.0 + RECENT + 1) == 0
+    assert len(admitted) == 3 and fs.reserve("p", 2.0 + RECENT + 1) == 1
+    assert not fs.arrive("p", "job", batch=True, slots=4, now=2.0 + RECENT + 1).admitted
+    admitted = fs.leave(admitted[0], 2.0 + KEEP_ONE + 1)
+    assert len(admitted) == 1 and fs.reserve("p", 2.0 + KEEP_ONE + 1) == 0
 
 
 def test_one_slot_has_no_reserve() -> None:
