@@ -66,6 +66,7 @@ from yarl import URL
 
 from ..core.keys import CLIENT_KEY_HEADERS
 from . import tunnel
+from .figures import tail_of
 from .replies import SERVER, GatewayError, sse_error
 from .silence import EngineSilent, Patience, StreamWatch, within
 from .sockets import EngineConnector, Route
@@ -274,10 +275,12 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
         if renamer is None and length is not None:
             response.content_length = length   # its bytes pass as they are
         watch = StreamWatch(upstream.content, patience, side)
+        tail = tail_of(request)   # the engine's figures, at its end (lokid.gateway.usage)
         try:
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 watch.touch()
+                tail.feed(chunk)
                 await response.write(renamer.chunk(chunk) if renamer else chunk)
             if renamer is not None:
                 await response.write(renamer.end())
@@ -305,7 +308,7 @@ async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Map
     try:
         return await tunnel.carry(request, other.host, other.port, other.raw_authority,
                                   other.raw_path_qs, body, headers, HOP_BY_HOP, patience, side,
-                                  route)
+                                  route, tail_of(request).feed)
     except EngineSilent as e:
         raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
     except OSError as e:   # no connection (refused, or its connect timed out)

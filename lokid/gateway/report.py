@@ -14,6 +14,12 @@ Faults: a report the daemon does not take (it restarts, it is older and knows no
 through; the counts kept are bounded by the presets and codes they name (at most
 :data:`MAX_KEPT` pairs). A request never waits for a report.
 
+Usage (issue 46, item 2): the same loop hands the daemon the rows of
+:class:`lokid.gateway.usage.Usage` (counters per UTC day, key name and preset) with one
+``org.lokid.Lokid1.Usage.GatewayUsage`` call when any moved, under the same rules: not
+taken (a daemon older than usage, restarting), they stay for the next report and the
+failure is said once; what came meanwhile is never lost by a report taken.
+
 Cold starts are the daemon's to count: :func:`start_for_request` asks the start with
 ``StartForRequest``, which marks it as asked for a request (``StartPreset`` where the
 daemon is older).
@@ -31,6 +37,7 @@ from aiohttp import web
 from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 
+from ..core.errors import INVALID_ARGS
 from ..core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
 from ..host.buscall import call
 
@@ -50,14 +57,17 @@ CLIENT_GONE = 499
 # A daemon older than StartForRequest, or a bus policy that does not list it yet (the
 # policy file is reread by the bus, not by lokid): the plain StartPreset then.
 OLD_DAEMON = ("org.freedesktop.DBus.Error.UnknownMethod", "org.freedesktop.DBus.Error.AccessDenied")
+USAGE_INTERFACE = BUS_NAME + ".Usage"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Report:
-    def __init__(self, bus: MessageBus, groups: Any):
+    def __init__(self, bus: MessageBus, groups: Any, usage: Any = None):
         self.bus = bus
         self.groups = groups          # lokid.gateway.groups.Groups: its groups' swaps
+        self.usage = usage            # lokid.gateway.usage.Usage: who used what
+        self.usage_failure = ""
         self.pending: Counter[tuple[str, int]] = Counter()
         self.swaps_sent: dict[str, int] = {}
         self.failure = ""
@@ -117,7 +127,9 @@ class Report:
                 if n > self.swaps_sent.get(name, 0)}
 
     async def send(self) -> None:
-        """One GatewayReport of what moved since the last one taken; nothing if nothing."""
+        """One GatewayReport of what moved since the last one taken, one GatewayUsage of
+        the usage rows; nothing if nothing."""
+        await self.send_usage()
         swaps = self._swaps()
         if not self.pending and not swaps:
             return
@@ -139,6 +151,37 @@ class Report:
         self.pending = +self.pending
         for name, n in swaps.items():
             self.swaps_sent[name] = self.swaps_sent.get(name, 0) + n
+
+
+    async def send_usage(self) -> None:
+        """The usage rows, in calls of at most BATCH rows; rows the daemon refuses as
+        wrong (InvalidArgs: a fault of ours) are dropped and said, not sent forever."""
+        if self.usage is None:
+            return
+        for _ in range(-(-len(self.usage.pending) // self.usage.BATCH)):   # what is here now
+            if not self.usage.pending or not await self._usage_call(self.usage.batch()):
+                return
+
+    async def _usage_call(self, sent: dict[Any, dict[str, int]]) -> bool:
+        try:
+            await call(self.bus, BUS_NAME, OBJECT_PATH, USAGE_INTERFACE, "GatewayUsage",
+                       "a(sssa{st})", [self.usage.rows(sent)])
+        except DBusError as e:
+            if e.type == INVALID_ARGS:
+                log.warning("lokid refused the gateway's usage (%d rows dropped): %s",
+                            len(sent), e.text)
+                self.usage.taken(sent)
+                return True
+            if e.text != self.usage_failure:
+                log.warning("lokid did not take the gateway's usage (kept for the next "
+                            "report: %d rows): %s", len(sent), e.text)
+                self.usage_failure = e.text
+            return False
+        if self.usage_failure:
+            log.info("lokid takes the gateway's usage again")
+            self.usage_failure = ""
+        self.usage.taken(sent)
+        return True
 
 
 async def start_for_request(presets: Any, name: str) -> str:

@@ -54,10 +54,11 @@ from ..core.fleet.route import LOCAL, READY, Model
 from ..core.keys import ANONYMOUS
 from . import prompts
 from .admission import Admission
+from .audit import Audit, journal_sender
 from .body import BODIES_HELD, MAX_BODY_TEXT, Bodies, SlowBody, read_body
 from .bodyscan import BodyError, Scan, walk, with_model
 from .catalog import UNRESPONSIVE, Catalog
-from .context import IDENTITY_KEY
+from .context import IDENTITY_KEY, ROUTE_KEY, WHERE_KEY
 from .cors import Cors
 from .faults import Faults, client_gone, reset_mid_body
 from .groups import Groups
@@ -87,6 +88,7 @@ from .shutdown import Draining, StoppableSite
 from .silence import Liveness, Patience
 from .slots import SlotCache
 from .upstream import read_key
+from .usage import Usage
 
 log = logging.getLogger("lokid.gateway")
 
@@ -112,7 +114,8 @@ class Gateway:
         self.client: aiohttp.ClientSession | None = None     # to the engines
         self.external: aiohttp.ClientSession | None = None   # to external APIs
         self.hops: aiohttp.ClientSession | None = None   # to peer gateways: never pooled
-        self.report = Report(presets.bus, self.groups)   # requests and swaps, to lokid
+        self.usage = Usage(Audit(journal_sender()))   # who used what (lokid.gateway.usage)
+        self.report = Report(presets.bus, self.groups, self.usage)   # to lokid, each second
         self.connections = Connections()   # each with its head's deadline
         self.cors = Cors(settings.cors_origins)
         self.hosts = Hosts(settings.allowed_hosts)   # the names a keyless gateway answers to
@@ -126,14 +129,17 @@ class Gateway:
         self.admission = Admission(settings.max_queue, settings.max_queue_per_key,
                                    lambda: self.client, self._engine_key)
         self.limits = Limiter(presets.bus)   # keys' rates and budgets (lokid.gateway.limits)
+        self.usage.hooks.append(self.limits.on_figures)   # the tokens each key spent
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body + 1,
                               middlewares=[self.connections.middleware,
-                                           self.report.middleware, self.cors.middleware,
+                                           self.report.middleware, self.usage.middleware,
+                                           self.cors.middleware,
                                            self.bodies.middleware])
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_response_prepare.append(self.cors.on_prepare)
+        app.on_response_prepare.append(self.usage.on_prepare)   # its first byte
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         self.limits.install(app)
@@ -200,6 +206,7 @@ class Gateway:
         raw_path = request.raw_path.partition("?")[0]
         if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
             route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
+        request[ROUTE_KEY] = raw_path   # one the gateway offers: its audit record's
         limit = self._read_limit(raw_path)
         body = await read_body(request, limit, self.bodies, MAX_BODY_TEXT
                                if limit == self.settings.max_body else "the largest prompt "
@@ -233,6 +240,7 @@ class Gateway:
                 f"?{request.query_string}" if request.query_string else "")
             patience = Patience(self.settings.first_byte_timeout,
                                 self.settings.stream_idle_timeout)
+            request[WHERE_KEY] = "external"
             async with self.admission.gate(request, preset, "", raw_path):   # per-key limit
                 return await relay(self.external, request, preset.upstream,
                                    with_model(body, scan, preset.upstream_model)
@@ -259,6 +267,7 @@ class Gateway:
                                               self.settings.stream_idle_timeout)
             if raw_path == "/props":
                 return await self._props(request, url, key, patience)
+            request[WHERE_KEY] = "local"
             async with self.admission.gate(request, preset, url, raw_path):   # its slot
                 return await relay(self.client, request, url, body, keep_auth=False,
                                    patience=patience, key=key,
@@ -299,6 +308,7 @@ class Gateway:
                                         else "")
         patience = Patience(self.settings.first_byte_timeout, self.settings.stream_idle_timeout)
         assert self.hops is not None
+        request[WHERE_KEY] = f"peer:{host}"
         with self.peers.sending(host, name):
             return await relay(self.hops, request, peer.url, body, keep_auth=False,
                                patience=patience, key=key, target=target,

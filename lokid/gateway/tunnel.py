@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from aiohttp import web
@@ -91,24 +91,27 @@ def _whole(head: _Head) -> bool:
     return head.length is not None and not head.chunked and head.length <= WHOLE
 
 
-def _one_chunk(data: bytes) -> bool:
-    """Whether ``data`` is exactly one whole chunk, not the last (what llama-server writes
-    per event, and mostly what one read gets): carried as it is."""
+def _one_chunk(data: bytes) -> int:
+    """Where the payload begins when ``data`` is exactly one whole chunk, not the last
+    (what llama-server writes per event, and mostly what one read gets: carried as it
+    is); 0 when it is not."""
     eol = data.find(b"\r\n", 0, 18)
     if eol <= 0:
-        return False
+        return 0
     try:
         size = int(data[:eol], 16)
     except ValueError:   # an extension (";"), or no size
-        return False
-    return size > 0 and len(data) == eol + 4 + size and data.endswith(b"\r\n")
+        return 0
+    return eol + 2 if size > 0 and len(data) == eol + 4 + size and data.endswith(b"\r\n") \
+        else 0
 
 
 class _Engine(asyncio.Protocol):
     """The engine's side: the head (a future), then the body, whole or carried."""
 
-    def __init__(self) -> None:
+    def __init__(self, tap: Callable[[bytes], None] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.tap = tap           # fed the answer's bytes carried, unframed (its figures)
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.head: asyncio.Future[_Head] = self.loop.create_future()
@@ -194,12 +197,17 @@ class _Engine(asyncio.Protocol):
             return
         self.watch.touch()
         ended = False
-        if self.state == "size" and not self.buffer and _one_chunk(data):
+        begins = _one_chunk(data) if self.state == "size" and not self.buffer else 0
+        if begins:
             client.write(data)   # one whole chunk, framed as the engine framed it
+            if self.tap is not None:
+                self.tap(data[begins:-2])
         elif self.state == "length":   # the client's answer has this length too
             payload = data[:self.left]
             self.left -= len(payload)
             client.write(payload)
+            if self.tap is not None:
+                self.tap(payload)
             ended = not self.left
         else:
             if self.state == "raw":
@@ -208,6 +216,8 @@ class _Engine(asyncio.Protocol):
                 payload, ended = self._unframe(data)
             if payload:
                 client.write(b"%x\r\n%b\r\n" % (len(payload), payload))
+                if self.tap is not None:
+                    self.tap(payload)
         if not self.paused and client.get_write_buffer_size() > HIGH \
                 and self.transport is not None:
             self.paused = True
@@ -315,14 +325,16 @@ def request_head(method: str, path_qs: str, host: str, headers: Mapping[str, str
 async def carry(request: web.Request, host: str, port: int, authority: str, path_qs: str,
                 body: bytes,
                 headers: Mapping[str, str], hop_by_hop: frozenset[str], patience: Patience,
-                side: str, route: Route | None = None) -> web.StreamResponse:
+                side: str, route: Route | None = None,
+                tap: Callable[[bytes], None] | None = None) -> web.StreamResponse:
     """The answer of the engine (or peer gateway) at ``host``:``port`` to ``request`` sent
     to ``path_qs`` (its ``body`` read already, ``headers`` the forwarded ones), its stream
     carried as bytes; ``route``: this host's engines at their socket
-    (:mod:`lokid.gateway.sockets`). OSError when no connection was made (the caller's
+    (:mod:`lokid.gateway.sockets`); ``tap``: fed each part of a carried answer, unframed
+    (:class:`lokid.gateway.figures.Tail`). OSError when no connection was made (the caller's
     502); EngineSilent or EngineGone before the answer's head; ClientLeft once the client
     went away mid-answer."""
-    engine = _Engine()
+    engine = _Engine(tap)
     transport, _ = await open_engine(lambda: engine, host, port, route, CONNECT_TIMEOUT)
     try:
         transport.write(request_head(request.method, path_qs, authority, headers, len(body))
