@@ -52,13 +52,12 @@ from typing import Any
 from dbus_fast import DBusError
 
 from ..core.keys import Identity
-from ..core.names import BUS_NAME, OBJECT_PATH
+from ..core.names import BUS_NAME, OBJECT_PATH, USAGE_INTERFACE
 from ..host.buscall import call
 from .replies import GatewayError
 
 log = logging.getLogger("lokid.gateway")
 
-USAGE_INTERFACE = BUS_NAME + ".Usage"
 SPAN = 60                  # seconds of a per-minute window, one bucket a second
 TOTALS_EVERY = 60.0        # seconds between two reads of the daemon's totals
 TOTALS_TIMEOUT = 5.0       # a read of the totals waited for at start, at most
