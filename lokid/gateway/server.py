@@ -88,7 +88,7 @@ from .shutdown import Draining, StoppableSite
 from .silence import Liveness, Patience
 from .slots import SlotCache
 from .upstream import read_key
-from .usage import Usage
+from .usage import PEER_PRESET_KEY, Usage
 
 log = logging.getLogger("lokid.gateway")
 
@@ -308,7 +308,7 @@ class Gateway:
                                         else "")
         patience = Patience(self.settings.first_byte_timeout, self.settings.stream_idle_timeout)
         assert self.hops is not None
-        request[WHERE_KEY] = f"peer:{host}"
+        request[WHERE_KEY], request[PEER_PRESET_KEY] = f"peer:{host}", name   # its usage
         with self.peers.sending(host, name):
             return await relay(self.hops, request, peer.url, body, keep_auth=False,
                                patience=patience, key=key, target=target,

@@ -34,7 +34,9 @@ Rules, each for a failure it prevents:
 - only requests past the key check on an inference route are counted and audited; a
   refusal before the request's preset was known (a key's limit, a model it may not
   use, a model nobody serves) is counted under the preset ``-``: the preset is the
-  operator's name, never a client's string (no row per guessed model name).
+  operator's name, never a client's string (no row per guessed model name). A key or
+  preset name the daemon would refuse (:mod:`lokid.core.usage`) is counted as ``-``:
+  one such row would have the daemon refuse the whole report it is in.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from typing import Any
 from aiohttp import web
 
 from ..core.keys import ANONYMOUS_NAME
+from ..core.usage import key_ok, preset_ok
 from .audit import Audit, Record
 from .context import FIGURES_KEY, FIRST_BYTE_KEY, IDENTITY_KEY, ROUTE_KEY, WAITED_KEY, WHERE_KEY
 from .figures import TAIL_KEY, UNKNOWN, Figures, figures_of, tail_of
@@ -61,11 +64,15 @@ __all__ = ["MAX_ROWS", "Figures", "Usage", "tail_of"]
 MAX_ROWS = 20000      # (day, key, preset) rows kept while the daemon does not take them
 BATCH = 4096          # rows of one GatewayUsage call (lokid.core.usage.MAX_ROWS)
 MAX_COUNTERS = 64     # counters of one row (lokid.core.usage.MAX_COUNTERS)
-NO_PRESET = "-"       # a refusal before the request's preset was known
+NO_PRESET = "-"       # a refusal before the request's preset was known (or its key)
 COUNTERS = ("requests", "prompt_tokens", "cached_tokens", "generated_tokens", "wait_ms",
             "engine_ms", "peer_requests")
 START_KEY: Any = web.RequestKey("lokid_start", float) if hasattr(web, "RequestKey") \
     else "lokid_start"
+# The preset a peer gateway served (its name, as this gateway's client asked it): counted
+# here under it. Not report.PRESET_KEY, which counts this host's own presets' answers.
+PEER_PRESET_KEY: Any = web.RequestKey("lokid_peer_preset", str) \
+    if hasattr(web, "RequestKey") else "lokid_peer_preset"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Row = tuple[str, str, str]   # UTC day, key name, preset
@@ -124,7 +131,8 @@ class Usage:
         request[FIGURES_KEY] = figures
         identity = request.get(IDENTITY_KEY)
         name = getattr(identity, "name", ANONYMOUS_NAME)
-        preset = request.get(PRESET_KEY) or ""   # none: a refusal before its model was known
+        preset = request.get(PRESET_KEY) or request.get(PEER_PRESET_KEY) or ""   # none: a
+        # refusal before its model was known
         where = request.get(WHERE_KEY, "local")
         hop = HOP_HEADER in request.headers
         waited = float(request.get(WAITED_KEY, 0.0)) * 1000
@@ -134,8 +142,9 @@ class Usage:
         if first is None and response is not None and not response.prepared:
             first = now   # a whole answer: its head goes out as the middleware returns it
         if not hop:
-            self.count((utc_day(time.time()), name, preset or NO_PRESET), status, figures,
-                       waited, where)
+            self.count((utc_day(time.time()), name if key_ok(name) else NO_PRESET,
+                        preset if preset and preset_ok(preset) else NO_PRESET), status,
+                       figures, waited, where)
             if preset:
                 for hook in self.hooks:
                     hook(identity, preset, figures if figures.known else None)

@@ -185,3 +185,37 @@ async def test_a_client_gone_mid_stream_is_499(running: Running, gateway: Gatewa
     assert record["LOKID_STATUS"] == "499" and record["LOKID_PRESET"] == "alpha"
     assert record["LOKID_GENERATED_TOKENS"] == "" and record["LOKID_ROUTE"] == "/completion"
     assert record["LOKID_TTFB_MS"] != "" and record["LOKID_WHERE"] == "local"
+
+
+async def test_the_daemon_keeps_the_counts(running: Running, gateway: Gateway) -> None:
+    """The report's GatewayUsage rows, taken by the real daemon (org.lokid.Lokid1.Usage,
+    its usage.db) within a few reports: its Usage answer equals the timings the client
+    read, to the token, and nothing is left pending in the gateway."""
+    from dbus_fast import Variant
+
+    from lokid.core.names import BUS_NAME
+
+    await start(running, gateway, "alpha")
+    prompt = generated = cached = 0
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:  # type: ignore[attr-defined]
+        for i in range(3):
+            r = await c.post("/v1/chat/completions", json=chat("alpha", f"Count {i % 2}"))
+            p, k, g = from_timings(r.json()["timings"])
+            prompt, cached, generated = prompt + p, cached + k, generated + g
+    usage = await running.iface(OBJECT_PATH, BUS_NAME + ".Usage")
+    query = {"by": Variant("as", ["key", "preset"]), "preset": Variant("s", "alpha")}
+
+    async def kept() -> Any:
+        rows = [{k: v.value for k, v in row.items()} for row in await usage.call_usage(query)]
+        return rows if rows and rows[0].get("requests") == 3 else None
+
+    deadline = time.monotonic() + 15
+    while not (rows := await kept()):
+        assert time.monotonic() < deadline, "the daemon did not get the counts in 15 s"
+        await asyncio.sleep(0.2)
+    (row,) = rows
+    assert row["key"] == "anonymous" and row["preset"] == "alpha"
+    assert (row["prompt_tokens"], row.get("cached_tokens", 0), row["generated_tokens"]) == \
+        (prompt, cached, generated)
+    assert cached > 0   # the third prompt was the first's: from the engine's cache
+    assert not gateway.usage.pending
