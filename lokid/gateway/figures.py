@@ -24,6 +24,10 @@ Rules, each for a failure it prevents:
   event that has the figures: llama-server writes ``timings`` in its last event, and
   ``usage`` with ``stream_options.include_usage`` in the one after), whatever the
   stream's length;
+- Anthropic's stream (``/v1/messages``) says its prompt in its first event
+  (``message_start``'s ``usage``) and its output in a late one (``message_delta``'s):
+  :class:`Tail` keeps the stream's first :data:`HEAD` bytes too, and a last ``usage``
+  with no prompt takes the prompt from there (a long stream's tail has lost it);
 - a value that is not a count (negative, not a whole number, absurd) is no figure: the
   answer has none (:data:`UNKNOWN`), rather than a count that poisons the totals.
 
@@ -41,6 +45,7 @@ from aiohttp import web
 
 WINDOW = 4096            # bytes after a key decoded for its value (a timings object: ~250)
 TAIL = 64 * 1024         # bytes of a stream's end kept for its figures
+HEAD = 8 * 1024          # bytes of a stream's beginning kept (Anthropic's message_start)
 _MAX = 10 ** 12          # beyond: no figure (an engine's lie, not a count)
 _DECODER = json.JSONDecoder()
 _SPACE = b" \t\r\n"
@@ -160,13 +165,16 @@ class Tail:
     """A stream's last :data:`TAIL` bytes, fed each part of it as the gateway relays it
     (unframed: no chunk sizes), never more held; :meth:`figures` at its end."""
 
-    __slots__ = ("parts", "size")
+    __slots__ = ("parts", "size", "head")
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
         self.size = 0
+        self.head = b""
 
     def feed(self, data: bytes) -> None:
+        if len(self.head) < HEAD:
+            self.head += data[:HEAD - len(self.head)]
         self.parts.append(data)
         self.size += len(data)
         if self.size > 2 * TAIL:   # trimmed now and then: a join per ~64 KiB, not per part
@@ -183,9 +191,16 @@ class Tail:
             if size >= WINDOW:
                 break
         got = figures_of(b"".join(reversed(near)))
-        if got.known or len(near) == len(self.parts):
-            return got
-        return figures_of(b"".join(self.parts)[-TAIL:])
+        if not got.known and len(near) < len(self.parts):
+            got = figures_of(b"".join(self.parts)[-TAIL:])
+        at = self.head.find(b'"message_start"')
+        if got.known and not got.prompt_tokens and at >= 0:
+            end = self.head.find(b"\n\n", at)   # that event only: not a later usage
+            start = figures_of(self.head[:end] if end >= 0 else self.head)
+            if start.known:
+                return Figures(start.prompt_tokens, start.cached_tokens,
+                               got.generated_tokens, got.engine_ms, True)
+        return got
 
 
 TAIL_KEY: Any = web.RequestKey("lokid_tail", Tail) if hasattr(web, "RequestKey") \

@@ -126,3 +126,22 @@ def test_refusal_counters_per_row_are_bounded() -> None:
         u.count(("2026-12-07", "k", "p"), code, UNKNOWN, 0.0, "local")
     counters = u.pending[("2026-12-07", "k", "p")]
     assert len(counters) == MAX_COUNTERS and counters["requests"] == 200
+
+
+@pytest.mark.parametrize("parts", [1, 3000])
+def test_an_anthropic_stream_takes_its_prompt_from_its_first_event(parts: int) -> None:
+    """/v1/messages streamed, as llama-server b11434 writes it: the prompt in
+    message_start, the output in message_delta; short (both in the kept head) or long
+    (message_start long gone from the tail)."""
+    def event(name: str, data: dict[str, object]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+    tail = Tail()
+    tail.feed(event("message_start", {"type": "message_start", "message": {
+        "usage": {"cache_read_input_tokens": 27, "input_tokens": 1, "output_tokens": 0}}}))
+    for _ in range(parts):
+        tail.feed(event("content_block_delta", {"type": "content_block_delta", "delta": {
+            "type": "text_delta", "text": "word " * 10}}))
+    tail.feed(event("message_delta", {"type": "message_delta", "usage": {
+        "output_tokens": parts}}))
+    tail.feed(event("message_stop", {"type": "message_stop"}))
+    assert tail.figures() == Figures(28, 27, parts, 0.0, True)

@@ -219,3 +219,31 @@ async def test_the_daemon_keeps_the_counts(running: Running, gateway: Gateway) -
         (prompt, cached, generated)
     assert cached > 0   # the third prompt was the first's: from the engine's cache
     assert not gateway.usage.pending
+
+
+async def test_anthropic_messages_whole_and_streamed(running: Running, gateway: Gateway) -> None:
+    """/v1/messages (Anthropic's shape, no timings): the whole answer's usage, and a stream
+    whose prompt is said in its first event and its output in a late one."""
+    await start(running, gateway, "alpha")
+    gateway.report.usage = None
+    got: list[Figures | None] = []
+    gateway.usage.hooks.append(lambda _i, _p, f: got.append(f))
+    body = {"model": "alpha", "max_tokens": 30, "messages": [
+        {"role": "user", "content": "Say something long"}]}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:  # type: ignore[attr-defined]
+        r = await c.post("/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        whole = u["input_tokens"] + u.get("cache_read_input_tokens", 0)
+        assert seen(got[-1]) == (whole, u.get("cache_read_input_tokens", 0), u["output_tokens"])
+        raw = b""
+        async with c.stream("POST", "/v1/messages", json={**body, "stream": True}) as s:
+            async for chunk in s.aiter_raw():
+                raw += chunk
+    evs = events(raw)
+    first = evs[0]["message"]["usage"]
+    last = [e["usage"] for e in evs if "usage" in e][-1]
+    assert "input_tokens" not in last   # only in message_start
+    assert seen(got[-1]) == (first["input_tokens"] + first["cache_read_input_tokens"],
+                             first["cache_read_input_tokens"], last["output_tokens"])
+    assert seen(got[-1])[0] == whole and last["output_tokens"] == 30
