@@ -147,7 +147,10 @@ class Usage:
                        figures, waited, where)
             if preset:
                 for hook in self.hooks:
-                    hook(identity, preset, figures if figures.known else None)
+                    try:
+                        hook(identity, preset, figures if figures.known else None)
+                    except Exception as e:   # a defect of a hook's: the answer went out
+                        log.warning("usage: a hook failed: %s: %s", type(e).__name__, e)
         if not self.audit.quiet:
             self.audit.write(Record(name, preset, route, status, figures, waited,
                                     None if first is None else (first - start) * 1000,
