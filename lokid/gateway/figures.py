@@ -27,7 +27,9 @@ Rules, each for a failure it prevents:
 - Anthropic's stream (``/v1/messages``) says its prompt in its first event
   (``message_start``'s ``usage``) and its output in a late one (``message_delta``'s):
   :class:`Tail` keeps the stream's first :data:`HEAD` bytes too, and a last ``usage``
-  with no prompt takes the prompt from there (a long stream's tail has lost it);
+  with no prompt takes the prompt from there (a long stream's tail has lost it).
+  llama-server b11434 leaves ``message_start`` out of some streams (1 in 6 to 12 asked
+  directly here): such an answer says no prompt, and its prompt is counted 0;
 - a value that is not a count (negative, not a whole number, absurd) is no figure: the
   answer has none (:data:`UNKNOWN`), rather than a count that poisons the totals.
 

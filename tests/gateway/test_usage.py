@@ -108,7 +108,7 @@ async def test_counts_are_the_engines_own(running: Running, gateway: Gateway) ->
             raw = b""
             async with c.stream("POST", "/v1/chat/completions",
                                 json=chat("alpha", "Once upon", stream=True, max_tokens=40,
-                                          **extra)) as s:
+                                          ignore_eos=True, **extra)) as s:
                 assert s.status_code == 200
                 async for chunk in s.aiter_raw():
                     raw += chunk
@@ -125,7 +125,8 @@ async def test_counts_are_the_engines_own(running: Running, gateway: Gateway) ->
         # llama.cpp's own /completion, streamed
         raw = b""
         async with c.stream("POST", "/completion", json={
-                "model": "alpha", "prompt": "Once", "n_predict": 25, "stream": True}) as s:
+                "model": "alpha", "prompt": "Once", "n_predict": 25, "ignore_eos": True,
+                "stream": True}) as s:
             async for chunk in s.aiter_raw():
                 raw += chunk
         t = [e["timings"] for e in events(raw) if "timings" in e][-1]
@@ -223,7 +224,10 @@ async def test_the_daemon_keeps_the_counts(running: Running, gateway: Gateway) -
 
 async def test_anthropic_messages_whole_and_streamed(running: Running, gateway: Gateway) -> None:
     """/v1/messages (Anthropic's shape, no timings): the whole answer's usage, and a stream
-    whose prompt is said in its first event and its output in a late one."""
+    whose prompt is said in its first event and its output in a late one. llama-server
+    b11434 leaves message_start out of some streams (1 in 6 to 12 here, asked directly,
+    without the gateway): such a stream says no prompt, and is counted with its output
+    only; the streams are asked until one has it (at most 10)."""
     await start(running, gateway, "alpha")
     gateway.report.usage = None
     got: list[Figures | None] = []
@@ -236,14 +240,21 @@ async def test_anthropic_messages_whole_and_streamed(running: Running, gateway: 
         u = r.json()["usage"]
         whole = u["input_tokens"] + u.get("cache_read_input_tokens", 0)
         assert seen(got[-1]) == (whole, u.get("cache_read_input_tokens", 0), u["output_tokens"])
-        raw = b""
-        async with c.stream("POST", "/v1/messages", json={**body, "stream": True}) as s:
-            async for chunk in s.aiter_raw():
-                raw += chunk
-    evs = events(raw)
-    first = evs[0]["message"]["usage"]
-    last = [e["usage"] for e in evs if "usage" in e][-1]
-    assert "input_tokens" not in last   # only in message_start
-    assert seen(got[-1]) == (first["input_tokens"] + first["cache_read_input_tokens"],
-                             first["cache_read_input_tokens"], last["output_tokens"])
-    assert seen(got[-1])[0] == whole and last["output_tokens"] == 30
+        for _ in range(10):
+            raw = b""
+            async with c.stream("POST", "/v1/messages", json={**body, "stream": True}) as s:
+                async for chunk in s.aiter_raw():
+                    raw += chunk
+            evs = events(raw)
+            last = [e["usage"] for e in evs if "usage" in e][-1]
+            assert "input_tokens" not in last and last["output_tokens"] > 0   # the output only
+            if evs[0].get("type") != "message_start":   # the engine's omission
+                assert seen(got[-1]) == (0, 0, last["output_tokens"])
+                continue
+            first = evs[0]["message"]["usage"]
+            assert seen(got[-1]) == (first["input_tokens"] + first["cache_read_input_tokens"],
+                                     first["cache_read_input_tokens"], last["output_tokens"])
+            assert seen(got[-1])[0] == whole
+            break
+        else:
+            raise AssertionError("no stream of 10 had its message_start")
