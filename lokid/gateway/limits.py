@@ -23,13 +23,18 @@ message naming the key, the limit, what was used and when it frees (UTC), and a
 - a day and a month are UTC's, as the daemon keeps usage (``usage.db``): a budget is the
   daemon's total for the key (``org.lokid.Lokid1.Usage.KeyTotals``, read at start and
   every :data:`TOTALS_EVERY` seconds, so that a gateway's restart does not give every key
-  a fresh budget) plus what this gateway counted since it asked. What it counted before
-  asking was reported before the question on the same bus connection (the daemon
-  answers in order), so nothing is counted twice; the tokens of the last second not yet
-  reported then are missed (the usage report runs once a second): a budget may be passed
-  by that much too. A daemon without ``KeyTotals`` (older, or not reachable): budgets
-  count from this gateway's start, said once in the log when a key with a budget comes
-  (a gateway whose keys have none has nothing to say);
+  a fresh budget) plus what this gateway counted since it asked. The usage report
+  (:mod:`lokid.gateway.usage`, once a second) and the question run side by side: counts
+  reported just before the question may not be in the answer yet, and counts reported
+  just after may already be; so a read may miss, or count twice, the tokens of the second
+  or so around it, never more (the next read, a minute later, is exact again for all
+  before). A budget may be passed, or reached early, by that much. A daemon without
+  ``KeyTotals`` (older, or not reachable): budgets count from this gateway's start, said
+  once in the log when a key with a budget comes (a gateway whose keys have none has
+  nothing to say);
+- a request sent on by a peer gateway (its hop header) is checked against the limits of
+  the peer's key here, but its tokens are counted where it entered, as its usage is
+  (:mod:`lokid.gateway.usage` calls no hook for it): a team's budget is spent once;
 - a key without limits costs one look at its limits and no state: the anonymous
   identity of a keyless gateway and the flat ``api_keys_file``'s keys are never refused
   here. The state kept is bounded by the keys that have limits and used them in the
