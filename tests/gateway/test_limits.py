@@ -190,3 +190,35 @@ async def test_a_budget_holds_across_a_gateway_restart(
         r = await c.post("/v1/chat/completions", json=chat(1), headers=as_key(secrets["day"]))
         message, _ = refusal(r, "insufficient_quota")
         assert f"({spent} tokens today)" in message, message
+
+
+async def test_without_the_daemons_totals_budgets_count_from_the_start(
+        bus_address: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A bus with no lokid on it (the real dbus-daemon): the totals cannot be read; the
+    budgets count what this gateway counts, and the log says so once, when a key with a
+    budget comes."""
+    from dbus_fast.aio import MessageBus
+
+    from lokid.core.keys import Identity, Limits
+    from lokid.gateway.limits import Limiter, LimitReached
+
+    bus = await MessageBus(bus_address=bus_address).connect()
+    try:
+        limiter = Limiter(bus)
+        await limiter.start()
+        assert limiter.failure, "the totals were read from a bus without lokid"
+        assert not caplog.records   # nothing to say while no key has a budget
+        limiter.check(Identity("open"))
+        assert not caplog.records
+        day = Identity("day", limits=Limits(tokens_per_day=20))
+        limiter.check(day)
+        limiter.spent(day, 25)
+        for _ in range(3):
+            with pytest.raises(LimitReached) as e:
+                limiter.check(day)
+            assert "(25 tokens today)" in e.value.message
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and "count from this gateway's start" in said[0], said
+        await limiter.stop()
+    finally:
+        bus.disconnect()
