@@ -380,14 +380,14 @@ class Groups:
 
     def __init__(self, presets: Presets, starter: Starter, max_wait: float = MAX_WAIT,
                  slots: SlotCache | None = None,
-                 placed: Callable[[Preset], contextlib.AbstractAsyncContextManager[None]]
-                 | None = None):
+                 placed: Callable[[Preset, bool],
+                                  contextlib.AbstractAsyncContextManager[None]] | None = None):
         self.presets = presets
         self.starter = starter
         self.max_wait = max_wait
         self.slots = slots or SlotCache(lambda: None)
         # the room for a start (lokid.gateway.placer's Placer.admitted), after the turn
-        self.placed = placed or (lambda _preset: contextlib.nullcontext())
+        self.placed = placed or (lambda _preset, _batch: contextlib.nullcontext())
         self.groups: dict[str, Group] = {}
 
     @contextlib.asynccontextmanager
@@ -398,14 +398,14 @@ class Groups:
         interactive one."""
         group = self.group_of(preset)
         if group is None:
-            async with self.placed(preset):
+            async with self.placed(preset, batch):
                 url = await self.starter.url(preset)
                 await self.slots.restored(preset.name, url)   # after an eviction's save
                 yield url
             return
         await group.enter(preset.name, batch)
         try:
-            async with self.placed(preset):
+            async with self.placed(preset, batch):
                 url = await self.starter.url(preset)
                 await self.slots.restored(preset.name, url)   # before its first request
                 yield url

@@ -29,7 +29,12 @@ What it says is done here, each step for a failure it prevents:
   (its new requests wait with the others), so a busy engine in the way cannot be kept
   busy forever;
 - **refuse**: what can never fit on this host is answered at once (the daemon's
-  ``StartForRequest`` refuses it too).
+  ``StartForRequest`` refuses it too);
+- **a batch key's requests** (:attr:`lokid.core.keys.Identity.batch`, issue 46) never
+  close or cut an engine serving an interactive key's request: where the plan for them
+  would, they are left out of the rule until those requests end (a batch job must not
+  cut a person's stream after its engine's drain); their wait is still bounded by
+  ``max_wait``.
 
 Where the room is unknown (no ``Devices`` yet, an older daemon) or a preset's need is
 (no plan, an unreadable header), nothing waits here: the start goes on as before this
@@ -51,7 +56,16 @@ from dataclasses import dataclass
 from dbus_fast import DBusError
 
 from ..core.external import EXTERNAL
-from ..core.place.policy import Device, Need, Resident, Waiting, decide, fits_now, placeable
+from ..core.place.policy import (
+    Device,
+    Need,
+    Plan,
+    Resident,
+    Waiting,
+    decide,
+    fits_now,
+    placeable,
+)
 from ..core.place.settings import PlacementConfig
 from ..core.swaps import MAX_WAIT as CLOSE_AFTER
 from ..core.swaps import NEVER
@@ -77,6 +91,7 @@ class _Waiter:
     preset: str
     since: float
     admitted: asyncio.Future[None]
+    batch: bool = False   # a batch key's request (issue 46)
 
 
 def devices_of(rows: list[dict[str, object]]) -> list[Device]:
@@ -131,6 +146,7 @@ class Placer:
         self.clock = clock
         self.waiting: list[_Waiter] = []
         self.own: Counter[str] = Counter()          # the gateway's requests in flight
+        self.interactive: Counter[str] = Counter()  # of them, interactive keys' (issue 46)
         self.last_used: dict[str, float] = {}       # when each last had a request
         self.idle_since: dict[str, float] = {}      # when its last request ended
         self.arrivals: dict[str, deque[float]] = {}
@@ -151,20 +167,26 @@ class Placer:
     # --- the requests' side ------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def admitted(self, preset: Preset) -> AsyncIterator[None]:
+    async def admitted(self, preset: Preset, batch: bool = False) -> AsyncIterator[None]:
         """Until there is room for ``preset``'s engine (at once when it runs); its request
         counts in flight until the block ends. GatewayError 503 when it cannot have room
-        in time, or ever."""
+        in time, or ever. ``batch``: a batch key's request."""
         if self._wants_room(preset):
-            await self._wait(preset)
+            await self._wait(preset, batch)
         name = preset.name
         now = self.clock()
         self.own[name] += 1
+        if not batch:
+            self.interactive[name] += 1
         self.last_used[name] = now
         self.arrivals.setdefault(name, deque(maxlen=GAPS + 1)).append(now)
         try:
             yield
         finally:
+            if not batch:
+                self.interactive[name] -= 1
+                if self.interactive[name] <= 0:
+                    del self.interactive[name]
             self.own[name] -= 1
             if self.own[name] <= 0:
                 del self.own[name]
@@ -186,8 +208,9 @@ class Placer:
             return False
         return bool(devices_of(self.presets.devices)) and need_of(preset) is not None
 
-    async def _wait(self, preset: Preset) -> None:
-        waiter = _Waiter(preset.name, self.clock(), asyncio.get_running_loop().create_future())
+    async def _wait(self, preset: Preset, batch: bool = False) -> None:
+        waiter = _Waiter(preset.name, self.clock(), asyncio.get_running_loop().create_future(),
+                         batch)
         self.waiting.append(waiter)
         self._step(self.clock())   # room now: no wait at all
         if not waiter.admitted.done():
@@ -276,6 +299,12 @@ class Placer:
             waiting.append(Waiting(need, min(w.since for w in ws), len(ws),
                                    sum(now - w.since for w in ws)))
         plan = decide(devices, self.residents(now), waiting, now, max_wait=CLOSE_AFTER)
+        spared = self._spared(plan, by_preset)
+        if spared:   # a batch key's requests close no engine serving a person's
+            waiting = [w for w in waiting if w.need.preset not in spared]
+            plan = decide(devices, self.residents(now), waiting, now, max_wait=CLOSE_AFTER)
+            for name, why in spared.items():
+                self.why[name] = why
         for start in plan.starts:
             self.granted[start.preset] = now
             self.granted_on[start.preset] = start.devices
@@ -311,6 +340,21 @@ class Placer:
                 asyncio.get_running_loop().create_task(self._evict(evict.preset, evict.why,
                                                                    evict.cut))
         return plan.again_at
+
+    def _spared(self, plan: Plan, by_preset: dict[str, list[_Waiter]]) -> dict[str, str]:
+        """The presets, waited for by batch keys' requests only, whose plan closes or
+        evicts an engine serving an interactive request; why they wait."""
+        batch = {n for n, ws in by_preset.items() if ws and all(w.batch for w in ws)}
+        spared: dict[str, str] = {}
+        for e in plan.evictions:
+            if e.to_make_room_for in batch and self.interactive[e.preset] > 0:
+                spared[e.to_make_room_for] = e.preset
+        for h in plan.holds:
+            busy = [c for c in h.closing if self.interactive[c] > 0]
+            if h.preset in batch and busy:
+                spared[h.preset] = busy[0]
+        return {name: f"a batch key's requests wait: {busy} serves interactive requests, "
+                "and is not stopped for them" for name, busy in spared.items()}
 
     def _settle(self, now: float) -> None:
         """Forget granted starts once their engine is seen (or never was), and evictions
