@@ -52,6 +52,16 @@ slots - 1), --rounds 3, other sessions' tests running beside it (load 8-9):
   its cost in throughput is this. The quiet phases' own tokens/s ranged 558-1,161 between
   rounds: the machine's load moves these figures by as much as the sides differ.
 
+Again at 5e35a89 (the fair queue then also keeps one slot for interactive keys ten
+minutes after the last, bf487dd), --rounds 3, load 6-10:
+
+- fair: p50 8.2 ms quiet, 9.1 ms flooded (ratios 1.24, 0.88, 1.19: met); p95 25.7 and
+  31.7 ms (1.56, 0.76, 2.23: within noise; the 2.23 is a round whose flood p95 was
+  59.8 ms at load 10);
+- fifo: p50 under the flood 7.6 s (ratios 826, 2,244, 348), p95 18.0 s;
+- tokens per second during the flood: fair 1,110, 1,062, 710; fifo 957, 719, 1,112 (116 %,
+  148 %, 64 %: within noise); the batch key's own 236-368 against FIFO's 718-1,109.
+
     .venv/bin/python benchmarks/fair_share.py [--seconds 20] [--rounds 2] [--streams 32]
         [--long 256] [--short 8] [--fifo-commit bf05d0d] [--json]
 """
