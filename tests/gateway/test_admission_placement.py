@@ -1,11 +1,11 @@
 """A batch key's request starts no eviction of an engine serving an interactive key's
 (issue 46, item 3), through the real gateway, daemon and llama-server: two on-demand
 presets that do not fit together in ``[placement] host_memory`` (each estimated at
-1.5 GiB before its first load, 1.7 GiB of room), with a short ``drain`` (1 s), so that a request waiting for the
-other preset would have the first closed, then stopped with its stream cut. A batch
-key's request for the other preset waits until the person's stream has ended whole;
-an interactive key's request still has the first stopped after the drain (the
-placement's rule is unchanged for it)."""
+1.5 GiB before its first load, 1.7 GiB of room), with a short ``drain`` (1 s), so that
+a request waiting for the other preset would have the first closed, then stopped with
+its stream cut. A batch key's request for the other preset waits until the person's
+stream has ended whole; an interactive key's request still has the first stopped after
+the drain (the placement's rule is unchanged for it)."""
 
 from __future__ import annotations
 
