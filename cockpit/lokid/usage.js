@@ -4,8 +4,9 @@
  * refusals today and this month (UTC), as lokictl usage counts them.
  *
  * Read with the documented Usage method of org.lokid.Lokid1.Usage (anyone may call
- * it), twice a minute at most: the counts move with the gateway's reports, not with
- * the presets' properties, so the card is not redrawn on their changes. The card
+ * it) when the overview opens, and again at most twice a minute while the presets'
+ * properties change (requests served move their Stats): Usage has no change signal,
+ * and the page never polls on a timer, so an idle page asks nothing. The card
  * stays hidden while nothing is counted, and where the method is missing (an older
  * lokid) or refused: usage is extra to the overview, never an alert.
  */
@@ -80,8 +81,22 @@
                 .finally(() => { asking = false });
     }
 
+    // at most one question per EVERY_MS while the presets' properties change
+    let last = 0;
+    let later = null;
+    function followed() {
+        if (later !== null)
+            return;
+        later = window.setTimeout(() => {
+            later = null;
+            last = performance.now();
+            refresh();
+        }, Math.max(0, last + EVERY_MS - performance.now()));
+    }
+
     lokid.renderUsage = refresh;
+    lokid.onChange(followed);
     cockpit.addEventListener("locationchanged", refresh);
-    window.setInterval(refresh, EVERY_MS);
+    last = performance.now();
     refresh();
 }());
