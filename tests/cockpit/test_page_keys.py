@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 
 import pytest
 from support.cockpitkit import Browser
+from support.lokid_install import unit
+from support.systemd_harness import Container
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
@@ -66,15 +68,21 @@ def confirm(b: Browser, key: str, verb: str) -> None:
     b.find("#lk-keys-confirm-yes").click()
 
 
-def test_the_usage_card_shows_a_keys_counts_as_the_gateway_reported_them(cockpit_site, lokid):
-    ct = cockpit_site.ct
+def report(ct: Container, key: str, requests: int, prompt: int, generated: int,
+           refused: int) -> None:
+    """What the gateway sends once a second (GatewayUsage), as root: ``key``'s counts on
+    preset alpha today, the engines' own token figures."""
     day = datetime.now(UTC).date().isoformat()
-    # What the gateway sends once a second, for a key and a preset: 3 requests, one of
-    # them refused 429, 120 prompt and 45 generated tokens (the engines' own figures).
     ct.run(["busctl", "call", "org.lokid.Lokid1", "/org/lokid/Lokid1",
             "org.lokid.Lokid1.Usage", "GatewayUsage", "a(sssa{st})", "1",
-            day, "carol-cockpit", "alpha", "4", "requests", "3", "prompt_tokens", "120",
-            "generated_tokens", "45", "refused_429", "1"])
+            day, key, "alpha", "4", "requests", str(requests), "prompt_tokens", str(prompt),
+            "generated_tokens", str(generated), "refused_429", str(refused)])
+
+
+def test_the_usage_card_shows_a_keys_counts_as_the_gateway_reported_them(cockpit_site, lokid):
+    ct = cockpit_site.ct
+    # 3 requests, one of them refused 429, 120 prompt and 45 generated tokens
+    report(ct, "carol-cockpit", 3, 120, 45, 1)
     r = ct.run(["busctl", "--json=short", "call", "org.lokid.Lokid1", "/org/lokid/Lokid1",
                 "org.lokid.Lokid1.Usage", "Usage", "a{sv}", "1", "key", "s", "carol-cockpit"])
     (row,) = json.loads(r.stdout)["data"][0]
@@ -93,6 +101,18 @@ def test_the_usage_card_shows_a_keys_counts_as_the_gateway_reported_them(cockpit
         b.open_preset("alpha")
         assert b.driver.execute_script("return document.getElementById('lk-usage').hidden")
         assert b.driver.execute_script("return document.getElementById('lk-keys').hidden")
+
+        # Back on the overview, the card follows while the presets' figures move (Usage
+        # has no signal; the page asks at most twice a minute then, never on a timer).
+        b.driver.execute_script("cockpit.location.go([])")
+        b.wait_js("return !document.getElementById('lk-usage').hidden", what="usage again")
+        report(ct, "carol-cockpit", 2, 10, 5, 0)
+        lokid.track_unit(unit("alpha"))
+        ct.systemctl("start", "--no-block", unit("alpha"))
+        b.wait_js("const r = document.querySelector(\"#lk-usage-rows tr[data-key="
+                  "'carol-cockpit']\"); return r && r.children[1].textContent === '5'",
+                  timeout=180, what="carol's 5 requests")
+        assert cell(b, "lk-usage-rows", "carol-cockpit", 2) == "180"
 
 
 def test_a_member_adds_a_key_sees_it_once_rotates_and_revokes_it(cockpit_site, lokid):
