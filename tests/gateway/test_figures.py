@@ -145,3 +145,4 @@ def test_an_anthropic_stream_takes_its_prompt_from_its_first_event(parts: int) -
         "output_tokens": parts}}))
     tail.feed(event("message_stop", {"type": "message_stop"}))
     assert tail.figures() == Figures(28, 27, parts, 0.0, True)
+

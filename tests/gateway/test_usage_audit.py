@@ -38,16 +38,16 @@ def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> P
 
 
 @pytest.fixture
-def journal() -> Iterator[str]:
+def journal() -> Iterator[journald.Journald]:
     why = journald.unavailable()
     if why:
         pytest.skip(why)
-    with journald.private_journald() as directory:
-        yield directory
+    with journald.private_journald() as j:
+        yield j
 
 
 async def test_audit_entries_in_the_journal(running: Running, bus_address: str,
-                                            journal: str) -> None:
+                                            journal: journald.Journald) -> None:
     from systemd import journal as systemd_journal
 
     async with gateway_on(bus_address, keys=frozenset({SECRET})) as gw:
@@ -74,7 +74,7 @@ async def test_audit_entries_in_the_journal(running: Running, bus_address: str,
                              json={"model": "alpha", "messages": []})
             assert r.status_code == 401
     name = legacy_identity(SECRET).name
-    got = journald.entries(journal, f"LOKID_KEY={name}")
+    got = journald.entries(journal.directory, f"LOKID_KEY={name}")
     assert len(got) == 2, got
     for entry, t in zip(got, (whole, streamed), strict=True):
         assert entry["LOKID_PRESET"] == "alpha"
@@ -89,6 +89,29 @@ async def test_audit_entries_in_the_journal(running: Running, bus_address: str,
         assert int(entry["LOKID_TTFB_MS"]) <= int(entry["LOKID_DURATION_MS"])
         assert name in entry["MESSAGE"]
     # never the key, never the prompt: anywhere in the journal
-    everything = json.dumps(journald.entries(journal))
+    everything = json.dumps(journald.entries(journal.directory))
     assert SECRET not in everything and "tangerine" not in everything
     assert "nope" not in everything
+
+
+def test_records_journald_does_not_take_are_lost_and_said_once(
+        journal: journald.Journald, caplog: pytest.LogCaptureFixture) -> None:
+    """journald gone (its socket still there: connection refused): systemd-python's real
+    journal.send raises; the record is lost, said once, never raised to the request's
+    path; once journald takes records again, the next failure is said again."""
+    from systemd import journal as systemd_journal
+
+    from lokid.gateway.audit import Audit, Record
+    from lokid.gateway.figures import UNKNOWN
+
+    audit = Audit(systemd_journal.send)
+    record = Record("alice", "alpha", "/v1/chat/completions", 200, UNKNOWN, 0.0, 1.0, 2.0,
+                    "local", False)
+    audit.write(record)
+    assert not audit.failed
+    journal.proc.kill()
+    journal.proc.wait(10)
+    for _ in range(3):
+        audit.write(record)
+    said = [r for r in caplog.records if "could not be written to the journal" in r.getMessage()]
+    assert len(said) == 1 and audit.failed

@@ -19,6 +19,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 JOURNALD = "/lib/systemd/systemd-journald"
 CLONE_NEWNS, CLONE_FS = 0x00020000, 0x00000200
@@ -45,10 +46,15 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+@dataclass
+class Journald:
+    directory: str                     # its journal files (for ``journalctl -D``)
+    proc: subprocess.Popen[bytes]      # systemd-journald
+
+
 @contextlib.contextmanager
-def private_journald() -> Iterator[str]:
-    """journald serving this thread's ``/run/systemd/journal/socket``; yields the
-    directory of its journal files (for ``journalctl -D``)."""
+def private_journald() -> Iterator[Journald]:
+    """journald serving this thread's ``/run/systemd/journal/socket``."""
     libc = ctypes.CDLL(None, use_errno=True)
     host = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY)
     mounted: list[str] = []
@@ -67,9 +73,9 @@ def private_journald() -> Iterator[str]:
             assert journald.poll() is None, f"journald exited {journald.returncode}"
             assert time.monotonic() < deadline, "journald made no socket in 10 s"
             time.sleep(0.02)
-        yield JOURNAL_DIR
+        yield Journald(JOURNAL_DIR, journald)
     finally:
-        if journald is not None:
+        if journald is not None and journald.poll() is None:
             journald.terminate()
             journald.wait(10)
         for m in reversed(mounted):
