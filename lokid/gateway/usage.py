@@ -31,6 +31,9 @@ Rules, each for a failure it prevents:
 - what is kept while the daemon does not take it is bounded (:data:`MAX_ROWS` rows);
   past it, new rows are dropped and said once (a daemon down for days, a flood of
   keys), never the gateway's memory;
+- a request refused 401 (no key, a wrong one) is counted under key and preset ``-``
+  (``refused_401``: someone guessing keys shows in ``lokictl usage`` and Prometheus),
+  with no audit record: one entry per guess would let anyone flood the journal;
 - only requests past the key check on an inference route are counted and audited; a
   refusal before the request's preset was known (a key's limit, a model it may not
   use, a model nobody serves) is counted under the preset ``-``: the preset is the
@@ -125,8 +128,11 @@ class Usage:
               status: int) -> None:
         """The request's answer ended with ``status``: counted, hooked, audited."""
         route = request.get(ROUTE_KEY)
-        if route is None:
-            return   # refused before its key was checked, or not an inference route
+        if route is None:   # refused before its key was checked, or not an inference route
+            if status == 401:   # a missing or wrong key: counted, no record (no flood)
+                self.count((utc_day(time.time()), NO_PRESET, NO_PRESET), status, UNKNOWN,
+                           0.0, "local")
+            return
         figures = self._figures(request, response)
         request[FIGURES_KEY] = figures
         identity = request.get(IDENTITY_KEY)

@@ -7,7 +7,9 @@ counts, and never the key or the prompt's text."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,21 @@ async def test_audit_entries_in_the_journal(running: Running, bus_address: str,
             r = await c.post("/v1/chat/completions", headers={"Authorization": "Bearer nope"},
                              json={"model": "alpha", "messages": []})
             assert r.status_code == 401
+        # counted under key "-", as the daemon keeps it (no record in the journal)
+        from dbus_fast import Variant
+
+        from lokid.core.names import BUS_NAME, OBJECT_PATH
+
+        usage = await running.iface(OBJECT_PATH, BUS_NAME + ".Usage")
+
+        async def refused() -> int:
+            rows = await usage.call_usage({"key": Variant("s", "-")})
+            return sum(r["refused_401"].value for r in rows if "refused_401" in r)
+
+        deadline = time.monotonic() + 15
+        while await refused() != 1:
+            assert time.monotonic() < deadline, "the 401 not counted at the daemon in 15 s"
+            await asyncio.sleep(0.2)
     name = legacy_identity(SECRET).name
     got = journald.entries(journal.directory, f"LOKID_KEY={name}")
     assert len(got) == 2, got
