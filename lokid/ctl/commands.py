@@ -26,6 +26,7 @@ from ..core.names import (
     MANAGER_INTERFACE,
     OBJECT_PATH,
     PRESET_INTERFACE,
+    USAGE_INTERFACE,
     preset_of_object_path,
 )
 from ..core.wording import counted
@@ -237,17 +238,30 @@ async def cmd_top(c: Client, once: bool, as_json: bool) -> int:
             ctlstats.row({"Name": name, "State": "broken", "Error": error})
             for name, error in sorted(broken.items())]
 
+    async def queues() -> list[dict[str, Any]]:
+        """Who waits in the gateway (Usage's Queues); none from a daemon without them."""
+        try:
+            return list((await c.properties(OBJECT_PATH, USAGE_INTERFACE)).get("Queues") or [])
+        except DBusError:
+            return []
+
     async def devices(width: int | None = None) -> str:
         manager = await c.properties(OBJECT_PATH, MANAGER_INTERFACE)
-        said = [ctlstats.waits_text(dict(manager.get("Waits") or {}), width),
+        said = [ctlstats.queues_text(await queues(), width),
+                ctlstats.waits_text(dict(manager.get("Waits") or {}), width),
                 ctlstats.peers_text(dict(manager.get("Peers") or {}), width)]
         return "\n\n".join([ctlstats.devices_table(manager.get("Devices") or [], width),
                             *(text for text in said if text)])
 
     if as_json:
         waits = dict((await c.properties(OBJECT_PATH, MANAGER_INTERFACE)).get("Waits") or {})
+        queued = await queues()
         _print_json([{**r, **({"waiting": waits[r["preset"]]} if r.get("preset") in waits
-                             else {})} for r in await rows()])
+                             else {}),
+                      **({"queue": [{k: v for k, v in q.items() if k != "preset"}
+                                    for q in queued if q.get("preset") == r.get("preset")]}
+                         if any(q.get("preset") == r.get("preset") for q in queued) else {})}
+                     for r in await rows()])
         return EXIT_OK
     if once or not sys.stdout.isatty():
         print(ctlstats.table(await rows()) + "\n\n" + await devices())

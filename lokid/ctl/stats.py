@@ -204,6 +204,18 @@ def waits_text(waits: dict[str, Any], width: int | None = None) -> str:
         for line in lines)
 
 
+def queues_text(queues: list[dict[str, Any]], width: int | None = None) -> str:
+    """The gateway's waiting requests (Usage's Queues) under the devices: per preset, key
+    and why, how many wait and the oldest one's wait ("" when none waits)."""
+    if not queues:
+        return ""
+    lines = [["  PRESET", "KEY", "CLASS", "WAITING", "OLDEST", "WHY"]] + [
+        ["  " + str(q.get("preset")), str(q.get("key")), str(q.get("class")),
+         str(q.get("waiting")), f"{float(q.get('oldest_s') or 0):.0f} s", str(q.get("why"))]
+        for q in queues]
+    return "waiting requests:\n" + columns(lines, width)
+
+
 def peers_text(peers: dict[str, Any], width: int | None = None) -> str:
     """The manager's Peers under the devices: each peer gateway up or down with why
     ("" without peers)."""

@@ -13,6 +13,8 @@ and preset (:mod:`lokid.watch.usageprom`). Who may call what, and why:
   daemon's user or the gateway's user (``loki-gateway``), as ``GatewayReport``
   (:meth:`lokid.dbus.sight.Sight.check_reporter`) is: an operator in group ``loki`` could
   otherwise forge a colleague's usage, or read the budgets to time a flood;
+- ``ReportQueues`` (who waits in the gateway, where and why: :mod:`lokid.gateway.waiting`)
+  as ``GatewayUsage``; its ``Queues`` property is anyone's, as the manager's ``Waits``;
 - ``Usage``: anyone (READ), as a preset's ``Stats``: it says key names and counts,
   never a key, a prompt or an answer, and the same counts are in the Prometheus
   textfile, which node_exporter serves to whoever scrapes it. An operator who wants the
@@ -28,7 +30,7 @@ This module uses no postponed annotations: dbus-fast reads the string signatures
 """
 
 # dbus-fast's string signatures, read as annotations: neither a Python type nor a name
-# ruff: noqa: F722
+# ruff: noqa: F722, F821
 # mypy: disable-error-code="valid-type"
 
 import asyncio
@@ -38,10 +40,11 @@ from collections import Counter
 from datetime import UTC, date, datetime
 from typing import Any, Protocol
 
-from dbus_fast import Variant
-from dbus_fast.service import ServiceInterface, method
+from dbus_fast import PropertyAccess, Variant
+from dbus_fast.service import ServiceInterface, dbus_property, method
 
 from ..core import usage as rules
+from ..core import waiting
 from ..core.errors import LokiError, PermissionDeniedError
 from ..core.names import GATEWAY_USER, USAGE_INTERFACE
 from ..host.buscall import plain
@@ -199,6 +202,11 @@ class UsageKeeper:
             await asyncio.to_thread(self.textfile.write, text)
 
 
+def _queue(row: dict[str, Any]) -> dict[str, Variant]:
+    return {k: Variant("u", v) if k == "waiting" else Variant("d", float(v))
+            if k == "oldest_s" else Variant("s", str(v)) for k, v in row.items()}
+
+
 def _row(row: dict[str, Any]) -> dict[str, Variant]:
     return {k: Variant("s", v) if isinstance(v, str) else Variant("t", int(v))
             for k, v in row.items()}
@@ -215,6 +223,7 @@ class UsageInterface(ServiceInterface):
         # kept may take seconds (5 s for 3.6 million cells here); callers wait here, in
         # the loop, not in worker threads the daemon's own writes need
         self.asking = asyncio.Semaphore(1)
+        self.queues = waiting.Queues()   # the gateway's last ReportQueues
 
     async def _reporter(self, member: str) -> UsageKeeper:
         """The keeper, for root, this daemon's user and the gateway's user only."""
@@ -232,6 +241,21 @@ class UsageInterface(ServiceInterface):
     async def GatewayUsage(self, rows: "a(sssa{st})") -> None:
         keeper = await self._reporter("GatewayUsage")
         await keeper.report(rows)
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def ReportQueues(self, rows: "a(ssbuds)") -> None:
+        await self._reporter("ReportQueues")
+        now = time.monotonic()
+        if self.queues.report(waiting.check_rows(rows), now,
+                              getattr(self.backend.registry, "presets", None)):
+            self.emit_properties_changed({"Queues": [_queue(r)
+                                                     for r in self.queues.shown(now)]})
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Queues(self) -> "aa{sv}":
+        return [_queue(r) for r in self.queues.shown(time.monotonic())]
 
     @method()
     @access(READ)

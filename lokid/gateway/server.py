@@ -89,6 +89,7 @@ from .silence import Liveness, Patience
 from .slots import SlotCache
 from .upstream import read_key
 from .usage import PEER_PRESET_KEY, Usage
+from .waiting import Waiting
 
 log = logging.getLogger("lokid.gateway")
 
@@ -129,6 +130,8 @@ class Gateway:
         self.admission = Admission(settings.max_queue, settings.max_queue_per_key,
                                    lambda: self.client, self._engine_key)
         self.limits = Limiter(presets.bus)   # keys' rates and budgets (lokid.gateway.limits)
+        self.waiting = Waiting(presets.bus, self.admission.share, self.groups, self.placer,
+                               presets)   # who waits, where and why: told to lokid
         self.usage.hooks.append(self.limits.on_figures)   # the tokens each key spent
 
     def app(self) -> web.Application:
@@ -150,12 +153,14 @@ class Gateway:
         self.external = session(EXTERNAL_KEEPALIVE)
         self.hops = session(fresh=True)   # only a failed connect goes to another replica
         self.report.start()
+        self.waiting.start()
         self.peers.start()
         self.hosts.start()   # this machine's names
         self.keyring.start()   # the named keys file looked at, changes in force in < 1 s
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
+        await self.waiting.stop()
         await self.peers.stop()
         await self.keyring.stop()
         for client in (self.client, self.external, self.hops):
@@ -260,8 +265,8 @@ class Gateway:
                        self.placer.closing and (group is None or not group.swapping
                                                 and group.turn in ("", name)))
         assert self.client is not None
-        batch = request.get(IDENTITY_KEY, ANONYMOUS).batch   # starts no swap over a person's
-        async with self.groups.turn(preset, batch) as url:   # its group's turn, its engine
+        # its group's turn (a batch key's starts no swap over a person's), its engine
+        async with self.waiting.turn(preset, request.get(IDENTITY_KEY, ANONYMOUS)) as url:
             await self.liveness.check(name, url)
             patience = self.liveness.patience(name, url, self.settings.first_byte_timeout,
                                               self.settings.stream_idle_timeout)
