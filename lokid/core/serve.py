@@ -36,7 +36,7 @@ from .tomlread import Checker, tname
 SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
                 "first_byte_timeout", "stream_idle_timeout", "peers", "allowed_hosts",
-                "keys_file", "max_queue", "max_queue_per_key")
+                "keys_file", "max_queue", "max_queue_per_key", "wait_comments")
 
 DEFAULT_DRAIN = 120.0
 MIN_IDLE_STOP = 1.0            # below a second, every pause between two requests stops it
@@ -93,6 +93,8 @@ class GatewayConfig:
     # (lokid.core.fairshare: past them, 429)
     max_queue: int = DEFAULT_MAX_QUEUE
     max_queue_per_key: int = DEFAULT_MAX_QUEUE_PER_KEY
+    # SSE comment lines to a streaming client that waits (lokid.gateway.waitnotes)
+    wait_comments: bool = False
 
 
 # --- spans ------------------------------------------------------------------------
@@ -249,6 +251,7 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
             raise t.error("allowed_hosts", problem)
     queue = t.integer("max_queue", 1, MAX_QUEUE, f"requests, 1 to {MAX_QUEUE}")
     per_key = t.integer("max_queue_per_key", 1, MAX_QUEUE, f"requests, 1 to {MAX_QUEUE}")
+    comments = t.boolean("wait_comments", False)
     lo_t, hi_t = TIMEOUT_RANGE
     first = span_setting(t, "first_byte_timeout", lo_t, hi_t, "1s to 1d")
     idle = span_setting(t, "stream_idle_timeout", lo_t, hi_t, "1s to 1d")
@@ -262,7 +265,7 @@ def parse_gateway(t: Checker | None) -> GatewayConfig:
                          keys_file=named,
                          max_queue=DEFAULT_MAX_QUEUE if queue is None else queue,
                          max_queue_per_key=DEFAULT_MAX_QUEUE_PER_KEY if per_key is None
-                         else per_key)
+                         else per_key, wait_comments=comments)
 
 
 def origin_problem(origin: str) -> str:

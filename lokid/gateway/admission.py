@@ -46,7 +46,7 @@ from ..core.fairshare import UNLIMITED, FairShare, QueueFull, Ticket
 from ..core.flags import flag_value
 from ..core.keys import ANONYMOUS, Identity
 from ..core.place.need import DEFAULT_PARALLEL, PARALLEL
-from .context import IDENTITY_KEY, WAITED_KEY
+from .context import IDENTITY_KEY, TICKET_KEY, WAITED_KEY
 from .presets import Preset
 from .replies import GatewayError
 
@@ -132,6 +132,7 @@ class Admission:
             raise QueueFullError(e) from None
         try:
             if not ticket.admitted:
+                request[TICKET_KEY] = ticket   # its place, for a waiting client's comments
                 waiter = asyncio.get_running_loop().create_future()
                 self.waiters[ticket] = waiter
                 try:

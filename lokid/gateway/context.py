@@ -8,7 +8,9 @@
 - :data:`FIGURES_KEY`: the engine's own figures read from its answer
   (:class:`lokid.gateway.usage.Figures`), for usage and the audit record;
 - :data:`WHERE_KEY`: where it ran: ``"local"``, ``"external"``, or ``"peer:<host>"``;
-- :data:`FIRST_BYTE_KEY`: the loop's time when its answer's first byte went out.
+- :data:`FIRST_BYTE_KEY`: the loop's time when its answer's first byte went out;
+- :data:`TICKET_KEY`: its ticket at its engine's gate (:mod:`lokid.gateway.admission`),
+  read for its place by :mod:`lokid.gateway.waitnotes`.
 
 Typed keys where aiohttp has them (3.12; a plain string warns there), strings on
 Debian's 3.8 and 3.11.
@@ -31,3 +33,4 @@ WAITED_KEY: Any = _key("lokid_waited", float)
 FIGURES_KEY: Any = _key("lokid_figures", object)
 WHERE_KEY: Any = _key("lokid_where", str)
 FIRST_BYTE_KEY: Any = _key("lokid_first_byte", float)
+TICKET_KEY: Any = _key("lokid_ticket", object)

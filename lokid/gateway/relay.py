@@ -68,6 +68,7 @@ from ..core.keys import CLIENT_KEY_HEADERS
 from . import tunnel
 from .figures import tail_of
 from .replies import SERVER, GatewayError, sse_error
+from .report import STATUS_KEY
 from .silence import EngineSilent, Patience, StreamWatch, within
 from .sockets import EngineConnector, Route
 
@@ -184,7 +185,8 @@ def _gone(request: web.Request) -> bool:
 async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
                 keep_auth: bool, patience: Patience, *, key: str | None = None,
                 target: str = "", what: str = "", renamer: Renamer | None = None,
-                hop: str = "", stream: bool = False, whole: int = 0) -> web.StreamResponse:
+                hop: str = "", stream: bool = False, whole: int = 0,
+                told: web.StreamResponse | None = None) -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
     what it answers. ``keep_auth``: no longer used (no client key leaves the gateway,
     whatever a caller asks); ``key``: the preset's own, the only key sent; ``target``:
@@ -198,7 +200,9 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     ``stream``: the request asks to stream: to one of our engines, its answer is carried
     as bytes (:mod:`lokid.gateway.tunnel`); ``whole``: the answer is read whole, up to
     that many bytes (a :class:`aiohttp.web.Response`, for the gateway to read; 502
-    beyond), never written on as it comes."""
+    beyond), never written on as it comes; ``told``: the client's answer whose head the
+    gateway sent already while it waited (:mod:`lokid.gateway.waitnotes`), a stream to one
+    of our engines, whose events are carried into it."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, local)
@@ -215,7 +219,10 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             route = connector.route if local and isinstance(connector, EngineConnector) \
                 else None
             return await _tunnelled(request, other, body, headers, patience, side, url,
-                                    bool(hop), route)
+                                    bool(hop), route, told)
+    if told is not None:   # not carried as bytes (lokid.gateway.waitnotes tells no other)
+        raise GatewayError(502, f"{side} could not be reached as a stream", SERVER,
+                           "upstream_unreachable")
 
     async def send() -> aiohttp.ClientResponse:
         answer = await client.request(request.method, target, data=body or None,
@@ -299,8 +306,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
 
 
 async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Mapping[str, str],
-                     patience: Patience, side: str, url: str, hop: bool, route: Route | None
-                     ) -> web.StreamResponse:
+                     patience: Patience, side: str, url: str, hop: bool, route: Route | None,
+                     told: web.StreamResponse | None = None) -> web.StreamResponse:
     """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them; to a
     peer gateway (``hop``), a connection never made is :class:`Unreached` (nothing of the
     request reached it: another replica may take it), anything later is not."""
@@ -308,7 +315,17 @@ async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Map
     try:
         return await tunnel.carry(request, other.host, other.port, other.raw_authority,
                                   other.raw_path_qs, body, headers, HOP_BY_HOP, patience, side,
-                                  route, tail_of(request).feed)
+                                  route, tail_of(request).feed, told)
+    except tunnel.Refused as e:   # after the gateway's head: its error as the last event
+        assert told is not None
+        request[STATUS_KEY] = e.status   # counted as the engine answered
+        log.info("%s answered %d to a request told it waited", side, e.status)
+        try:
+            await told.write(_error_event(e.body, f"{side} answered {e.status}"))
+            await told.write_eof()
+        except ConnectionResetError:
+            raise ClientGone(told) from None
+        return told
     except EngineSilent as e:
         raise GatewayError(504, str(e), SERVER, "upstream_timeout") from None
     except OSError as e:   # no connection (refused, or its connect timed out)
@@ -344,6 +361,18 @@ async def _end_failed(request: web.Request, response: web.StreamResponse, e: Bas
         await response.write_eof()
     except ConnectionResetError:
         raise ClientGone(response) from None
+
+
+def _error_event(body: bytes, otherwise: str) -> bytes:
+    """An engine's error answer as one server-sent event: its own JSON error object where
+    it is one, else ``otherwise`` in OpenAI's shape."""
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    return sse_error(otherwise)
 
 
 def _unreachable(side: str, url: str, e: BaseException, when: str = "") -> GatewayError:

@@ -39,6 +39,7 @@ line per refusal (:mod:`lokid.gateway.faults`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -90,6 +91,7 @@ from .slots import SlotCache
 from .upstream import read_key
 from .usage import PEER_PRESET_KEY, Usage
 from .waiting import Waiting
+from .waitnotes import Answered, telling
 
 log = logging.getLogger("lokid.gateway")
 
@@ -170,6 +172,8 @@ class Gateway:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._route(request)
+        except Answered as e:   # told it waited, then failed: its error the last event
+            return e.response
         except GatewayError as e:
             if e.status < 500:
                 self.faults.client(e.status, e.code, request.method, request.path, e.message)
@@ -265,8 +269,12 @@ class Gateway:
                        self.placer.closing and (group is None or not group.swapping
                                                 and group.turn in ("", name)))
         assert self.client is not None
-        # its group's turn (a batch key's starts no swap over a person's), its engine
-        async with self.waiting.turn(preset, request.get(IDENTITY_KEY, ANONYMOUS)) as url:
+        # a streaming client that waits told so ([gateway] wait_comments), its group's
+        # turn (a batch key's starts no swap over a person's), its engine
+        tell = self.settings.wait_comments and stream and request.version >= (1, 1)
+        async with telling(request, name, self.admission.share, self.waiting) if tell \
+                else contextlib.nullcontext() as teller, \
+                self.waiting.turn(preset, request.get(IDENTITY_KEY, ANONYMOUS)) as url:
             await self.liveness.check(name, url)
             patience = self.liveness.patience(name, url, self.settings.first_byte_timeout,
                                               self.settings.stream_idle_timeout)
@@ -276,7 +284,8 @@ class Gateway:
             async with self.admission.gate(request, preset, url, raw_path):   # its slot
                 return await relay(self.client, request, url, body, keep_auth=False,
                                    patience=patience, key=key,
-                                   what=f"the engine of preset {name!r}", stream=stream)
+                                   what=f"the engine of preset {name!r}", stream=stream,
+                                   told=await teller.stop() if teller is not None else None)
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
                          preset: Preset | None, stream: bool) -> web.StreamResponse | None:

@@ -65,6 +65,9 @@ class Settings:
     # max_queue_per_key, lokid.gateway.admission)
     max_queue: int = DEFAULT_MAX_QUEUE
     max_queue_per_key: int = DEFAULT_MAX_QUEUE_PER_KEY
+    # SSE comments to a streaming client that waits ([gateway] wait_comments,
+    # lokid.gateway.waitnotes)
+    wait_comments: bool = False
 
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
@@ -91,7 +94,7 @@ def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
                     gateway.default_model, gateway.cors_origins, gateway.first_byte_timeout,
                     gateway.stream_idle_timeout, placement or PlacementConfig(), gateway.peers,
                     gateway.allowed_hosts, gateway.keys_file, gateway.max_queue,
-                    gateway.max_queue_per_key)
+                    gateway.max_queue_per_key, gateway.wait_comments)
 
 
 def inherited_sockets() -> list[socket.socket]:

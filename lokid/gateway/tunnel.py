@@ -26,6 +26,11 @@ instead, on a connection of its own:
   event; a client slower than the engine pauses the engine's reads (its buffer is
   bounded).
 
+An answer whose head the gateway sent already (``told``: the client was told it waited,
+:mod:`lokid.gateway.waitnotes`) is carried into that response: a 200 stream's chunks as
+they are (its head dropped), an answer with a length framed as chunks; an engine's
+other status is :class:`Refused`, which the relay turns into a last error event.
+
 A peer gateway's stream (plain HTTP) is carried so too: a connection never made there
 goes to another replica, as on the relay's path. HTTP/1.0 clients and external APIs
 (TLS, their model renamed in the answer) keep the relay's path.
@@ -59,6 +64,15 @@ class EngineGone(Exception):
 
 class ClientLeft(Exception):
     """The client's connection closed mid-answer."""
+
+
+class Refused(Exception):
+    """An engine's answer other than 200 after the gateway's own head was sent: its
+    status and its body (up to WHOLE bytes; empty when it streamed)."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"the engine answered {status}")
+        self.status, self.body = status, body
 
 
 class _Head:
@@ -124,6 +138,7 @@ class _Engine(asyncio.Protocol):
         self.paused = False
         self.held = False        # reads paused until the answer is carried
         self.ended = False       # the engine's connection closed
+        self.framed = False      # the client's answer is chunked whatever the engine's
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -205,7 +220,8 @@ class _Engine(asyncio.Protocol):
         elif self.state == "length":   # the client's answer has this length too
             payload = data[:self.left]
             self.left -= len(payload)
-            client.write(payload)
+            client.write(b"%x\r\n%b\r\n" % (len(payload), payload) if self.framed and payload
+                         else payload)
             if self.tap is not None:
                 self.tap(payload)
             ended = not self.left
@@ -326,14 +342,16 @@ async def carry(request: web.Request, host: str, port: int, authority: str, path
                 body: bytes,
                 headers: Mapping[str, str], hop_by_hop: frozenset[str], patience: Patience,
                 side: str, route: Route | None = None,
-                tap: Callable[[bytes], None] | None = None) -> web.StreamResponse:
+                tap: Callable[[bytes], None] | None = None,
+                told: web.StreamResponse | None = None) -> web.StreamResponse:
     """The answer of the engine (or peer gateway) at ``host``:``port`` to ``request`` sent
     to ``path_qs`` (its ``body`` read already, ``headers`` the forwarded ones), its stream
     carried as bytes; ``route``: this host's engines at their socket
     (:mod:`lokid.gateway.sockets`); ``tap``: fed each part of a carried answer, unframed
     (:class:`lokid.gateway.figures.Tail`). OSError when no connection was made (the caller's
     502); EngineSilent or EngineGone before the answer's head; ClientLeft once the client
-    went away mid-answer."""
+    went away mid-answer; ``told``: the response whose head went out already (see the
+    module's opening), Refused for an answer other than 200 then."""
     engine = _Engine(tap)
     transport, _ = await open_engine(lambda: engine, host, port, route, CONNECT_TIMEOUT)
     try:
@@ -344,14 +362,26 @@ async def carry(request: web.Request, host: str, port: int, authority: str, path
                                      if k.lower() not in hop_by_hop)
         if _whole(head):
             await within(asyncio.shield(engine.done), patience, side)
+            if told is not None:
+                if head.status != 200:
+                    raise Refused(head.status, bytes(engine.buffer))
+                await told.write(bytes(engine.buffer))
+                await told.write_eof()
+                return told
             return web.Response(status=head.status, reason=head.reason or None,
                                 body=bytes(engine.buffer), headers=answer_headers)
-        response = web.StreamResponse(status=head.status, reason=head.reason or None,
-                                      headers=answer_headers)
-        if head.length is not None and not head.chunked:
-            response.content_length = head.length   # carried as it is, unframed
-        await response.prepare(request)
-        await response.write(b"")   # the head on its way (aiohttp may hold it for a body)
+        if told is not None:
+            if head.status != 200:
+                raise Refused(head.status, b"")
+            response = told
+            engine.framed = True
+        else:
+            response = web.StreamResponse(status=head.status, reason=head.reason or None,
+                                          headers=answer_headers)
+            if head.length is not None and not head.chunked:
+                response.content_length = head.length   # carried as it is, unframed
+            await response.prepare(request)
+            await response.write(b"")   # the head on its way (aiohttp may hold it for a body)
         client = request.transport
         if client is None or client.is_closing():
             raise ClientLeft()
