@@ -17,7 +17,11 @@ edge, entered by a request once its group's turn is its own and its engine is st
   (no task, no timer): a single client sees today's gateway;
 - **a client gone while waiting leaves the queue at once**, and one gone after its turn
   came gives its slot back (the ticket is left in a ``finally``): a slot is never leaked,
-  or the gate would end up admitting nothing;
+  or the gate would end up admitting nothing. aiohttp 3.9+ cancels the handler of a
+  client gone (``handler_cancellation``, :func:`lokid.gateway.server.runner_kwargs`);
+  Debian 12's 3.8.4 does not (its ``connection_lost`` only fails the body's reads), so
+  there a waiter looks at its connection every :data:`GONE_POLL` seconds: a client gone
+  held its place until its turn came, and counted against the queue's bounds;
 - **a full queue is answered, not held**: 429 in OpenAI's shape (``type`` ``requests``,
   ``code`` ``rate_limit_exceeded``, as OpenAI's own rate limits answer) with
   ``Retry-After`` in seconds from the queue's measured pace, and a message naming the
@@ -55,6 +59,9 @@ log = logging.getLogger("lokid.gateway")
 PROPS_TIMEOUT = 5.0           # seconds for an engine's /props (its slots), in the background
 MAX_PROPS_READ = 4 * 1024 * 1024
 RATE_LIMIT_TYPE = "requests"  # OpenAI's error type for a rate limit on requests
+# aiohttp before 3.9 never cancels the handler of a client gone: a waiter looks itself
+CANCELS_GONE = tuple(int(x) for x in aiohttp.__version__.split(".")[:2]) >= (3, 9)
+GONE_POLL = 0.25              # seconds between those looks (aiohttp 3.8 only)
 # Routes that never take one of the engine's slots: answered by its HTTP threads at once
 UNGATED = frozenset({"/tokenize", "/detokenize", "/apply-template", "/props", "/health",
                      "/v1/health", "/slots", "/metrics", "/v1/models", "/models"})
@@ -136,7 +143,7 @@ class Admission:
                 waiter = asyncio.get_running_loop().create_future()
                 self.waiters[ticket] = waiter
                 try:
-                    await waiter
+                    await (waiter if CANCELS_GONE else _turn_or_gone(waiter, request))
                 finally:
                     self.waiters.pop(ticket, None)
             request[WAITED_KEY] = ticket.waited()
@@ -180,3 +187,13 @@ class Admission:
             self.read[preset.name] = (started, total)
             self._wake(self.share.set_slots(preset.name, total, time.monotonic()))
 
+
+async def _turn_or_gone(waiter: asyncio.Future[None], request: web.Request) -> None:
+    """``waiter``, or cancelled as aiohttp 3.9+ cancels a handler once its client's
+    connection is gone (aiohttp 3.8's ``request.transport`` is then None)."""
+    while True:
+        done, _ = await asyncio.wait((waiter,), timeout=GONE_POLL)
+        if done:
+            return waiter.result()
+        if request.transport is None or request.transport.is_closing():
+            raise asyncio.CancelledError()

@@ -168,7 +168,8 @@ async def test_a_revoked_keys_next_request_is_refused_while_its_stream_finishes(
         events: list[str] = []
         async with c.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
-            lines = r.aiter_lines()
+            # httpx before 0.24 (Debian 12's 0.23.3) keeps each line's ending
+            lines = (line.rstrip("\r\n") async for line in r.aiter_lines())
             async for line in lines:
                 if line.startswith("data: "):
                     events.append(line[len("data: "):])
