@@ -80,7 +80,7 @@ class QueueFull(Exception):
                          f"about {retry_after} s")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Ticket:
     """One request, waiting or in flight."""
     preset: str
@@ -127,6 +127,7 @@ class FairShare:
         self.max_queue_per_key = max_queue_per_key
         self.presets: dict[str, _Preset] = {}
         self.in_flight: Counter[str] = Counter()   # by key, over every preset
+        self.queued_by_key: Counter[str] = Counter()   # waiting, by key, over every preset
         self.seq = 0
 
     # --- what the gateway tells it ------------------------------------------------------
@@ -156,9 +157,23 @@ class FairShare:
         q.last_tag[key] = tag + 1
         self.seq += 1
         t = Ticket(preset, key, batch, limit, tag, self.seq, now)
+        if not q.queued and q.running < q.slots and (
+                limit is None or self.in_flight[key] < limit) and (
+                not batch or q.slots - q.running > self._reserve(q, now)):
+            # nobody waits and a slot is free: what _fill would pick, without its pass
+            # (benchmarks/keys_cost.py: a request's CPU in the gate, most of it here)
+            q.vtime[batch] = tag   # tag >= vtime
+            q.running += 1
+            q.own[key] += 1
+            self.in_flight[key] += 1
+            t.admitted_at = now
+            if not batch:
+                self._interactive(q, +1, now)
+            return t
         q.waiting[batch].setdefault(key, deque()).append(t)
         q.queued += 1
         q.per_key[key] += 1
+        self.queued_by_key[key] += 1
         if not batch:
             self._interactive(q, +1, now)
         self._fill(preset, q, now)
@@ -189,8 +204,9 @@ class FairShare:
         if not t.batch:
             self._interactive(q, -1, now)
         self._forget(q, t.key)
-        admitted = self._fill(t.preset, q, now)
-        if t.admitted and t.limit is not None:   # its key may go on elsewhere now
+        admitted = self._fill(t.preset, q, now) if q.queued else self._idle(t.preset, q, now)
+        if t.admitted and t.limit is not None and self.queued_by_key[t.key] > q.per_key[
+                t.key]:   # its key waits elsewhere too: it may go on there now
             for name, other in self.presets.items():
                 if name != t.preset and any(t.key in other.waiting[c] for c in (False, True)):
                     admitted += self._fill(name, other, now)
@@ -261,10 +277,17 @@ class FairShare:
             self.in_flight[t.key] += 1
             t.admitted_at = now
             admitted.append(t)
-        if not q.queued and not q.running and not q.interactive and \
-                now - max(q.seen_at, default=-math.inf) > KEEP_ONE:
-            del self.presets[preset]   # nothing to remember: a bound on what is kept
+        if not q.queued:
+            self._idle(preset, q, now)
         return admitted
+
+    def _idle(self, preset: str, q: _Preset, now: float) -> list[Ticket]:
+        """Nothing waits at ``preset``: forgotten when nothing runs either and no reserve
+        is kept (a bound on what is kept); nobody to admit."""
+        if not q.running and not q.interactive and \
+                now - max(q.seen_at, default=-math.inf) > KEEP_ONE:
+            del self.presets[preset]
+        return []
 
     def _pick(self, q: _Preset, now: float) -> Ticket | None:
         free = q.slots - q.running
@@ -309,6 +332,9 @@ class FairShare:
         q.per_key[key] -= 1
         if q.per_key[key] <= 0:
             del q.per_key[key]
+        self.queued_by_key[key] -= 1
+        if self.queued_by_key[key] <= 0:
+            del self.queued_by_key[key]
 
     def _forget(self, q: _Preset, key: str) -> None:
         if key not in q.own and key not in q.per_key:
