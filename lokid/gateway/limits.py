@@ -228,7 +228,9 @@ class Limiter:
                                    f"the last minute), next at {clock(at, now)}", "tokens",
                                    RATE, at - now)
         if rpm is not None:
-            window = self.requests.setdefault(name, Window())
+            window = self.requests.get(name)
+            if window is None:   # not setdefault: a Window (a list of SPAN) made each time
+                window = self.requests[name] = Window()
             if window.used(now) >= rpm:
                 at = window.frees(rpm, now)
                 raise LimitReached(f"key {name!r}: {rpm} requests per minute, next at "
@@ -253,7 +255,10 @@ class Limiter:
         now = time.time() if now is None else now
         name = identity.name
         if identity.limits.tokens_per_minute is not None:
-            self.tokens.setdefault(name, Window()).add(tokens, now)
+            window = self.tokens.get(name)
+            if window is None:
+                window = self.tokens[name] = Window()
+            window.add(tokens, now)
         cal = self.calendar.at(now)
         for budgets, period in ((self.days, cal.day), (self.months, cal.month)):
             budget = budgets.get(name)
