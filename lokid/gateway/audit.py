@@ -21,12 +21,23 @@ Rules, each for a failure it prevents:
 - a failure to write (journald gone, its socket full) loses that record, is said once,
   and never fails or delays the request (the counts that matter are the usage report's,
   :mod:`lokid.gateway.usage`, which keeps what the daemon does not take). journald may
-  rate-limit a unit's entries: the audit is a trail, never the count.
+  rate-limit a unit's entries: the audit is a trail, never the count;
+- off the request's path: a ``journal.send`` took 45-60 us to a real journald
+  (benchmarks/usage_cost.py), spent before the answer went out. :meth:`Audit.post`
+  queues the record and the event loop writes it after the answer is sent
+  (``call_soon``: the handler has written its answer before the loop runs it), at most
+  :data:`BATCH` a turn of the loop so that a burst does not hold the other requests;
+  at most :data:`MAX_QUEUED` wait: past it a record is dropped, counted
+  (:attr:`Audit.dropped`) and said, once per burst, with the count when the queue
+  drains (never lost silently); :meth:`Audit.flush` writes what waits at the
+  gateway's stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +49,8 @@ from .figures import Figures
 log = logging.getLogger("lokid.gateway")
 
 IDENTIFIER = SYSLOG_IDENTIFIER + "-gateway"
+BATCH = 64            # records written in one turn of the event loop
+MAX_QUEUED = 8192     # records waiting to be written; past it, dropped and counted
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,47 @@ class Audit:
     def __init__(self, send: Callable[..., Any] | None = None):
         self.send = send
         self.failed = False
+        self.queued: deque[Record] = deque()
+        self.scheduled = False   # a write of the queue is due in the event loop
+        self.dropped = 0         # records dropped with the queue full, since the start
+        self.said_dropped = 0    # dropped when the last drop was said
+
+    def post(self, record: Record) -> None:
+        """``record``, written by the event loop once the request's answer went out (now
+        where no loop runs); dropped and counted past :data:`MAX_QUEUED`."""
+        if len(self.queued) >= MAX_QUEUED:
+            self.dropped += 1
+            if self.said_dropped == 0 or self.dropped - self.said_dropped > MAX_QUEUED:
+                log.warning("audit: %d records wait to be written: new ones are dropped "
+                            "(counted) until they are", MAX_QUEUED)
+                self.said_dropped = self.dropped
+            return
+        self.queued.append(record)
+        if not self.scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            loop.call_soon(self._drain)
+            self.scheduled = True
+
+    def _drain(self) -> None:
+        self.scheduled = False
+        for _ in range(min(BATCH, len(self.queued))):
+            self.write(self.queued.popleft())
+        if self.queued:   # the rest at the next turn: the loop's other work between
+            asyncio.get_running_loop().call_soon(self._drain)
+            self.scheduled = True
+        elif self.said_dropped:
+            log.warning("audit: %d records were dropped in all, the queue being full",
+                        self.dropped)
+            self.said_dropped = 0
+
+    def flush(self) -> None:
+        """Every queued record written now (the gateway's stop)."""
+        while self.queued:
+            self.write(self.queued.popleft())
 
     @property
     def quiet(self) -> bool:

@@ -162,6 +162,7 @@ class Gateway:
 
     async def _close(self, _app: web.Application) -> None:
         await self.report.stop()
+        self.usage.audit.flush()   # the audit records not yet written
         await self.waiting.stop()
         await self.peers.stop()
         await self.keyring.stop()

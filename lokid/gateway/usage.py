@@ -16,7 +16,8 @@ answer's end, :meth:`Usage.middleware` (installed beside :mod:`lokid.gateway.rep
   them (``org.lokid.Lokid1.Usage.GatewayUsage``) at most once a second;
 - calls each of :attr:`Usage.hooks` with ``(identity, preset, figures)`` (the key's
   token limits, :mod:`lokid.gateway.limits`);
-- writes the request's audit record (:mod:`lokid.gateway.audit`).
+- queues the request's audit record (:mod:`lokid.gateway.audit`), written once the
+  answer went out.
 
 Rules, each for a failure it prevents:
 
@@ -158,9 +159,9 @@ class Usage:
                     except Exception as e:   # a defect of a hook's: the answer went out
                         log.warning("usage: a hook failed: %s: %s", type(e).__name__, e)
         if not self.audit.quiet:
-            self.audit.write(Record(name, preset, route, status, figures, waited,
-                                    None if first is None else (first - start) * 1000,
-                                    (now - start) * 1000, where, hop))
+            self.audit.post(Record(name, preset, route, status, figures, waited,
+                                   None if first is None else (first - start) * 1000,
+                                   (now - start) * 1000, where, hop))
 
     @staticmethod
     def _figures(request: web.Request, response: web.StreamResponse | None) -> Figures:
