@@ -46,6 +46,7 @@ Rules, each for a failure it prevents:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -77,6 +78,11 @@ START_KEY: Any = web.RequestKey("lokid_start", float) if hasattr(web, "RequestKe
 # here under it. Not report.PRESET_KEY, which counts this host's own presets' answers.
 PEER_PRESET_KEY: Any = web.RequestKey("lokid_peer_preset", str) \
     if hasattr(web, "RequestKey") else "lokid_peer_preset"
+
+# A name's check (two regular expressions) remembered: the same few keys and presets come
+# again and again; a bounded cache, so that guessed names cannot grow it
+_key_ok = functools.lru_cache(maxsize=4096)(key_ok)
+_preset_ok = functools.lru_cache(maxsize=4096)(preset_ok)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Row = tuple[str, str, str]   # UTC day, key name, preset
@@ -149,8 +155,8 @@ class Usage:
         if first is None and response is not None and not response.prepared:
             first = now   # a whole answer: its head goes out as the middleware returns it
         if not hop:
-            self.count((utc_day(time.time()), name if key_ok(name) else NO_PRESET,
-                        preset if preset and preset_ok(preset) else NO_PRESET), status,
+            self.count((utc_day(time.time()), name if _key_ok(name) else NO_PRESET,
+                        preset if preset and _preset_ok(preset) else NO_PRESET), status,
                        figures, waited, where)
             if preset:
                 for hook in self.hooks:
