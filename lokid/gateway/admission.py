@@ -137,6 +137,11 @@ class Admission:
                                        per_key_bound=ident is not ANONYMOUS)
         except QueueFull as e:
             raise QueueFullError(e) from None
+        if self.waiters:
+            # an arrival may let others in too (FairShare.arrive fills the engine's free
+            # slots, a waiting batch request among them once the interactive reserve has
+            # shrunk): each is woken, or it held its slot and its client forever
+            self._wake([t for t in self.waiters if t.admitted])
         try:
             if not ticket.admitted:
                 request[TICKET_KEY] = ticket   # its place, for a waiting client's comments
