@@ -22,8 +22,8 @@ was an unhandled exception, and each client gone mid-stream one more. Rules:
   report where its preset is known (not while its body is read: the model is in it).
   A ``ConnectionError`` while the client's connection is open is no client's doing:
   still a defect. From Python 3.12 (Debian 13's 3.13) ``asyncio.wait_for`` reads in the
-  handler's own task, and aiohttp's cancel of a handler whose client left (3.8 always,
-  3.9+ with ``handler_cancellation``) wins over the reset it set on the body: that
+  handler's own task, and aiohttp's cancel of a handler whose client left (3.9+ with
+  ``handler_cancellation``; 3.8.4 cancels none) wins over the reset it set on the body: that
   cancel is said the same way when the body was cut short (:func:`reset_mid_body`);
   without it the reset was said on Debian 12 and not at all on Debian 13;
 - aiohttp's own lines (a malformed request, answered 400 before any route) are made

@@ -402,7 +402,10 @@ class Gateway:
 
 def runner_kwargs() -> dict[str, Any]:
     """aiohttp 3.9 made handler cancellation (a client gone cancels its request) an
-    option, off by default; 3.8 (Debian 12) always cancels and knows no such option.
+    option, off by default; 3.8 (Debian 12) knows no such option and cancels no handler
+    (its connection_lost only fails the body's reads): there a client gone is noticed
+    where the gateway reads or writes, and a request waiting at an engine's gate looks at
+    its connection itself (:mod:`lokid.gateway.admission`).
     An idle keep-alive connection is closed after KEEPALIVE by the gateway itself
     (:mod:`lokid.gateway.headtimeout`: Debian's 3.8 and 3.11 arm no timer for a
     connection that never sent a byte); aiohttp's own is set to the same."""
