@@ -48,7 +48,19 @@ accounting and fair queue, on without keys too, add ~0.2 ms of CPU a request her
 Under cProfile (its overhead included) the largest new parts per request were the fair
 queue's arrive/leave/fill/pick (lokid.core.fairshare, ~55 us), the usage middleware's
 end of a request and the figures' read (lokid.gateway.usage and figures, ~40 us) and
-the gate (lokid.gateway.admission, ~12 us).
+the gate (lokid.gateway.admission, ~12 us). cProfile's figures are several times the real
+ones for such small calls: in process, a fair queue's arrive and leave took 9 us, the
+usage middleware's end of a request ~15 us, a limits check and count 3 us.
+
+After the cost commits of issue 46 (the fair queue's free-slot path, the gate a class,
+no Window per check, the names' checks cached, the audit record off the request's path),
+the same command at load 3-4, two runs each side by side in time: at fbb660a keyed -
+today +0.081 ms (blocks +0.020 to +0.139, CPU +125 us) and +0.136 ms (+0.114 to +0.159,
+not met, CPU +165 us); after +0.093 ms (+0.075 to +0.116, CPU +115 us) and +0.098 ms
+(+0.061 to +0.129, CPU +120 us): within noise of the goal, no longer over it in every
+block; keyed - keyless +0.03 to +0.04 ms (met). What is left (~100 us of CPU) is spread
+over many small parts (each request's dictionary reads through aiohttp's Mapping, the
+figures' read, the keys' hash) more than in any one.
 
     .venv/bin/python benchmarks/keys_cost.py [--requests 2000] [--keys 1000] [--blocks 5]
         [--fifo-commit bf05d0d] [--json]
