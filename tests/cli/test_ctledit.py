@@ -169,7 +169,7 @@ def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:
         (tmp_path / "presets" / f"{name}.toml").write_text('model = "m"\n')
     assert complete("lokictl e", tmp_path) == ["edit"]
     assert complete("lokictl uns", tmp_path) == ["unset"]
-    assert complete("lokictl u", tmp_path) == ["unload", "unset"]
+    assert complete("lokictl u", tmp_path) == ["unload", "unset", "usage"]
     assert complete("lokictl m", tmp_path) == ["mv"]
     assert complete("lokictl n", tmp_path) == ["new"]
     assert "set" in complete("lokictl s", tmp_path) and "cat" in complete("lokictl c", tmp_path)
