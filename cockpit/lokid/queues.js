@@ -60,11 +60,14 @@
             tr.appendChild(el("td", "", r.why));
         }
         c.hidden = rows.length === 0 || cockpit.location.path[0] === "preset";
-        if (c.hidden && ticking !== null) {
-            window.clearInterval(ticking);
+        // the oldest wait grows here each second while rows are shown (one timer, set
+        // again by each drawing; the bus is never asked on a timer)
+        if (ticking !== null) {
+            window.clearTimeout(ticking);
             ticking = null;
-        } else if (!c.hidden && ticking === null) {
-            ticking = window.setInterval(draw, 1000);
+        }
+        if (!c.hidden) {
+            ticking = window.setTimeout(function () { ticking = null; draw(); }, 1000);
         }
     }
 

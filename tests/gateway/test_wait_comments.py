@@ -27,14 +27,18 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 KEYS = {"alice": "sk-loki-alice-0000000000000000000000000000000",
         "bob": "sk-loki-bob-000000000000000000000000000000000"}
-LONG = 8000   # tokens: the holder's stream holds the only slot until it is cut
+# tokens: the holder's stream holds the only slot until it is cut. The tiny model writes
+# ~1,500 a second here, and llama.gguf's 4,096 context ended a holder within the 3 s the
+# tests wait: llama-long.gguf (32,768) holds it ~20 s
+LONG = 30000
 
 
 @pytest.fixture
 def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> Path:
     config = write_config(tmp_path, engine, [models.dir])
-    assert Path(models.llama).name == "llama.gguf"   # made on first use
-    write_preset(config, "alpha", f'model = "llama.gguf"\nctx = 8192\nport = {ports["alpha"]}\n'
+    assert Path(models.llama_long).name == "llama-long.gguf"   # made on first use
+    write_preset(config, "alpha", f'model = "llama-long.gguf"\nctx = 32768\n'
+                 f'port = {ports["alpha"]}\n'
                  'extra_args = ["-np", "1"]\n[serve]\non_demand = true\n')
     return config
 
