@@ -486,6 +486,7 @@ def test_purge_removes_config_and_state_and_leaves_the_operators_files(system: S
     assert not_empty_warnings(out) in ([], known), out[-3000:]
     for path in ("/etc/loki/lokid.toml", "/etc/loki/presets/example.toml",
                  "/var/lib/loki/state.db", "/var/lib/loki/slots", "/run/loki",
+                 "/var/lib/loki/usage.db", "/etc/loki/clients",   # who used what; keys
                  "/usr/lib/systemd/system-generators/lokid-engine-generator",
                  "/usr/lib/systemd/system/loki-engine@.service"):
         assert not exists(ct, path), path
