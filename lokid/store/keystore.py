@@ -40,7 +40,6 @@ Blocking I/O: the daemon calls these from a worker thread.
 from __future__ import annotations
 
 import errno
-import fcntl
 import grp
 import os
 import stat
@@ -57,6 +56,7 @@ import tomlkit
 from ..core import keys as k
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, NotFoundError
 from ..core.names import GATEWAY_USER
+from .dirlock import flock_within
 
 FILE_MODE = 0o640
 DIR_MODE = 0o750
@@ -233,17 +233,10 @@ class KeyStore:
         except OSError as e:
             raise _io_error("cannot open", self.directory, e) from None
         try:
-            deadline = time.monotonic() + FLOCK_WAIT
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise BusyError(f"another program holds the lock of {self.directory} "
-                                        f"(flock) for more than {FLOCK_WAIT:.0f} s: nothing "
-                                        "changed; try again") from None
-                    time.sleep(0.005)
+            if not flock_within(fd, FLOCK_WAIT, 0.005):
+                raise BusyError(f"another program holds the lock of {self.directory} "
+                                f"(flock) for more than {FLOCK_WAIT:.0f} s: nothing "
+                                "changed; try again")
             yield
         finally:
             os.close(fd)   # releases the flock

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import grp
 import logging
 import os
@@ -58,6 +57,7 @@ from ..core.errors import BusyError, ConfigError, NotFoundError
 from ..core.names import MANAGE_GROUP
 from ..core.presetedit import etag
 from ..core.presetname import check_preset_name
+from .dirlock import flock_within
 
 log = logging.getLogger("lokid.daemon")
 
@@ -266,18 +266,11 @@ class PresetStore:
         ``raw`` (None: still absent); ``Busy`` otherwise, nothing done."""
         fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            deadline = time.monotonic() + FLOCK_WAIT
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline or self.stopping.is_set():
-                        raise BusyError(
-                            f"another program holds the lock of {self.directory} (flock) for "
-                            f"more than {FLOCK_WAIT:.0f} s: preset {name!r} was not "
-                            "changed; try again") from None
-                    time.sleep(0.002)
+            if not flock_within(fd, FLOCK_WAIT, 0.002, self.stopping.is_set):
+                raise BusyError(
+                    f"another program holds the lock of {self.directory} (flock) for "
+                    f"more than {FLOCK_WAIT:.0f} s: preset {name!r} was not "
+                    "changed; try again")
             if self.stopping.is_set():
                 raise BusyError("lokid is stopping: the edit was cancelled, nothing written")
             try:
