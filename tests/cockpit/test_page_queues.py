@@ -8,6 +8,7 @@ waits (the Queues property's PropertiesChanged)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from support.cockpitkit import Browser
@@ -33,9 +34,25 @@ def cells(b: Browser, key: str) -> list[str]:
         "return r ? [...r.children].map(c => c.textContent) : [];", key))
 
 
+def wait_known(ct: Container, name: str, timeout: float = 20.0) -> None:
+    """Until the daemon lists preset ``name``: it notices a new file on its own schedule,
+    and ReportQueues drops the rows of a preset it does not know (a CI run reported
+    before the daemon had seen alpha, and both rows were dropped)."""
+    path = f"/org/lokid/Lokid1/preset/{name}"
+    deadline = time.monotonic() + timeout
+    while True:
+        r = ct.run(["busctl", "--json=short", "get-property", "org.lokid.Lokid1",
+                    "/org/lokid/Lokid1", "org.lokid.Lokid1.Manager", "Presets"])
+        if r.returncode == 0 and path in json.loads(r.stdout)["data"]:
+            return
+        assert time.monotonic() < deadline, f"the daemon never listed {name}: {r.stdout}"
+        time.sleep(0.2)
+
+
 def test_the_waiting_card_shows_who_waits_and_hides_once_none_does(cockpit_site, lokid):
     ct = cockpit_site.ct
     lokid.preset("alpha", 'model = "llama.gguf"\n')
+    wait_known(ct, "alpha")
     report(ct, ("alpha", "bob", False, 2, 3.5, "slots busy (1/1)"),
            ("alpha", "job", True, 1, 1.0, "slots busy (1/1)"),
            ("nosuch", "eve", False, 1, 1.0, "loading"))

@@ -284,11 +284,13 @@ class Browser:
         20 s, once) is made again, at most twice, as a person would."""
         from selenium.common.exceptions import StaleElementReferenceException
 
-        self.wait_text(name)
+        link = f"tr[data-preset='{name}'] a.lk-name"
+        # the row's link itself, not the name's text: the waiting card names a preset
+        # before the presets table has drawn its row (test_page_queues, alone)
+        self.find(link)
         for attempt in range(3):
             try:
-                self.driver.find_element(
-                    "css selector", f"tr[data-preset='{name}'] a.lk-name").click()
+                self.driver.find_element("css selector", link).click()
                 self.find("#lk-preset-name", timeout=None if attempt == 2 else 8)
                 return
             except (AssertionError, StaleElementReferenceException):
