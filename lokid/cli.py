@@ -49,10 +49,11 @@ UNIT_STEPS = ("prestart", "engine", "stopped")
 def _preset_name(name: str) -> str:
     """``name``, when it is a preset name; ConfigError (exit 2) otherwise, before any
     file named after it (a preset, a runtime plan, a failure record) is opened:
-    ``../x`` would name one outside its directory."""
-    from .core.presetname import check_preset_name
+    ``../x`` would name one outside its directory. A replica's instance (``NAME:k``,
+    :mod:`lokid.core.replicas`) is one: the unit's steps run as ``lokid prestart NAME:2``."""
+    from .core.replicas import check_instance_name
 
-    check_preset_name(name)
+    check_instance_name(name)
     return name
 
 
@@ -73,16 +74,18 @@ def _listening(config_dir: str, name: str) -> tuple[str, int, ListenSource]:
     (for an error about either)."""
     from .core import config as cfg
     from .core.conflicts import listen_address, listen_source
+    from .core.replicas import preset_of
 
-    preset, glob = cfg.load_preset(config_dir, name), cfg.load_global(config_dir)
+    preset, glob = cfg.load_preset(config_dir, preset_of(name)), cfg.load_global(config_dir)
     return (*listen_address(preset, glob), listen_source(preset, glob))
 
 
 def _external(config_dir: str, name: str) -> External | None:
     """The preset's external API (``kind = "external"``), or None for an engine."""
     from .core import config as cfg
+    from .core.replicas import preset_of
 
-    return cfg.load_preset(config_dir, name).external
+    return cfg.load_preset(config_dir, preset_of(name)).external
 
 
 def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
@@ -129,8 +132,11 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     from .host.rpcprobe import probe_all
 
     workers = probe_all(workers_of(plan.argv))   # RPC workers: their devices, or why not
+    replicas = [] if ":" in preset else _replicas(config_dir, preset,
+                                                 inputs.preset.serve.max_replicas)
     if as_json:
         print(json.dumps({**plan.to_json(), "memory": memory.to_json() if memory else {},
+                          **({"replicas": replicas} if replicas else {}),
                           "devices": room_json(room) if room else [],
                           **({"gpus_now": chosen} if chosen else {}),
                           **({"rpc_workers": [{
@@ -141,6 +147,9 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
                          ensure_ascii=False))
     else:
         print(format_plan(plan))
+        for row in replicas:
+            print(f"replica {row['index']} ({row['unit']}): "
+                  + str(row["command_line"] or f"cannot start: {row['error']}"))
         print(f"memory: {memory.text if memory else unsized}")
         if chosen:
             print(f"a start now: {chosen}")
@@ -156,6 +165,26 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
         journal_log("", f"preset {preset!r} {memory.never}: [placement] enabled = false, so "
                     "it is not refused", priority=4)
     return 0
+
+
+def _replicas(config_dir: str, preset: str, count: int) -> list[dict[str, object]]:
+    """Each replica's row of ``lokid plan`` past the first (issue 47): its unit, port and
+    command line, or why its start would be refused."""
+    from .core.names import engine_unit
+    from .core.replicas import instance
+    from .unit.planview import replica_plans
+
+    rows: list[dict[str, object]] = []
+    for k, found in replica_plans(config_dir, paths.state_dir(), paths.runtime_dir(), preset,
+                                  count):
+        row: dict[str, object] = {"index": k, "unit": engine_unit(instance(preset, k))}
+        if isinstance(found, str):
+            row.update(port=0, command_line="", argv=[], error=found)
+        else:
+            row.update(port=found.port, command_line=found.command_line(),
+                       argv=list(found.argv), error="")
+        rows.append(row)
+    return rows
 
 
 def cmd_run(config_dir: str, preset: str) -> int:

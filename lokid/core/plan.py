@@ -29,6 +29,7 @@ from .fleet.rpc import rpc_args
 from .gpuselect import DEVICE_VAR, order_note, visible_env, vulkan_devices
 from .modelinfo import ModelInfo
 from .portunit import held_note
+from .replicas import SEPARATOR, replica_notes
 from .serve import serve_notes
 from .spec import DraftInput, SpecInputs, plan_spec
 
@@ -367,6 +368,8 @@ def build_plan(inp: PlanInputs) -> Plan:
         host = extra_host
     if inp.engine_socket:
         notes.append(held_note(p.name, port))
+    if SEPARATOR not in p.name:   # the preset's own plan says what its replicas are
+        notes += replica_notes(p, port)
 
     return Plan(
         preset=p.name,

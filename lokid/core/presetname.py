@@ -15,6 +15,10 @@ from .errors import ConfigError
 # on a restart's path otherwise (lokid.unit.keptstart).
 _FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 _REST = _FIRST | frozenset("_.-")
+# Replicas a preset may have, ``[serve] replicas``/``max_replicas`` (lokid.core.replicas,
+# whose instance names ``NAME:2`` to ``NAME:16`` are checked on a unit step's path too):
+# a typo (replicas = 80) on a one-GPU host must not become 80 units and 80 ports.
+MAX_REPLICAS = 16
 
 
 def valid_preset_name(name: str) -> bool:

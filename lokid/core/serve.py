@@ -29,11 +29,11 @@ from . import secrets
 from .fairshare import DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_PER_KEY, MAX_QUEUE
 from .fleet.peers import Peer, parse_peers
 from .keys import KEYS_FILE
-from .presetname import valid_preset_name
+from .presetname import MAX_REPLICAS, valid_preset_name
 from .timespec import span_seconds
 from .tomlread import Checker, tname
 
-SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep")
+SERVE_KEYS = ("on_demand", "idle_stop", "group", "drain", "keep", "replicas", "max_replicas")
 GATEWAY_KEYS = ("listen", "api_keys_file", "max_body", "default_model", "cors_origins",
                 "first_byte_timeout", "stream_idle_timeout", "peers", "allowed_hosts",
                 "keys_file", "max_queue", "max_queue_per_key", "wait_comments")
@@ -68,6 +68,10 @@ class Serve:
     drain: float = DEFAULT_DRAIN
     # never stopped to make room for another preset (lokid.core.place.policy)
     keep: bool = False
+    # engines a start runs, each its own unit and port (lokid.core.replicas), and how
+    # many may run at most (started one at a time by StartReplica: the gateway's rule)
+    replicas: int = 1
+    max_replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,17 @@ def parse_serve(t: Checker | None) -> Serve:
                       "name), or \"\" for none")
     drain = span_setting(t, "drain", 0.0, MAX_DRAIN, "0s to 1d")
     keep = t.boolean("keep", False)
+    replicas = t.integer("replicas", 1, MAX_REPLICAS,
+                         f"engines a start runs, 1 to {MAX_REPLICAS}") or 1
+    bound = t.integer("max_replicas", 1, MAX_REPLICAS,
+                      f"engines at most, {replicas} (replicas) to {MAX_REPLICAS}")
+    if bound is not None and bound < replicas:
+        raise t.error("max_replicas", f"{bound} is below replicas = {replicas}: at most as "
+                      f"many engines as a start runs, {replicas} to {MAX_REPLICAS} (or "
+                      "remove it: replicas is then the bound)")
     return Serve(on_demand=on_demand, idle_stop=idle_stop, group=group,
-                 drain=DEFAULT_DRAIN if drain is None else drain, keep=keep)
+                 drain=DEFAULT_DRAIN if drain is None else drain, keep=keep,
+                 replicas=replicas, max_replicas=replicas if bound is None else bound)
 
 
 def serve_notes(serve: Serve) -> list[str]:

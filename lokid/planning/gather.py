@@ -260,7 +260,7 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     env = dict(os.environ if environ is None else environ)
     glob = cfg.load_global(config_dir)
     if preset is None:
-        preset = cfg.load_preset(config_dir, name)
+        preset = _load_instance(config_dir, name, glob)
     if preset.external is not None:   # no engine to plan: every start and bench says why
         raise ExternalPresetError(nothing_runs(preset.name, preset.external))
     dirs = glob.model_dirs
@@ -301,6 +301,20 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
         loose_secrets=loose,
         slot_dir=os.path.join(state_dir, "slots", preset.name) if state_dir else "",
     )
+
+
+def _load_instance(config_dir: str, name: str, glob: cfg.GlobalConfig) -> cfg.Preset:
+    """The preset ``name`` names, or its replica for ``NAME:k`` (lokid.core.replicas: the
+    preset's file, the replica's name and port)."""
+    from ..core.replicas import replica_preset, split_instance
+
+    found = split_instance(name)
+    if found is None or found[1] == 1:
+        return cfg.load_preset(config_dir, name)
+    preset = cfg.load_preset(config_dir, found[0])
+    if preset.external is not None:
+        return preset
+    return replica_preset(preset, glob, found[1])
 
 
 def _engine_socket(preset: cfg.Preset, glob: cfg.GlobalConfig, environ: Mapping[str, str],
@@ -380,13 +394,20 @@ def listeners(config: cfg.GlobalConfig,
               presets: Mapping[str, cfg.Preset]) -> dict[str, conflicts.Endpoint]:
     """Where each preset that could start would listen: the valid ones whose model file
     is found (one stat each; no header read), as :func:`lokid.core.conflicts.port_conflicts`
-    wants them."""
+    wants them; and each of its replicas past the first, up to its ``max_replicas``
+    (``NAME:k`` on port + k - 1, :mod:`lokid.core.replicas`): a preset set on a replica's
+    port is refused before the gateway ever scales up onto it."""
+    from ..core.replicas import instance, replica_port
+
     out = {}
     for name, preset in presets.items():
         if preset.external is None and cfg.resolve_file(preset.model,
                                                         config.model_dirs) is not None:
             host, port = conflicts.listen_address(preset, config)
             out[name] = conflicts.Endpoint(host, port, preset.path)
+            for k in range(2, preset.serve.max_replicas + 1):
+                out[instance(name, k)] = conflicts.Endpoint(host, replica_port(port, k),
+                                                            preset.path)
     return out
 
 

@@ -50,6 +50,11 @@ line lokid adds. The engine's own drop-in gets the mark :data:`lokid.core.portun
 the port too, as boot does). A preset whose port another preset holds, or whose host is a
 name, gets no port unit.
 
+Each replica of a preset past the first (``[serve] max_replicas``,
+:mod:`lokid.core.replicas`) gets the preset's drop-in under its own instance,
+``loki-engine@<preset>:<k>.service``, without the on-demand port's lines: the held port
+is replica 1's.
+
 And the engine template's journal filter (:func:`journal_dropin`,
 :mod:`lokid.core.journalfilter`): a drop-in of ``loki-engine@.service`` itself (every
 instance reads it) with ``LogFilterPatterns=``, written only where the running systemd is 253
@@ -78,6 +83,7 @@ from ..core.journalfilter import DROPIN_NAME as JOURNAL_DROPIN
 from ..core.journalfilter import filter_dropin
 from ..core.names import engine_unit
 from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
+from ..core.replicas import replica_preset
 from ..core.secrets import API_KEY_TARGET, credential_id
 from ..core.serve import KEYS_CREDENTIAL, GatewayConfig, split_listen
 
@@ -192,18 +198,23 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
         if preset.external is not None:   # an API elsewhere: no engine, no unit
             continue
         unit = engine_unit(name)
-        directory = os.path.join(out_dir, unit + ".d")
         try:
-            text = dropin(preset, glob.model_dirs) + port_dropin(name, name in held)
-            os.makedirs(directory, exist_ok=True)
-            with open(os.path.join(directory, DROPIN_NAME), "w", encoding="utf-8") as f:
-                f.write(text)
+            _write_dropin(out_dir, unit, dropin(preset, glob.model_dirs)
+                          + port_dropin(name, name in held))
+            # each replica's unit its own (lokid.core.replicas): the same GPUs, timeout and
+            # credentials, its own name; its port is planned by its own start
+            replicas = [replica_preset(preset, glob, k)
+                        for k in range(2, preset.serve.max_replicas + 1)]
+            for replica in replicas:
+                _write_dropin(out_dir, engine_unit(replica.name),
+                              dropin(replica, glob.model_dirs))
         except Exception as e:  # one preset never costs the others their drop-ins
             _warn(f"skipping preset {name}: {preset.path}: cannot write its drop-in "
                   f"({type(e).__name__}: {e})")
             del presets[name]
             continue
         written.append(unit)
+        written += [engine_unit(replica.name) for replica in replicas]
     from .systemdversion import running_version
 
     try:
@@ -217,7 +228,7 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
 
     found = listeners(glob, presets)
     for name, clash in sorted(port_conflicts(found, last_starts(runtime_dir(), found)).items()):
-        _warn(f"preset {name}: {presets[name].path}: {clash}")
+        _warn(f"preset {name}: {found[name].path}: {clash}")
     hosts = {name: ep.host for name, ep in found.items()}
     # external APIs at an address: the daemon checks they answer (Reachable)
     hosts.update({name: host for name, p in presets.items()
@@ -232,6 +243,13 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
         _warn(f"the on-demand ports' units: cannot write them ({e})")
         ports = []
     return written + ports + gateway + rpc_units(config_dir, out_dir)
+
+
+def _write_dropin(out_dir: str, unit: str, text: str) -> None:
+    directory = os.path.join(out_dir, unit + ".d")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, DROPIN_NAME), "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def journal_dropin(out_dir: str, version: int | None) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 
 from ..core.portunit import marked_socket
-from ..core.presetname import valid_preset_name
+from ..core.replicas import split_instance
 from ..host.journallog import journal_log
 from ..store import handoff, plancache
 from ..store.cleared import CLEARED_SUFFIX
@@ -54,7 +54,7 @@ def kept_start(runtime_dir: str, name: str, environ: Mapping[str, str]) -> bool:
     import _signal  # type: ignore[import-not-found]  # signal's C half (signal imports enum)
 
     invocation = environ.get("INVOCATION_ID", "")
-    if not handoff.plain_invocation(invocation) or not valid_preset_name(name):
+    if not handoff.plain_invocation(invocation) or split_instance(name) is None:
         return False
     handlers = [(s, _signal.signal(s, _on_term)) for s in (_signal.SIGTERM, _signal.SIGINT)]
     try:

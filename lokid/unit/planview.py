@@ -59,3 +59,25 @@ def _loading(runtime_dir: str, name: str) -> bool:
         return False
     # the local runner's spare step is told its preset on its input (lokid.unit.standby)
     return b"engine" in argv and (name.encode() in argv or b"-" in argv)
+
+
+def replica_plans(config_dir: str, state_dir: str, runtime_dir: str, name: str,
+                  count: int) -> list[tuple[int, Plan | str]]:
+    """Each replica's plan past the first, up to ``count`` (the preset's
+    ``max_replicas``), as ``lokid plan NAME`` shows them (:mod:`lokid.core.replicas`):
+    by index, the plan its next start would run, or why it cannot be planned (its port
+    another preset's, say)."""
+    from ..core.errors import LokiError
+    from ..core.replicas import instance
+    from ..planning.gather import check_port_conflicts
+
+    out: list[tuple[int, Plan | str]] = []
+    for k in range(2, count + 1):
+        try:
+            plan = plan_now(config_dir, state_dir, runtime_dir, instance(name, k))
+            check_port_conflicts(config_dir, plan, runtime_dir=runtime_dir)
+        except LokiError as e:
+            out.append((k, str(e)))
+            continue
+        out.append((k, plan))
+    return out

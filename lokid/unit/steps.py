@@ -239,11 +239,11 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
 
 
 def _check_name(name: str) -> None:
-    """ConfigError for a name that is no preset name (``../x`` would name files outside
-    the runtime directory)."""
-    from ..core.presetname import check_preset_name
+    """ConfigError for a name that is no preset name nor one of its replicas' (``NAME:k``,
+    :mod:`lokid.core.replicas`; ``../x`` would name files outside the runtime directory)."""
+    from ..core.replicas import check_instance_name
 
-    check_preset_name(name)
+    check_instance_name(name)
 
 
 def _crash_loop(runtime_dir: str, name: str, under_systemd: bool) -> str:

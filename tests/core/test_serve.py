@@ -134,7 +134,7 @@ def test_the_annotated_example_documents_every_serve_key() -> None:
              for line in text.splitlines()]
     p = cfg.parse_preset_text("example", str(EXAMPLE), "\n".join(lines) + "\n")
     assert p.serve == serve.Serve(on_demand=True, idle_stop=900.0, group="gpu0", drain=120.0,
-                                  keep=True)
+                                  keep=True, replicas=2, max_replicas=4)
     assert cfg.parse_preset_text("example", str(EXAMPLE), text).serve == serve.Serve()
 
 
