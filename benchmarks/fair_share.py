@@ -27,8 +27,9 @@ first alternates, and so does the order of a side's two phases.
 
 Goals: the fair side's interactive time to first token p50 and p95 with the flood over
 without it ``<= 1.5``, and its tokens per second during the flood within 5 % of FIFO's
-(``>= 0.95``). Each ratio is printed per round; the verdict says "met" when every round
-meets the goal, "not met" when none does, and "within noise" when the rounds straddle it.
+(``>= 0.95``). Each ratio is printed per round; the verdict (benchmarks/noise.py) says
+"met" when every round meets the goal, "not met" when none does, and "within noise" when
+the rounds straddle it, with the rounds that would decide it.
 
 The client is one aiohttp process. On a machine with few CPUs, the clients, the
 gateways and the engine share them: the figures are that machine's, all included. Each
@@ -87,6 +88,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
+import noise  # noqa: E402
 from gateway_latency import wait_health  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
@@ -281,11 +283,6 @@ async def idle_engine(engine: str, timeout: float = 120) -> None:
 
 # --- the run ---------------------------------------------------------------------------------
 
-def ratio_verdict(values: Sequence[float], goal: float, at_most: bool) -> str:
-    ok = [v <= goal if at_most else v >= goal for v in values]
-    return "met" if all(ok) else "not met" if not any(ok) else "within noise"
-
-
 async def warm(urls: Sequence[str], keys: Mapping[str, str]) -> None:
     tally = Tally()
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
@@ -337,16 +334,16 @@ def measure(sides: Mapping[str, str], keys: Mapping[str, str], args: argparse.Na
               f" ms p95 {s['flood_ttft_ms']['p95']:8.1f} ms   ratio p50 "
               + ", ".join(f"{x:.2f}" for x in s["ratio_p50"]) + "   p95 "
               + ", ".join(f"{x:.2f}" for x in s["ratio_p95"]))
-    result["verdict_p50"] = ratio_verdict(fair["ratio_p50"], 1.5, True)
-    result["verdict_p95"] = ratio_verdict(fair["ratio_p95"], 1.5, True)
-    result["verdict_tokens"] = ratio_verdict(share, 0.95, False)
-    print(f"  fair: p50 ratio goal <= 1.5: {result['verdict_p50']}; p95 ratio goal <= 1.5: "
-          f"{result['verdict_p95']}")
+    result["verdict_p50"] = noise.verdict(fair["ratio_p50"], 1.5, True)
+    result["verdict_p95"] = noise.verdict(fair["ratio_p95"], 1.5, True)
+    result["verdict_tokens"] = noise.verdict(share, 0.95, False)
+    print("  fair: p50 ratio, " + noise.say(fair["ratio_p50"], 1.5, True, ".2f")
+          + "\n  fair: p95 ratio, " + noise.say(fair["ratio_p95"], 1.5, True, ".2f"))
     print("\ntokens per second during the flood (all clients): fair "
           + ", ".join(f"{x:.0f}" for x in fair["flood_tokens_per_s"]) + "; fifo "
           + ", ".join(f"{x:.0f}" for x in fifo["flood_tokens_per_s"]) + "; fair / fifo "
           + ", ".join(f"{x:.1%}" for x in share)
-          + f" (goal >= 95 %): {result['verdict_tokens']}")
+          + "; fair / fifo, " + noise.say(share, 0.95, False, ".3f"))
     return result
 
 

@@ -27,8 +27,9 @@ load. Printed: each side's p50 and p99, and the differences of p50: ``keyed - ke
 the queue against the gateway before them), each with the goal ``<= 0.1 ms``, and
 ``keyless - today``; and each gateway's own CPU time per request (``/proc/PID/stat``
 over the measured rounds), which the machine's load moves far less than latency. The spread is the
-difference's range over ``--blocks`` (5) consecutive blocks of the rounds; the verdict
-says "within noise" when that range straddles the goal.
+difference's range over ``--blocks`` (5) consecutive blocks of the rounds; the verdict is
+benchmarks/noise.py's on those blocks ("within noise" when they straddle the goal, and
+how many blocks of that size would decide it).
 
 Measured on the 2-CPU machine of issue 46, --requests 3000, other sessions' tests running
 beside it (load 5-6), at commit 842358a+ (the limits' day and month then worked out by
@@ -85,6 +86,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
+import noise  # noqa: E402
 from fair_share import FIFO_COMMIT, gateway_of, keys_toml, with_keys_file, worktree  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
@@ -106,11 +108,6 @@ async def one(session: aiohttp.ClientSession, url: str, headers: Mapping[str, st
         await r.read()
         assert r.status == 200, (url, r.status)
     return time.perf_counter() - t
-
-
-def verdict(values: list[float], goal: float) -> str:
-    return "met" if max(values) <= goal else "not met" if min(values) > goal else \
-        "within noise"
 
 
 async def measure(urls: Mapping[str, str], secret: str, requests: int, blocks: int,
@@ -153,8 +150,8 @@ async def measure(urls: Mapping[str, str], secret: str, requests: int, blocks: i
         line = (f"  {a} - {b}: p50 {whole:+.3f} ms (blocks of {size}: "
                 f"{min(parts):+.3f} to {max(parts):+.3f} ms)")
         if a == "keyed":   # the brief's measure (keyless) and the issue's (today)
-            result[f"verdict-{b}"] = verdict(parts + [whole], GOAL_MS)
-            line += f"; goal <= {GOAL_MS} ms: {result[f'verdict-{b}']}"
+            result[f"verdict-{b}"] = noise.verdict(parts, GOAL_MS)
+            line += "; per block, " + noise.say(parts, GOAL_MS, True, "+.3f", "ms", "blocks")
         line += f"; CPU {cpu[a] - cpu[b]:+.0f} us"
         result[f"{a}-{b}_ms"] = {"p50": whole, "blocks": parts}
         print(line)
