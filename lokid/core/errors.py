@@ -156,6 +156,11 @@ class RequestTimeout(BenchError):
     """One benchmark request ran past its budget."""
 
 
+class ReplicasBusyError(BusyError):
+    """No replica of the preset can be started or stopped now (issue 47): the preset does
+    not run, it runs ``max_replicas`` already, or the replica named does not run."""
+
+
 class EngineBusyError(BusyError):
     """The engine is serving another request: measuring now would measure the wait."""
 

@@ -45,7 +45,8 @@ PRESET_PROPERTIES = ("Name", "State", "Status", "Model", "Unit", "SpecMode", "Sp
                      "AutoSpecBlocked", "Argv", "RunningArgv", "PendingRestart", "Notes",
                      "LastBench", "Stats", "OnDemand", "IdleStop", "Group", "Drain", "Keep",
                      "IdleStopAt", "Kind", "Url", "UpstreamModel", "Reachable",
-                     "OnDemandState", "LastRequestAt", "GroupHolder", "Memory", "Unloading")
+                     "OnDemandState", "LastRequestAt", "GroupHolder", "Memory", "Unloading",
+                     "Replicas")
 VERBS = {"start": "StartPreset", "stop": "StopPreset", "restart": "RestartPreset",
          "unload": "UnloadPreset"}
 SPINNER = "|/-\\"
@@ -88,6 +89,9 @@ async def cmd_status(c: Client, as_json: bool) -> int:
             "presets": [preset_of_object_path(p) for p in props["Presets"]],
             "active": list(props.get("ActivePresets", [])),
             "broken": props.get("BrokenPresets", {})}
+    from .replicas import replica_lines, replica_rows
+
+    data["replicas"] = await replica_rows(c, data["active"])   # several engines (issue 47)
     if as_json:
         _print_json(data)
         return EXIT_OK
@@ -97,6 +101,8 @@ async def cmd_status(c: Client, as_json: bool) -> int:
           + (f", {len(data['broken'])} broken" if data["broken"] else ""))
     for name, error in sorted(data["broken"].items()):
         print(f"  broken {name}: {error}")
+    for line in replica_lines(data["replicas"]):
+        print(f"  {line}")
     return EXIT_OK
 
 

@@ -53,7 +53,8 @@ KNOWN_KEYS = ("model", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port
               "spec.sampling", "chat.reasoning_effort", "chat.temperature", "chat.top_p",
               "chat.top_k", "chat.min_p", "serve.on_demand", "serve.idle_stop", "serve.group",
               "serve.drain", "serve.keep", "kind", "url", "upstream_model", "rpc",
-              "api_key_file", "cpu_fallback", "example", "aliases")
+              "api_key_file", "cpu_fallback", "example", "aliases", "serve.replicas",
+              "serve.max_replicas")
 
 
 # --- the pure parts ---------------------------------------------------------------------

@@ -43,6 +43,7 @@ from .commands import (
 )
 from .keys import add_parsers as keys_parsers
 from .keys import cmd_keys
+from .replicas import add_parsers as replica_parsers
 
 EDIT_VERBS = ("new", "set", "unset", "rm", "mv", "cat", "edit")
 
@@ -129,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     _edit_parsers(sub)
     keys_parsers(sub)
+    replica_parsers(sub)
     return p
 
 
@@ -208,6 +210,10 @@ async def _main(args: argparse.Namespace) -> int:
             return await _edit_command(client, args)
         if command == "keys":
             return await cmd_keys(client, args)
+        if command == "replica":
+            from .replicas import cmd_replica
+
+            return await cmd_replica(client, args)
         if command in VERBS:
             timeout = None if args.timeout is None else float(args.timeout)
             return await cmd_verb(client, command, str(args.preset), bool(args.wait), timeout)

@@ -96,6 +96,10 @@ def row(props: dict[str, Any]) -> dict[str, Any]:
         "idle_stop_at": props.get("IdleStopAt") or None,
         "group": props.get("Group") or "", "group_holder": props.get("GroupHolder") or "",
         **{k: stats[k] for k in SIGHT_KEYS if k in stats},
+        # its engines past the first (issue 47): each its own unit, port and state
+        "replicas": [{k: rep.get(k) for k in ("index", "instance", "unit", "state", "port",
+                                              "url", "in_flight")}
+                     for rep in props.get("Replicas") or [] if rep.get("index", 1) > 1],
     }
 
 
@@ -148,7 +152,15 @@ def columns(lines: list[list[str]], width: int | None = None) -> str:
 
 def table(rows: Iterable[dict[str, Any]], width: int | None = None) -> str:
     """The rows as ``top`` shows them (the verdict, last, is cut to ``width``)."""
-    return columns([list(COLUMNS)] + [cells(r) for r in rows], width)
+    lines = [list(COLUMNS)]
+    for r in rows:
+        lines.append(cells(r))
+        # each replica its own line below its preset's, by its instance name (NAME:k)
+        lines += [[f"  {rep['instance']}", str(rep["state"]),
+                   (rep["url"] or "-") if rep["state"] in ("loading", "ready") else "-",
+                   *["-"] * (len(COLUMNS) - 4), f"{rep['in_flight'] or 0} in flight"]
+                  for rep in r.get("replicas") or [] if rep["state"] != "inactive"]
+    return columns(lines, width)
 
 
 DEVICE_COLUMNS = ("DEVICE", "TOTAL", "LOKID", "OTHERS", "RESERVED", "FREE", "FROM")

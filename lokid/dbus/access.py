@@ -52,6 +52,7 @@ class Backend(Protocol):
     # sight, lokid.dbus.sight: OnDemandState, GroupHolder, the gateway's reports)
     telemetry: Any
     unloads: Any  # lokid.dbus.unload.Unloads
+    replicas: Any  # lokid.dbus.replicas.Replicas: a preset's engines past the first
 
     def engine_state(self, name: str) -> EngineState: ...
     def spec_active(self, name: str) -> list[str]: ...

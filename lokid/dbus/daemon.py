@@ -64,6 +64,7 @@ from .jobs import JobReports
 from .logs import Logs
 from .readyplans import ReadyPlans
 from .registry import Registry
+from .replicas import Replicas
 from .reveal import Revealer
 from .serving import Serving, close_parts, serve_until_lost
 from .team import export_all
@@ -132,6 +133,7 @@ class Daemon:
                                       spawn=self.background.spawn)
         self.jobs = JobReports(self, self.background.spawn, self.manager.JobFinished)
         self.group_stops = GroupStops(self)   # a group's start overlaps its stops
+        self.replicas = Replicas(self)   # a preset's engines past the first (issue 47)
 
     # -- what the D-Bus interfaces read (interfaces.Backend) --------------------------
 
@@ -158,7 +160,7 @@ class Daemon:
     def active_presets(self) -> list[str]:
         if self.runner is None:
             return []
-        return sorted(n for n, st in self.runner.states.items() if st.state in LIVE)
+        return sorted(n for n, s in self.runner.states.items() if s.state in LIVE and ":" not in n)
 
     def runner_in_use(self) -> str:
         return self.runner.kind if self.runner is not None else ""
@@ -218,7 +220,7 @@ class Daemon:
         assert self.runner is not None
         await self.group_stops.before_start(name)   # its GPU group's stops under way
         log.info("%sing preset %s", verb, name)
-        return await (self.runner.start if verb == "start" else self.runner.restart)(name)
+        return await self.replicas.begin(name, verb)   # its engine, then its replicas
 
     async def stop(self, name: str) -> str:
         assert self.runner is not None
@@ -229,7 +231,7 @@ class Daemon:
             self.registry.get(name)  # NotFound for a name that is neither known nor running
         log.info("stopping preset %s", name)
         self.group_stops.stop_asked(name)
-        return await self.runner.stop(name)
+        return await self.replicas.stop(name)   # its engine and its replicas
 
     async def clear_failures(self, name: str) -> int:
         self.registry.get(name)
@@ -262,7 +264,7 @@ class Daemon:
         await self.telemetry.read_settings()
         if self.runner is not None:
             await self.runner.reload()
-            await self.runner.track(sorted(self.registry.presets))
+            await self.runner.track(self.replicas.tracked(sorted(self.registry.presets)))
 
     # -- presets and engines --------------------------------------------------------
 
@@ -339,7 +341,7 @@ class Daemon:
         try:
             await self.load_presets()
             if self.runner is not None:
-                await self.runner.track(sorted(self.registry.presets))
+                await self.runner.track(self.replicas.tracked(sorted(self.registry.presets)))
         except LokiError as e:
             log.warning("reading the presets after a systemd reload: %s", e)
         await self._align_sockets()
@@ -461,20 +463,19 @@ class Daemon:
 
     def _make_runner(self) -> Runner:
         assert self.bus is not None
+        listener = self.replicas.apart(self._on_engine)   # a replica's change: its preset's
         if self.runner_kind == "systemd":
             from ..runners.systemd_runner import SystemdRunner
 
-            return SystemdRunner(self.bus, self._on_engine, self.jobs.on_job,
+            return SystemdRunner(self.bus, listener, self.jobs.on_job,
                                  on_reloaded=self._systemd_reloaded)
         from ..runners.local_runner import LocalRunner
         from ..watch.journalwatch import LoadJudge
 
-        def judge_log(message: str, **fields: Any) -> None:
-            log.warning("%s", message)
-
         judge = LoadJudge(self.registry.state_dir, self.runtime_dir, on_verdict=self._on_verdict,
-                          log=judge_log, on_line=self._engine_line, on_cpu=self.telemetry.cpu)
-        return LocalRunner(self._on_engine, self.config_dir, self.registry.state_dir,
+                          log=lambda message, **_: log.warning("%s", message),
+                          on_line=self._engine_line, on_cpu=self.telemetry.cpu)
+        return LocalRunner(listener, self.config_dir, self.registry.state_dir,
                            self.runtime_dir, judge=judge, on_job=self.jobs.on_job)
 
     def _start_watcher(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -535,7 +536,7 @@ class Daemon:
         self.runner = self._make_runner()
         try:
             await self.runner.attach()
-            await self.runner.track(sorted(self.registry.presets))
+            await self.runner.track(self.replicas.tracked(sorted(self.registry.presets)))
         except Exception as e:
             self.bus.disconnect()
             raise DaemonError(f"cannot follow the engines ({self.runner.kind} runner): "

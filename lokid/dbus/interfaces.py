@@ -160,7 +160,18 @@ class PresetInterface(ServiceInterface):
                 "Url": self.Url, "UpstreamModel": self.UpstreamModel,
                 "KeyFile": self.KeyFile, "Reachable": self.Reachable,
                 "Memory": self.Memory, "Aliases": self.Aliases,
-                "Capabilities": self.Capabilities, "ContextLength": self.ContextLength}
+                "Capabilities": self.Capabilities, "ContextLength": self.ContextLength,
+                "MaxReplicas": serve.max_replicas, "Replicas": self.Replicas}
+
+    # its engines (issue 47, lokid.dbus.replicas): replica 1 is this preset's own, each
+    # other one its own unit on its own port; StartReplica adds one up to MaxReplicas
+    @dbus_property(access=PropertyAccess.READ)
+    def Replicas(self) -> "aa{sv}":
+        return [json_variant(row) for row in self.backend.replicas.rows(self.preset)]
+
+    @dbus_property(access=PropertyAccess.READ)
+    def MaxReplicas(self) -> "u":
+        return self.view.serve.max_replicas
 
     # kind = "external" (lokid.core.external): where its API is, and whether it answers;
     # its key's file by path only (the gateway reads it; nothing of the key is here)
@@ -401,6 +412,18 @@ class ManagerInterface(ServiceInterface):
     @guarded
     async def RestartPreset(self, name: "s") -> "s":
         return await self.backend.restart(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def StartReplica(self, name: "s") -> "u":
+        return await self.backend.replicas.start_one(checked_name(name))
+
+    @method()
+    @access(MANAGE)
+    @guarded
+    async def StopReplica(self, name: "s", index: "u") -> "s":
+        return await self.backend.replicas.stop_one(checked_name(name), index)
 
     @method()
     @access(MANAGE)

@@ -27,8 +27,9 @@ import logging
 from typing import Any, Protocol
 
 from ..core.errors import LokiError
+from ..core.replicas import is_replica, preset_of, split_instance
 from ..host.nvml import GpuMemory
-from ..runners.runner import READY, EngineState, Runner
+from ..runners.runner import INACTIVE, READY, EngineState, Runner
 from ..watch.meter import BLIND_AFTER, Meters
 from ..watch.promfile import Textfile
 from .footprints import Footprints
@@ -260,7 +261,8 @@ class Telemetry:
             return
         try:
             names = sorted(set(self.daemon.registry.presets) | set(self.daemon.active_presets()))
-            views = {n: self.daemon.registry.presets.get(n) for n in names}
+            names += self._replicas()   # each replica past the first, its own engine
+            views = {n: self.daemon.registry.presets.get(preset_of(n)) for n in names}
             states = {n: self.daemon.engine_state(n).state for n in names}
             # an example (example = true) cannot start by design: no alert for it
             examples = self.daemon.registry.examples
@@ -273,11 +275,13 @@ class Telemetry:
             records = []
             for n, v in views.items():
                 stats = figures[n] if n in figures else self.meters.snapshot(n)
-                records.append(Record(n, v.model if v else "", states[n], stats,
+                k = (split_instance(n) or (n, 1))[1]
+                records.append(Record(preset_of(n), v.model if v else "", states[n], stats,
                                       v.auto_blocked if v else "",
                                       tf.starts(n, stats.get("invocation")),
-                                      self.idle.count(n), self.sight.stats(n),
-                                      self.room.memory(n)))
+                                      self.idle.count(n) if k == 1 else None,
+                                      self.sight.stats(n) if k == 1 else {},
+                                      self.room.memory(n) if k == 1 else {}, replica=k))
             await asyncio.to_thread(tf.write, render(records, time.time(), broken,
                                                      dict(self.sight.swaps),
                                                      self.room.devices(), waits, peers))
@@ -286,6 +290,13 @@ class Telemetry:
                 tf.render_failed = True
                 log.warning("Prometheus metrics: not written (%s: %s); later failures are not "
                             "logged", type(e).__name__, e)
+
+    def _replicas(self) -> list[str]:
+        """The instances of replicas 2 and up whose engines run or failed (issue 47)."""
+        runner = self.daemon.runner
+        return sorted(n for n, st in (runner.states.items() if runner is not None else ())
+                      if is_replica(n) and st.state != INACTIVE
+                      and preset_of(n) in self.daemon.registry.presets)
 
     def on_line_live(self, preset: str, invocation: str, line: str, at: float | None) -> None:
         """:meth:`on_line`, held back while a replay of that start runs (see :meth:`replay`):

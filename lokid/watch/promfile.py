@@ -9,7 +9,10 @@ text exposition format 0.0.4
 https://prometheus.io/docs/practices/naming/: prefix ``lokid_``, base units
 (seconds, bytes), counters ending in ``_total``, a HELP and a TYPE line for every
 family, labels ``preset`` and ``model`` on every engine series (``preset`` alone on
-``lokid_preset_broken``: a file that does not parse names no model).
+``lokid_preset_broken``: a file that does not parse names no model), and ``replica`` on
+those of a preset's replicas past the first (issue 47: each replica is an engine of its
+own; the preset's own engine keeps the series it had, so rules and dashboards written
+before replicas read it as before, and ``sum by (preset)`` adds its replicas).
 
 :func:`render` is pure: the records of the presets in, the file's text out.
 :class:`Textfile` is its I/O edge: when to write, and the write itself (a temp
@@ -158,6 +161,10 @@ class Record:
     sight: Mapping[str, Any] = field(default_factory=dict)
     # its need per device (the Memory property: needs, sources), {} without a plan
     memory: Mapping[str, Any] = field(default_factory=dict)
+    # which of the preset's engines (issue 47, lokid.core.replicas): 1 is its own, whose
+    # series carry no replica label (as before replicas existed); 2 and up add
+    # replica="k" to every series of that engine
+    replica: int = 1
 
 
 DEVICE_KINDS = (("total", "total"), ("free", "free"), ("reserved", "reserve"),
@@ -224,14 +231,14 @@ def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
     (the Manager's Waits); ``peers``: the gateway's peers, "" for one up (its Peers)."""
     out = _Samples()
     out.add("lokid_textfile_timestamp_seconds", (), round(now, 3))
-    records = sorted(records, key=lambda r: r.preset)
+    records = sorted(records, key=lambda r: (r.preset, r.replica))
     down = set(broken)
     for name in sorted(down | {r.preset for r in records}):
         out.add("lokid_preset_broken", (("preset", name),), 1 if name in down else 0)
     for r in records:
         _preset(out, r)
     waiting = set(waits)
-    for r in records:
+    for r in (r for r in records if r.replica == 1):
         out.add("lokid_memory_waiting", (("preset", r.preset), ("model", r.model)),
                 1 if r.preset in waiting else 0)
     for peer, why in sorted((peers or {}).items()):
@@ -252,7 +259,9 @@ def render(records: Iterable[Record], now: float, broken: Iterable[str] = (),
 
 
 def _preset(out: _Samples, r: Record) -> None:
-    base = (("preset", r.preset), ("model", r.model))
+    base: tuple[tuple[str, str], ...] = (("preset", r.preset), ("model", r.model))
+    if r.replica > 1:
+        base += (("replica", str(r.replica)),)
     sources = r.memory.get("sources") or {}
     for device, nbytes in sorted((r.memory.get("needs") or {}).items()):
         out.add("lokid_preset_footprint_bytes", (*base, ("device", str(device)),

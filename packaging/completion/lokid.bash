@@ -52,7 +52,8 @@ _lokid() {
 _lokictl_keys="model ctx gpus gpu_count gpu_layers ubatch port mmproj extra_args env. op_offload_min_batch
 spec.mode spec.draft spec.n_max spec.sampling chat.reasoning_effort chat.temperature chat.top_p
 chat.top_k chat.min_p serve.on_demand serve.idle_stop serve.group serve.drain kind url
-upstream_model serve.keep rpc api_key_file cpu_fallback example aliases"
+upstream_model serve.keep rpc api_key_file cpu_fallback example aliases serve.replicas
+serve.max_replicas"
 
 # The values of the keys that take one of a fixed set, as lokid's configuration checks
 # them (lokid/core/config.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS, and
@@ -102,7 +103,7 @@ _lokictl() {
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
             status|presets|devices|show|plan|start|stop|restart|unload|reload|clear-failures|bench|top|stats|logs|\
-            new|set|unset|rm|mv|cat|edit|keys|usage) cmd="${words[i]}"; break ;;
+            new|set|unset|rm|mv|cat|edit|keys|usage|replica) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
@@ -123,7 +124,7 @@ _lokictl() {
         case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
     done
     local verbs="status presets devices top stats logs show plan start stop restart unload reload clear-failures bench
-new set unset rm mv cat edit keys usage"
+new set unset rm mv cat edit keys usage replica"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --hosts --help" -- "$cur")) ;;
         status|presets|devices) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
@@ -158,6 +159,15 @@ new set unset rm mv cat edit keys usage"
 --max-in-flight --rpm --tpm --tokens-per-day --tokens-per-month --expires" -- "$cur")) ;;
                 list) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
                 rotate) [[ "$cur" == -* ]] && COMPREPLY=($(compgen -W "--grace" -- "$cur")) ;;
+            esac ;;
+        replica)   # lokictl replica VERB PRESET [INDEX]: a preset's replicas (issue 47)
+            local rverb="" r
+            for ((r = i + 1; r < cword; r++)); do
+                case "${words[r]}" in list|start|stop) rverb="${words[r]}"; break ;; esac
+            done
+            case "$rverb" in
+                "") COMPREPLY=($(compgen -W "list start stop" -- "$cur")) ;;
+                *) [ $n -eq 1 ] && COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
             esac ;;
         new)
             if [[ "$cur" == -* ]]; then

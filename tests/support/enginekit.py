@@ -48,6 +48,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on loopback now (a preset's replicas
+    listen on its port + k - 1, lokid.core.replicas)."""
+    for _ in range(200):
+        base = free_port()
+        if base + count > 65536:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return base
+    raise AssertionError(f"no {count} consecutive free ports on loopback")
+
+
 @dataclass
 class Engine:
     proc: subprocess.Popen[bytes]

@@ -501,3 +501,18 @@ def test_lines_journald_dropped_are_a_series_to_alert_on() -> None:
     assert series(fams, "lokid_engine_lines_missed_total", preset="gamma") == 18582
     assert series(fams, "lokid_engine_lines_missed_total", preset="whole") == 0
     assert series(fams, "lokid_requests_total", preset="gamma") == 12695
+
+
+def test_a_replica_is_an_engine_of_its_own_with_a_replica_label() -> None:
+    """Issue 47: the preset's own engine keeps its series as before (no replica label), each
+    replica past the first adds replica="k" to its own; the preset is listed once."""
+    fams = parse(render([Record("r", "m.gguf", "ready", {"requests": 4, "in_flight": 1}),
+                         Record("r", "m.gguf", "loading", {"requests": 2}, replica=2)],
+                        now=0.0))
+    up = {dict(labels).get("replica", ""): v
+          for labels, v in fams["lokid_engine_up"].samples.items()}
+    assert up == {"": 1, "2": 0}
+    assert series(fams, "lokid_requests_total", preset="r", replica="2") == 2
+    assert sum(fams["lokid_requests_total"].samples.values()) == 6   # sum by (preset)
+    assert len(fams["lokid_preset_broken"].samples) == 1
+    assert len(fams["lokid_memory_waiting"].samples) == 1

@@ -1,0 +1,216 @@
+"""The daemon's side of a preset's replicas (issue 47, :mod:`lokid.core.replicas`):
+starting a preset starts its ``replicas``, stopping it stops every one, and one more (or
+one fewer) is started or stopped on request: the gateway's scaling rule and the
+operator (``StartReplica``, ``StopReplica``).
+
+Rules, each for the failure it prevents:
+
+- A replica is started and stopped by the runner as any engine is, by its instance name
+  (``NAME:k``): under systemd its own unit restarts it after a crash, and its plan, token
+  and journal are its own. The daemon keeps no process of its own for it.
+- Replicas are not presets on the bus: no object, no ``EngineStateChanged``, not in
+  ``ActivePresets``. A client that knows presets only (an older gateway, lokictl, the
+  Cockpit page) would take ``NAME:2`` for a preset it cannot find. Their changes are the
+  preset object's ``Replicas`` property (``PropertiesChanged``), one row per replica.
+- A stop of the preset stops every replica it has started, whatever ``max_replicas`` now
+  says (an edit that lowered it must not leave engines running that no one can stop by
+  name), and those a daemon before this one started (the runner is told to follow every
+  index up to :data:`~lokid.core.presetname.MAX_REPLICAS` the preset allows).
+- ``StartReplica`` starts the lowest index not running, only while the preset's own
+  engine runs (replica 1 is what a request is routed to first, and what on-demand wakes)
+  and below ``max_replicas``; ``StopReplica`` never stops replica 1 (that is the preset's
+  stop, with its drain and idle rules): a scaling rule that asks for the wrong one gets
+  an error, not an outage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..core.address import engine_url
+from ..core.errors import InvalidArgsError, ReplicasBusyError
+from ..core.names import engine_unit
+from ..core.replicas import SEPARATOR, instance, is_replica, preset_of, replica_port
+from ..runners.runner import INACTIVE, LIVE, EngineState
+
+if TYPE_CHECKING:
+    from ..runners.runner import Runner
+    from .registry import Registry
+
+log = logging.getLogger("lokid.daemon")
+
+
+class ReplicaHost(Protocol):
+    """What the replicas need of the daemon."""
+
+    runner: Runner | None
+    registry: Registry
+    exported: dict[str, Any]   # the preset objects (lokid.dbus.interfaces.PresetInterface)
+    telemetry: Any             # its meters: each instance's requests in flight
+
+    def engine_state(self, name: str) -> EngineState: ...
+
+
+class Replicas:
+    """Replicas 2 and up of every preset, by the runner's instance names."""
+
+    def __init__(self, host: ReplicaHost):
+        self.host = host
+
+    def runner(self) -> Runner:
+        assert self.host.runner is not None
+        return self.host.runner
+
+    def _in_flight(self, name: str) -> int:
+        """Requests in flight on an instance's engine, from its log lines (0 before any)."""
+        start = self.host.telemetry.meters.starts.get(name)
+        return len(start.log.in_flight) if start is not None else 0
+
+    def _announce(self, name: str) -> None:
+        iface = self.host.exported.get(name)
+        if iface is not None and name in self.host.registry.presets:
+            iface.emit_properties_changed({"Replicas": iface.Replicas})
+
+    # -- what the runner reports ----------------------------------------------------
+
+    def apart(self, listener: Callable[[str, EngineState], None]
+              ) -> Callable[[str, EngineState], None]:
+        """The runner's listener: a replica's change to :meth:`on_state`, a preset's to
+        ``listener`` (the daemon's)."""
+        def heard(name: str, state: EngineState) -> None:
+            if not self.on_state(name, state):
+                listener(name, state)
+        return heard
+
+    def on_state(self, name: str, state: EngineState) -> bool:
+        """Whether ``name`` is a replica's (its change is then announced as the preset's
+        Replicas, and goes no further); False for a preset's own engine."""
+        if not is_replica(name):
+            return False
+        log.info("replica %s: %s%s", name, state.state,
+                 f" ({state.detail})" if state.detail else "")
+        self._announce(preset_of(name))
+        return True
+
+    def tracked(self, presets: list[str]) -> list[str]:
+        """``presets`` and every replica instance they allow, for the runner to follow (a
+        daemon started again learns the replicas the last one started)."""
+        out = list(presets)
+        for name in presets:
+            view = self.host.registry.presets.get(name)
+            if view is None:   # gone since the list was made: nothing of it to follow
+                continue
+            bound = view.serve.max_replicas
+            out += [instance(name, k) for k in range(2, bound + 1)]
+        return out
+
+    # -- verbs ----------------------------------------------------------------------
+
+    def live(self, name: str) -> list[int]:
+        """The indices 2 and up of the preset's replicas whose engines exist now."""
+        runner = self.host.runner
+        if runner is None:
+            return []
+        return sorted(k for k in self._known(name)
+                      if runner.state(instance(name, k)).state in LIVE)
+
+    def _known(self, name: str) -> set[int]:
+        """Every replica index of the preset that the runner has a state for."""
+        runner = self.host.runner
+        return {int(key.rpartition(SEPARATOR)[2])
+                for key in (runner.states if runner is not None else {})
+                if is_replica(key) and preset_of(key) == name}
+
+    async def begin(self, name: str, verb: str) -> str:
+        """Start (``verb``: start or restart) the preset's engine, then its replicas 2 to
+        ``replicas``; on a restart, those running beyond them are restarted as well. The
+        job of the preset's own engine (what a caller waits for: replica 1)."""
+        runner = self.runner()
+        job = await (runner.start if verb == "start" else runner.restart)(name)
+        await self.start_with(name, verb)
+        return job
+
+    async def stop(self, name: str) -> str:
+        """Stop the preset's engine and every replica of it; the job of its own."""
+        job = await self.runner().stop(name)
+        await self.stop_all(name)
+        return job
+
+    async def start_with(self, name: str, verb: str) -> None:
+        """The preset was started (``verb``: start or restart): its replicas 2 to
+        ``replicas`` too; on a restart, those running beyond them are restarted as well."""
+        view = self.host.registry.get(name)
+        runner = self.runner()
+        wanted = set(range(2, view.serve.replicas + 1))
+        if verb == "restart":
+            wanted |= set(self.live(name))
+        for k in sorted(wanted):
+            if verb == "restart":
+                await runner.restart(instance(name, k))
+            else:
+                await runner.start(instance(name, k))
+
+    async def stop_all(self, name: str) -> list[str]:
+        """Stop every replica of the preset that runs or failed; the jobs' ids."""
+        runner = self.runner()
+        jobs = []
+        for k in sorted(self._known(name)):
+            if runner.state(instance(name, k)).state != INACTIVE:
+                jobs.append(await runner.stop(instance(name, k)))
+        return jobs
+
+    async def start_one(self, name: str) -> int:
+        """Start one more replica: the lowest index not running; the index.
+        ReplicasBusyError while the preset's own engine does not run, or when
+        ``max_replicas`` run already."""
+        view = self.host.registry.get(name)
+        own_state = self.host.engine_state(name).state
+        if view.external is not None:
+            raise view.failure()
+        if own_state not in LIVE:
+            raise ReplicasBusyError(f"preset {name} is {own_state}: start it first (its "
+                                    "replica 1), then more replicas")
+        live = set(self.live(name))
+        free = [k for k in range(2, view.serve.max_replicas + 1) if k not in live]
+        if not free:
+            raise ReplicasBusyError(
+                f"preset {name} runs {1 + len(live)} replicas, its [serve] max_replicas is "
+                f"{view.serve.max_replicas}: raise max_replicas to run more")
+        k = free[0]
+        log.info("starting replica %d of preset %s", k, name)
+        await self.runner().start(instance(name, k))
+        return k
+
+    async def stop_one(self, name: str, index: int) -> str:
+        """Stop replica ``index`` (2 and up) of the preset; the job's id."""
+        self.host.registry.get(name)
+        if index < 2:
+            raise InvalidArgsError(f"replica {index}: replicas 2 and up are stopped this "
+                                   f"way; replica 1 is the preset itself (StopPreset)")
+        if index not in self._known(name) or \
+                self.runner().state(instance(name, index)).state == INACTIVE:
+            raise ReplicasBusyError(f"replica {index} of preset {name} does not run")
+        log.info("stopping replica %d of preset %s", index, name)
+        return await self.runner().stop(instance(name, index))
+
+    # -- what the bus shows ---------------------------------------------------------
+
+    def rows(self, name: str) -> list[dict[str, Any]]:
+        """The preset's ``Replicas``: replica 1 (the preset's own engine) and every other
+        one the runner knows, by index: its instance, unit, state, status, port, URL and
+        requests in flight (from its log lines)."""
+        view = self.host.registry.get(name)
+        host, port = view.listen if view.listen is not None else ("", 0)
+        runner = self.host.runner
+        out = []
+        for k in [1, *sorted(self._known(name))]:
+            inst = instance(name, k)
+            state = runner.state(inst) if runner is not None else EngineState()
+            at = replica_port(port, k) if port else 0
+            out.append({"index": k, "instance": inst, "unit": engine_unit(inst),
+                        "state": state.state, "status": state.status, "port": at,
+                        "url": engine_url(host, at) if at else "",
+                        "in_flight": self._in_flight(inst)})
+        return out

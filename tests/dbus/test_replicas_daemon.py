@@ -1,0 +1,175 @@
+"""A preset's replicas under the daemon's local runner (issue 47): the real engines of the
+tiny model, each answering on its own port, driven over a private real dbus-daemon as an
+operator (or the gateway's scaling rule) would: StartPreset starts [serve] replicas,
+StartReplica one more up to max_replicas, StopReplica one, StopPreset every one, leaving
+no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dbus_fast import DBusError
+from support.daemonkit import Running
+from support.enginekit import free_ports, write_config, write_preset
+
+from lokid.core.names import ERROR_PREFIX, MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE
+from lokid.core.names import preset_object_path as path_of
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def answer(port: int) -> str:
+    """The engine's completion of a two-token request on ``port`` ("" when it does not
+    answer)."""
+    body = json.dumps({"prompt": "a", "n_predict": 2}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return str(json.load(r).get("content", "")) or "(empty)"
+    except OSError:
+        return ""
+
+
+def engine_children() -> list[str]:
+    """The command lines of this process's children that run an engine or a preset's step
+    (the daemon runs in it: its local runner's steps and engines are its children; its
+    spare step, ``lokid engine -``, told no preset yet, runs no engine)."""
+    out = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    out.append(f.read().replace(b"\0", b" ").decode())
+            except OSError:
+                pass
+    return [c for c in out if "llama-server" in c or " engine r" in c or " prestart " in c]
+
+
+def engines_on(ports: range) -> list[str]:
+    """Every process on this machine whose command line has ``--port P`` for P in
+    ``ports`` (an engine left behind, wherever it was reparented)."""
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a == "--port" and b.isdigit() and int(b) in ports
+               for a, b in zip(argv, argv[1:], strict=False)):
+            found.append(" ".join(argv))
+    return found
+
+
+async def rows(preset: Any) -> dict[int, dict[str, Any]]:
+    return {int(r["index"].value): {k: v.value for k, v in r.items()}
+            for r in await preset.get_replicas()}
+
+
+async def wait_rows(preset: Any, want: dict[int, str], timeout: float = 120) -> dict[int, Any]:
+    """The Replicas rows once each index in ``want`` is in its state."""
+    deadline = time.monotonic() + timeout
+    found: dict[int, Any] = {}
+    while time.monotonic() < deadline:
+        found = await rows(preset)
+        if all(k in found and found[k]["state"] == s for k, s in want.items()):
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"replicas not {want} in {timeout} s: {found}")
+
+
+@pytest.fixture
+def base() -> int:
+    return free_ports(3)
+
+
+@pytest.fixture
+def config(tmp_path: Path, engine: str, models: Any, base: int) -> Path:
+    config = write_config(tmp_path, engine, [models.dir])
+    assert Path(models.llama).name == "llama.gguf"   # written on first use
+    (tmp_path / "metrics").mkdir()
+    toml = config / "lokid.toml"
+    toml.write_text(toml.read_text().replace('metrics_textfile = ""', 'metrics_textfile = '
+                                             f'"{tmp_path / "metrics" / "lokid.prom"}"'))
+    write_preset(config, "r", f'model = "llama.gguf"\nctx = 512\nport = {base}\n'
+                 "[serve]\nreplicas = 2\nmax_replicas = 3\n")
+    return config
+
+
+async def metric(path: Path, line: str, timeout: float = 30) -> None:
+    """Wait until the Prometheus textfile at ``path`` holds ``line``."""
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text() if path.exists() else ""
+        if line in text.splitlines():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no {line!r} in {path}:\n{text}")
+
+
+async def test_replicas_start_answer_on_their_ports_and_stop_together(
+        running: Running, base: int, tmp_path: Path) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    preset = await running.iface(path_of("r"), PRESET_INTERFACE)
+    assert await preset.get_max_replicas() == 3
+    # no replica past the first while the preset itself does not run
+    with pytest.raises(DBusError) as refused:
+        await manager.call_start_replica("r")
+    assert refused.value.type == ERROR_PREFIX + "Busy" and "start it first" in refused.value.text
+
+    await manager.call_start_preset("r")
+    await running.wait_event("r", "ready")
+    found = await wait_rows(preset, {1: "ready", 2: "ready"})
+    assert {k: (r["unit"], r["port"], r["url"]) for k, r in found.items()} == {
+        1: ("loki-engine@r.service", base, f"http://127.0.0.1:{base}"),
+        2: ("loki-engine@r:2.service", base + 1, f"http://127.0.0.1:{base + 1}")}
+    assert answer(base) and answer(base + 1) and not answer(base + 2)
+    assert len(engines_on(range(base, base + 3))) == 2
+    # replicas are no presets: the preset is active once, its replicas are its Replicas
+    assert await manager.get_active_presets() == ["r"]
+    assert {e[0] for e in running.events} == {"r"}
+    # Prometheus: the preset's engine as before, its replica with replica="2"
+    prom = tmp_path / "metrics" / "lokid.prom"
+    await metric(prom, 'lokid_engine_up{preset="r",model="llama.gguf",replica="2"} 1')
+    await metric(prom, 'lokid_engine_up{preset="r",model="llama.gguf"} 1')
+
+    assert await manager.call_start_replica("r") == 3
+    await wait_rows(preset, {1: "ready", 2: "ready", 3: "ready"})
+    assert answer(base + 2)
+    with pytest.raises(DBusError) as full:
+        await manager.call_start_replica("r")
+    assert full.value.type == ERROR_PREFIX + "Busy" and "max_replicas is 3" in full.value.text
+
+    with pytest.raises(DBusError) as own:
+        await manager.call_stop_replica("r", 1)
+    assert own.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
+    await manager.call_stop_replica("r", 3)
+    await wait_rows(preset, {1: "ready", 2: "ready", 3: "inactive"})
+    assert not answer(base + 2) and answer(base + 1)
+    # the index freed is the next one started
+    assert await manager.call_start_replica("r") == 3
+    await wait_rows(preset, {3: "loading"}, timeout=30)
+
+    await manager.call_stop_preset("r")
+    await running.wait_event("r", "inactive")
+    await wait_rows(preset, {1: "inactive", 2: "inactive", 3: "inactive"})
+    assert not answer(base) and not answer(base + 1) and not answer(base + 2)
+    deadline = time.monotonic() + 30
+    while (engine_children() or engines_on(range(base, base + 3))) \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert engine_children() == [] and engines_on(range(base, base + 3)) == []
