@@ -210,10 +210,16 @@ class Registry:
         ``lokid plan`` and its start report it; the holder keeps its plan."""
         from ..core import conflicts
         from ..core.record import replace
+        from ..core.replicas import instance, replica_port
         from ..planning.gather import last_starts
 
         found = {name: conflicts.Endpoint(*v.listen, v.path)
                  for name, v in views.items() if v.listen is not None}
+        # each replica's port is its preset's too (lokid.core.replicas), as a start counts it
+        found.update({instance(name, k): conflicts.Endpoint(
+            v.listen[0], replica_port(v.listen[1], k), v.path)
+            for name, v in views.items() if v.listen is not None
+            for k in range(2, v.serve.max_replicas + 1)})
         clashes = conflicts.port_conflicts(found, last_starts(self.runtime_dir, found))
         # a preset that has no plan anyway keeps its own reason; the file first, as the
         # start's own refusal says it

@@ -106,6 +106,9 @@ def config(tmp_path: Path, engine: str, models: Any, base: int) -> Path:
                                              f'"{tmp_path / "metrics" / "lokid.prom"}"'))
     write_preset(config, "r", f'model = "llama.gguf"\nctx = 512\nport = {base}\n'
                  "[serve]\nreplicas = 2\nmax_replicas = 3\n")
+    # on the port of r's replica 3, which may start any time: refused before it starts
+    # (the holder of a port no one started on is the first by name: r:3 before z)
+    write_preset(config, "z", f'model = "llama.gguf"\nctx = 512\nport = {base + 2}\n')
     return config
 
 
@@ -126,6 +129,9 @@ async def test_replicas_start_answer_on_their_ports_and_stop_together(
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     preset = await running.iface(path_of("r"), PRESET_INTERFACE)
     assert await preset.get_max_replicas() == 3
+    broken = await manager.get_broken_presets()
+    assert list(broken) == ["z"] and f"port {base + 2} on 127.0.0.1 belongs to preset r:3" \
+        in broken["z"]
     # no replica past the first while the preset itself does not run
     with pytest.raises(DBusError) as refused:
         await manager.call_start_replica("r")
