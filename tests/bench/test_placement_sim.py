@@ -2,7 +2,9 @@
 
 lokid's rule (lokid.core.place.policy) never starts what does not fit and never cuts a
 request on a short trace, and serves every request; the peers' out-of-memory starts are
-counted where their rule overflows a GPU (crafted traces, one 80 GiB GPU). No timing.
+counted where their rule overflows a GPU (crafted traces, one 80 GiB GPU); llama-swap's
+swap group swaps at each change of model, and its matrix holds the requests behind an
+eviction until the drain it waits for is over (benchmarks/placement_peers.py). No timing.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def test_the_router_with_models_max_2_overflows_a_gpu_and_it_is_counted(
         sim: ModuleType) -> None:
     # two 70 GiB presets, one 80 GiB GPU: b is loaded beside a (the count allows two)
     trace = [sim.Arrival(0.0, "a", 2.0), sim.Arrival(40.0, "b", 2.0)]
-    r = sim.simulate("router LRU --models-max 2", trace, 1, two(sim, 70, 70), ("GPU0",))
+    r = sim.simulate("router --models-max 2", trace, 1, two(sim, 70, 70), ("GPU0",))
     # each retry finds a still loaded (the count is not reached): b's client gives up
     assert (r.oom_starts, r.failed, r.cold_starts) == (sim.MAX_TRIES, 1, 1)
     lokid = sim.simulate("lokid", trace, 1, two(sim, 70, 70), ("GPU0",))
@@ -66,16 +68,30 @@ def test_the_router_with_models_max_2_overflows_a_gpu_and_it_is_counted(
 
 def test_an_ollama_under_estimate_that_does_not_fit_is_an_oom_start(sim: ModuleType) -> None:
     host = sim.Host(two(sim, 40, 45), ("GPU0",))
-    rule = sim.OllamaStyle(host, 1)
-    rule.drawn["b"] = int(0.8 * 45 * sim.GIB)   # 36 GiB believed, beside a's 40: it fits
+    rule = sim.OllamaStyle(host, {"a": 1.0, "b": 0.8})   # 36 GiB believed, beside a's 40
     host.run([sim.Arrival(0.0, "a", 60.0), sim.Arrival(20.0, "b", 2.0)], rule)
     r = host.result("Ollama-style", 2)
     assert r.oom_starts >= 1
     assert len(r.waits) + r.failed == 2
 
 
-def test_llama_swap_swaps_on_each_change_of_model(sim: ModuleType) -> None:
+def test_llama_swap_s_swap_group_swaps_on_each_change_of_model(sim: ModuleType) -> None:
     trace = [sim.Arrival(0.0, "a", 1.0), sim.Arrival(0.1, "b", 1.0),
              sim.Arrival(0.2, "a", 1.0)]
-    r = sim.simulate("llama-swap (one group)", trace, 1, two(sim, 4, 4))
+    r = sim.simulate("llama-swap groups", trace, 1, two(sim, 4, 4))
     assert (r.cold_starts, r.stops, r.oom_starts, len(r.waits)) == (3, 2, 0, 3)
+
+
+def test_llama_swap_s_matrix_holds_every_request_behind_an_eviction(sim: ModuleType) -> None:
+    # a and b never fit together; c fits beside either; all on one 80 GiB GPU
+    presets = sim.presets_of((("a", 50), ("b", 50), ("c", 10)))
+    trace = [sim.Arrival(0.0, "a", 100.0), sim.Arrival(1.0, "c", 1.0),
+             sim.Arrival(30.0, "b", 1.0), sim.Arrival(40.0, "c", 1.0)]
+    a_ends = presets["a"].load + 100.0
+    for rule in ("llama-swap matrix", "llama-swap matrix (evicted)"):
+        r = sim.simulate(rule, trace, 1, presets, ("GPU0",))
+        assert (r.oom_starts, r.failed, len(r.waits)) == (0, 0, 4), rule
+        # c is loaded and idle at 40 s, yet its second request waits behind b's eviction,
+        # which waits for a's request to end (c's first one waited for its load only)
+        assert min(r.waits) == presets["c"].load, rule
+        assert sum(w >= a_ends - 40.0 for w in r.waits) == 2, rule   # b's and c's second
