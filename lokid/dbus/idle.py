@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.errors import LokiError, StalePlanError
+from ..core.replicas import is_replica, preset_of
 from ..core.serve import span_text
 from ..runners.runner import READY, EngineState
 from ..store.runtimedir import read_runtime_plan
@@ -117,9 +118,19 @@ class IdleStops:
         return start if not clock.invocation or start.invocation == clock.invocation else None
 
     def in_flight(self, name: str) -> int:
-        """RequestsInFlight: the ready engine's requests in flight, from its log lines."""
+        """RequestsInFlight: the ready engines' requests in flight, from their log lines:
+        the preset's own and its replicas' (issue 47: a stop or a swap stops them all)."""
         start = self._start(name)
-        return len(start.log.in_flight) if start is not None else 0
+        own = len(start.log.in_flight) if start is not None else 0
+        return own + sum(len(s.log.in_flight) for s in self._replica_starts(name))
+
+    def _replica_starts(self, name: str) -> list[_Start]:
+        """The meters of the preset's replicas past the first whose engines are ready now
+        (lokid.core.replicas): an idle preset is one whose every engine is idle, since its
+        idle stop stops them all."""
+        return [s for key, s in self.meters.starts.items()
+                if is_replica(key) and preset_of(key) == name
+                and self.host.engine_state(key).state == READY]
 
     def announce_in_flight(self, name: str) -> None:
         """PropertiesChanged(RequestsInFlight) when it moved since last said."""
@@ -137,6 +148,12 @@ class IdleStops:
             if not start.log.in_flight_known:
                 return None   # lines were lost: requests in flight unknown, not none
             in_flight, last_end = len(start.log.in_flight), start.idle_since
+        for other in self._replica_starts(name):   # a replica busy keeps them all
+            if not other.log.in_flight_known:
+                return None
+            in_flight += len(other.log.in_flight)
+            if other.idle_since is not None:
+                last_end = max(last_end or 0.0, other.idle_since)
         return idle_deadline(view.serve.idle_stop, clock.ready_at, in_flight, last_end)
 
     def stop_at(self, name: str) -> float:

@@ -112,6 +112,7 @@ class Telemetry:
             manager.emit_properties_changed({"Devices": [json_variant(r) for r in rows]})
 
     def _in_flight_moved(self, name: str) -> None:
+        name = preset_of(name)   # a replica's requests are its preset's (issue 47)
         self.idle.announce_in_flight(name)
         self.sight.request_seen(name)
 

@@ -179,3 +179,33 @@ async def test_replicas_start_answer_on_their_ports_and_stop_together(
             and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert engine_children() == [] and engines_on(range(base, base + 3)) == []
+
+
+def test_a_preset_is_idle_only_when_every_replica_is(tmp_path: Path) -> None:
+    """Its idle stop stops every replica: a request in flight on replica 2 holds the stop
+    (and counts in RequestsInFlight) while the preset's own engine is idle; the deadline
+    counts from the end of the last request on any of them. Real engine lines
+    (tests/data/engine-logs: launch_slot_ and release), fed to the real meters."""
+    from types import SimpleNamespace
+
+    from lokid.core.serve import Serve
+    from lokid.dbus.idle import IdleStops
+    from lokid.runners.runner import READY, EngineState
+    from lokid.watch.meter import Meters
+
+    launch = "0.07.629.506 I slot launch_slot_: id  2 | task 19 | processing task, is_child = 0"
+    idle = "0.07.773.095 I srv  update_slots: all slots are idle"
+    view = SimpleNamespace(serve=Serve(idle_stop=3.0, replicas=2, max_replicas=2))
+    host = SimpleNamespace(runtime_dir=str(tmp_path), exported={},
+                           registry=SimpleNamespace(presets={"r": view}),
+                           engine_state=lambda name: EngineState(READY))
+    meters = Meters(str(tmp_path))
+    stops = IdleStops(host, meters)
+    stops.on_state("r", EngineState(READY))
+    ready_at = stops.clocks["r"].ready_at
+    meters.feed("r", "a", "0.00.000.001 I main: server is listening", ready_at)
+    assert stops.deadline("r") == ready_at + 3.0
+    meters.feed("r:2", "b", launch, ready_at + 1)
+    assert stops.deadline("r") is None and stops.in_flight("r") == 1
+    meters.feed("r:2", "b", idle, ready_at + 5)
+    assert stops.deadline("r") == ready_at + 8.0 and stops.in_flight("r") == 0
