@@ -35,9 +35,10 @@ peer's code does, and where a setting is the user's, the one that serves this tr
   searched with that variant (with the code's wait every pinning falls behind the
   arrivals), and both rows use it.
 - **llama.cpp's router** (``--models-max N``, LRU eviction; Hugging Face's "Model
-  Management" post, default N = 4): a count, no memory. N = 2, 3 and 4 are all shown, the
-  user's best being the trace's. A new engine goes on the GPU with more true free memory
-  (kinder than the router's default, which splits every model over both GPUs).
+  Management" post, default N = 4): a count, no memory. N = 2, 3 and 4 are all shown:
+  which is best depends on what is weighed (fewer loads, or shorter waits with
+  out-of-memory starts). A new engine goes on the GPU with more true free memory (kinder
+  than the router's default, which splits every model over both GPUs).
 - **Ollama** (server/sched.go), ``OLLAMA_MAX_LOADED_MODELS=10`` (no count below memory;
   the default is 3 per GPU), ``OLLAMA_SCHED_SPREAD`` unset (a model on one GPU where its
   estimate fits), ``OLLAMA_NUM_PARALLEL=4``, ``OLLAMA_KEEP_ALIVE=-1``. It evicts idle
