@@ -39,6 +39,7 @@ from ..core.fleet.rpc import workers_of
 from ..core.gpuselect import listing_env
 from ..core.place.need import Sizing, size_plan
 from ..core.place.policy import room_unknown
+from ..core.replicas import instance, preset_of
 from ..host.devices import Room, listed_gpus, read_room, room_json
 from ..planning.sizing import Memory, never_fits_here
 from ..store.runtimedir import read_runtime_plan
@@ -134,8 +135,10 @@ class DeviceRoom:
                running: bool = False) -> Sizing | None:
         """The preset's need on the last room read; None without a plan or a header.
         ``running``: of its engine as it runs (the GPUs its start chose, for ``gpus =
-        "auto"``), not of its next start."""
-        view = self.host.daemon.registry.presets.get(name)
+        "auto"``), not of its next start. ``name`` may be a replica's instance
+        (``NAME:k``, lokid.core.replicas): its preset's need, on the GPUs its own start
+        chose."""
+        view = self.host.daemon.registry.presets.get(preset_of(name))
         if view is None or view.plan is None or view.info is None:
             return None
         room = self.room
@@ -236,7 +239,10 @@ class DeviceRoom:
                           if v.plan is not None})
         gpu_engines = [e for e in engines if await self.host.has_gpu(e)]
         held: dict[str, int] = {}
-        for name in daemon.active_presets():
+        # every engine of lokid's: each preset's own and its replicas' (issue 47)
+        engines = [inst for name in daemon.active_presets()
+                   for inst in (name, *(instance(name, k) for k in daemon.replicas.live(name)))]
+        for name in engines:
             sizing = self.sizing(name, running=True)
             if sizing is not None:
                 for device, nbytes in sizing.need.fixed.items():
