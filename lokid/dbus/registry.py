@@ -175,7 +175,11 @@ class Registry:
         self.examples = frozenset(name for name, preset in good.items() if preset.example)
 
     def refresh(self, name: str) -> PresetView:
-        """Plan one preset again (after a verdict was recorded for it)."""
+        """Plan one preset again (after a verdict was recorded for it; for one of its
+        replicas' engines, ``NAME:k``: the preset, whose view the replicas share)."""
+        from ..core.replicas import preset_of
+
+        name = preset_of(name)
         preset = cfg.load_preset(self.config_dir, name)
         self.examples = self.examples - {name} | ({name} if preset.example else set())
         deadline = None if self.probe_budget is None else time.monotonic() + self.probe_budget

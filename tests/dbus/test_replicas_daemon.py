@@ -129,6 +129,8 @@ async def test_replicas_start_answer_on_their_ports_and_stop_together(
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     preset = await running.iface(path_of("r"), PRESET_INTERFACE)
     assert await preset.get_max_replicas() == 3
+    # a verdict recorded for a replica's start plans its preset again
+    assert (await asyncio.to_thread(running.daemon.registry.refresh, "r:2")).name == "r"
     broken = await manager.get_broken_presets()
     assert list(broken) == ["z"] and f"port {base + 2} on 127.0.0.1 belongs to preset r:3" \
         in broken["z"]
