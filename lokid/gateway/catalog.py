@@ -18,6 +18,7 @@ models the gateway serves beyond its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -53,12 +54,14 @@ class Catalog:
         return preset is not None and any(
             identity.allows(n) for n in (preset.name, *preset.aliases))
 
-    def models(self, path: str, here_only: bool = True,
-               identity: Identity = ANONYMOUS) -> web.Response:
+    def models(self, path: str, here_only: bool = True, identity: Identity = ANONYMOUS,
+               told: Callable[[dict[str, dict[str, Any]]], None] | None = None
+               ) -> web.Response:
         """Every preset a client can ask for; a broken one only by its name (a model
         picker does not offer what cannot answer: /v1/models/<name> says why). Unless
         ``here_only``, the peers' models too (lokid.gateway.peers: :func:`with_peers`).
-        Only what ``identity`` may use."""
+        Only what ``identity`` may use. ``told``: adds what a peer is told (for a
+        request with the hop mark: lokid.gateway.peers.told)."""
         broken = self.presets.broken
         residents = self.placer.residents(self.placer.clock())   # once for every entry
         entries = {name: model_entry(name, "broken", p.on_demand, public(broken[name]))
@@ -66,6 +69,8 @@ class Catalog:
                    if p.kind == EXTERNAL else self._entry(p, residents)
                    for name, p in sorted(self.presets.presets.items())}
         described(entries, self.presets)   # context, capabilities; each alias an entry
+        if told is not None:
+            told(entries)
         if not here_only:
             broken = with_peers(entries, broken, self.peers.listing())
         if identity.models:

@@ -38,6 +38,28 @@ Rules, each for a failure it prevents:
   ``lokid_peer_up``) when that changes, and again every :data:`REPORT_EVERY` seconds
   (it forgets a word not repeated); a report that fails is logged once, never in the
   way of a request.
+
+Cache-affine routing (issue 47, item 2; :mod:`lokid.core.affinity`): among the ready
+replicas, a request goes where its prompt's longest prefix was last sent, within a bound
+on load. Rules, each for a failure it prevents:
+
+- a prompt's fingerprints (:mod:`lokid.core.prefixes`) are taken on the routes that read
+  a prompt (:data:`AFFINE_ROUTES`), whenever this gateway has peers or the request came
+  from one: a peer must know what its own engine holds to say it;
+- this gateway records where it sent each prompt, a peer or its own engine
+  (:meth:`Peers.sent`, :meth:`Peers.served_here`); it forgets a peer's when the peer goes
+  down or lists the model not ready (its engine's cache is gone with its start), and its
+  own when its engine was started again since (``ready_at``); a peer's listing is
+  parsed again once it is back up, to learn what it holds;
+- a peer learns what this host's engine holds from its listing: ``slots`` and the
+  ``prefixes`` last served here (:func:`told`, at most :data:`TOLD` in all), only in
+  the listing given to a request carrying the hop mark, never to a client's. A
+  fingerprint is no prompt, but it confirms a guessed one (a known system prompt hashed
+  with the model's name): kept to peers. The hop mark is a header, not a proof: a client
+  whose key this gateway accepts could send it, so a gateway shared with untrusted keys
+  lets them confirm such guesses; the prompts themselves never leave;
+- what a peer lists is kept out of what clients see (:func:`lokid.core.fleet.listing
+  .prefixes_of`), and taken as a hint only (:meth:`lokid.core.affinity.Affinity.learn`).
 """
 
 from __future__ import annotations
@@ -50,14 +72,23 @@ import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 
-from ..core.fleet.listing import MAX_BYTES, ListingRefused, model_of, over_size, read_listing
+from ..core.affinity import Affinity
+from ..core.fleet.listing import (
+    MAX_BYTES,
+    ListingRefused,
+    model_of,
+    over_size,
+    prefixes_of,
+    read_listing,
+)
 from ..core.fleet.peers import Peer, cleartext_key, peer_key_credential
-from ..core.fleet.route import LOCAL, Host, Model, Route, route
+from ..core.fleet.route import LOCAL, READY, Host, Model, Route, route
+from ..core.prefixes import Chain, chain_of, hex_of
 from .faults import Throttle
 from .relay import read_capped
 from .replies import GatewayError, public
@@ -78,6 +109,11 @@ MAX_LISTING = MAX_BYTES         # bytes of a peer's /v1/models, at most
 REPORT_EVERY = 10.0             # seconds between two ReportPeers when nothing changed
 UNAVAILABLE = "unavailable"     # the state a down peer's models are listed in
 LINES_PER_MINUTE = 3            # log lines about one peer, at most
+TOLD = 1024                     # prefix fingerprints a listing tells a peer, at most
+# The routes whose body carries a prompt an engine caches (chat, Anthropic messages,
+# completions): the others (embeddings, tokenize…) are routed by load alone.
+AFFINE_ROUTES = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/messages",
+                           "/v1/completions", "/completions", "/completion"})
 
 
 @dataclass
@@ -108,6 +144,8 @@ class Peers:
         self.tasks: list[asyncio.Task[None]] = []
         self.throttle = Throttle(60.0, LINES_PER_MINUTE)
         self.merged: dict[str, dict[str, dict[str, Any]]] | None = None   # listing()'s
+        self.affinity = Affinity()   # where each prompt prefix was sent (issue 47)
+        self.here_at: dict[str, float | None] = {}   # ready_at of the engine recorded
         for p in peers:
             warning = cleartext_key(p)
             if warning:
@@ -228,7 +266,18 @@ class Peers:
         for facts in listing.models.values():
             if facts.get("status"):
                 facts["status"] = public(facts["status"])
-        s.models = {name: model_of(facts) for name, facts in listing.models.items()}
+        models = {}
+        for name, facts in listing.models.items():
+            prints, m = prefixes_of(facts), model_of(facts)
+            models[name] = m
+            if m.state != READY:
+                if name in s.models and s.models[name].state == READY:
+                    self.affinity.forget(s.peer.name, name)   # its cache went with it
+            elif prints:
+                self.affinity.learn(name, s.peer.name, prints)
+        for name in s.models.keys() - models.keys():
+            self.affinity.forget(s.peer.name, name)
+        s.models = models
         s.facts, s.left_out = listing.models, listing.left_out
         return True
 
@@ -263,6 +312,8 @@ class Peers:
             self.merged = None
         if s.up:
             s.since = time.monotonic()
+            self.affinity.forget(name)   # what it holds is read again once it is back
+            s.digest = b""
         s.up, s.why_down = False, why
         if s.failures == 1:
             s.wake.set()   # read again soon: the first backoff step
@@ -289,13 +340,35 @@ class Peers:
                     models = {k: v for k, v in models.items() if k != name}
                 sent = s.sent.get(name, 0)
                 if sent and name in models and models[name].in_flight < sent:
-                    m = models[name]
-                    models = {name: Model(m.state, sent, m.on_demand, m.fits, m.kind)}
+                    models = {name: replace(models[name], in_flight=sent)}
             out.append(Host(s.peer.name, s.up, models, s.why_down))
         return out
 
-    def route(self, name: str, local: Model | None, hopped: bool = False) -> Route:
-        return route(name, self.hosts(local, name), hopped)
+    def route(self, name: str, local: Model | None, hopped: bool = False,
+              chain: Chain | None = None) -> Route:
+        return route(name, self.hosts(local, name), hopped, chain, self.affinity)
+
+    def chain(self, raw_path: str, body: bytes, name: str) -> Chain | None:
+        """The prefix fingerprints of a request for ``name`` on ``raw_path``; None on a
+        route that reads no prompt."""
+        return chain_of(body, name) if raw_path in AFFINE_ROUTES else None
+
+    def sent(self, chain: Chain | None, peer: str) -> None:
+        """A request of ``chain`` goes to ``peer``: its prefixes live there now."""
+        if chain:
+            self.affinity.record(chain, peer)
+
+    def served_here(self, chain: Chain | None, name: str, ready_at: float | None) -> None:
+        """A request of ``chain`` goes to this host's engine of preset ``name``, ready
+        since ``ready_at`` (None: not ready yet): what was recorded of an earlier start
+        of it is forgotten first."""
+        if not chain:
+            return
+        before = self.here_at.get(name)
+        if before is not None and before != ready_at:
+            self.affinity.forget(LOCAL, name)   # started again: its cache is new
+        self.here_at[name] = ready_at
+        self.affinity.record(chain, LOCAL)
 
     def knows(self, name: str) -> bool:
         """Whether a peer lists ``name``, or listed it when last read, or could (it was
@@ -333,6 +406,22 @@ class Peers:
     def summary(self) -> dict[str, str]:
         """Peer name → "" when up, else why it is down."""
         return {name: "" if s.up else s.why_down for name, s in self.states.items()}
+
+
+def told(entries: dict[str, dict[str, Any]], slots: Mapping[str, int],
+         affinity: Affinity) -> None:
+    """This host's listing ``entries`` as a peer is shown them (the hop mark): each
+    engine preset of ``slots`` (name → its engine's slots) with its ``slots`` and the
+    prefixes its engine was last sent, newest first, at most :data:`TOLD` in all."""
+    left = TOLD
+    for name, n in slots.items():
+        facts = entries.get(name, {}).get("lokid")
+        if facts is None:
+            continue
+        facts["slots"] = n
+        prints = affinity.held(name, LOCAL, min(left, affinity.listed)) if left else []
+        left -= len(prints)
+        facts["prefixes"] = hex_of(prints)
 
 
 def _reason(e: BaseException) -> str:

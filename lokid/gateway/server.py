@@ -53,6 +53,7 @@ from aiohttp import web
 from ..core.external import EXTERNAL
 from ..core.fleet.route import LOCAL, READY, Model
 from ..core.keys import ANONYMOUS
+from ..core.prefixes import Chain
 from . import prompts
 from .admission import Admission
 from .audit import Audit, journal_sender
@@ -68,7 +69,7 @@ from .hosts import Hosts
 from .keys import Keyring
 from .limits import Limiter
 from .ondemand import SAFE_METHODS, Starter, check_safe
-from .peers import HOP_HEADER, Peers
+from .peers import HOP_HEADER, Peers, told
 from .placer import Placer
 from .presets import Preset, Presets
 from .relay import (
@@ -212,7 +213,8 @@ class Gateway:
         identity = request[IDENTITY_KEY] = self.keyring.identify(request.headers)   # or 401
         hopped = HOP_HEADER in request.headers   # sent by a peer: answered from here only
         if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
-            return self.catalog.models(path, hopped or not self.peers, identity)
+            return self.catalog.models(path, hopped or not self.peers, identity,
+                                       self._told if hopped else None)
         raw_path = request.raw_path.partition("?")[0]
         if raw_path not in ENGINE_ROUTES and raw_path not in EXTERNAL_ROUTES:
             route(request.method, raw_path, ENGINE_ROUTES)   # 404 before reading a body
@@ -230,13 +232,19 @@ class Gateway:
         preset = self.presets.presets.get(name)
         self.limits.check(request.get(IDENTITY_KEY, ANONYMOUS))   # 429 past a key's limit
         stream = scan is not None and scan.stream   # carried as bytes (lokid.gateway.tunnel)
+        # its prompt's prefixes: where it goes, and what this host tells peers it holds
+        chain = self.peers.chain(raw_path, body, name) if self.peers or hopped else None
         if self.peers and not hopped:
-            answer = await self._via_peers(request, raw_path, body, name, preset, stream)
+            answer = await self._via_peers(request, raw_path, body, name, preset, stream,
+                                           chain)
             if answer is not None:
                 return answer
         if preset is None or name in self.presets.broken:
             raise self.catalog.unknown(name, everywhere=not hopped)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
+        if chain and preset.kind != EXTERNAL:
+            self.peers.served_here(chain, name, preset.ready_at
+                                   if preset.state == READY else None)
         # the preset's own key, never the client's (lokid.gateway.upstream)
         key = read_key(name, preset.key_file) if preset.key_file else None
         if preset.kind == EXTERNAL:   # an API elsewhere: no start, no group
@@ -289,7 +297,8 @@ class Gateway:
                                    told=await teller.stop() if teller is not None else None)
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
-                         preset: Preset | None, stream: bool) -> web.StreamResponse | None:
+                         preset: Preset | None, stream: bool, chain: Chain | None
+                         ) -> web.StreamResponse | None:
         """The answer of the peer gateway the routing rule chose (lokid.core.fleet.route),
         or None when this host answers (its preset, or its refusal). A peer none of whose
         request reached it is marked down and the next candidate tried; one that took
@@ -297,10 +306,11 @@ class Gateway:
         local = None if preset is None or name in self.presets.broken \
             else self._local_model(preset)
         await self.peers.first_reads()   # just started: each peer read once first
-        decision = self.peers.route(name, local)
+        decision = self.peers.route(name, local, chain=chain)   # cache-affine (issue 47)
         for host in decision.candidates:
             if host == LOCAL:
                 return None
+            self.peers.sent(chain, host)
             try:
                 return await self._to_peer(host, request, raw_path, body, name, stream)
             except Unreached as e:
@@ -329,6 +339,13 @@ class Gateway:
                                patience=patience, key=key, target=target,
                                what=f"peer gateway {host!r}", hop=HOP_HEADER, stream=stream)
 
+    def _told(self, entries: dict[str, dict[str, Any]]) -> None:
+        """What a peer is shown of this host's engines: their slots and the prompt
+        prefixes they were last sent (lokid.gateway.peers.told)."""
+        told(entries, {n: self.admission.slots(p, "") for n, p in self.presets.presets.items()
+                       if p.kind != EXTERNAL and n not in self.presets.broken},
+             self.peers.affinity)
+
     def _read_limit(self, raw_path: str) -> int:
         """How much of a body on ``raw_path`` is read (lokid.gateway.prompts): no more
         than the presets here take; ``max_body`` where a peer may take it."""
@@ -346,7 +363,8 @@ class Gateway:
         fits = None
         if state != READY and p.on_demand:
             fits = self.placer.fits(p, self.placer.residents(self.placer.clock()))
-        return Model(state, max(p.in_flight, self.placer.own[p.name]), p.on_demand, fits)
+        return Model(state, max(p.in_flight, self.placer.own[p.name]), p.on_demand, fits,
+                     slots=self.admission.slots(p, ""))   # full: passed over (issue 47)
 
     async def _props(self, request: web.Request, url: str, key: str | None,
                      patience: Patience) -> web.StreamResponse:

@@ -31,7 +31,13 @@ A peer is another host, maybe broken, maybe lying. Rules, each for a failure it 
   count, ``capabilities`` the known words only (:data:`lokid.core.modeltraits
   .CAPABILITIES`). An alias is an entry of its own, so it counts in :data:`MAX_MODELS`
   and its id follows the id rule. Anything else a peer writes there is dropped: no text
-  of a peer's reaches a client beyond a model id and its status.
+  of a peer's reaches a client beyond a model id and its status;
+- what cache-affine routing reads (issue 47, item 2; :mod:`lokid.core.affinity`):
+  ``slots`` a count up to :data:`MAX_SLOTS`, and ``prefixes``, the fingerprints of the
+  prompts the peer's engine holds, each 16 hex digits, at most :data:`MAX_PREFIXES` (a
+  longer list, or one with anything else in it, is dropped whole: a peer that lists
+  10,000 claims one replica holds every prompt), and never shown to a client
+  (:func:`prefixes_of` takes them out of the facts).
 
 A refusal's reason is ours, fixed text and figures: never the peer's bytes, which may
 name its address or carry anything.
@@ -53,11 +59,14 @@ MAX_MODELS = 256
 MAX_ID = 128
 MAX_STATUS = 200
 MAX_IN_FLIGHT = 1_000_000
+MAX_SLOTS = 4096
+MAX_PREFIXES = 256     # a peer's prefix fingerprints kept per model
 EXTERNAL = "external"
 
 _PART = r"[A-Za-z0-9][A-Za-z0-9_.:@+-]*"
 _ID = re.compile(f"{_PART}(?:/{_PART})*")   # "qwen", "org/model:q4"; no "http://…"
 _WORD = re.compile(r"[a-z][a-z_-]{0,31}")
+_PRINT = re.compile(r"[0-9a-f]{16}")
 
 
 class ListingRefused(ValueError):
@@ -150,7 +159,21 @@ def facts_of(facts: Any) -> dict[str, Any]:
     can = facts.get("capabilities")
     if isinstance(can, list):
         kept["capabilities"] = [c for c in CAPABILITIES if c in can]
+    slots = facts.get("slots")
+    if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= MAX_SLOTS:
+        kept["slots"] = slots
+    prints = facts.get("prefixes")
+    if isinstance(prints, list) and len(prints) <= MAX_PREFIXES and all(
+            isinstance(p, str) and _PRINT.fullmatch(p) for p in prints):
+        kept["prefixes"] = tuple(int(p, 16) for p in prints)
     return kept
+
+
+def prefixes_of(facts: dict[str, Any]) -> tuple[int, ...]:
+    """The prefix fingerprints of an entry's kept facts, taken out of them: they are
+    for routing, never shown to a client."""
+    prints = facts.pop("prefixes", ())
+    return prints if isinstance(prints, tuple) else ()
 
 
 def model_of(facts: dict[str, Any]) -> Model:
@@ -162,4 +185,4 @@ def model_of(facts: dict[str, Any]) -> Model:
     if state == EXTERNAL:
         return Model(READY, kind=EXTERNAL)
     return Model(state, facts.get("in_flight", 0), facts.get("on_demand") is True,
-                 facts.get("fits"))
+                 facts.get("fits"), slots=facts.get("slots", 0))

@@ -15,7 +15,21 @@ from its placement); a peer that is down has no view. The rule, in order:
    never started. Peers serve a model this host has only when it cannot (broken,
    failed, unresponsive, stopping, or waiting for memory here), by the rules below.
 3. **Ready replicas first**: among the hosts where the model's engine is ready, the
-   one with the fewest requests in flight; a tie goes to the peer listed first.
+   one cache-affine routing chooses (:mod:`lokid.core.affinity`, issue 47: the one
+   known to hold the longest prefix of the prompt, within a bound on its load, a spill
+   to the least loaded when it is full, a new prompt by its hash); without a prompt
+   known, the one with the fewest requests in flight, a tie to the peer listed first.
+   **Rule 2 yields to affinity** when a ready peer, within its load bound, is known to
+   hold a longer prefix of the prompt than this host (it is the choice, and holds
+   some): there the peer's engine re-reads only the new message where this host's would
+   re-read the whole history (seconds for a long one, against a hop's milliseconds).
+   It does not yield for load alone: a prompt no host is known to hold, or one whose
+   holder is full, stays here while this host can take it (rule 2 as before), so a
+   peer's word (its requests in flight) still cannot draw a local preset's requests
+   away, and what it may claim instead (fingerprints it lists) is bounded in number and
+   draws only within its load bound, the requests this gateway has in flight there
+   counted. A host that is not ready holds no prefix (its engine starts with an empty
+   cache).
 4. **Else the host that can start it soonest**: a peer where it is on demand and fits
    now; else one where it is loading (its start is under way: the soonest); else this
    host or a peer where it would wait for memory (placement: it starts once room is
@@ -37,6 +51,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..affinity import Affinity, Choice, Replica
+from ..prefixes import Chain
+
 LOCAL = ""          # the host name of this gateway in a Route
 READY, LOADING = "ready", "loading"
 STARTABLE = ("inactive", "stopping")   # on demand there: a request starts it
@@ -52,6 +69,7 @@ class Model:
     fits: bool | None = None    # placement: fits now (True), waits for memory (False),
     #                             unknown (None: no placement there, counted as fits)
     kind: str = "engine"        # or "external"
+    slots: int = 0              # requests its engine runs at once (0: not known)
 
 
 @dataclass(frozen=True)
@@ -83,11 +101,14 @@ def _rank(host: Host, m: Model, index: int) -> tuple[int, int, int, int] | None:
     return None
 
 
-def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
+def route(name: str, hosts: Sequence[Host], hopped: bool = False,
+          chain: Chain | None = None, affinity: Affinity | None = None) -> Route:
     """The hosts that may answer a request for ``name``, best first (see the module
     docstring). ``hosts``: this gateway's (name LOCAL) first, then its peers in their
-    configured order; ``hopped``: the request carries the hop mark."""
+    configured order; ``hopped``: the request carries the hop mark; ``chain``: its
+    prompt's prefixes, chosen among the ready replicas by ``affinity`` (rule 3)."""
     ranked: list[tuple[bool, tuple[int, int, int, int], str]] = []
+    ready: list[Replica] = []
     missing: list[str] = []
     for index, host in enumerate(hosts):
         if hopped and host.name != LOCAL:
@@ -108,6 +129,12 @@ def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
         here_first = host.name == LOCAL and (m.state in (READY, LOADING) or (
             m.on_demand and m.state == "inactive" and m.fits is not False))
         ranked.append((not here_first, rank, host.name))
+        if rank[0] == 0:
+            ready.append(Replica(host.name, m.in_flight, m.slots))
+    choice = None
+    if affinity is not None and chain is not None and ready:
+        choice = affinity.choose(chain, ready)
+        ranked = [_affine(r, choice) for r in ranked]
     ranked.sort()
     if not ranked:
         if hopped:
@@ -116,12 +143,25 @@ def route(name: str, hosts: Sequence[Host], hopped: bool = False) -> Route:
         where = "; ".join(missing) if missing else "no host lists it"
         return Route((), f"model {name!r} cannot be answered: {where}")
     _, best_rank, best = ranked[0]
+    if choice is not None and best == choice.name:
+        return Route(tuple(h for _, _, h in ranked), choice.why)
     words = ("ready", "on demand, fits now", "loading", "on demand, waits for memory")
     why = f"{_label(best)}: {'its own preset, ' if best == LOCAL else ''}" \
         f"{words[best_rank[0]]}"
     if best_rank[0] in (0, 2):
         why += f", {best_rank[1]} request{'s' if best_rank[1] != 1 else ''} in flight"
     return Route(tuple(h for _, _, h in ranked), why)
+
+
+def _affine(ranked: tuple[bool, tuple[int, int, int, int], str], choice: Choice
+            ) -> tuple[bool, tuple[int, int, int, int], str]:
+    """A ranked host with the affinity choice first among the ready ones; before this
+    host's own too (rule 2 yields) when it holds a prefix of the prompt: more than this
+    host does, or this host is full or past its bound (else this host is the choice)."""
+    later, _rank, name = ranked
+    if name != choice.name:
+        return ranked
+    return (later and not choice.held, (0, -1, 0, 0), name)
 
 
 def _label(name: str) -> str:
