@@ -58,6 +58,9 @@ class Replicas:
 
     def __init__(self, host: ReplicaHost):
         self.host = host
+        # replicas asked to start whose runner has not reported them yet (systemd's
+        # PropertiesChanged comes later): two StartReplica at once must not pick one index
+        self.asked: set[str] = set()
 
     def runner(self) -> Runner:
         assert self.host.runner is not None
@@ -89,6 +92,7 @@ class Replicas:
         Replicas, and goes no further); False for a preset's own engine."""
         if not is_replica(name):
             return False
+        self.asked.discard(name)
         log.info("replica %s: %s%s", name, state.state,
                  f" ({state.detail})" if state.detail else "")
         self._announce(preset_of(name))
@@ -172,7 +176,8 @@ class Replicas:
         if own_state not in LIVE:
             raise ReplicasBusyError(f"preset {name} is {own_state}: start it first (its "
                                     "replica 1), then more replicas")
-        live = set(self.live(name))
+        live = set(self.live(name)) | {k for k in range(2, view.serve.max_replicas + 1)
+                                        if instance(name, k) in self.asked}
         free = [k for k in range(2, view.serve.max_replicas + 1) if k not in live]
         if not free:
             raise ReplicasBusyError(
@@ -180,7 +185,12 @@ class Replicas:
                 f"{view.serve.max_replicas}: raise max_replicas to run more")
         k = free[0]
         log.info("starting replica %d of preset %s", k, name)
-        await self.runner().start(instance(name, k))
+        self.asked.add(instance(name, k))
+        try:
+            await self.runner().start(instance(name, k))
+        except BaseException:
+            self.asked.discard(instance(name, k))
+            raise
         return k
 
     async def stop_one(self, name: str, index: int) -> str:
