@@ -118,14 +118,20 @@ async def read_body(request: web.Request, limit: int, bodies: Bodies | None = No
     start = loop.time()
     parts: list[bytes] = []
     size = received = 0
+    content = request.content
     while True:
-        left = start + grace + received / min_rate - loop.time()
-        try:
-            if left <= 0:
-                raise TimeoutError
-            chunk = await asyncio.wait_for(request.content.readany(), left)
-        except TimeoutError:
-            raise SlowBody(received, loop.time() - start) from None
+        # what came already is taken at once: a wait_for's task (Python 3.11) cost turns
+        # of the event loop at each read, each behind every other request's steps (issue
+        # 47: the body's read took 2.6-4.4 ms p50 of 16 simultaneous streams, now 0.05)
+        chunk = content.read_nowait()
+        if not chunk and not content.at_eof():
+            left = start + grace + received / min_rate - loop.time()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                chunk = await asyncio.wait_for(content.readany(), left)
+            except TimeoutError:
+                raise SlowBody(received, loop.time() - start) from None
         if not chunk:
             break
         received += len(chunk)

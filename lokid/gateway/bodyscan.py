@@ -41,6 +41,7 @@ TOKENS_PER_STEP = 20_000
 _NEXT = re.compile(rb'[\[\]{}"]')
 _STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*"', re.S)   # after the opening quote
 _SPACE = re.compile(rb"[ \t\r\n]*")
+_PLAIN = re.compile(rb'"[^"\\\x00-\x1f]*"')   # a string token with nothing to unescape
 _OPEN, _CLOSE, _QUOTE = b"[{", b"]}", ord('"')
 
 
@@ -80,6 +81,11 @@ def _string_end(body: bytes, start: int) -> int:
 
 
 def _text(token: bytes) -> str:
+    if _PLAIN.fullmatch(token):   # no escape, no control character: its bytes are its text
+        try:   # as json.loads reads bytes (UTF-8, surrogatepass), without its decoder
+            return token[1:-1].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            pass   # json.loads says what is wrong
     try:
         text = json.loads(token)
     except ValueError as e:   # a bad escape, invalid UTF-8

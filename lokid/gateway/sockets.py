@@ -67,7 +67,8 @@ async def _at_socket(factory: Callable[[], Any], path: str, host: str, port: int
     """A connection at the engine's socket ``path``; None (said once) where it fails."""
     loop = asyncio.get_running_loop()
     try:
-        connected = await asyncio.wait_for(loop.create_unix_connection(factory, path), timeout)
+        async with asyncio.timeout(timeout):   # no wait_for: its task is a turn more
+            connected = await loop.create_unix_connection(factory, path)
     except OSError as e:
         FALLBACKS.failed(path, host, port, e)
         return None
@@ -85,7 +86,11 @@ async def open_engine(factory: Callable[[], asyncio.BaseProtocol], host: str, po
     if connected is not None:
         return connected
     loop = asyncio.get_running_loop()
-    return await asyncio.wait_for(loop.create_connection(factory, host, port), timeout)
+    # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the connect in a task of
+    # its own, turns of the event loop more before the request is written, each behind
+    # every other request's steps (issue 47)
+    async with asyncio.timeout(timeout):
+        return await loop.create_connection(factory, host, port)
 
 
 class EngineConnector(aiohttp.TCPConnector):

@@ -46,7 +46,7 @@ from typing import cast
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .silence import EngineSilent, Patience, StreamWatch, within
+from .silence import EngineSilent, HeadWatch, Patience, StreamWatch, within
 from .sockets import Route, open_engine
 
 log = logging.getLogger("lokid.gateway")
@@ -357,7 +357,11 @@ async def carry(request: web.Request, host: str, port: int, authority: str, path
     try:
         transport.write(request_head(request.method, path_qs, authority, headers, len(body))
                         + body)
-        head = await within(asyncio.shield(engine.head), patience, side)
+        heading = HeadWatch(engine, patience, side)
+        try:
+            head = await engine.head   # awaited as it is: see HeadWatch
+        finally:
+            heading.close()
         answer_headers = CIMultiDict((k, v) for k, v in head.headers.items()
                                      if k.lower() not in hop_by_hop)
         if _whole(head):

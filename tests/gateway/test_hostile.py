@@ -264,6 +264,39 @@ async def test_a_hung_engine_ends_its_stream_and_is_not_called_ready(
         logging.getLogger(__name__).info("the hung stream ended after %.1f s", took)
 
 
+async def test_a_hung_engine_before_a_streams_head_is_a_504_and_not_called_ready(
+        running: Any, bus_address: str, ports: dict[str, int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tunnel's wait for an answer's head (silence.HeadWatch, issue 47: a timer, not
+    a task around the wait) keeps within()'s rule: an engine silent past CHECK_AFTER
+    whose /health does not answer ends the request 504 and is shown unresponsive."""
+    monkeypatch.setattr(silence, "CHECK_AFTER", 1.0)
+    monkeypatch.setattr(silence, "PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(silence, "RECHECK", 0.5)
+    async with gateway_on(bus_address) as gw, \
+            httpx.AsyncClient(base_url=gw.url, timeout=60) as c:  # type: ignore[attr-defined]
+        r = await c.post("/completion", json={"model": "alpha", "prompt": "Hi", "n_predict": 1})
+        assert r.status_code == 200
+        pid = engine_pid(ports["alpha"])
+        os.kill(pid, signal.SIGSTOP)   # its kernel still takes the connection and the bytes
+        try:
+            r = await c.post("/completion", json={"model": "alpha", "prompt": "Once",
+                                                  "n_predict": 8, "stream": True})
+            assert r.status_code == 504, r.text
+            assert r.json()["error"]["code"] == "upstream_timeout"
+            assert "does not answer /health" in r.json()["error"]["message"]
+            models = (await c.get("/v1/models")).json()["data"]
+            assert [m["lokid"]["state"] for m in models if m["id"] == "alpha"] == \
+                ["unresponsive"]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.sleep(0.6)
+        r = await c.post("/completion", json={"model": "alpha", "prompt": "Hi", "n_predict": 1,
+                                              "stream": True})
+        assert r.status_code == 200, r.text   # it streams again: the mark is gone
+        assert b"data: " in r.content
+
+
 async def test_a_client_gone_mid_stream_is_a_499_not_a_traceback(
         running: Any, bus_address: str, caplog: pytest.LogCaptureFixture) -> None:
     async with gateway_on(bus_address) as gw, \

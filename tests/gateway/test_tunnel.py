@@ -304,3 +304,60 @@ async def test_a_peer_stream_that_never_connected_may_go_elsewhere_one_that_did_
         server.close()
         await client.close()
     assert seen == {nobody: "unreached", taker: "502"}
+
+
+@pytest.mark.parametrize("verdict", ["first_byte_timeout", "does not answer /health"])
+async def test_an_engine_silent_before_its_head_is_a_504_and_its_connection_closed(
+        verdict: str) -> None:
+    """The wait for the answer's head (silence.HeadWatch: a timer, not a task around the
+    wait, issue 47) keeps within()'s two verdicts: first_byte_timeout passed, or the probe
+    failing after check_after of silence (the preset then marked hung). Either way the
+    engine's connection is closed: the engine frees the slot."""
+    from lokid.gateway.replies import GatewayError
+
+    closed = asyncio.Event()
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")   # the request reached it: it never answers
+        await reader.read()                   # until the gateway closes the connection
+        closed.set()
+        writer.close()
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    engine = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    hung: list[str] = []
+    probed: list[bool] = []
+
+    async def probe() -> bool:
+        probed.append(True)
+        return False
+
+    patience = Patience(0.3, 10) if verdict == "first_byte_timeout" else \
+        Patience(30, 10, check_after=0.2, probe=probe, hung=hung.append)
+    client = session()
+    seen: list[tuple[int, str]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            return await relay(client, request, engine, b'{"stream": true}', keep_auth=False,
+                               patience=patience, what="the engine of preset 'm'",
+                               stream=True)
+        except GatewayError as e:
+            seen.append((e.status, e.message))
+            return web.Response(status=e.status)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handler)
+    try:
+        async with app_on_loopback(app) as url, aiohttp.ClientSession() as c:
+            async with asyncio.timeout(20), \
+                    c.post(url + "/v1/chat/completions", json={"stream": True}) as r:
+                assert r.status == 504
+        await asyncio.wait_for(closed.wait(), 10)
+    finally:
+        server.close()
+        await client.close()
+    assert len(seen) == 1 and seen[0][0] == 504 and verdict in seen[0][1], seen
+    if verdict == "first_byte_timeout":
+        assert not hung
+    else:
+        assert probed and hung and "does not answer /health" in hung[0]
