@@ -16,6 +16,11 @@ Rules, each for the failure it prevents:
   says (an edit that lowered it must not leave engines running that no one can stop by
   name), and those a daemon before this one started (the runner is told to follow every
   index up to :data:`~lokid.core.presetname.MAX_REPLICAS` the preset allows).
+- A restart (``RestartPreset``, after an edit) of a preset whose engine and replicas
+  run is rolled: its own engine first, then each replica once the engine before it
+  answers again; an engine that does not come back stops the roll. Restarted all at
+  once, every engine of the preset reloaded its model together and every request in
+  that time failed.
 - ``StartReplica`` starts the lowest index not running, only while the preset's own
   engine runs (replica 1 is what a request is routed to first, and what on-demand wakes)
   and below ``max_replicas``; ``StopReplica`` never stops replica 1 (that is the preset's
@@ -25,21 +30,26 @@ Rules, each for the failure it prevents:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.address import engine_url
-from ..core.errors import InvalidArgsError, ReplicasBusyError
+from ..core.errors import InvalidArgsError, ReplicasBusyError, StalePlanError
 from ..core.names import engine_unit
 from ..core.replicas import SEPARATOR, instance, is_replica, preset_of, replica_port
-from ..runners.runner import INACTIVE, LIVE, EngineState
+from ..runners.runner import FAILED, INACTIVE, LIVE, READY, EngineState
+from ..store.runtimedir import read_runtime_plan
 
 if TYPE_CHECKING:
     from ..runners.runner import Runner
     from .registry import Registry
 
 log = logging.getLogger("lokid.daemon")
+ROLL_WAIT = 3600.0   # s: the longest start lokid's units allow (MAX_START_TIMEOUT)
+ROLL_POLL = 0.1      # s between two looks at a restarted engine's state
 
 
 class ReplicaHost(Protocol):
@@ -47,8 +57,10 @@ class ReplicaHost(Protocol):
 
     runner: Runner | None
     registry: Registry
+    runtime_dir: str           # each start's runtime plan: which start runs now
     exported: dict[str, Any]   # the preset objects (lokid.dbus.interfaces.PresetInterface)
     telemetry: Any             # its meters: each instance's requests in flight
+    background: Any            # lokid.runners.background.Background: the rolling restart
 
     def engine_state(self, name: str) -> EngineState: ...
 
@@ -129,12 +141,67 @@ class Replicas:
 
     async def begin(self, name: str, verb: str) -> str:
         """Start (``verb``: start or restart) the preset's engine, then its replicas 2 to
-        ``replicas``; on a restart, those running beyond them are restarted as well. The
-        job of the preset's own engine (what a caller waits for: replica 1)."""
+        ``replicas``; on a restart, those running beyond them are restarted as well, one at
+        a time while the preset's engine is ready (:meth:`_roll`). The job of the preset's
+        own engine (what a caller waits for: replica 1)."""
         runner = self.runner()
+        rolling = verb == "restart" and bool(self.live(name)) \
+            and runner.state(name).state == READY
+        before = self._invocation(name)
         job = await (runner.start if verb == "start" else runner.restart)(name)
-        await self.start_with(name, verb)
+        if rolling:
+            self.host.background.spawn(self._roll(name, before),
+                                       f"restarting the replicas of preset {name}")
+        else:
+            await self.start_with(name, verb)
         return job
+
+    def _invocation(self, name: str) -> str:
+        """The invocation of the instance's last start, from its runtime plan ("": none)."""
+        try:
+            return read_runtime_plan(self.host.runtime_dir, name).invocation
+        except StalePlanError:
+            return ""
+
+    async def _ready_again(self, name: str, before: str) -> bool:
+        """Wait until the instance runs a start other than ``before`` and is ready (True);
+        False when it failed or stopped instead, or after :data:`ROLL_WAIT`."""
+        runner = self.runner()
+        deadline = time.monotonic() + ROLL_WAIT
+        while time.monotonic() < deadline:
+            state = runner.state(name).state
+            if state in (FAILED, INACTIVE) and self._invocation(name) != before:
+                return False
+            if state == READY and self._invocation(name) not in ("", before):
+                return True
+            await asyncio.sleep(ROLL_POLL)
+        return False
+
+    async def _roll(self, name: str, before: str) -> None:
+        """The rest of a restart, one engine at a time (issue 47: an edit never takes every
+        engine of a preset down at once): once the preset's own engine is ready again, each
+        replica is restarted and waited for in turn; those that did not run are started.
+        An engine that does not come back ends the roll, said in the journal: the engines
+        not restarted yet keep serving the old configuration."""
+        runner = self.runner()
+        view = self.host.registry.get(name)
+        wanted = sorted(set(range(2, view.serve.replicas + 1)) | set(self.live(name)))
+        if not await self._ready_again(name, before):
+            log.warning("preset %s: not ready again after its restart: its replicas are "
+                        "left as they run", name)
+            return
+        for k in wanted:
+            inst = instance(name, k)
+            if runner.state(inst).state not in LIVE:
+                await runner.start(inst)
+                continue
+            was = self._invocation(inst)
+            log.info("restarting replica %d of preset %s", k, name)
+            await runner.restart(inst)
+            if not await self._ready_again(inst, was):
+                log.warning("replica %s: not ready again after its restart: the replicas "
+                            "after it are left as they run", inst)
+                return
 
     async def stop(self, name: str) -> str:
         """Stop the preset's engine and every replica of it; the job of its own."""

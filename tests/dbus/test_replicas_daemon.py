@@ -215,3 +215,44 @@ def test_a_preset_is_idle_only_when_every_replica_is(tmp_path: Path) -> None:
     assert stops.deadline("r") is None and stops.in_flight("r") == 1
     meters.feed("r:2", "b", idle, ready_at + 5)
     assert stops.deadline("r") == ready_at + 8.0 and stops.in_flight("r") == 0
+
+
+async def test_a_restart_rolls_through_the_replicas_one_at_a_time(running: Running) -> None:
+    """RestartPreset (after an edit) restarts the preset's engine, then replica 2 once the
+    engine answers again: at no moment are both down, and each runs a new start."""
+    from lokid.store.runtimedir import read_runtime_plan
+
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    preset = await running.iface(path_of("r"), PRESET_INTERFACE)
+    runtime = running.daemon.runtime_dir
+    await manager.call_start_preset("r")
+    await wait_rows(preset, {1: "ready", 2: "ready"})
+    before = {n: read_runtime_plan(runtime, n).invocation for n in ("r", "r:2")}
+    states = running.daemon.runner.states   # type: ignore[union-attr]
+    seen: list[tuple[str, str]] = []        # (r's state, r:2's state) at each look
+
+    async def sample() -> None:
+        while True:
+            seen.append((states["r"].state, states["r:2"].state))
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.get_running_loop().create_task(sample())
+    try:
+        await manager.call_restart_preset("r")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            now = {n: read_runtime_plan(runtime, n).invocation for n in ("r", "r:2")}
+            if all(now[n] != before[n] for n in now) and seen[-1] == ("ready", "ready"):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"not both restarted in 120 s: {seen[-20:]}")
+    finally:
+        sampler.cancel()
+    assert ("ready", "ready") in seen and not [s for s in seen if "ready" not in s], seen
+    # the preset's own engine went first, its replica once it answered again
+    first_down = next(i for i, s in enumerate(seen) if s[0] != "ready")
+    second_down = next(i for i, s in enumerate(seen) if s[1] != "ready")
+    assert first_down < second_down
+    await manager.call_stop_preset("r")
+    await wait_rows(preset, {1: "inactive", 2: "inactive"})
