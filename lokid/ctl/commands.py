@@ -344,6 +344,10 @@ async def cmd_show(c: Client, name: str, as_json: bool) -> int:
     print("PendingRestart: " + ("yes (a restart applies the edit)" if row.get("PendingRestart")
                                 else "no"))
     print("Serve: " + serve_text(row))
+    from .replicas import replica_lines  # its engines, when several run (issue 47)
+
+    for line in replica_lines({name: list(row.get("Replicas") or [])}):
+        print(line[:1].upper() + line[1:])
     memory = row.get("Memory") or {}
     if memory.get("text"):
         print(f"Memory: {memory['text']}")

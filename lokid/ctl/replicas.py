@@ -60,7 +60,8 @@ def replica_lines(replicas: dict[str, list[dict[str, Any]]]) -> list[str]:
     """One line per preset running several engines: each engine's index, state, port."""
     return [f"replicas of {name}: " + ", ".join(
         f"{r.get('index')} {r.get('state')} :{r.get('port')}" for r in rows
-        if r.get("state") != "inactive") for name, rows in sorted(replicas.items())]
+        if r.get("state") != "inactive") for name, rows in sorted(replicas.items())
+        if len([r for r in rows if r.get("state") != "inactive"]) > 1]
 
 
 async def cmd_replica(c: Client, args: argparse.Namespace) -> int:

@@ -35,3 +35,7 @@ def test_top_shows_each_running_replica_below_its_preset() -> None:
 def test_status_names_the_engines_of_a_preset_running_several() -> None:
     assert replica_lines({"r": ROWS}) == ["replicas of r: 1 ready :8000, 2 ready :8001"]
     assert replica_lines({}) == []
+
+
+def test_a_preset_running_one_engine_has_no_replica_line() -> None:
+    assert replica_lines({"r": [replica(1, "ready", 8000), replica(2, "inactive", 8001)]}) == []

@@ -124,8 +124,18 @@ async def metric(path: Path, line: str, timeout: float = 30) -> None:
     raise AssertionError(f"no {line!r} in {path}:\n{text}")
 
 
+async def lokictl(address: str, capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """lokictl's output (its own event loop, in a thread: this one runs the daemon)."""
+    from lokid.ctl.main import main
+
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["--address", address, *args]) == 0
+    return capsys.readouterr().out
+
+
 async def test_replicas_start_answer_on_their_ports_and_stop_together(
-        running: Running, base: int, tmp_path: Path) -> None:
+        running: Running, base: int, tmp_path: Path, bus_address: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     preset = await running.iface(path_of("r"), PRESET_INTERFACE)
     assert await preset.get_max_replicas() == 3
@@ -154,6 +164,15 @@ async def test_replicas_start_answer_on_their_ports_and_stop_together(
     prom = tmp_path / "metrics" / "lokid.prom"
     await metric(prom, 'lokid_engine_up{preset="r",model="llama.gguf",replica="2"} 1')
     await metric(prom, 'lokid_engine_up{preset="r",model="llama.gguf"} 1')
+    # lokictl: status names both engines, replica list has a line each, top shows r:2
+    assert f"replicas of r: 1 ready :{base}, 2 ready :{base + 1}" in \
+        await lokictl(bus_address, capsys, "status")
+    listed = (await lokictl(bus_address, capsys, "replica", "list", "r")).splitlines()
+    assert [line.split()[:4] for line in listed[1:]] == [
+        ["1", "loki-engine@r.service", "ready", str(base)],
+        ["2", "loki-engine@r:2.service", "ready", str(base + 1)]]
+    top = (await lokictl(bus_address, capsys, "top", "--once")).splitlines()
+    assert any(line.split()[:2] == ["r:2", "ready"] for line in top), top
 
     # two asked at once: one gets replica 3, the other is told max_replicas run
     both = await asyncio.gather(manager.call_start_replica("r"),
@@ -169,7 +188,8 @@ async def test_replicas_start_answer_on_their_ports_and_stop_together(
     with pytest.raises(DBusError) as own:
         await manager.call_stop_replica("r", 1)
     assert own.value.type == "org.freedesktop.DBus.Error.InvalidArgs"
-    await manager.call_stop_replica("r", 3)
+    assert "replica 3 of r is stopping" in \
+        await lokictl(bus_address, capsys, "replica", "stop", "r", "3")
     await wait_rows(preset, {1: "ready", 2: "ready", 3: "inactive"})
     assert not answer(base + 2) and answer(base + 1)
     # the index freed is the next one started
