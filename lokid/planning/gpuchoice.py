@@ -124,6 +124,35 @@ def claimed(runtime_dir: str, name: str, processes: Mapping[str, Mapping[int, in
     return out
 
 
+def sibling_gpus(runtime_dir: str, name: str, proc: str = "/proc") -> frozenset[str]:
+    """The GPUs the other engines of ``name``'s preset run or load on (its replicas and
+    its own, lokid.core.replicas): their runtime plans' claims, else the GPUs their
+    environment shows, for those whose supervisor runs."""
+    from ..core.errors import StalePlanError
+    from ..core.replicas import preset_of
+    from ..store.runtimedir import read_runtime_plan
+
+    base = preset_of(name)
+    try:
+        others = [f[:-len(RUNTIME_SUFFIX)] for f in os.listdir(runtime_dir)
+                  if f.endswith(RUNTIME_SUFFIX)]
+    except OSError:
+        return frozenset()
+    out: set[str] = set()
+    for other in others:
+        if other == name or preset_of(other) != base:
+            continue
+        try:
+            rp = read_runtime_plan(runtime_dir, other)
+        except StalePlanError:
+            continue
+        if not (rp.pid and os.path.exists(f"{proc}/{rp.pid}")):
+            continue   # not running: its GPUs are free for this one
+        visible = rp.env.get("CUDA_VISIBLE_DEVICES", "")
+        out |= set(rp.claim) or {f"GPU{i}" for i in visible.split(",") if i.isdigit()}
+    return frozenset(out)
+
+
 def place(plan: Plan, inputs: PlanInputs, runtime_dir: str, state_dir: str, *,
           gpu: object | None = None, gpu_engine: bool | None = None, proc: str = "/proc"
           ) -> tuple[Plan, Choice, dict[str, int]]:
@@ -157,7 +186,8 @@ def choose_for(plan: Plan, inputs: PlanInputs, memory: Memory, room: Room, runti
     reserve = {d.name: d.reserve for d in room.devices}
     left = {g: room.free.get(g, 0) - reserve.get(g, 0) - taken.get(g, 0)
             for g in room.whole_gpus()}
-    choice = choose(need.count, need.per_gpu, left, taken)
+    choice = choose(need.count, need.per_gpu, left, taken,
+                    sibling_gpus(runtime_dir, plan.preset, proc))
     if not choice.gpus:
         why = choice.why + "".join(f"; {n}" for n in room.notes)
         return replace(plan, notes=(*plan.notes, why)), choice, {}

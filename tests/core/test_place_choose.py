@@ -42,3 +42,14 @@ def test_ties_go_to_the_lowest_index() -> None:
     room = {"GPU10": 20 * GiB, "GPU2": 20 * GiB, "GPU1": 20 * GiB}
     assert choose(1, GiB, room).gpus == ("GPU1",)
     assert choose(2, GiB, room).gpus == ("GPU1", "GPU2")
+
+
+def test_a_replica_goes_apart_from_its_siblings_where_another_gpu_holds_it() -> None:
+    """Issue 47: the GPUs of the preset's other replicas come last, not never."""
+    room = {"GPU0": 10 * GiB, "GPU1": 3 * GiB, "GPU2": 20 * GiB}
+    assert choose(1, 2 * GiB, room).gpus == ("GPU1",)                       # best fit
+    apart = choose(1, 2 * GiB, room, avoid=frozenset({"GPU1"}))
+    assert apart.gpus == ("GPU0",) and apart.why.endswith("apart from its replicas on GPU1")
+    only = choose(1, 12 * GiB, room, avoid=frozenset({"GPU2"}))
+    assert only.gpus == ("GPU2",) and only.fits
+    assert only.why.endswith("beside its replicas on GPU2: no other GPU holds it")

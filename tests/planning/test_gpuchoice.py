@@ -184,3 +184,24 @@ def test_prestart_on_this_cpu_engine_writes_the_choice_into_the_runtime_plan(
     data = json.loads(Path(tree["runtime"], "auto.json").read_text())
     assert data["gpu_choice"] == 0
     assert steps._reuse(tree["state"], tree["runtime"], "auto", "", {}) is None
+
+
+def test_a_replica_takes_a_gpu_of_its_own_beside_the_one_loading(tree: dict[str, str]) -> None:
+    """Issue 47: replica 2 of a gpus = "auto" preset is placed as any start is, and apart
+    from replica 1 (running, its supervisor this process): best fit alone would pack the
+    tiny model beside it on GPU1, where the two would share one GPU's compute."""
+    write_preset(Path(tree["config"]), "rr", Path(tree["config"], "presets", "auto.toml")
+                 .read_text() + "[serve]\nreplicas = 2\n")
+    gpu = h200s([0, TOTAL - DRIVER - 2 * GiB, 60 * GiB])
+    plan, inputs = planned(tree, "rr")
+    chosen, choice, claim = place(plan, inputs, tree["runtime"], tree["state"], gpu=gpu,
+                                  gpu_engine=True)
+    assert choice.gpus == ("GPU1",)
+    first = RuntimePlan.of(chosen, Mark("fp", "/e", 1), "inv-1", pid=os.getpid())
+    write_runtime_plan(tree["runtime"], RuntimePlan(**{**first.__dict__, "claim": claim}))
+    plan2, inputs2 = planned(tree, "rr:2")
+    assert plan2.preset == "rr:2" and plan2.gpu_choice == 0
+    _, choice2, _ = place(plan2, inputs2, tree["runtime"], tree["state"], gpu=gpu,
+                          gpu_engine=True)
+    assert choice2.gpus == ("GPU2",), choice2.why
+    assert "apart from its replicas on GPU1" in choice2.why
