@@ -62,6 +62,31 @@ every round meets the goal, "not met" when none does, "within noise" when they s
 it, and how many rounds would decide it. The idle row is one measurement a side, the
 burst row has no goal: neither has a verdict.
 
+Issue 47 (this script), three runs of --rounds 11 on the 2-CPU machine with other
+sessions' tests and benchmarks beside them (load 7-9, 3.6-14 and 12-14 over the runs;
+seeds 1976095756, 3566146670, 862307622): at that load no timed row decided anything;
+the memory row did. Cold start lokid - router per round: within noise in all three
+(median -157, -10, -26 ms; 6-8 of 11 rounds under +10 ms; rounds to decide 59, 44, 271).
+Swap gap: within noise in all three (median +165, +18, -275 ms; rounds to decide 37, 85,
+59); neither side ran two engines at once in any untimed swap. Memory: the gateway
+46.2-46.3 MiB in every round, not met; lokid's processes 99.6-99.9 MiB against the
+router's 17.7 (PSS 59-62 against 6-8). Latency, each side's p50 by the side asked just
+before it (the first two runs): direct 2.59 / 2.39 / 4.59 ms and 1.93 / 2.25 / 3.94 ms
+after direct / lokid / the router, lokid 4.40 / 4.44 / 6.10 and 4.21 / 4.17 / 5.24 ms:
+the engine and lokid answer 1-2 ms slower right after a router request (the router
+itself not: 5.84 and 7.21 ms after its own, 7.63 and 7.53 after direct), the order
+effect the fixed order put on "direct". Added p50 over direct per block: lokid +1.90
+and +1.51 ms, the router +3.75 and +3.09 ms (lokid's 0.51x and 0.49x the router's; the
+third run's router, p50 214 ms at load 12, says nothing); lokid - router per block
+within noise in all three (9 of 10 blocks at or under 0; the mean's interval under 0 in
+the first and third). Idle: lokid +9.4-9.5 MiB (10 KiB each), threads 6 -> 6; the
+router +120 MiB (123 KiB each), threads 8 -> 1,005. Burst: no stream cut short; the
+last first byte 1.9, 2.1 and 3.2 s through lokid, 1.8, 1.3 and 3.1 s through the router
+(rounds 0.3-19.7 s at that load); lokid served A A A B B C in every round, the router
+B A A A C B in one. A quiet machine's figures are still to take, with:
+
+    .venv/bin/python benchmarks/vs_router.py --rounds 11
+
 Issue 31's figures below came from the script before issue 47: the sides alternating in
 the cold, swap and burst rows, the latency row asking direct, lokid, router in that order
 every round, each verdict from one median. Their latency rows are biased by that order.
