@@ -5,12 +5,11 @@ with each other. Which engine answered, and how much of the prompt it took from 
 cache, are read from the engine's own figures (``timings.cache_n`` in its answer) and
 from each gateway's request counts.
 
-The story: conversation Y starts on B (asked there directly); its second turn, asked at
-A, goes to B (B's listing told A what B's engine holds), and B's engine reads the system
-prompt and the first turn from its cache. While B's only slot is held by Y's third turn,
-a new conversation X with the same system prompt, asked at A, does not queue behind it
-(B is full): A's own engine answers it, and X's second turn returns to A's engine, from
-its cache."""
+The story: conversations Y and Z start on B (asked there directly); Y's second turn,
+asked at A, goes to B (B's listing told A what B's engine holds), and B's engine reads
+the system prompt and the first turn from its cache. While B's only slot is held by Y's
+third turn, Z's second turn, asked at A, does not queue behind it (B is full): A's own
+engine answers it (a spill), and Z's third turn follows it there, to A's cache."""
 
 from __future__ import annotations
 
@@ -118,23 +117,26 @@ async def test_a_conversation_returns_to_the_engine_holding_it_unless_that_one_i
         # A's own engine started and warm, with a prompt of its own
         await ask(c, a, {"model": "shared", "max_tokens": 1,
                          "messages": [{"role": "user", "content": "warm"}]})
-        # Y's first turn on B, asked there: B's engine holds it
+        # Y's and Z's first turns on B, asked there: B's engine holds them
+        await ask(c, b, chat("z", 1))
         y1 = await ask(c, b, chat("y", 1))
-        assert b.answered == ["shared"] and a.answered == ["shared"]
+        assert b.answered == ["shared"] * 2 and a.answered == ["shared"]
         prompt_y1 = y1["prompt_n"] + y1["cache_n"]
         assert prompt_y1 > len(SYSTEM)   # every byte a token, and the template
-        # B's listing tells A (the hop mark) where Y's prefixes live: B, ready, one slot
+        # B's listing tells A (the hop mark) where their prefixes live: B, ready, one slot
         last = chain("shared", {"messages": messages("y", 1)}).prints[-1]
+        last_z = chain("shared", {"messages": messages("z", 1)}).prints[-1]
 
         async def learned() -> bool:   # and that Y's first turn has left B's slot
             assert a.gateway is not None
             seen = a.gateway.peers.states["b"].models.get("shared")
-            return affinity.table.get(last) == ("shared", "b") and seen is not None \
-                and seen.in_flight == 0 and seen.slots == 1
+            return affinity.table.get(last) == affinity.table.get(last_z) == (
+                "shared", "b") and seen is not None and seen.in_flight == 0 \
+                and seen.slots == 1
         await until(learned, 20, "A told by B's listing what B's engine holds")
         # Y's second turn asked at A goes to B, where the engine reads it from cache
         y2 = await ask(c, a, chat("y", 2))
-        assert b.answered == ["shared"] * 2 and a.answered == ["shared"], (a.answered,
+        assert b.answered == ["shared"] * 3 and a.answered == ["shared"], (a.answered,
                                                                           b.answered)
         assert y2["cache_n"] >= prompt_y1 - 1, (y1, y2)   # all but the last token of turn 1
         # a client's listing shows no fingerprint of any prompt
@@ -143,7 +145,10 @@ async def test_a_conversation_returns_to_the_engine_holding_it_unless_that_one_i
         assert "prefixes" not in listed.text and f"{last:016x}" not in listed.text
         assert f"{last:016x}" not in json.dumps(a.gateway.peers.listing())
 
-        # Y's third turn, through A, holds B's only slot
+        # Y's third turn, through A, holds B's only slot (once A has read B's slot free:
+        # B's listing says its requests in flight as its daemon last counted them)
+        await until(learned, 20, "B's slot free again in its listing")
+
         async def hold() -> None:
             async with c.stream("POST", a.url + "/v1/chat/completions", json=chat(
                     "y", 3, stream=True, max_tokens=HOLD, ignore_eos=True),
@@ -156,21 +161,21 @@ async def test_a_conversation_returns_to_the_engine_holding_it_unless_that_one_i
             await until(lambda: _true(a.gateway is not None and
                                       a.gateway.peers.states["b"].sent["shared"] == 1),
                         30, "Y's third turn in B's only slot")
-            # X, a new conversation with the same system prompt: B holds that, but B is
-            # full while A's engine idles: A answers
-            x1 = await ask(c, a, chat("x", 1))
+            # Z's second turn: B holds Z, but B is full while A's engine idles: A
+            # answers, reading Z's history (A's engine had never seen this system prompt)
+            z2 = await ask(c, a, chat("z", 2))
             assert a.answered == ["shared"] * 2, (a.answered, b.answered)
-            assert x1["cache_n"] < len(SYSTEM), x1   # A's engine had never seen it
-            assert affinity.table[chain("shared", {"messages": messages("x", 1)}).prints[-1]
+            assert z2["cache_n"] < len(SYSTEM), z2
+            assert affinity.table[chain("shared", {"messages": messages("z", 2)}).prints[-1]
                                   ] == ("shared", LOCAL)
         finally:
             holder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await holder
-        # X's second turn returns to A's engine, and to its cache
-        x2 = await ask(c, a, chat("x", 2))
-        assert a.answered == ["shared"] * 3 and b.answered == ["shared"] * 3
-        assert x2["cache_n"] >= x1["prompt_n"] + x1["cache_n"] - 1, (x1, x2)
+        # Z's third turn follows it to A's engine, and to its cache, B free again
+        z3 = await ask(c, a, chat("z", 3))
+        assert a.answered == ["shared"] * 3 and b.answered == ["shared"] * 4
+        assert z3["cache_n"] >= z2["prompt_n"] + z2["cache_n"] - 1, (z2, z3)
 
 
 async def _true(value: bool) -> bool:
