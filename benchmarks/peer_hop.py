@@ -37,6 +37,21 @@ tunnelled too, two runs (--rounds 2, then --rounds 3): streams through A at 94.3
 86.5 % of B's (4,663 against 4,946 and 3,942 against 4,558 tok/s); the hop's p50 in the
 second run +1.80 ms (p99 +9.7 ms): the two CPUs' noise is as large as the hop here.
 
+The pairs and rounds alternate which side goes first, and each gateway's CPU is said a
+request and a token (/proc, over each side's requests). Issue 47, item 3: --requests 200
+--rounds 6 --failovers 3, the code before (5afecea) and after (beb3061) side by side, 5
+runs each in alternate order, load 3.3-14 (other helpers' tests): streams through A at
+87.3, 94.6, 76.7, 37.2, 83.9 % of B's gateway before (median 83.9), 80.1, 103.0, 90.2,
+100.5, 90.0 % after (median 90.2): within noise. A's own CPU 21-33 us a token before
+(median 26.0), 23-28 after (24.4), 1.15-1.7 ms a one-token request before, 1.1-1.8 after;
+the hop's p50 +1.45 to +3.02 ms before, +1.48 to +3.13 after. What the share cannot
+pass here: at 6,000-6,500 tok/s, A's ~24 us a token is 7-8 % of the two CPUs the engine
+is bound by, so through A stays near 92 % of B while the engine needs every cycle; 97 %
+needs A under ~10 us a token. What is left per token is two system calls (py-spy of the
+gateway's stream rounds, benchmarks/ttft_parts.py --spy: write 31 %, read 16 % of its
+busy samples; the tunnel's own Python 1.3-2 us a chunk, timed in process), not the
+relay's work; at a GPU engine's 16 x 90 tok/s the hop is ~3.5 % of one core.
+
     .venv/bin/python benchmarks/peer_hop.py [--requests 300] [--rounds 3] [--tokens 64]
                                             [--failovers 10]
 """
@@ -63,7 +78,7 @@ import aiohttp  # noqa: E402
 from gateway_latency import gateway_process  # noqa: E402
 from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config, write_config  # noqa: E402
-from support.openai_load import STREAMS, concurrent, one, pct  # noqa: E402
+from support.openai_load import STREAMS, concurrent, cpu_seconds, one, pct  # noqa: E402
 
 PRESET = "tiny"
 
@@ -103,35 +118,62 @@ async def until_routed(session: aiohttp.ClientSession, a: str, peer: str, up: bo
 
 
 async def measure(a: str, b: str, requests: int, rounds: int, tokens: int,
-                  headers: dict[str, str] | None = None) -> None:
-    """Latency pairs and stream rounds, B's gateway against through A, interleaved;
-    ``headers``: what each request carries (a client key)."""
+                  headers: dict[str, str] | None = None,
+                  pids: dict[str, int] | None = None) -> None:
+    """Latency pairs and stream rounds, B's gateway against through A, interleaved (the
+    order varied: odd pairs and rounds begin through A); ``headers``: what each request
+    carries (a client key); ``pids``: the gateways' processes ("a", "b"), whose CPU is
+    said a request and a token."""
+    pids = pids or {}
+    spent = {(side, host): 0.0 for side in ("B's gateway", "through A") for host in pids}
+
+    def cpu() -> dict[str, float]:
+        return {host: cpu_seconds(pid) for host, pid in pids.items()}
+
+    def count(side: str, before: dict[str, float]) -> None:
+        for host, was in before.items():
+            spent[side, host] += cpu_seconds(pids[host]) - was
+
     async with aiohttp.ClientSession(headers=headers) as session:
         await until_routed(session, a, "b", True)   # B ready (started by a first request)
         for _ in range(20):
             await one(session, b, PRESET)
             await one(session, a, PRESET)
         sides: dict[str, list[float]] = {"B's gateway": [], "through A": []}
-        for _ in range(requests):
-            sides["B's gateway"].append(await one(session, b, PRESET))
-            sides["through A"].append(await one(session, a, PRESET))
+        for i in range(requests):
+            for name, url in (("B's gateway", b), ("through A", a))[::1 if i % 2 == 0 else -1]:
+                before = cpu()
+                sides[name].append(await one(session, url, PRESET))
+                count(name, before)
         print(f"\none request at a time, {requests} pairs interleaved (chat, 1 token):")
         for name, v in sides.items():
             print(f"  {name:12} p50 {pct(v, 50) * 1000:7.3f} ms   p99 {pct(v, 99) * 1000:7.3f} ms")
         d, g = sides["B's gateway"], sides["through A"]
         print(f"  added by the hop: p50 {(pct(g, 50) - pct(d, 50)) * 1000:+.3f} ms (goal <= "
               f"1 ms), p99 {(pct(g, 99) - pct(d, 99)) * 1000:+.3f} ms")
+        for (side, host), seconds in spent.items():
+            if seconds:
+                print(f"  {side:12} {host.upper()}'s gateway CPU {seconds / requests * 1e6:.0f} "
+                      "us a request")
+        spent.update({k: 0.0 for k in spent})
         rate: dict[str, list[float]] = {"B's gateway": [], "through A": []}
         await concurrent(session, b, tokens, PRESET)
-        for _ in range(rounds):
-            for name, url in (("B's gateway", b), ("through A", a)):
+        for i in range(rounds):
+            for name, url in (("B's gateway", b), ("through A", a))[::1 if i % 2 == 0 else -1]:
+                before = cpu()
                 rate[name].append((await concurrent(session, url, tokens, PRESET))[0])
+                count(name, before)
         print(f"\n{STREAMS} concurrent streams of {tokens} tokens, {rounds} rounds interleaved:")
         for name, v in rate.items():
             print(f"  {name:12} {statistics.median(v):8.0f} tok/s (rounds: "
                   + ", ".join(f"{x:.0f}" for x in v) + ")")
         share = statistics.median(rate["through A"]) / statistics.median(rate["B's gateway"])
         print(f"  through A / B's gateway tokens/s: {share:.1%} (goal >= 97 %)")
+        carried = rounds * STREAMS * tokens
+        for (side, host), seconds in spent.items():
+            if seconds:
+                print(f"  {side:12} {host.upper()}'s gateway CPU {seconds / carried * 1e6:.1f} "
+                      f"us a token, {seconds / (rounds * STREAMS) * 1e3:.2f} ms a stream")
 
 
 async def one_failover(a: str, d_port: int, d: subprocess.Popen[bytes]
@@ -183,12 +225,13 @@ def main() -> int:
         with daemon_process(b_config, root / "b") as b_daemon, \
                 daemon_process(d_config, root / "d") as d_daemon, \
                 daemon_process(a_config, root / "a") as a_daemon, \
-                gateway_process(b_config, b_daemon.address, ports["b"]), \
-                gateway_process(a_config, a_daemon.address, ports["a"]):
+                gateway_process(b_config, b_daemon.address, ports["b"]) as b_gateway, \
+                gateway_process(a_config, a_daemon.address, ports["a"]) as a_gateway:
             print(f"load average at start: {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
             a, b = f"http://127.0.0.1:{ports['a']}", f"http://127.0.0.1:{ports['b']}"
             asyncio.run(first(b))
-            asyncio.run(measure(a, b, args.requests, args.rounds, args.tokens))
+            asyncio.run(measure(a, b, args.requests, args.rounds, args.tokens,
+                                pids={"a": a_gateway.pid, "b": b_gateway.pid}))
             failover(a, d_config, d_daemon.address, ports["d"], args.failovers)
             print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 0
