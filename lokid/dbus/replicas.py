@@ -20,7 +20,11 @@ Rules, each for the failure it prevents:
   run is rolled: its own engine first, then each replica once the engine before it
   answers again; an engine that does not come back stops the roll. Restarted all at
   once, every engine of the preset reloaded its model together and every request in
-  that time failed.
+  that time failed. Each engine **drains** before its restart (its row's ``draining``:
+  the gateway sends it nothing new, and its requests in flight end, within
+  ``serve.drain``; :data:`DRAIN_IN_CALL` for the preset's own): restarted at once, the
+  streams it was serving were cut mid-answer (the gateway's test of a roll under a
+  streaming client saw it on both engines).
 - ``StartReplica`` starts the lowest index not running, only while the preset's own
   engine runs (replica 1 is what a request is routed to first, and what on-demand wakes)
   and below ``max_replicas``; ``StopReplica`` never stops replica 1 (that is the preset's
@@ -50,6 +54,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("lokid.daemon")
 ROLL_WAIT = 3600.0   # s: the longest start lokid's units allow (MAX_START_TIMEOUT)
 ROLL_POLL = 0.1      # s between two looks at a restarted engine's state
+# A rolled engine drains first: the gateway, told it drains (its Replicas row), sends it
+# nothing new within ROLL_SETTLE; its requests in flight (its log's) then end, ROLL_QUIET
+# checking that none came meanwhile. Its own engine's drain runs inside RestartPreset's
+# call: bounded below D-Bus's default reply timeout (25 s), the replicas' by serve.drain.
+ROLL_SETTLE = 0.5
+ROLL_QUIET = 0.3
+DRAIN_IN_CALL = 20.0
 
 
 class ReplicaHost(Protocol):
@@ -73,6 +84,7 @@ class Replicas:
         # replicas asked to start whose runner has not reported them yet (systemd's
         # PropertiesChanged comes later): two StartReplica at once must not pick one index
         self.asked: set[str] = set()
+        self.draining: set[str] = set()   # instances a roll drains before their restart
 
     def runner(self) -> Runner:
         assert self.host.runner is not None
@@ -148,7 +160,13 @@ class Replicas:
         rolling = verb == "restart" and bool(self.live(name)) \
             and runner.state(name).state == READY
         before = self._invocation(name)
-        job = await (runner.start if verb == "start" else runner.restart)(name)
+        if rolling:
+            await self._drained(name, min(self.host.registry.get(name).serve.drain,
+                                          DRAIN_IN_CALL))
+        try:
+            job = await (runner.start if verb == "start" else runner.restart)(name)
+        finally:
+            self._undrained(name)
         if rolling:
             self.host.background.spawn(self._roll(name, before),
                                        f"restarting the replicas of preset {name}")
@@ -196,12 +214,40 @@ class Replicas:
                 await runner.start(inst)
                 continue
             was = self._invocation(inst)
+            await self._drained(inst, view.serve.drain)
             log.info("restarting replica %d of preset %s", k, name)
-            await runner.restart(inst)
+            try:
+                await runner.restart(inst)
+            finally:
+                self._undrained(inst)
             if not await self._ready_again(inst, was):
                 log.warning("replica %s: not ready again after its restart: the replicas "
                             "after it are left as they run", inst)
                 return
+
+    async def _drained(self, inst: str, drain: float) -> None:
+        """Until the ready engine ``inst`` has no request in flight, the gateway told that
+        it drains (its row), for ``drain`` seconds at most."""
+        self.draining.add(inst)
+        self._announce(preset_of(inst) if is_replica(inst) else inst)
+        runner = self.runner()
+        began = time.monotonic()
+        await asyncio.sleep(ROLL_SETTLE)
+        while runner.state(inst).state == READY and time.monotonic() - began < drain:
+            if self._in_flight(inst) == 0:
+                await asyncio.sleep(ROLL_QUIET)
+                if self._in_flight(inst) == 0:
+                    return
+                continue
+            await asyncio.sleep(ROLL_POLL)
+        if runner.state(inst).state == READY:
+            log.warning("%s: its drain (%.0f s) passed with %d requests in flight: "
+                        "restarted", inst, drain, self._in_flight(inst))
+
+    def _undrained(self, inst: str) -> None:
+        if inst in self.draining:
+            self.draining.discard(inst)
+            self._announce(preset_of(inst) if is_replica(inst) else inst)
 
     async def stop(self, name: str) -> str:
         """Stop the preset's engine and every replica of it; the job of its own."""
@@ -289,5 +335,6 @@ class Replicas:
             out.append({"index": k, "instance": inst, "unit": engine_unit(inst),
                         "state": state.state, "status": state.status, "port": at,
                         "url": engine_url(host, at) if at else "",
-                        "in_flight": self._in_flight(inst)})
+                        "in_flight": self._in_flight(inst),
+                        "draining": inst in self.draining})
         return out
