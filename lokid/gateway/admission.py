@@ -101,7 +101,23 @@ class Admission:
         self.by_argv: dict[str, tuple[tuple[str, ...], int]] = {}
 
     def slots(self, preset: Preset, url: str) -> int:
-        """How many requests ``preset``'s engine serves at once (see the rules)."""
+        """How many requests ``preset``'s ready engines serve at once: one engine's slots
+        times its ready engines (its replicas, issue 47: lokid.gateway.replicas)."""
+        one = self.engine_slots(preset, url)
+        engines = sum(1 for e in preset.engines if e.state == "ready" and not e.draining)
+        return one * engines if engines > 1 and one < UNLIMITED else one
+
+    def resize(self, preset: Preset) -> None:
+        """The preset's gate told its slots now (a replica became ready or went): those
+        waiting that its new slots admit go on at once, not at the next arrival."""
+        q = self.share.presets.get(preset.name)
+        if q is not None and preset.url:
+            n = self.slots(preset, preset.url)
+            if n != q.slots:
+                self._wake(self.share.set_slots(preset.name, n, time.monotonic()))
+
+    def engine_slots(self, preset: Preset, url: str) -> int:
+        """How many requests one engine of ``preset`` serves at once (see the rules)."""
         if preset.kind == EXTERNAL:
             return UNLIMITED
         argv = preset.engine_argv
@@ -159,7 +175,8 @@ class Admission:
         if isinstance(total, int) and not isinstance(total, bool) and total > 0 and \
                 preset.ready_at == started:
             self.read[preset.name] = (started, total)
-            self._wake(self.share.set_slots(preset.name, total, time.monotonic()))
+            self._wake(self.share.set_slots(preset.name, self.slots(preset, url),
+                                            time.monotonic()))
 
 
 class Gate:

@@ -36,6 +36,8 @@ Rules, each for a failure it prevents:
   stopped preset (started again when on demand; else the reply says how to start it).
   Sent to the engine meanwhile, a steady client kept the unload's drain from reaching 0
   and restarted the engine during its stop: the unload never ended;
+- a preset whose own engine is not ready while another of its replicas is (a restart
+  rolling through them, issue 47) is served by that replica: no 503, no start;
 - no wait is endless: :data:`START_TIMEOUT` bounds a start;
 - a request a browser sends without asking first (a ``GET``: an ``<img>`` on any page a
   local user opens, with no ``Origin`` and no CORS preflight) never starts an engine,
@@ -119,6 +121,12 @@ class Starter:
             await self._unloaded(preset)
         if preset.state == READY and preset.url:
             self.failed.pop(preset.name, None)
+            return preset.url
+        if preset.url and any(e.index > 1 and e.state == READY and e.url
+                              for e in preset.engines):
+            # its own engine restarts (an edit's roll, issue 47) or failed: a ready replica
+            # takes the request (lokid.gateway.replicas); a 503 here failed every request
+            # of the roll's first step
             return preset.url
         if preset.state not in (LOADING, STOPPING) and not preset.on_demand:
             raise GatewayError(503, f"preset {preset.name!r} is not running ({preset.state}): "

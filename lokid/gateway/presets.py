@@ -27,7 +27,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dbus_fast import DBusError, Message, MessageType
@@ -55,6 +55,39 @@ MATCHES = (
 )
 JOBS_KEPT = 256   # job results remembered for a waiting start (a bound: signals from outside)
 NEVER = float("-inf")   # a time before the gateway knew
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine of a preset as its ``Replicas`` property lists it (issue 47): replica
+    ``index`` (1: the preset's own), its state, URL, requests in flight (from its log),
+    and since when it is ready (monotonic; a new start is a new time: its cache is new)."""
+
+    index: int
+    state: str
+    url: str
+    in_flight: int = 0
+    ready_at: float = NEVER
+    draining: bool = False   # a roll drains it before its restart: no new request
+
+
+def engines_of(rows: list[Any], before: tuple[Engine, ...]) -> tuple[Engine, ...]:
+    """The rows of a ``Replicas`` property, each ready one's ``ready_at`` kept from
+    ``before`` while it stays ready (the daemon's rows are sent whole at each change)."""
+    known = {e.index: e for e in before}
+    out = []
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("index"), int):
+            continue
+        index, state = int(row["index"]), str(row.get("state", ""))
+        old = known.get(index)
+        ready_at = (old.ready_at if old is not None and old.state == "ready"
+                    else time.monotonic()) if state == "ready" else NEVER
+        in_flight = row.get("in_flight")
+        out.append(Engine(index, state, str(row.get("url", "")),
+                          in_flight if isinstance(in_flight, int) else 0, ready_at,
+                          row.get("draining") is True))
+    return tuple(out)
 
 
 @dataclass
@@ -93,6 +126,11 @@ class Preset:
     aliases: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     context_length: int = 0
+    # Replicas and MaxReplicas: each engine of the preset, replica 1 its own (issue 47,
+    # lokid.gateway.replicas routes among the ready ones); IdleStop (0: none)
+    engines: tuple[Engine, ...] = ()
+    max_replicas: int = 1
+    idle_stop: float = 0.0
 
     def set_state(self, state: str) -> None:
         if state == "ready" and self.state != "ready":
@@ -100,6 +138,11 @@ class Preset:
         if state != self.state:
             self.moves += 1
         self.state = state
+        if self.engines and self.engines[0].index == 1 and self.engines[0].state != state:
+            # replica 1 is its own engine: the daemon announces Replicas again for a
+            # replica's change only, and row 1 stayed as it was then
+            self.engines = (replace(self.engines[0], state=state, ready_at=self.ready_at
+                                    if state == "ready" else NEVER), *self.engines[1:])
 
     def need(self) -> tuple[dict[str, int], int, int] | None:
         """Its need as the daemon announces it in ``Memory``: bytes on each device, and
@@ -144,6 +187,12 @@ class Preset:
                            ("Aliases", "aliases"), ("Capabilities", "capabilities")):
             if isinstance(props.get(prop), list):
                 setattr(self, attr, tuple(str(a) for a in props[prop]))
+        if isinstance(props.get("Replicas"), list):
+            self.engines = engines_of(props["Replicas"], self.engines)
+        if isinstance(props.get("MaxReplicas"), int):
+            self.max_replicas = int(props["MaxReplicas"])
+        if isinstance(props.get("IdleStop"), (int, float)):
+            self.idle_stop = float(props["IdleStop"])
         if isinstance(props.get("ContextLength"), int):
             self.context_length = int(props["ContextLength"])
         if isinstance(props.get("Memory"), dict):

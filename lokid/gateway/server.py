@@ -81,6 +81,7 @@ from .relay import (
     relay,
     session,
 )
+from .replicas import LocalReplicas, Scaler
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
 from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
@@ -135,6 +136,10 @@ class Gateway:
         self.limits = Limiter(presets.bus)   # keys' rates and budgets (lokid.gateway.limits)
         self.waiting = Waiting(presets.bus, self.admission.share, self.groups, self.placer,
                                presets)   # who waits, where and why: told to lokid
+        # a preset's replicas: which engine takes a request, and how many run (issue 47)
+        self.replicas = LocalReplicas(lambda: self.peers.affinity)
+        self.scaler = Scaler(presets.bus, presets, self.admission.share, self.placer,
+                             self.replicas, self.admission.resize)
         self.usage.hooks.append(self.limits.on_figures)   # the tokens each key spent
 
     def app(self) -> web.Application:
@@ -157,6 +162,7 @@ class Gateway:
         self.hops = session(fresh=True)   # only a failed connect goes to another replica
         self.report.start()
         self.waiting.start()
+        self.scaler.start()
         self.peers.start()
         self.hosts.start()   # this machine's names
         self.keyring.start()   # the named keys file looked at, changes in force in < 1 s
@@ -165,6 +171,7 @@ class Gateway:
         await self.report.stop()
         self.usage.audit.flush()   # the audit records not yet written
         await self.waiting.stop()
+        await self.scaler.stop()
         await self.peers.stop()
         await self.keyring.stop()
         for client in (self.client, self.external, self.hops):
@@ -233,7 +240,9 @@ class Gateway:
         self.limits.check(request.get(IDENTITY_KEY, ANONYMOUS))   # 429 past a key's limit
         stream = scan is not None and scan.stream   # carried as bytes (lokid.gateway.tunnel)
         # its prompt's prefixes: where it goes, and what this host tells peers it holds
-        chain = self.peers.chain(raw_path, body, name) if self.peers or hopped else None
+        several = self.replicas.several(preset)   # engines on this host (issue 47)
+        chain = self.peers.chain(raw_path, body, name) if self.peers or hopped or several \
+            else None
         if self.peers and not hopped:
             answer = await self._via_peers(request, raw_path, body, name, preset, stream,
                                            chain)
@@ -242,7 +251,7 @@ class Gateway:
         if preset is None or name in self.presets.broken:
             raise self.catalog.unknown(name, everywhere=not hopped)
         request[PRESET_KEY] = name   # counted by its answer's status (lokid.gateway.report)
-        if chain and preset.kind != EXTERNAL:
+        if chain and preset.kind != EXTERNAL and not several:
             self.peers.served_here(chain, name, preset.ready_at
                                    if preset.state == READY else None)
         # the preset's own key, never the client's (lokid.gateway.upstream)
@@ -291,10 +300,13 @@ class Gateway:
                 return await self._props(request, url, key, patience)
             request[WHERE_KEY] = "local"
             async with self.admission.gate(request, preset, url, raw_path):   # its slot
-                return await relay(self.client, request, url, body, keep_auth=False,
-                                   patience=patience, key=key,
-                                   what=f"the engine of preset {name!r}", stream=stream,
-                                   told=await teller.stop() if teller is not None else None)
+                with self.replicas.pick(preset, url, chain, self.admission.engine_slots(
+                        preset, url)) as url:   # its engine among its replicas (issue 47)
+                    return await relay(self.client, request, url, body, keep_auth=False,
+                                       patience=patience, key=key,
+                                       what=f"the engine of preset {name!r}", stream=stream,
+                                       told=await teller.stop() if teller is not None
+                                       else None)
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
                          preset: Preset | None, stream: bool, chain: Chain | None

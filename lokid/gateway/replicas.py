@@ -1,0 +1,209 @@
+"""A preset's local replicas as the gateway uses them (issue 47, items 1 and 2): which
+ready engine of the preset takes a request, and when one more is started or one stopped.
+
+The engines come from the preset's ``Replicas`` property (:class:`.presets.Engine`,
+followed by ``PropertiesChanged`` as every preset property is: no bus call per request).
+Rules, each for the failure it prevents:
+
+- **cache-affine among the ready engines**: a request goes where
+  :meth:`lokid.core.affinity.Affinity.choose` says (the engine known to hold the longest
+  prefix of its prompt, within a bound on load), with the one table the peers' routing
+  uses (:attr:`lokid.gateway.peers.Peers.affinity`): replica 1 is named as this host
+  (``LOCAL``) there, replica k as ``":k"``, a name no peer can have (a peer's name is a
+  section of the configuration, ``:`` never in it). Sent to the engine that served a
+  conversation's last turn, its engine re-reads only the new message; round-robin made
+  it re-read the whole history on another engine each turn;
+- **the gateway's own count of its requests in flight per engine** (as well as the
+  engine's, from its log, which lags by a line): the bound on load reads the requests
+  sent a moment ago, or a burst went to one engine;
+- **an engine started again holds nothing**: its ``ready_at`` changed since the gateway
+  last routed to it, what the table said it holds is forgotten first (a conversation
+  sent back there would find an empty cache, and the bound would count prefixes it no
+  longer has). An engine that is not ready (stopping, restarting in a roll, failed, a
+  replica killed), or drained before its restart in a roll (its row's ``draining``,
+  :mod:`lokid.dbus.replicas`), takes no request: its requests go to the others;
+- **the gate counts every ready engine's slots** (:meth:`lokid.gateway.admission
+  .Admission.slots`): requests wait at the
+  preset's gate only when all of them are busy, and the scaling rule reads that wait;
+- **scaling** (:class:`Scaler`): :mod:`lokid.core.scaling` once every :data:`LOOK`
+  seconds for each preset that may run more than one engine, its step done through the
+  daemon (``StartReplica``, ``StopReplica``), one at a time; a refusal is logged and the
+  hold-down applies as for a step done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dbus_fast import DBusError
+from dbus_fast.aio import MessageBus
+
+from ..core.affinity import Affinity, Replica
+from ..core.fairshare import FairShare
+from ..core.fleet.route import LOCAL
+from ..core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
+from ..core.place.policy import fits_now
+from ..core.prefixes import Chain
+from ..core.scaling import NEVER, Engine, Load, decide, hold
+from ..host.buscall import call
+from .groups import swap_cost
+from .placer import devices_of, need_of
+from .presets import Preset, Presets
+
+log = logging.getLogger("lokid.gateway")
+
+READY = "ready"
+LOOK = 0.5   # s between two looks of the scaling rule
+
+
+def replica_name(index: int) -> str:
+    """Replica ``index``'s name in the affinity table (1: this host's own preset)."""
+    return LOCAL if index == 1 else f"{LOCAL}:{index}"
+
+
+class LocalReplicas:
+    """The gateway's view of every preset's engines: its requests in flight on each, since
+    when each is idle, and which replicas its scaling rule started."""
+
+    def __init__(self, affinity: Callable[[], Affinity]):
+        self.affinity = affinity
+        self.own: Counter[tuple[str, int]] = Counter()     # (preset, index) → in flight
+        self.idle_since: dict[tuple[str, int], float] = {}
+        self.routed_at: dict[tuple[str, int], float] = {}  # ready_at last routed to
+
+    def several(self, preset: Preset | None) -> bool:
+        """Whether ``preset`` has a ready engine besides its own."""
+        return preset is not None and any(e.index > 1 and e.state == READY and e.url
+                                          for e in preset.engines)
+
+    def ready(self, preset: Preset) -> list[Any]:
+        """Its engines that take a request: ready, and not drained for a restart."""
+        return [e for e in preset.engines if e.state == READY and not e.draining
+                and (e.url or e.index == 1)]
+
+    @contextlib.contextmanager
+    def pick(self, preset: Preset, url: str, chain: Chain | None, slots: int
+             ) -> Iterator[str]:
+        """The URL of the engine that takes a request of ``chain`` (``url``: the preset's
+        own), its prefixes recorded there and the request counted on it while the block
+        runs."""
+        name = preset.name
+        ready = self.ready(preset) if len(preset.engines) > 1 else []
+        affinity = self.affinity()
+        index, to = 1, url
+        if len(ready) > 1 or (ready and ready[0].index != 1):
+            for e in ready:
+                if self.routed_at.get((name, e.index), e.ready_at) != e.ready_at:
+                    affinity.forget(replica_name(e.index), name)   # started again
+                self.routed_at[(name, e.index)] = e.ready_at
+            choice = affinity.choose(chain or Chain(name), [
+                Replica(replica_name(e.index), max(self.own[(name, e.index)], e.in_flight),
+                        slots) for e in ready])
+            chosen = next((e for e in ready if replica_name(e.index) == choice.name), None)
+            if chosen is not None:
+                index, to = chosen.index, (url if chosen.index == 1 else chosen.url)
+            if chain:
+                affinity.record(chain, replica_name(index))
+        key = (name, index)
+        self.own[key] += 1
+        try:
+            yield to
+        finally:
+            self.own[key] -= 1
+            if self.own[key] <= 0:
+                del self.own[key]
+                self.idle_since[key] = time.monotonic()
+
+    def engines(self, preset: Preset, started: set[int]) -> list[Engine]:
+        """The preset's engines as the scaling rule reads them."""
+        out = []
+        for e in preset.engines:
+            busy = max(self.own[(preset.name, e.index)], e.in_flight)
+            idle = max(self.idle_since.get((preset.name, e.index), NEVER), e.ready_at)
+            out.append(Engine(e.index, e.state, busy, NEVER if busy else idle,
+                              e.index in started))
+        return out
+
+
+class Scaler:
+    """:mod:`lokid.core.scaling` for every preset with ``max_replicas`` above 1."""
+
+    def __init__(self, bus: MessageBus, presets: Presets, share: FairShare, placer: Any,
+                 replicas: LocalReplicas, resize: Callable[[Preset], None]):
+        self.bus, self.presets, self.share, self.resize = bus, presets, share, resize
+        self.placer = placer
+        self.replicas = replicas
+        self.started: dict[str, set[int]] = {}       # preset → replicas this rule started
+        self.changed_at: dict[str, float] = {}
+        self.said: dict[str, str] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(LOOK)
+            for p in list(self.presets.presets.values()):
+                if p.max_replicas > 1 and p.engines:
+                    self.resize(p)   # a replica ready or gone: the gate's slots follow
+                if p.max_replicas > 1 and p.state == READY and p.engines:
+                    try:
+                        await self.step(p, time.monotonic())
+                    except Exception as e:   # a defect of ours: requests go on
+                        log.warning("replicas of %s: %s: %s", p.name, type(e).__name__, e)
+
+    def load(self, p: Preset, now: float) -> Load:
+        """What the rule reads of preset ``p`` now."""
+        q = self.share.presets.get(p.name)
+        since = [line[0].since for batch in (False, True)
+                 for line in (q.waiting[batch].values() if q is not None else ()) if line]
+        started = self.started.setdefault(p.name, set())
+        if now - self.changed_at.get(p.name, NEVER) > hold(swap_cost(p)[0]):
+            # one stopped by another hand (or failed) is no longer the rule's to stop; not
+            # within the hold-down, when the daemon may not have reported its start yet
+            started -= {e.index for e in p.engines if e.state in ("inactive", "failed")}
+        return Load(self.replicas.engines(p, started), p.max_replicas,
+                    waiting=len(since), waited=now - min(since) if since else 0.0,
+                    load=swap_cost(p)[0], fits=self.fits(p), idle_stop=p.idle_stop,
+                    changed_at=self.changed_at.get(p.name, NEVER), now=now)
+
+    def fits(self, p: Preset) -> bool | None:
+        """Whether one more engine of ``p`` fits without evicting (None: not known)."""
+        devices = devices_of(self.presets.devices)
+        need = need_of(p)
+        if not getattr(self.placer.settings, "enabled", False) or not devices or need is None:
+            return None
+        return fits_now(need, devices, self.placer.residents(self.placer.clock()))
+
+    async def step(self, p: Preset, now: float) -> None:
+        """The rule once for ``p``, its step done."""
+        s = decide(self.load(p, now))
+        if not s.verb:
+            return
+        self.changed_at[p.name] = now
+        try:
+            if s.verb == "start":
+                (k,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE,
+                                  "StartReplica", "s", [p.name])
+                self.started[p.name].add(int(k))
+            else:
+                await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE,
+                           "StopReplica", "su", [p.name, s.index])
+                self.started[p.name].discard(s.index)
+        except DBusError as e:
+            log.info("preset %s: %s; lokid refused: %s", p.name, s.why, e.text)
+            return
+        log.info("preset %s: %s", p.name, s.why)

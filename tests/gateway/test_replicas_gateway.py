@@ -1,0 +1,239 @@
+"""A preset's local replicas through the gateway (issue 47, items 1 and 2): the real
+daemon (local runner) on a private bus, the real engines of the tiny model (one slot
+each, ``-np 1``), the gateway in the test's loop. Which engine answered is what the
+gateway chose (its ``pick``, wrapped to note the URL) and, for the cache, the engine's
+own figures (``timings.cache_n``).
+
+- ``r`` runs 2 replicas: a conversation's second turn goes to the engine of its first,
+  and reads its first turn from that engine's cache; new conversations spread over
+  both; a replica killed mid-stream ends its client's stream with an error event, and
+  the next request goes to the other; an edit's restart rolls through both while a
+  client streams, no request failing;
+- ``s`` runs 1 and may run 2: requests waiting longer than a replica's load start
+  replica 2, which takes some of them; idle, it is stopped before the preset's own
+  idle stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.daemonkit import Running
+from support.enginekit import free_ports, write_config, write_preset
+from support.gatewaykit import gateway_on, until
+
+from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
+from lokid.gateway.server import Gateway
+from lokid.runners import local_runner
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+OPENING = "You answer questions about a small shop in one short sentence. " * 6
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    r, s = free_ports(2), free_ports(2)
+    return {"r": r, "s": s}
+
+
+@pytest.fixture
+def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> Path:
+    assert Path(models.llama).name == "llama.gguf"   # written on first use
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "r", f'model = "llama.gguf"\nctx = 4096\nport = {ports["r"]}\n'
+                 'extra_args = ["-np", "1"]\n[serve]\nreplicas = 2\n')
+    write_preset(config, "s", f'model = "llama.gguf"\nctx = 4096\nport = {ports["s"]}\n'
+                 'extra_args = ["-np", "1"]\n[serve]\nmax_replicas = 2\nidle_stop = "12s"\n')
+    return config
+
+
+@pytest.fixture
+async def gateway(running: Running, bus_address: str) -> AsyncIterator[Gateway]:
+    async with gateway_on(bus_address) as g:
+        yield g
+
+
+@contextlib.contextmanager
+def noted(gateway: Gateway) -> Iterator[list[str]]:
+    """The engine URL the gateway chose for each request, in order."""
+    urls: list[str] = []
+    pick = gateway.replicas.pick
+
+    @contextlib.contextmanager
+    def wrapped(*args: Any) -> Iterator[str]:
+        with pick(*args) as url:
+            urls.append(url)
+            yield url
+
+    gateway.replicas.pick = wrapped  # type: ignore[method-assign,assignment]
+    try:
+        yield urls
+    finally:
+        gateway.replicas.pick = pick  # type: ignore[method-assign]
+
+
+def chat(who: str, turn: int, **more: Any) -> dict[str, Any]:
+    # each conversation its own opening (a system prompt shared by all is the affinity
+    # rule's business, lokid.core.affinity; here: which engine of the preset, and back)
+    messages: list[dict[str, Any]] = []
+    for k in range(1, turn + 1):
+        messages.append({"role": "user", "content": f"{who}: {OPENING if k == 1 else ''}"
+                         f"question number {k}?"})
+        if k < turn:
+            messages.append({"role": "assistant", "content": f"{who}: answer {k}."})
+    return {"model": "r", "messages": messages, "max_tokens": 4, "temperature": 0, **more}
+
+
+async def engines_ready(gateway: Gateway, name: str, want: dict[int, str]) -> dict[int, Any]:
+    async def seen() -> dict[int, Any] | None:
+        got = {e.index: e for e in gateway.presets.presets[name].engines}
+        return got if all(k in got and got[k].state == s for k, s in want.items()) else None
+    found: dict[int, Any] = await until(seen, 120, f"{name}'s engines {want}")
+    return found
+
+
+def engine_pid(running: Running, instance: str) -> int:
+    runner = running.daemon.runner
+    assert isinstance(runner, local_runner.LocalRunner)
+    proc = runner.engines[instance].proc
+    assert proc is not None
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+        (pid,) = (int(p) for p in f.read().split())
+    return pid
+
+
+async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_over(
+        running: Running, gateway: Gateway, ports: dict[str, int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_runner, "RESTART_SEC", 30)   # the killed one stays down
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("r")
+    engines = await engines_ready(gateway, "r", {1: "ready", 2: "ready"})
+    one, two = gateway.presets.presets["r"].url, engines[2].url
+    assert two == f"http://127.0.0.1:{ports['r'] + 1}"
+    firsts: dict[str, str] = {}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:  # type: ignore[attr-defined]
+        with noted(gateway) as urls:
+            for who in "abcdef":
+                r1 = await c.post("/v1/chat/completions", json=chat(who, 1))
+                assert r1.status_code == 200, r1.text
+                r2 = await c.post("/v1/chat/completions", json=chat(who, 2))
+                assert r2.status_code == 200, r2.text
+                # its second turn on the engine of its first, which read turn 1 from cache
+                assert urls[-1] == urls[-2], (who, urls)
+                t1, t2 = r1.json()["timings"], r2.json()["timings"]
+                assert t2["cache_n"] >= t1["prompt_n"] + t1["cache_n"] - 1, (who, t1, t2)
+                firsts[who] = urls[-1]
+        # new conversations spread over both engines (by their hash)
+        assert set(firsts.values()) == {one, two}, firsts
+
+        # a conversation on replica 2, its engine killed mid-stream: the error event
+        who = next(w for w, u in firsts.items() if u == two)
+        text, killed = b"", False
+        with noted(gateway) as urls:
+            async with c.stream("POST", "/v1/chat/completions", json=chat(
+                    who, 3, stream=True, max_tokens=3000, ignore_eos=True)) as s:
+                async for chunk in s.aiter_raw():
+                    text += chunk
+                    if not killed and text.count(b"data: ") >= 5:
+                        os.kill(engine_pid(running, "r:2"), signal.SIGKILL)
+                        killed = True
+            assert urls == [two]
+            events = [line[6:] for line in text.decode().splitlines()
+                      if line.startswith("data: ")]
+            assert "error" in json.loads(events[-1]), events[-3:]
+            # the next request goes to replica 1, once lokid says replica 2 is down
+            await until(lambda: _true(not gateway.replicas.several(
+                gateway.presets.presets["r"])), 30, "replica 2 not ready")
+            again = await c.post("/v1/chat/completions", json=chat(who, 3))
+            assert again.status_code == 200, again.text
+            assert urls == [two, one]
+    await manager.call_stop_preset("r")
+    await running.wait_event("r", "inactive")
+
+
+async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
+        running: Running, gateway: Gateway) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("s")
+    await engines_ready(gateway, "s", {1: "ready"})
+    preset = gateway.presets.presets["s"]
+    assert (preset.max_replicas, preset.idle_stop, len(preset.engines)) == (2, 12.0, 1)
+    body = {"model": "s", "messages": [{"role": "user", "content": "Count."}],
+            "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        with noted(gateway) as urls:
+            # one slot, six requests at once: the five waiting wait longer than a load
+            answers = await asyncio.gather(*(c.post("/v1/chat/completions", json=body)
+                                             for _ in range(6)))
+            assert [a.status_code for a in answers] == [200] * 6
+        engines = {e.index: e for e in preset.engines}
+        assert engines[2].url and engines[2].url in urls, (urls, engines)
+        assert gateway.scaler.started["s"] == {2}
+        # idle: replica 2 stops (idle_stop / 4 = 3 s), the preset's own engine runs on
+        await engines_ready(gateway, "s", {1: "ready", 2: "inactive"})
+        assert preset.state == "ready" and gateway.scaler.started["s"] == set()
+        # and it takes requests as before, on its own engine
+        with noted(gateway) as urls:
+            r = await c.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+            assert r.status_code == 200 and urls == [preset.url]
+    await manager.call_stop_preset("s")
+    await running.wait_event("s", "inactive")
+
+
+async def test_an_edit_rolls_through_the_replicas_while_a_client_streams(
+        running: Running, gateway: Gateway, config: Path) -> None:
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("r")
+    before = await engines_ready(gateway, "r", {1: "ready", 2: "ready"})
+    preset = gateway.presets.presets["r"]
+    # the edit: a smaller context, applied by a restart (lokictl restart, Cockpit's button)
+    path = config / "presets" / "r.toml"
+    path.write_text(path.read_text().replace("ctx = 4096", "ctx = 3072"))
+    await manager.call_reload()
+    answers: list[tuple[int, str]] = []
+    done = asyncio.Event()
+
+    async def client(c: httpx.AsyncClient, who: str) -> None:
+        turn = 0
+        while not done.is_set():
+            turn += 1
+            async with c.stream("POST", "/v1/chat/completions", json=chat(
+                    who, 1, stream=True, max_tokens=24)) as s:
+                answers.append((s.status_code, (await s.aread()).decode()))
+
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:  # type: ignore[attr-defined]
+        clients = [asyncio.get_running_loop().create_task(client(c, w)) for w in "xy"]
+        try:
+            await until(lambda: _true(len(answers) >= 2), 60, "the clients streaming")
+            await manager.call_restart_preset("r")
+
+            async def rolled() -> bool:
+                now = {e.index: e for e in preset.engines}
+                return all(k in now and now[k].state == "ready" and
+                           now[k].ready_at > before[k].ready_at for k in (1, 2)) \
+                    and "3072" in preset.running_argv
+            await until(rolled, 120, "both engines restarted with the edit")
+            seen = len(answers)
+            await until(lambda: _true(len(answers) >= seen + 2), 60, "answers after the roll")
+        finally:
+            done.set()
+            await asyncio.gather(*clients)
+    failed = [(status, text[-300:]) for status, text in answers
+              if status != 200 or '"error"' in text or "data: [DONE]" not in text]
+    assert not failed, failed
+    await manager.call_stop_preset("r")
+    await running.wait_event("r", "inactive")
+
+
+async def _true(value: bool) -> bool:
+    return value
