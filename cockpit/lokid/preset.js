@@ -1,9 +1,10 @@
 /*
  * One preset's view (#/preset/NAME): its state with Start, Stop and Restart,
  * then one card per section of lokid.sections in their order, each shown for
- * the kinds of preset it applies to (lokid.kindOf). Four sections are here:
+ * the kinds of preset it applies to (lokid.kindOf). Five sections are here:
  * the plan (the engine's command line and each note saying why, from the
- * Argv, Notes and RunningArgv properties and Plan()), the last minutes of its
+ * Argv, Notes and RunningArgv properties and Plan()), its engines (Replicas:
+ * each replica's unit, state, port and requests in flight), the last minutes of its
  * Stats as small charts (a bounded window, sampled as PropertiesChanged brings
  * them), the recorded failures of automatic speculation with Clear
  * (ClearFailures), and, for an external preset, what it is (Url,
@@ -247,6 +248,44 @@
         };
     }
 
+    // --- its engines (issue 47): replica 1 is its own, each other its own unit -------
+
+    function mountReplicas(box, v) {
+        const text = el("p", "lk-muted lk-small");
+        const table = el("table", "lk-table");
+        table.id = "lk-replicas";
+        const head = el("tr");
+        for (const h of ["Replica", "Unit", "State", "Port", "In flight"])
+            head.appendChild(el("th", null, h));
+        const body = el("tbody");
+        table.append(el("thead"), body);
+        table.tHead.appendChild(head);
+        box.append(text, table);
+        return {
+            update() {
+                const p = v.proxy();
+                const rows = p ? lokid.plain(p.Replicas || []) : [];
+                const most = p ? p.MaxReplicas || 1 : 1;
+                text.textContent = most > 1
+                    ? "Up to " + most + " engines ([serve] max_replicas): the gateway starts " +
+                      "one more when requests wait longer than a load, and stops it when idle."
+                    : "One engine ([serve] max_replicas = 1).";
+                table.hidden = rows.length < 2;
+                body.replaceChildren();
+                for (const r of rows) {
+                    const tr = el("tr");
+                    tr.dataset.index = String(r.index);
+                    const state = r.draining ? r.state + " (draining)" : r.state;
+                    for (const cell of [String(r.index), r.unit, state, String(r.port || ""),
+                        String(r.in_flight || 0)])
+                        tr.appendChild(el("td", null, cell));
+                    body.appendChild(tr);
+                }
+            },
+            unmount() {},
+        };
+    }
+
     // --- failures of automatic speculation ------------------------------------
 
     function mountFailures(box, v) {
@@ -289,6 +328,8 @@
     // A broken preset's Notes are its reason, and Plan() says it too.
     lokid.sections.push({ id: "plan", title: "Plan", order: 10, kinds: ["engine", "broken"],
         mount: mountPlan });
+    lokid.sections.push({ id: "replicas", title: "Replicas", order: 15, kinds: ["engine"],
+        mount: mountReplicas });
     lokid.sections.push({ id: "charts", title: "Activity", order: 20, kinds: ["engine"],
         mount: mountCharts });
     lokid.sections.push({ id: "failures", title: "Failures of automatic speculation",

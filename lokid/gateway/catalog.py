@@ -134,9 +134,11 @@ def described(entries: dict[str, dict[str, Any]], presets: Presets) -> None:
     """Each preset's entry with what a client picks a model by (issue 46, item 5): under
     ``lokid`` its ``context_length`` (null: not known) and ``capabilities`` (the daemon's,
     lokid.core.modeltraits), and ``aliases`` beside ``id`` (llama.cpp's router names the
-    field so); and each alias as an entry of its own, ``lokid.alias_of`` its preset, so
-    that a model picker offers it and ``/v1/models/<alias>`` answers. A broken preset's
-    aliases are not listed (a picker would offer what cannot answer)."""
+    field so); a preset running several engines, each as ``lokid.engines`` (index, state,
+    requests in flight: its replicas, issue 47; no address); and each alias as an entry
+    of its own, ``lokid.alias_of`` its preset, so that a model picker offers it and
+    ``/v1/models/<alias>`` answers. A broken preset's aliases are not listed (a picker
+    would offer what cannot answer)."""
     for name, p in list(presets.presets.items()):
         entry = entries.get(name)
         if entry is None:
@@ -144,6 +146,9 @@ def described(entries: dict[str, dict[str, Any]], presets: Presets) -> None:
         entry["aliases"] = list(p.aliases)
         entry["lokid"].update(context_length=p.context_length or None,
                               capabilities=list(p.capabilities))
+        if len(p.engines) > 1:   # its replicas (issue 47): each engine, never its address
+            entry["lokid"]["engines"] = [{"index": e.index, "state": e.state,
+                                          "in_flight": e.in_flight} for e in p.engines]
         if name in presets.broken:
             continue
         for alias in p.aliases:

@@ -135,6 +135,10 @@ async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_ov
                 firsts[who] = urls[-1]
         # new conversations spread over both engines (by their hash)
         assert set(firsts.values()) == {one, two}, firsts
+        # /v1/models shows its engines as such, never their addresses
+        listed = (await c.get("/v1/models/r")).json()["lokid"]
+        assert [(e["index"], e["state"]) for e in listed["engines"]] == [
+            (1, "ready"), (2, "ready")] and str(ports["r"] + 1) not in json.dumps(listed)
 
         # a conversation on replica 2, its engine killed mid-stream: the error event
         who = next(w for w, u in firsts.items() if u == two)
