@@ -20,12 +20,31 @@ import pytest
 from support.enginekit import free_port, write_config
 from support.gatewaykit import gateway_on, until
 
+from lokid.core.affinity import Affinity, Replica
 from lokid.core.fleet.peers import Peer
+from lokid.core.prefixes import chain
 from lokid.gateway.server import Gateway
 
 pytestmark = [pytest.mark.slow]
 
 STANDIN = Path(__file__).parent.parent / "support" / "hugeanswer.py"
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+def names() -> dict[str, str]:
+    """The peers' names, mode → name, such that the closing one is asked first: two
+    idle replicas of a prompt never seen are chosen by a hash of the prompt over their
+    names (lokid.core.affinity, issue 47), no longer the first listed."""
+    for i in range(100):
+        close, ok = f"close{i}", f"ok{i}"
+        first = Affinity().choose(chain("shared", {"model": "shared", "messages": MESSAGES}),
+                                  [Replica(close), Replica(ok)])
+        if first.name == close:
+            return {"close": close, "ok": ok}
+    raise AssertionError("no pair of names puts the closing peer first")
+
+
+NAMES = names()
 
 
 @pytest.fixture
@@ -54,7 +73,7 @@ def config(tmp_path: Path, engine: str) -> Path:
 async def gateway(running: Any, bus_address: str, standin: tuple[Path, dict[str, int]]
                   ) -> AsyncIterator[Gateway]:
     _, ports = standin
-    peers = tuple(Peer(m, f"http://127.0.0.1:{ports[m]}") for m in ("close", "ok"))
+    peers = tuple(Peer(NAMES[m], f"http://127.0.0.1:{ports[m]}") for m in ("close", "ok"))
     async with gateway_on(bus_address, peers=peers) as gw:
         async def both_up() -> bool:
             return all(s.up for s in gw.peers.states.values())
@@ -68,7 +87,7 @@ async def test_a_request_a_peer_read_is_not_sent_to_another_replica(
     """Asked unstreamed (relayed), then streamed (carried as bytes): neither is sent on."""
     record, _ = standin
     for stream in (False, True):
-        body = {"model": "shared", "messages": [{"role": "user", "content": "Hello"}],
+        body = {"model": "shared", "messages": MESSAGES,
                 "max_tokens": 4, **({"stream": True} if stream else {})}
         record.unlink(missing_ok=True)
         async with httpx.AsyncClient(timeout=60) as c:
@@ -81,5 +100,5 @@ async def test_a_request_a_peer_read_is_not_sent_to_another_replica(
         assert abs(int(seen[0].split()[3]) - sent) < 16   # the first read it whole
         assert r.status_code == 502, (stream, r.text)
         assert r.json()["error"]["message"].startswith(
-            "peer gateway 'close' did not answer"), r.text
+            f"peer gateway '{NAMES['close']}' did not answer"), r.text
         assert "127.0.0.1" not in r.text   # the peer's address stays in the log
