@@ -131,6 +131,24 @@ class LocalReplicas:
         return out
 
 
+def told_too(entries: dict[str, dict[str, Any]], presets: Presets, affinity: Affinity,
+             bound: int) -> None:
+    """What a peer is told a preset holds (:func:`lokid.gateway.peers.told`: its own
+    engine's prefixes, under this host's name) with those of its other ready engines:
+    the peer routes a conversation held by replica 2 here, and :meth:`LocalReplicas.pick`
+    sends it on to replica 2. ``bound``: the fingerprints told in all, at most."""
+    left = bound - sum(len(e.get("lokid", {}).get("prefixes") or ()) for e in entries.values())
+    for name, p in presets.presets.items():
+        facts = entries.get(name, {}).get("lokid")
+        if facts is None or "prefixes" not in facts or left <= 0:
+            continue
+        more = [f"{x:016x}" for e in p.engines if e.index > 1 and e.state == READY
+                for x in affinity.held(name, replica_name(e.index), affinity.listed)]
+        more = more[:max(0, min(left, affinity.listed - len(facts["prefixes"])))]
+        facts["prefixes"] = [*facts["prefixes"], *more]
+        left -= len(more)
+
+
 class Scaler:
     """:mod:`lokid.core.scaling` for every preset with ``max_replicas`` above 1."""
 

@@ -69,7 +69,7 @@ from .hosts import Hosts
 from .keys import Keyring
 from .limits import Limiter
 from .ondemand import SAFE_METHODS, Starter, check_safe
-from .peers import HOP_HEADER, Peers, told
+from .peers import HOP_HEADER, TOLD, Peers, told
 from .placer import Placer
 from .presets import Preset, Presets
 from .relay import (
@@ -81,7 +81,7 @@ from .relay import (
     relay,
     session,
 )
-from .replicas import LocalReplicas, Scaler
+from .replicas import LocalReplicas, Scaler, told_too
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
 from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
@@ -357,6 +357,7 @@ class Gateway:
         told(entries, {n: self.admission.slots(p, "") for n, p in self.presets.presets.items()
                        if p.kind != EXTERNAL and n not in self.presets.broken},
              self.peers.affinity)
+        told_too(entries, self.presets, self.peers.affinity, TOLD)   # its replicas' (issue 47)
 
     def _read_limit(self, raw_path: str) -> int:
         """How much of a body on ``raw_path`` is read (lokid.gateway.prompts): no more

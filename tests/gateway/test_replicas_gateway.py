@@ -31,6 +31,8 @@ from support.enginekit import free_ports, write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
+from lokid.core.prefixes import chain
+from lokid.gateway.peers import HOP_HEADER
 from lokid.gateway.server import Gateway
 from lokid.runners import local_runner
 
@@ -139,6 +141,11 @@ async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_ov
         listed = (await c.get("/v1/models/r")).json()["lokid"]
         assert [(e["index"], e["state"]) for e in listed["engines"]] == [
             (1, "ready"), (2, "ready")] and str(ports["r"] + 1) not in json.dumps(listed)
+        # a peer is told what every engine holds: the conversations on replica 2 too
+        told = (await c.get("/v1/models/r", headers={HOP_HEADER: "1"})).json()["lokid"]
+        for who, url in firsts.items():
+            last = chain("r", {"messages": chat(who, 2)["messages"]}).prints[-1]
+            assert f"{last:016x}" in told["prefixes"], (who, url == two)
 
         # a conversation on replica 2, its engine killed mid-stream: the error event
         who = next(w for w, u in firsts.items() if u == two)
