@@ -13,9 +13,11 @@ Rules, each for the failure it prevents:
   section of the configuration, ``:`` never in it). Sent to the engine that served a
   conversation's last turn, its engine re-reads only the new message; round-robin made
   it re-read the whole history on another engine each turn;
-- **the gateway's own count of its requests in flight per engine** (as well as the
-  engine's, from its log, which lags by a line): the bound on load reads the requests
-  sent a moment ago, or a burst went to one engine;
+- **the gateway's own count of its requests in flight per engine**, not the rows'
+  ``in_flight``: the bound on load reads the requests sent a moment ago (the engine's
+  log lags by a line: a burst went to one engine), and a row's count is what it was at
+  the row's last change (the daemon announces ``Replicas`` when a state changes): read
+  after a roll's drain, an engine looked busy for good, passed over and never stopped;
 - **an engine started again holds nothing**: its ``ready_at`` changed since the gateway
   last routed to it, what the table said it holds is forgotten first (a conversation
   sent back there would find an empty cache, and the bound would count prefixes it no
@@ -103,8 +105,8 @@ class LocalReplicas:
                     affinity.forget(replica_name(e.index), name)   # started again
                 self.routed_at[(name, e.index)] = e.ready_at
             choice = affinity.choose(chain or Chain(name), [
-                Replica(replica_name(e.index), max(self.own[(name, e.index)], e.in_flight),
-                        slots) for e in ready])
+                Replica(replica_name(e.index), self.own[(name, e.index)], slots)
+                for e in ready])
             chosen = next((e for e in ready if replica_name(e.index) == choice.name), None)
             if chosen is not None:
                 index, to = chosen.index, (url if chosen.index == 1 else chosen.url)
@@ -124,7 +126,7 @@ class LocalReplicas:
         """The preset's engines as the scaling rule reads them."""
         out = []
         for e in preset.engines:
-            busy = max(self.own[(preset.name, e.index)], e.in_flight)
+            busy = self.own[(preset.name, e.index)]
             idle = max(self.idle_since.get((preset.name, e.index), NEVER), e.ready_at)
             out.append(Engine(e.index, e.state, busy, NEVER if busy else idle,
                               e.index in started))

@@ -38,6 +38,7 @@ from lokid.runners import local_runner
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
+HOLD = 30000   # tokens: a stream that holds an engine's only slot until it is cut
 OPENING = "You answer questions about a small shop in one short sentence. " * 6
 
 
@@ -50,10 +51,11 @@ def ports() -> dict[str, int]:
 @pytest.fixture
 def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> Path:
     assert Path(models.llama).name == "llama.gguf"   # written on first use
+    assert Path(models.llama_long).name == "llama-long.gguf"
     config = write_config(tmp_path, engine, [models.dir])
     write_preset(config, "r", f'model = "llama.gguf"\nctx = 4096\nport = {ports["r"]}\n'
                  'extra_args = ["-np", "1"]\n[serve]\nreplicas = 2\n')
-    write_preset(config, "s", f'model = "llama.gguf"\nctx = 4096\nport = {ports["s"]}\n'
+    write_preset(config, "s", f'model = "llama-long.gguf"\nctx = 32768\nport = {ports["s"]}\n'
                  'extra_args = ["-np", "1"]\n[serve]\nmax_replicas = 2\nidle_stop = "12s"\n')
     return config
 
@@ -180,22 +182,38 @@ async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
     preset = gateway.presets.presets["s"]
     assert (preset.max_replicas, preset.idle_stop, len(preset.engines)) == (2, 12.0, 1)
     body = {"model": "s", "messages": [{"role": "user", "content": "Count."}],
-            "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+            "max_tokens": 8, "temperature": 0}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
-        with noted(gateway) as urls:
-            # one slot, six requests at once: the five waiting wait longer than a load
-            answers = await asyncio.gather(*(c.post("/v1/chat/completions", json=body)
-                                             for _ in range(6)))
-            assert [a.status_code for a in answers] == [200] * 6
-        engines = {e.index: e for e in preset.engines}
-        assert engines[2].url and engines[2].url in urls, (urls, engines)
-        assert gateway.scaler.started["s"] == {2}
+        # a stream holds the only slot of replica 1 until it is cut: the requests after it
+        # wait at the gate, whatever the machine's speed, longer than a replica's load
+        started = asyncio.Event()
+
+        async def hold() -> None:
+            async with c.stream("POST", "/v1/chat/completions", json={
+                    **body, "stream": True, "max_tokens": HOLD, "ignore_eos": True}) as r:
+                async for _ in r.aiter_lines():
+                    started.set()
+        holder = asyncio.get_running_loop().create_task(hold())
+        try:
+            await asyncio.wait_for(started.wait(), 60)
+            with noted(gateway) as urls:
+                answers = await asyncio.gather(*(c.post("/v1/chat/completions", json=body)
+                                                 for _ in range(2)))
+                assert [a.status_code for a in answers] == [200] * 2
+            engines = {e.index: e for e in preset.engines}
+            # replica 2 started for them, and answered them
+            assert urls == [engines[2].url] * 2, (urls, engines)
+            assert gateway.scaler.started["s"] == {2}
+        finally:
+            holder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holder
         # idle: replica 2 stops (idle_stop / 4 = 3 s), the preset's own engine runs on
         await engines_ready(gateway, "s", {1: "ready", 2: "inactive"})
         assert preset.state == "ready" and gateway.scaler.started["s"] == set()
         # and it takes requests as before, on its own engine
         with noted(gateway) as urls:
-            r = await c.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+            r = await c.post("/v1/chat/completions", json=body)
             assert r.status_code == 200 and urls == [preset.url]
     await manager.call_stop_preset("s")
     await running.wait_event("s", "inactive")
