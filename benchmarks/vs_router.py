@@ -15,9 +15,10 @@ own, and ``A`` and ``B``:
 
 Then, ``--rounds`` times (5) each, the sides in a random order in every round (a seeded
 generator: the seed is printed, ``--seed`` repeats it). A fixed or alternating order lets
-what one side leaves behind land on the same side each time: on 2 CPUs a request right
-after a router request is 2-3 ms slower, and the latency row's fixed order (direct after
-the router) made the engine reached directly look slower than through lokid (issue 47).
+what one side leaves behind land on the same side each time: on 2 CPUs a request to the
+engine or to lokid right after a router request is 1-2 ms slower, and the latency row's
+fixed order (direct after the router) made the engine reached directly look slower than
+through lokid (issue 47).
 
 - cold: request -> first byte of a streamed chat completion (``max_tokens`` 1) for the
   stopped ``tiny``: (a) the floor, llama-server spawned with the preset's own command
@@ -40,11 +41,14 @@ the router) made the engine reached directly look slower than through lokid (iss
   libc mapped by lokid's three processes once in all, not three times
   (benchmarks/gateway_memory_floor.py says what the gateway's imports cost, stack by stack);
 
-- latency: one short chat at a time (1 token, kept-alive connections), ``--requests``
-  (300) rounds, each asking the engine reached directly (lokid's preset's own port),
-  lokid's gateway and the router in a random order: each one's p50 (and its range over
-  ``--blocks`` (10) blocks of consecutive rounds), p99, and p50 by the one asked just
-  before it; each side's added p50 over direct per block;
+- latency: one short chat at a time (1 token, kept-alive connections) to the engine
+  reached directly (lokid's preset's own port), lokid's gateway and the router,
+  ``--requests`` (300) each, twice: in a random order each round (each one's p50, p99,
+  and p50 by the one asked just before it), then back to back, ``--blocks`` (10) rounds
+  of a block of ``requests / blocks`` per side in a random block order (each block's
+  first request left out): each side's p50 over direct per round, and the verdict on
+  lokid - router per round. Back to back is how a client of one stack sees it; the
+  random order shows what each side leaves to the next;
 - idle: ``--connections`` (1,000) connections to each side, each asked ``/health`` once
   and left open: the side's memory and threads over its figures before;
 - burst: six streamed requests A B A A C B (64 tokens each) sent 5 ms apart with A loaded,
@@ -56,34 +60,47 @@ lokid's modules are byte-compiled first, as the package's installation does.
 
 Goals (issue 31): cold start <= router + 10 ms; swap gap <= router's; gateway RSS
 <= 25 MiB; latency and idle connections ahead of the router or level. Each verdict is
-benchmarks/noise.py's, on the per-round (cold, swap: lokid - router in the same round;
-memory: the gateway's RSS) or per-block (latency: lokid - router) values: "met" when
+benchmarks/noise.py's, on the per-round values (cold, swap: lokid - router in the same
+round; memory: the gateway's RSS; latency: lokid - router back to back): "met" when
 every round meets the goal, "not met" when none does, "within noise" when they straddle
 it, and how many rounds would decide it. The idle row is one measurement a side, the
 burst row has no goal: neither has a verdict.
 
-Issue 47 (this script), three runs of --rounds 11 on the 2-CPU machine with other
-sessions' tests and benchmarks beside them (load 7-9, 3.6-14 and 12-14 over the runs;
-seeds 1976095756, 3566146670, 862307622): at that load no timed row decided anything;
-the memory row did. Cold start lokid - router per round: within noise in all three
-(median -157, -10, -26 ms; 6-8 of 11 rounds under +10 ms; rounds to decide 59, 44, 271).
-Swap gap: within noise in all three (median +165, +18, -275 ms; rounds to decide 37, 85,
-59); neither side ran two engines at once in any untimed swap. Memory: the gateway
-46.2-46.3 MiB in every round, not met; lokid's processes 99.6-99.9 MiB against the
-router's 17.7 (PSS 59-62 against 6-8). Latency, each side's p50 by the side asked just
-before it (the first two runs): direct 2.59 / 2.39 / 4.59 ms and 1.93 / 2.25 / 3.94 ms
-after direct / lokid / the router, lokid 4.40 / 4.44 / 6.10 and 4.21 / 4.17 / 5.24 ms:
-the engine and lokid answer 1-2 ms slower right after a router request (the router
-itself not: 5.84 and 7.21 ms after its own, 7.63 and 7.53 after direct), the order
-effect the fixed order put on "direct". Added p50 over direct per block: lokid +1.90
-and +1.51 ms, the router +3.75 and +3.09 ms (lokid's 0.51x and 0.49x the router's; the
-third run's router, p50 214 ms at load 12, says nothing); lokid - router per block
-within noise in all three (9 of 10 blocks at or under 0; the mean's interval under 0 in
-the first and third). Idle: lokid +9.4-9.5 MiB (10 KiB each), threads 6 -> 6; the
-router +120 MiB (123 KiB each), threads 8 -> 1,005. Burst: no stream cut short; the
-last first byte 1.9, 2.1 and 3.2 s through lokid, 1.8, 1.3 and 3.1 s through the router
-(rounds 0.3-19.7 s at that load); lokid served A A A B B C in every round, the router
-B A A A C B in one. A quiet machine's figures are still to take, with:
+Issue 47 (this script), on the 2-CPU machine at load 0.4-2.8, --rounds 11 (seed
+2604110188; cold and swap again in the runs of seeds 3044360172 and 3430281654):
+
+- cold start: raw spawn 24 ms, lokid 37 ms (33-494), router 26 ms (24-739); lokid -
+  router per round median +11.2 ms, within noise (3 of 11 rounds under +10 ms; rounds to
+  decide: 53); the other runs +7.3 and +12.8 ms, within noise (6 and 4 of 11; 165, 67):
+  the row sits on the goal's edge, as in issue 31, and single rounds of either side
+  taking 0.2-0.7 s leave 53-165 rounds to decide it;
+- swap gap: lokid 53 ms (47-751), router 32 ms (25-643); per round median +22 ms,
+  within noise (3 of 11 rounds at or under 0; rounds to decide 87); the other run lokid
+  56, router 32 ms, +24 (3 of 11, its mean's interval +1 to +173 ms: 11 rounds). The
+  router swapped in 25-33 ms in 6 and 7 of 11 rounds here, where issue 31's medians
+  were 74-87 ms: lokid is behind it now. Neither side ran two engines at once in any
+  untimed swap;
+- resting memory: lokid 99.5 MiB (gateway 46.3 in every round: not met), router 17.7;
+  PSS 63.5 against 7.9;
+- latency, two runs of --only latency at load 0.4-1.2 (seeds 1084495522, 671125300):
+  back to back, direct 1.63 and 1.69 ms, lokid 2.51 and 2.55, router 3.06 and 2.87;
+  over direct per round lokid +0.87 and +0.85 ms, the router +1.44 and +1.14 ms
+  (lokid's 0.61x and 0.74x the router's); lokid - router within noise in both (9 of 10
+  rounds at or under 0; the mean's interval -0.78 to -0.25 and -0.91 to -0.11 ms; 5 and
+  8 rounds to decide). In the random order the router's p50 was 4.53 and 4.69 ms: its
+  requests after another side's take 4.2-5.1 ms, after its own 3.8-4.4, and direct's
+  after the router's 2.6-2.9 ms against 1.6-1.8 after the others'. The fixed order is
+  what made "direct" slower than lokid in issue 31's runs, and a verdict on the random
+  order (this script's first version in issue 47) put lokid's added p50 at 0.37-0.51x
+  the router's;
+- 1,000 idle connections: lokid +9.5 MiB (10 KiB each), threads 6 -> 6; router
+  +120.4 MiB (123 KiB each), threads 8 -> 1,005;
+- burst: no stream cut short, both A A A B B C in every round; the last first byte
+  248 ms (185-4,604) through lokid, 187 ms (165-390) through the router: behind.
+
+Three earlier runs at load 3.6-14 (other sessions' tests beside them; seeds 1976095756,
+3566146670, 862307622) said the same where they could: cold and swap within noise
+(rounds to decide 37-271), the gateway's RSS 46.2-46.3 MiB not met. Run with:
 
     .venv/bin/python benchmarks/vs_router.py --rounds 11
 
@@ -250,15 +267,27 @@ async def cold(session: aiohttp.ClientSession, sides: list[Side], argv: list[str
 
 async def latency(session: aiohttp.ClientSession, sides: list[Side], direct: str,
                   requests: int, count: int, rng: random.Random) -> None:
-    """One short chat at a time (1 token, kept-alive connections), the three in a random
-    order each round: the engine reached directly (lokid's preset's own port), through
-    each side. Judged on ``count`` blocks of consecutive rounds (each block's p50); each
-    side's p50 is printed by the side asked just before it too, which is what a fixed
-    order hid."""
+    """One short chat at a time (1 token, kept-alive connections) to the engine reached
+    directly (lokid's preset's own port) and through each side, ``requests`` each, twice:
+    the three in a random order each round, each side's p50 printed by the side asked just
+    before it (what a fixed order hid: a request after the router's is slower, and the
+    router's after another's); then back to back, ``count`` rounds of a block of
+    ``requests // count`` per side (the blocks' order random, each block's first request
+    left out), how a client of one stack sees it: the verdict's values are those rounds'
+    lokid - router p50."""
     urls = {"direct": direct, **{side.name: side.url for side in sides}}
     got: dict[str, list[float]] = {name: [] for name in urls}
     after: dict[tuple[str, str], list[float]] = {}   # (side, the one asked before it)
     last = ""
+
+    async def ask(name: str) -> float:
+        t = time.perf_counter()
+        async with session.post(urls[name] + "/v1/chat/completions", json={
+                "model": COLD, "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 1}) as r:
+            await r.read()
+            assert r.status == 200, r.status
+        return time.perf_counter() - t
     for side in sides:   # each started (lokid's on demand: its engine is "direct")
         await first_byte(session, side.url, COLD)
     for _ in range(20):   # each warm (connections, the prompt cache)
@@ -266,36 +295,34 @@ async def latency(session: aiohttp.ClientSession, sides: list[Side], direct: str
             await first_byte(session, url, COLD)
     for _ in range(requests):
         for name in shuffled(rng, list(urls)):
-            t = time.perf_counter()
-            async with session.post(urls[name] + "/v1/chat/completions", json={
-                    "model": COLD, "messages": [{"role": "user", "content": "Hi"}],
-                    "max_tokens": 1}) as r:
-                await r.read()
-                assert r.status == 200, r.status
-            got[name].append(time.perf_counter() - t)
+            got[name].append(await ask(name))
             after.setdefault((name, last), []).append(got[name][-1])
             last = name
-    print(f"\n4. added latency, one short chat at a time, {requests} rounds, the three in a "
-          f"random order each; p50 and p99, and the p50 of {count} blocks of "
-          f"{requests // count} rounds (min-max)")
-    p50 = {k: statistics.median(v) * 1000 for k, v in got.items()}
-    per = {k: [statistics.median(b) * 1000 for b in noise.blocks(v, count)]
-           for k, v in got.items()}
+    size = requests // count
+    backed: dict[str, list[float]] = {name: [] for name in urls}   # each round's p50, ms
+    for _ in range(count):
+        for name in shuffled(rng, list(urls)):
+            backed[name].append(statistics.median([await ask(name) for _ in range(size)][1:])
+                                * 1000)
+    print(f"\n4. added latency, one short chat at a time: {requests} rounds, the three in a "
+          f"random order each (p50, p99, p50 by the one asked before); then {count} rounds "
+          f"of {size} back to back per side (p50 median, min-max)")
     for name, v in got.items():
-        print(f"  {name:7} p50 {p50[name]:6.2f} ms ({min(per[name]):.2f}-{max(per[name]):.2f})"
-              f"   p99 {sorted(v)[int(len(v) * 0.99) - 1] * 1000:6.2f} ms   p50 after "
+        print(f"  {name:7} p50 {statistics.median(v) * 1000:6.2f} ms   p99 "
+              f"{sorted(v)[int(len(v) * 0.99) - 1] * 1000:6.2f} ms   p50 after "
               + ", ".join(f"{b} {statistics.median(after[name, b]) * 1000:.2f}"
-                          for b in urls if (name, b) in after))
-    added = {k: [x - d for x, d in zip(per[k], per["direct"], strict=True)]
+                          for b in urls if (name, b) in after)
+              + f"   back to back {statistics.median(backed[name]):.2f} ms "
+              f"({min(backed[name]):.2f}-{max(backed[name]):.2f})")
+    added = {k: [x - d for x, d in zip(backed[k], backed["direct"], strict=True)]
              for k in urls if k != "direct"}
-    for name, v in added.items():
-        print(f"  {name} - direct, per block: median {statistics.median(v):+.2f} ms "
-              f"({min(v):+.2f} to {max(v):+.2f})")
-    lead = [a - b for a, b in zip(per["lokid"], per["router"], strict=True)]
-    print(f"  lokid's added / router's added: "
-          f"{statistics.median(added['lokid']) / statistics.median(added['router']):.2f}x; "
-          "lokid - router, per block: "
-          + noise.say(lead, 0.0, True, "+.2f", "ms", "blocks"))
+    ratio = statistics.median(added["lokid"]) / statistics.median(added["router"])
+    print("  back to back, over direct per round: " + ", ".join(
+        f"{k} median {statistics.median(v):+.2f} ms ({min(v):+.2f} to {max(v):+.2f})"
+        for k, v in added.items()) + f"; lokid's / the router's {ratio:.2f}x")
+    lead = [a - b for a, b in zip(backed["lokid"], backed["router"], strict=True)]
+    print("  lokid - router, back to back per round: "
+          + noise.say(lead, 0.0, True, "+.2f", "ms"))
 
 
 async def idle(sides: list[Side], pids: dict[str, int], connections: int,
@@ -507,7 +534,7 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=300, help="the latency row's rounds")
     p.add_argument("--connections", type=int, default=1000, help="the idle row's")
     p.add_argument("--blocks", type=int, default=10,
-                   help="the latency row's rounds cut into this many blocks for its verdict")
+                   help="the latency row's back-to-back rounds (a block of requests / N a side)")
     p.add_argument("--seed", type=int, default=None,
                    help="the random order's seed (default: a new one, printed)")
     p.add_argument("--only", action="append",
