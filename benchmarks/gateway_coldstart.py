@@ -40,6 +40,11 @@ step 4.9, of which the kept plan's reuse 1.7, its key's ~70 stat calls included,
 the launcher's exec 2.1), the engine's load 28-35 ms (the raw spawn's 21-28 here), its
 answer to /health -> the gateway's request to it 2.4-3.5 ms.
 
+Issue 47 (the verdict round by round, benchmarks/noise.py), --rounds 7, load 1.2: raw
+24 ms, through the gateway 34 ms, +10 ms (medians); per round +5 to +48 ms, goal met in
+all 7 (2 rounds would decide it); CPU: llama-server 31.0 ms, daemon 5.1, engine step
+4.8, gateway 4.2, dbus-daemon 0.6.
+
     .venv/bin/python benchmarks/gateway_coldstart.py [--rounds 5]
 """
 
