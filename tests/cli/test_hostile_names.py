@@ -5,7 +5,8 @@ its failure records. ``../x`` would name files outside their directories, a name
 a NUL would raise from ``open``. Each command is run as an operator (or systemd) runs
 it, in a child Python whose audit hook records every file it opens, lists, creates,
 renames or removes under the test's directories: a refused name must have touched
-none of them, and be refused with check_preset_name's one line.
+none of them, and be refused with check_instance_name's one line (a preset's name, or
+a replica's instance ``NAME:k``: the unit's steps run as ``lokid prestart NAME:2``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lokid.core.errors import ConfigError
-from lokid.core.presetname import check_preset_name
+from lokid.core.replicas import check_instance_name
 
 # Audit events that read or change a path (os.stat has none: nothing is read by it).
 CHILD = r"""
@@ -50,6 +51,8 @@ sys.exit(rc)
 NAMES = [
     "../x", "../../etc/passwd", "a/b", "/abs", ".hidden", ".", "..", "-rf", "a" * 65,
     "a\nb", "a\x00b", "a b", "préset", "x\u202e", "",
+    # a replica's instance is NAME:k, k from 2 to 16 (issue 47): none of these is one
+    "x:1", "x:17", "x:02", ":2", "../x:2", "x:\uff12",
 ]
 # The unit's helpers as systemd runs them (`lokid engine %i`: no "--" before the name);
 # the operator's commands with "--", which a name beginning with "-" needs.
@@ -97,7 +100,7 @@ def tree(root: Path) -> dict[str, float]:
 
 def refusal(name: str) -> str:
     with pytest.raises(ConfigError) as e:
-        check_preset_name(name)
+        check_instance_name(name)
     return f"lokid: {e.value}\n"
 
 
@@ -114,7 +117,7 @@ def test_a_hostile_name_is_refused_before_any_file_is_touched(
         tmp_path: Path, dirs: dict[str, str], command: str, name: str) -> None:
     before = tree(tmp_path)
     rc, err, touched = lokid(tmp_path, dirs, [*COMMANDS[command], name])
-    assert err == refusal(name)     # one line, check_preset_name's, and no traceback
+    assert err == refusal(name)     # one line, check_instance_name's, no traceback
     # `engine` is the unit's main process: 78 is final (RestartPreventExitStatus=), where
     # 2 would be restarted every 5 s for ever
     assert rc == (78 if command == "engine" else 2)
