@@ -34,7 +34,11 @@ What it says is done here, each step for a failure it prevents:
   close or cut an engine serving an interactive key's request: where the plan for them
   would, they are left out of the rule until those requests end (a batch job must not
   cut a person's stream after its engine's drain); their wait is still bounded by
-  ``max_wait``.
+  ``max_wait``;
+- **a cut** (an engine stopped with requests in flight once its drain is over) where
+  only the daemon's count says it is busy waits for the engine's own ``/slots``: that
+  count comes from the engine's log through the journal, late, and a stream that had
+  ended whole was counted cut.
 
 Where the room is unknown (no ``Devices`` yet, an older daemon) or a preset's need is
 (no plan, an unreadable header), nothing waits here: the start goes on as before this
@@ -163,6 +167,11 @@ class Placer:
         self.reported_at = float("-inf")
         self.sending: set[asyncio.Task[None]] = set()
         self.kick: asyncio.Future[None] | None = None
+        # preset → the RequestsInFlight figure (its in_flight_at) its engine was asked about
+        # before a cut, and those it said were stale (it served nothing)
+        self.asked: dict[str, float] = {}
+        self.stale: dict[str, float] = {}
+        self.asking: dict[str, asyncio.Task[None]] = {}
 
     # --- the requests' side ------------------------------------------------------------
 
@@ -259,7 +268,8 @@ class Placer:
                 continue
             need = need_of(p)
             ready = p.state == READY
-            in_flight = max(self.own[p.name], p.in_flight if ready else 0)
+            theirs = p.in_flight if ready and self.stale.get(p.name) != p.in_flight_at else 0
+            in_flight = max(self.own[p.name], theirs)
             idle = max(self.idle_since.get(p.name, NEVER), p.ready_at,
                        p.in_flight_at if ready and p.in_flight == 0 else NEVER)
             out.append(Resident(
@@ -335,6 +345,8 @@ class Placer:
         for evict in plan.evictions:
             if evict.preset not in self.evicting:
                 p = self.presets.presets.get(evict.preset)
+                if evict.cut and p is not None and self._ask_first(p):
+                    continue   # busy by the daemon's figure alone: its engine says first
                 self.evicting[evict.preset] = (now, p.ready_at if p is not None else NEVER)
                 self.evictions[(evict.preset, "cut" if evict.cut else "room")] += 1
                 asyncio.get_running_loop().create_task(self._evict(evict.preset, evict.why,
@@ -355,6 +367,33 @@ class Placer:
                 spared[h.preset] = busy[0]
         return {name: f"a batch key's requests wait: {busy} serves interactive requests, "
                 "and is not stopped for them" for name, busy in spared.items()}
+
+    def _ask_first(self, p: Preset) -> bool:
+        """Whether a cut of ``p`` waits for its engine's word. Its requests in flight are
+        the daemon's ``RequestsInFlight`` alone (none of the gateway's own): a figure read
+        from the engine's log, which reaches the daemon through the journal late. A
+        person's stream that had ended whole was counted cut, its log line saying "1
+        requests in flight" (CI, issue 46's batch test). The engine's ``/slots`` is asked
+        once per figure; if it serves nothing, the figure is stale until it moves, and the
+        rule runs again (the eviction is then for room). If it serves, or does not say,
+        the cut goes on."""
+        if self.own[p.name] > 0 or p.state != READY or not p.url or p.in_flight <= 0 \
+                or self.asked.get(p.name) == p.in_flight_at:
+            return False
+        task = self.asking.get(p.name)
+        if task is None or task.done():
+            self.asking[p.name] = asyncio.get_running_loop().create_task(
+                self._ask(p, p.in_flight_at))
+        return True
+
+    async def _ask(self, p: Preset, figure_at: float) -> None:
+        busy = await self.slots.busy(p.name, p.url)
+        if busy is False and p.in_flight_at == figure_at and p.in_flight > 0:
+            log.debug("placement: %s serves nothing, its RequestsInFlight %d is stale",
+                      p.name, p.in_flight)
+            self.stale[p.name] = figure_at
+        self.asked[p.name] = figure_at
+        self._poke()
 
     def _settle(self, now: float) -> None:
         """Forget granted starts once their engine is seen (or never was), and evictions

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from lokid.core.place.settings import PlacementConfig
 from lokid.gateway.placer import Placer, devices_of, need_of
@@ -194,6 +196,52 @@ async def test_a_busy_engine_is_closed_then_drained_never_cut_early() -> None:
     await asyncio.wait_for(waiter, 5)
     assert ps.stopped == ["a"]
     again.cancel()
+
+
+@pytest.mark.parametrize("processing", [False, True])
+async def test_a_cut_by_the_daemons_count_alone_asks_the_engine_first(processing: bool) -> None:
+    """The daemon's RequestsInFlight comes from the engine's log through the journal,
+    late: the person's stream had ended whole, the gateway had nothing in flight, and the
+    eviction after the drain was counted a cut "with 1 requests in flight" (CI, issue 46).
+    The engine's /slots (a real HTTP server in its shape) is asked first: serving nothing,
+    the eviction is for room; serving, it is the cut it was."""
+    asked = []
+
+    async def slots(_r: web.Request) -> web.Response:
+        asked.append(1)
+        return web.json_response([{"id": 0, "is_processing": processing}])
+
+    app = web.Application()
+    app.router.add_get("/slots", slots)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    clock = Clock()
+    a = preset("a", 60 * MiB, "ready", load_seconds=0.5, drain=1.0)
+    a.url, a.in_flight, a.in_flight_at = f"http://127.0.0.1:{port}", 1, 5.0
+    a.ready_at = clock.now - 100
+    ps = FakePresets(HOST, [a, preset("b", 60 * MiB)])
+    async with aiohttp.ClientSession() as session:
+        pl = Placer(ps, PlacementConfig(), SlotCache(lambda: session),  # type: ignore[arg-type]
+                    clock=clock)
+        try:
+            waiter = asyncio.create_task(enter(pl, ps.presets["b"]))
+            await asyncio.sleep(0.05)
+            assert "a has 1 requests in flight" in pl.why["b"] and not asked
+            clock.now += 35   # closed: it drains
+            ps.wake()
+            await asyncio.sleep(0.05)
+            assert "a" in pl.closing and ps.stopped == [] and not asked
+            clock.now += 2    # its drain is over
+            ps.wake()
+            await asyncio.wait_for(waiter, 5)
+        finally:
+            await runner.cleanup()
+    assert ps.stopped == ["a"] and len(asked) == 1
+    assert pl.evictions == {("a", "cut" if processing else "room"): 1}
+    assert pl.stale == ({} if processing else {"a": 5.0})
 
 
 async def test_what_never_fits_is_refused_at_once() -> None:
