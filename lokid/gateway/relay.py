@@ -186,7 +186,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                 keep_auth: bool, patience: Patience, *, key: str | None = None,
                 target: str = "", what: str = "", renamer: Renamer | None = None,
                 hop: str = "", stream: bool = False, whole: int = 0,
-                told: web.StreamResponse | None = None) -> web.StreamResponse:
+                told: web.StreamResponse | None = None, elsewhere: bool = False
+                ) -> web.StreamResponse:
     """Send ``request`` (its ``body`` read already) to the engine at ``url``, answer with
     what it answers. ``keep_auth``: no longer used (no client key leaves the gateway,
     whatever a caller asks); ``key``: the preset's own, the only key sent; ``target``:
@@ -202,7 +203,9 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     that many bytes (a :class:`aiohttp.web.Response`, for the gateway to read; 502
     beyond), never written on as it comes; ``told``: the client's answer whose head the
     gateway sent already while it waited (:mod:`lokid.gateway.waitnotes`), a stream to one
-    of our engines, whose events are carried into it."""
+    of our engines, whose events are carried into it; ``elsewhere``: another engine of
+    the preset may take it (its replicas, issue 47): a connection to this one never made
+    fails with :class:`Unreached` too."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, local)
@@ -219,7 +222,7 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             route = connector.route if local and isinstance(connector, EngineConnector) \
                 else None
             return await _tunnelled(request, other, body, headers, patience, side, url,
-                                    bool(hop), route, told)
+                                    bool(hop) or elsewhere, route, told)
     if told is not None:   # not carried as bytes (lokid.gateway.waitnotes tells no other)
         raise GatewayError(502, f"{side} could not be reached as a stream", SERVER,
                            "upstream_unreachable")
@@ -247,6 +250,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                 if isinstance(e, aiohttp.ClientConnectorError):
                     raise Unreached(side, url, e) from None
                 raise _unreachable(side, url, e, "after it was sent") from None
+            if elsewhere and isinstance(e, aiohttp.ClientConnectorError):
+                raise Unreached(side, url, e) from None   # a replica killed: another
             if attempt == 0 and local and not isinstance(e, aiohttp.ClientConnectorError):
                 # a pooled connection the engine closed meanwhile: a new one
                 log.debug("%s closed a kept-alive connection: %s; once more", side, e)
@@ -309,7 +314,8 @@ async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Map
                      patience: Patience, side: str, url: str, hop: bool, route: Route | None,
                      told: web.StreamResponse | None = None) -> web.StreamResponse:
     """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them; to a
-    peer gateway (``hop``), a connection never made is :class:`Unreached` (nothing of the
+    peer gateway or to one of several replicas (``hop``), a connection never made is
+    :class:`Unreached` (nothing of the
     request reached it: another replica may take it), anything later is not."""
     assert other.host is not None and other.port is not None
     try:
@@ -403,8 +409,8 @@ def _too_long(side: str, url: str, length: int | None, cap: int) -> GatewayError
 
 
 class Unreached(GatewayError):
-    """A request none of which reached a peer gateway (its connect failed): it may go
-    to another replica (lokid.gateway.peers)."""
+    """A request none of which reached a peer gateway or an engine (its connect failed):
+    it may go to another replica (lokid.gateway.peers, lokid.gateway.replicas)."""
 
     def __init__(self, side: str, url: str, e: BaseException):
         log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)

@@ -24,6 +24,12 @@ Rules, each for the failure it prevents:
   longer has). An engine that is not ready (stopping, restarting in a roll, failed, a
   replica killed), or drained before its restart in a roll (its row's ``draining``,
   :mod:`lokid.dbus.replicas`), takes no request: its requests go to the others;
+- **an engine whose connect failed is passed over** (:meth:`LocalReplicas.unreached`):
+  for :data:`DOWN_FOR` seconds or until the daemon says it is ready again, and the
+  request that found it so goes to another ready engine (nothing of it reached the
+  first: nothing is generated twice). A replica killed stays ready in the rows until the
+  daemon has read its unit's end from systemd: the requests in that gap were answered
+  502;
 - **the gate counts every ready engine's slots** (:meth:`lokid.gateway.admission
   .Admission.slots`): requests wait at the
   preset's gate only when all of them are busy, and the scaling rule reads that wait;
@@ -62,6 +68,7 @@ log = logging.getLogger("lokid.gateway")
 
 READY = "ready"
 LOOK = 0.5   # s between two looks of the scaling rule
+DOWN_FOR = 5.0   # s an engine whose connect failed takes no request (unless ready again)
 
 
 def replica_name(index: int) -> str:
@@ -78,6 +85,8 @@ class LocalReplicas:
         self.own: Counter[tuple[str, int]] = Counter()     # (preset, index) → in flight
         self.idle_since: dict[tuple[str, int], float] = {}
         self.routed_at: dict[tuple[str, int], float] = {}  # ready_at last routed to
+        # engines whose connect failed: (preset, index) → (their ready_at then, until)
+        self.down: dict[tuple[str, int], tuple[float, float]] = {}
 
     def several(self, preset: Preset | None) -> bool:
         """Whether ``preset`` has a ready engine besides its own."""
@@ -85,16 +94,40 @@ class LocalReplicas:
                                           for e in preset.engines)
 
     def ready(self, preset: Preset) -> list[Any]:
-        """Its engines that take a request: ready, and not drained for a restart."""
+        """Its engines that take a request: ready, not drained for a restart, and not
+        found unreachable since they were last ready."""
+        now = time.monotonic()
         return [e for e in preset.engines if e.state == READY and not e.draining
-                and (e.url or e.index == 1)]
+                and (e.url or e.index == 1) and not self._down(preset.name, e, now)]
+
+    def _down(self, name: str, e: Any, now: float) -> bool:
+        down = self.down.get((name, e.index))
+        if down is None:
+            return False
+        if down[0] != e.ready_at or now >= down[1]:
+            del self.down[(name, e.index)]   # ready again since, or its time is over
+            return False
+        return True
+
+    def unreached(self, preset: Preset, index: int) -> bool:
+        """Engine ``index`` of ``preset`` refused a connection: passed over for
+        :data:`DOWN_FOR` seconds or until it is ready again. Whether another engine of
+        the preset takes requests now."""
+        e = next((e for e in preset.engines if e.index == index), None)
+        if e is None or len(preset.engines) < 2:
+            return False
+        self.down[(preset.name, index)] = (e.ready_at, time.monotonic() + DOWN_FOR)
+        log.warning("preset %s: engine %d did not take a connection: passed over for "
+                    "%.0f s, its requests go to its other replicas", preset.name, index,
+                    DOWN_FOR)
+        return bool(self.ready(preset))
 
     @contextlib.contextmanager
     def pick(self, preset: Preset, url: str, chain: Chain | None, slots: int
-             ) -> Iterator[str]:
-        """The URL of the engine that takes a request of ``chain`` (``url``: the preset's
-        own), its prefixes recorded there and the request counted on it while the block
-        runs."""
+             ) -> Iterator[tuple[int, str]]:
+        """The index and URL of the engine that takes a request of ``chain`` (``url``:
+        the preset's own), its prefixes recorded there and the request counted on it
+        while the block runs."""
         name = preset.name
         ready = self.ready(preset) if len(preset.engines) > 1 else []
         affinity = self.affinity()
@@ -115,7 +148,7 @@ class LocalReplicas:
         key = (name, index)
         self.own[key] += 1
         try:
-            yield to
+            yield index, to
         finally:
             self.own[key] -= 1
             if self.own[key] <= 0:

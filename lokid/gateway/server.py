@@ -300,13 +300,19 @@ class Gateway:
                 return await self._props(request, url, key, patience)
             request[WHERE_KEY] = "local"
             async with self.admission.gate(request, preset, url, raw_path):   # its slot
-                with self.replicas.pick(preset, url, chain, self.admission.engine_slots(
-                        preset, url)) as url:   # its engine among its replicas (issue 47)
-                    return await relay(self.client, request, url, body, keep_auth=False,
-                                       patience=patience, key=key,
-                                       what=f"the engine of preset {name!r}", stream=stream,
-                                       told=await teller.stop() if teller is not None
-                                       else None)
+                told = await teller.stop() if teller is not None else None
+                while True:   # its engine among its replicas (issue 47)
+                    with self.replicas.pick(preset, url, chain, self.admission.engine_slots(
+                            preset, url)) as (index, to):
+                        try:
+                            return await relay(
+                                self.client, request, to, body, keep_auth=False,
+                                patience=patience, key=key, told=told, stream=stream,
+                                what=f"the engine of preset {name!r}",
+                                elsewhere=self.replicas.several(preset))
+                        except Unreached:   # a replica killed: another takes it
+                            if not self.replicas.unreached(preset, index):
+                                raise
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
                          preset: Preset | None, stream: bool, chain: Chain | None

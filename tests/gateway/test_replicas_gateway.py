@@ -7,7 +7,8 @@ own figures (``timings.cache_n``).
 - ``r`` runs 2 replicas: a conversation's second turn goes to the engine of its first,
   and reads its first turn from that engine's cache; new conversations spread over
   both; a replica killed mid-stream ends its client's stream with an error event, and
-  the next request goes to the other; an edit's restart rolls through both while a
+  the next request goes to the other, before lokid has seen the engine's end too (its
+  port refuses the connection); an edit's restart rolls through both while a
   client streams, no request failing;
 - ``s`` runs 1 and may run 2: requests waiting longer than a replica's load start
   replica 2, which takes some of them; idle, it is stopped before the preset's own
@@ -73,10 +74,10 @@ def noted(gateway: Gateway) -> Iterator[list[str]]:
     pick = gateway.replicas.pick
 
     @contextlib.contextmanager
-    def wrapped(*args: Any) -> Iterator[str]:
-        with pick(*args) as url:
-            urls.append(url)
-            yield url
+    def wrapped(*args: Any) -> Iterator[tuple[int, str]]:
+        with pick(*args) as chosen:
+            urls.append(chosen[1])
+            yield chosen
 
     gateway.replicas.pick = wrapped  # type: ignore[method-assign,assignment]
     try:
@@ -149,27 +150,47 @@ async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_ov
             last = chain("r", {"messages": chat(who, 2)["messages"]}).prints[-1]
             assert f"{last:016x}" in told["prefixes"], (who, url == two)
 
-        # a conversation on replica 2, its engine killed mid-stream: the error event
+        # a conversation on replica 2, its engine killed mid-stream: the error event. Its
+        # step (`lokid engine r:2`, the engine's parent) is held still first, so that lokid
+        # cannot see the engine's end: the gap in which the gateway still counts it ready
         who = next(w for w, u in firsts.items() if u == two)
+        runner = running.daemon.runner
+        assert isinstance(runner, local_runner.LocalRunner)
+        step = runner.engines["r:2"].proc.pid  # type: ignore[union-attr]
         text, killed = b"", False
         with noted(gateway) as urls:
-            async with c.stream("POST", "/v1/chat/completions", json=chat(
-                    who, 3, stream=True, max_tokens=3000, ignore_eos=True)) as s:
-                async for chunk in s.aiter_raw():
-                    text += chunk
-                    if not killed and text.count(b"data: ") >= 5:
-                        os.kill(engine_pid(running, "r:2"), signal.SIGKILL)
-                        killed = True
-            assert urls == [two]
-            events = [line[6:] for line in text.decode().splitlines()
-                      if line.startswith("data: ")]
-            assert "error" in json.loads(events[-1]), events[-3:]
-            # the next request goes to replica 1, once lokid says replica 2 is down
+            try:
+                async with c.stream("POST", "/v1/chat/completions", json=chat(
+                        who, 3, stream=True, max_tokens=3000, ignore_eos=True)) as s:
+                    async for chunk in s.aiter_raw():
+                        text += chunk
+                        if not killed and text.count(b"data: ") >= 5:
+                            pid = engine_pid(running, "r:2")
+                            os.kill(step, signal.SIGSTOP)
+                            os.kill(pid, signal.SIGKILL)
+                            killed = True
+                assert urls == [two]
+                events = [line[6:] for line in text.decode().splitlines()
+                          if line.startswith("data: ")]
+                assert "error" in json.loads(events[-1]), events[-3:]
+                # the next turn, streamed, before lokid knows: replica 2's port refuses
+                # it, and replica 1 answers it (it was answered 502 before)
+                assert gateway.replicas.several(gateway.presets.presets["r"])
+                async with c.stream("POST", "/v1/chat/completions",
+                                    json=chat(who, 3, stream=True)) as s:
+                    assert s.status_code == 200
+                    body = await s.aread()
+                assert b"data: [DONE]" in body and b'"error"' not in body, body[-300:]
+                assert urls == [two, two, one]
+                assert ("r", 2) in gateway.replicas.down
+            finally:
+                os.kill(step, signal.SIGCONT)
+            # once lokid says replica 2 is down, requests go to replica 1 at once
             await until(lambda: _true(not gateway.replicas.several(
                 gateway.presets.presets["r"])), 30, "replica 2 not ready")
-            again = await c.post("/v1/chat/completions", json=chat(who, 3))
+            again = await c.post("/v1/chat/completions", json=chat(who, 4))
             assert again.status_code == 200, again.text
-            assert urls == [two, one]
+            assert urls == [two, two, one, one]
     await manager.call_stop_preset("r")
     await running.wait_event("r", "inactive")
 
