@@ -1,6 +1,6 @@
 """When the gateway starts one more replica of a preset, or stops one (issue 47, item 1):
 the rule, pure; :mod:`lokid.gateway.replicas` gathers what it reads and calls the
-daemon's ``StartReplica`` and ``StopReplica``.
+daemon's ``StartReplicaForLoad`` and ``StopReplica``.
 
 Rules, each for the failure it prevents:
 

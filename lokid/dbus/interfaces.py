@@ -422,6 +422,12 @@ class ManagerInterface(ServiceInterface):
     @method()
     @access(MANAGE)
     @guarded
+    async def StartReplicaForLoad(self, name: "s") -> "u":
+        return await self.backend.replicas.start_one(checked_name(name), for_load=True)
+
+    @method()
+    @access(MANAGE)
+    @guarded
     async def StopReplica(self, name: "s", index: "u") -> "s":
         return await self.backend.replicas.stop_one(checked_name(name), index)
 

@@ -30,6 +30,11 @@ Rules, each for the failure it prevents:
   and below ``max_replicas``; ``StopReplica`` never stops replica 1 (that is the preset's
   stop, with its drain and idle rules): a scaling rule that asks for the wrong one gets
   an error, not an outage.
+- ``StartReplicaForLoad`` is the gateway's scaling rule's start: its row says
+  ``for_load`` until the replica stops. A gateway started again (an upgrade, a crash)
+  reads it and takes those replicas back as its own to stop once idle; it had forgotten
+  them, and they ran until the preset stopped. One started by hand (``StartReplica``,
+  ``lokictl replica start``) is never the rule's to stop.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class Replicas:
         # PropertiesChanged comes later): two StartReplica at once must not pick one index
         self.asked: set[str] = set()
         self.draining: set[str] = set()   # instances a roll drains before their restart
+        self.for_load: set[str] = set()   # started by the gateway's scaling rule
 
     def runner(self) -> Runner:
         assert self.host.runner is not None
@@ -117,6 +123,8 @@ class Replicas:
         if not is_replica(name):
             return False
         self.asked.discard(name)
+        if state.state in (INACTIVE, FAILED):
+            self.for_load.discard(name)   # its next start says again who asked
         log.info("replica %s: %s%s", name, state.state,
                  f" ({state.detail})" if state.detail else "")
         self._announce(preset_of(name))
@@ -278,10 +286,10 @@ class Replicas:
                 jobs.append(await runner.stop(instance(name, k)))
         return jobs
 
-    async def start_one(self, name: str) -> int:
+    async def start_one(self, name: str, for_load: bool = False) -> int:
         """Start one more replica: the lowest index not running; the index.
         ReplicasBusyError while the preset's own engine does not run, or when
-        ``max_replicas`` run already."""
+        ``max_replicas`` run already. ``for_load``: the gateway's scaling rule asks."""
         view = self.host.registry.get(name)
         own_state = self.host.engine_state(name).state
         if view.external is not None:
@@ -297,12 +305,18 @@ class Replicas:
                 f"preset {name} runs {1 + len(live)} replicas, its [serve] max_replicas is "
                 f"{view.serve.max_replicas}: raise max_replicas to run more")
         k = free[0]
-        log.info("starting replica %d of preset %s", k, name)
+        log.info("starting replica %d of preset %s%s", k, name,
+                 " for its load (the gateway's scaling)" if for_load else "")
         self.asked.add(instance(name, k))
+        if for_load:
+            self.for_load.add(instance(name, k))
+        else:
+            self.for_load.discard(instance(name, k))
         try:
             await self.runner().start(instance(name, k))
         except BaseException:
             self.asked.discard(instance(name, k))
+            self.for_load.discard(instance(name, k))
             raise
         return k
 
@@ -323,7 +337,8 @@ class Replicas:
     def rows(self, name: str) -> list[dict[str, Any]]:
         """The preset's ``Replicas``: replica 1 (the preset's own engine) and every other
         one the runner knows, by index: its instance, unit, state, status, port, URL and
-        requests in flight (from its log lines)."""
+        requests in flight (from its log lines), and whether the gateway's scaling rule
+        started it (``for_load``)."""
         view = self.host.registry.get(name)
         host, port = view.listen if view.listen is not None else ("", 0)
         runner = self.host.runner
@@ -336,5 +351,6 @@ class Replicas:
                         "state": state.state, "status": state.status, "port": at,
                         "url": engine_url(host, at) if at else "",
                         "in_flight": self._in_flight(inst),
-                        "draining": inst in self.draining})
+                        "draining": inst in self.draining,
+                        "for_load": inst in self.for_load})
         return out

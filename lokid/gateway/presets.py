@@ -69,6 +69,7 @@ class Engine:
     in_flight: int = 0
     ready_at: float = NEVER
     draining: bool = False   # a roll drains it before its restart: no new request
+    for_load: bool = False   # started by a gateway's scaling rule (StartReplicaForLoad)
 
 
 def engines_of(rows: list[Any], before: tuple[Engine, ...]) -> tuple[Engine, ...]:
@@ -86,7 +87,7 @@ def engines_of(rows: list[Any], before: tuple[Engine, ...]) -> tuple[Engine, ...
         in_flight = row.get("in_flight")
         out.append(Engine(index, state, str(row.get("url", "")),
                           in_flight if isinstance(in_flight, int) else 0, ready_at,
-                          row.get("draining") is True))
+                          row.get("draining") is True, row.get("for_load") is True))
     return tuple(out)
 
 

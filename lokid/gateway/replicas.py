@@ -35,8 +35,11 @@ Rules, each for the failure it prevents:
   preset's gate only when all of them are busy, and the scaling rule reads that wait;
 - **scaling** (:class:`Scaler`): :mod:`lokid.core.scaling` once every :data:`LOOK`
   seconds for each preset that may run more than one engine, its step done through the
-  daemon (``StartReplica``, ``StopReplica``), one at a time; a refusal is logged and the
-  hold-down applies as for a step done.
+  daemon (``StartReplicaForLoad``, ``StopReplica``), one at a time; a refusal is logged
+  and the hold-down applies as for a step done. The replicas it stops are those it
+  started, known from their rows' ``for_load`` too: a gateway started again had
+  forgotten its own, and they ran until the preset stopped; one started by hand is
+  never its to stop.
 """
 
 from __future__ import annotations
@@ -224,6 +227,8 @@ class Scaler:
         since = [line[0].since for batch in (False, True)
                  for line in (q.waiting[batch].values() if q is not None else ()) if line]
         started = self.started.setdefault(p.name, set())
+        # those a gateway's rule started, this one's or one before it (a restart forgot)
+        started |= {e.index for e in p.engines if e.for_load and e.state == READY}
         if now - self.changed_at.get(p.name, NEVER) > hold(swap_cost(p)[0]):
             # one stopped by another hand (or failed) is no longer the rule's to stop; not
             # within the hold-down, when the daemon may not have reported its start yet
@@ -250,7 +255,7 @@ class Scaler:
         try:
             if s.verb == "start":
                 (k,) = await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE,
-                                  "StartReplica", "s", [p.name])
+                                  "StartReplicaForLoad", "s", [p.name])
                 self.started[p.name].add(int(k))
             else:
                 await call(self.bus, BUS_NAME, OBJECT_PATH, MANAGER_INTERFACE,

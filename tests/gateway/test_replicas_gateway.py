@@ -12,7 +12,7 @@ own figures (``timings.cache_n``).
   client streams, no request failing;
 - ``s`` runs 1 and may run 2: requests waiting longer than a replica's load start
   replica 2, which takes some of them; idle, it is stopped before the preset's own
-  idle stop."""
+  idle stop, by a gateway started again meanwhile too; one started by hand is not."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,11 @@ from support.gatewaykit import gateway_on, until
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.core.prefixes import chain
+from lokid.core.scaling import NEVER
+from lokid.core.scaling import hold as hold_down
+from lokid.gateway.groups import swap_cost
 from lokid.gateway.peers import HOP_HEADER
+from lokid.gateway.replicas import LOOK
 from lokid.gateway.server import Gateway
 from lokid.runners import local_runner
 
@@ -196,15 +201,16 @@ async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_ov
 
 
 async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
-        running: Running, gateway: Gateway) -> None:
+        running: Running, bus_address: str) -> None:
     manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
     await manager.call_start_preset("s")
-    await engines_ready(gateway, "s", {1: "ready"})
-    preset = gateway.presets.presets["s"]
-    assert (preset.max_replicas, preset.idle_stop, len(preset.engines)) == (2, 12.0, 1)
     body = {"model": "s", "messages": [{"role": "user", "content": "Count."}],
             "max_tokens": 8, "temperature": 0}
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+    async with gateway_on(bus_address) as gateway, \
+            httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        await engines_ready(gateway, "s", {1: "ready"})
+        preset = gateway.presets.presets["s"]
+        assert (preset.max_replicas, preset.idle_stop, len(preset.engines)) == (2, 12.0, 1)
         # a stream holds the only slot of replica 1 until it is cut: the requests after it
         # wait at the gate, whatever the machine's speed, longer than a replica's load
         started = asyncio.Event()
@@ -222,13 +228,19 @@ async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
                                                  for _ in range(2)))
                 assert [a.status_code for a in answers] == [200] * 2
             engines = {e.index: e for e in preset.engines}
-            # replica 2 started for them, and answered them
+            # replica 2 started for them (its row says so), and answered them
             assert urls == [engines[2].url] * 2, (urls, engines)
-            assert gateway.scaler.started["s"] == {2}
+            assert gateway.scaler.started["s"] == {2} and engines[2].for_load
         finally:
             holder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await holder
+    # the gateway stopped before replica 2 was idle long enough; one started again takes
+    # it back from its row's for_load (it had forgotten it: it ran until the preset's stop)
+    async with gateway_on(bus_address) as gateway, \
+            httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        await engines_ready(gateway, "s", {1: "ready", 2: "ready"})
+        preset = gateway.presets.presets["s"]
         # idle: replica 2 stops (idle_stop / 4 = 3 s), the preset's own engine runs on
         await engines_ready(gateway, "s", {1: "ready", 2: "inactive"})
         assert preset.state == "ready" and gateway.scaler.started["s"] == set()
@@ -236,6 +248,17 @@ async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
         with noted(gateway) as urls:
             r = await c.post("/v1/chat/completions", json=body)
             assert r.status_code == 200 and urls == [preset.url]
+        # one started by hand (lokictl replica start) is never the rule's to stop
+        assert await manager.call_start_replica("s") == 2
+        engines = await engines_ready(gateway, "s", {1: "ready", 2: "ready"})
+        assert not engines[2].for_load
+        # past idle_stop / 4 (3 s) since it was ready, the rule's hold-down since its
+        # last step, and two of its looks: when it would have stopped one of its own
+        wait = max(3.0, hold_down(swap_cost(preset)[0]) - (time.monotonic() - gateway.scaler
+                                                      .changed_at.get("s", NEVER)))
+        await asyncio.sleep(wait + 2 * LOOK + 0.5)
+        assert {e.index: e.state for e in preset.engines} == {1: "ready", 2: "ready"}
+        assert gateway.scaler.started["s"] == set()
     await manager.call_stop_preset("s")
     await running.wait_event("s", "inactive")
 
