@@ -49,7 +49,9 @@ Rules, each for a failure it prevents:
   its bytes were written the peer may have read them all, and a second replica would
   generate the answer twice (issue 45, item 4: a peer that read the request and closed
   2 s later had it sent on). A pooled connection closed meanwhile cannot be told from
-  a peer that read the request and then closed, so none is used.
+  a peer that read the request and then closed, so none is used. To one of several
+  replicas on this host, a connection closed before the answer's head also lets it go
+  to another, once, when the engine is then found gone (:mod:`.enginegone`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from yarl import URL
 
 from ..core.keys import CLIENT_KEY_HEADERS
 from . import tunnel
+from .enginegone import engine_gone
 from .figures import tail_of
 from .replies import SERVER, GatewayError, sse_error
 from .report import STATUS_KEY
@@ -205,7 +208,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
     gateway sent already while it waited (:mod:`lokid.gateway.waitnotes`), a stream to one
     of our engines, whose events are carried into it; ``elsewhere``: another engine of
     the preset may take it (its replicas, issue 47): a connection to this one never made
-    fails with :class:`Unreached` too."""
+    fails with :class:`Unreached` too, and so does one closed before its answer's head
+    when the engine is then found gone (:mod:`lokid.gateway.enginegone`; ``sent``)."""
     local = not target   # one of our engines, not an API elsewhere
     target = target or url + request.path_qs
     headers = forwarded(request.headers, local)
@@ -222,7 +226,7 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
             route = connector.route if local and isinstance(connector, EngineConnector) \
                 else None
             return await _tunnelled(request, other, body, headers, patience, side, url,
-                                    bool(hop) or elsewhere, route, told)
+                                    bool(hop) or elsewhere, route, told, elsewhere)
     if told is not None:   # not carried as bytes (lokid.gateway.waitnotes tells no other)
         raise GatewayError(502, f"{side} could not be reached as a stream", SERVER,
                            "upstream_unreachable")
@@ -251,11 +255,14 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
                     raise Unreached(side, url, e) from None
                 raise _unreachable(side, url, e, "after it was sent") from None
             if elsewhere and isinstance(e, aiohttp.ClientConnectorError):
-                raise Unreached(side, url, e) from None   # a replica killed: another
+                # a replica killed: another (sent once already, when a first try was)
+                raise Unreached(side, url, e, sent=attempt > 0) from None
             if attempt == 0 and local and not isinstance(e, aiohttp.ClientConnectorError):
                 # a pooled connection the engine closed meanwhile: a new one
                 log.debug("%s closed a kept-alive connection: %s; once more", side, e)
                 continue
+            if elsewhere and await _engine_gone(client, URL(url)):
+                raise Unreached(side, url, e, sent=True) from None
             raise _unreachable(side, url, e) from None
         except UPSTREAM_ERRORS as e:
             if hop and isinstance(e, aiohttp.ServerTimeoutError):   # its connect timed out
@@ -312,7 +319,8 @@ async def relay(client: aiohttp.ClientSession, request: web.Request, url: str, b
 
 async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Mapping[str, str],
                      patience: Patience, side: str, url: str, hop: bool, route: Route | None,
-                     told: web.StreamResponse | None = None) -> web.StreamResponse:
+                     told: web.StreamResponse | None = None, elsewhere: bool = False
+                     ) -> web.StreamResponse:
     """:func:`lokid.gateway.tunnel.carry`, its failures told as the relay tells them; to a
     peer gateway or to one of several replicas (``hop``), a connection never made is
     :class:`Unreached` (nothing of the
@@ -339,6 +347,9 @@ async def _tunnelled(request: web.Request, other: URL, body: bytes, headers: Map
             raise Unreached(side, url, e) from None
         raise _unreachable(side, url, e) from None
     except tunnel.EngineGone as e:   # it closed before its answer's head
+        if elsewhere and await engine_gone(other.host, other.port,
+                                           route(other.host, other.port) if route else ""):
+            raise Unreached(side, url, e, sent=True) from None
         raise _unreachable(side, url, e) from None
     except tunnel.ClientLeft:
         raise ClientGone(web.StreamResponse()) from None
@@ -412,11 +423,21 @@ class Unreached(GatewayError):
     """A request none of which reached a peer gateway or an engine (its connect failed):
     it may go to another replica (lokid.gateway.peers, lokid.gateway.replicas)."""
 
-    def __init__(self, side: str, url: str, e: BaseException):
-        log.info("%s at %s did not answer: %s", side, url, e or type(e).__name__)
+    def __init__(self, side: str, url: str, e: BaseException, sent: bool = False):
+        log.info("%s at %s did not answer%s: %s", side, url, " and is gone" if sent else "",
+                 e or type(e).__name__)
         super().__init__(502, f"{side} did not answer ({type(e).__name__})", SERVER,
                          "upstream_unreachable")
         self.cause = e
+        self.sent = sent   # its bytes were sent, to an engine found gone since
+
+
+async def _engine_gone(client: aiohttp.ClientSession, url: URL) -> bool:
+    """:func:`~.enginegone.engine_gone` for the engine at ``url`` as ``client`` reaches it."""
+    connector = client.connector
+    path = connector.route(url.host, url.port) \
+        if isinstance(connector, EngineConnector) and url.host and url.port else ""
+    return await engine_gone(url.host, url.port, path or "")
 
 
 class ClientGone(Exception):

@@ -301,6 +301,7 @@ class Gateway:
             request[WHERE_KEY] = "local"
             async with self.admission.gate(request, preset, url, raw_path):   # its slot
                 told = await teller.stop() if teller is not None else None
+                resent = False   # sent again after an engine found gone: once at most
                 while True:   # its engine among its replicas (issue 47)
                     with self.replicas.pick(preset, url, chain, self.admission.engine_slots(
                             preset, url)) as (index, to):
@@ -310,9 +311,11 @@ class Gateway:
                                 patience=patience, key=key, told=told, stream=stream,
                                 what=f"the engine of preset {name!r}",
                                 elsewhere=self.replicas.several(preset))
-                        except Unreached:   # a replica killed: another takes it
-                            if not self.replicas.unreached(preset, index):
+                        except Unreached as e:   # a replica killed: another takes it
+                            if (e.sent and resent) or not self.replicas.unreached(preset,
+                                                                                  index):
                                 raise
+                            resent = resent or e.sent
 
     async def _via_peers(self, request: web.Request, raw_path: str, body: bytes, name: str,
                          preset: Preset | None, stream: bool, chain: Chain | None
