@@ -27,6 +27,7 @@ import os
 from typing import Any, Protocol
 
 from ..core.errors import StalePlanError
+from ..core.replicas import preset_of
 from ..runners.runner import LIVE
 from ..store.oncpunote import Note, read_note, write_note
 from ..store.runtimedir import read_runtime_plan
@@ -59,7 +60,9 @@ class OnCpu:
 
     def __call__(self, found: Any) -> None:
         name, why, invocation = found.preset, found.reason, found.invocation
-        view = self.host.registry.presets.get(name)
+        # a replica (NAME:k) runs its preset's cpu_fallback: read by its own name, none
+        # was found and a "fail" preset's replicas ran on the CPU (issue 47)
+        view = self.host.registry.presets.get(preset_of(name))
         fail = view is not None and getattr(view, "cpu_fallback", "run") == "fail"
         log.warning("preset %s: its engine runs on the CPU: %s%s", name, why,
                     "; stopped, as its cpu_fallback = \"fail\" says" if fail else

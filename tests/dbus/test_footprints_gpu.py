@@ -174,11 +174,12 @@ def test_a_start_on_the_cpu_is_told_and_stopped_by_the_daemon_only_when_not_take
 
     run = tmp_path / "run"
     run.mkdir()
-    names = ("runs", "fails", "taken", "unwritable")
+    presets = ("runs", "fails", "taken", "unwritable")
+    names = (*presets, "fails:2", "runs:2")   # replicas: their preset's cpu_fallback
     for name in names:
         write_runtime_plan(str(run), _runtime_plan(name, "inv"))
     views = {n: PresetView(n, "", "m.gguf", "off", None,
-                           cpu_fallback="run" if n == "runs" else "fail") for n in names}
+                           cpu_fallback="run" if n == "runs" else "fail") for n in presets}
     host = SimpleNamespace(registry=SimpleNamespace(presets=views), runtime_dir=str(run),
                            runner=SimpleNamespace(stop=stop, state=lambda n: EngineState(READY)))
     on_cpu = OnCpu(host, grace=0.3)  # type: ignore[arg-type]
@@ -192,9 +193,12 @@ def test_a_start_on_the_cpu_is_told_and_stopped_by_the_daemon_only_when_not_take
             await asyncio.sleep(0.01)
 
     asyncio.run(main())
-    assert sorted(stopped) == ["fails", "unwritable"] == sorted(on_cpu.stopped)
-    runs = read_note(str(run), "runs", "inv")
-    assert runs is not None and not runs.fail and runs.reason.startswith("its GPU backend")
+    assert sorted(stopped) == ["fails", "fails:2", "unwritable"] == sorted(on_cpu.stopped)
+    for name in ("runs", "runs:2"):
+        runs = read_note(str(run), name, "inv")
+        assert runs is not None and not runs.fail and runs.reason.startswith("its GPU backend")
+    replica = read_note(str(run), "fails:2", "inv")
+    assert replica is not None and replica.fail
     assert os.path.exists(note_path(str(run), "fails"))
 
 
