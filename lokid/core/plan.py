@@ -29,7 +29,7 @@ from .fleet.rpc import rpc_args
 from .gpuselect import DEVICE_VAR, order_note, visible_env, vulkan_devices
 from .modelinfo import ModelInfo
 from .portunit import held_note
-from .replicas import SEPARATOR, replica_notes
+from .replicas import SEPARATOR, preset_of, replica_note, replica_notes
 from .serve import serve_notes
 from .spec import DraftInput, SpecInputs, plan_spec
 
@@ -162,18 +162,21 @@ def _offload_batch(env: Mapping[str, str]) -> int | None:
 
 
 def _alias_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -> list[str]:
-    """``--alias <preset>``: clients listing models see the preset's name, not a path."""
+    """``--alias <preset>``: clients listing models see the preset's name, not a path;
+    a replica's too, never its instance's (``NAME:k``: the model of its answers, which
+    changed with the engine a request went to)."""
     p = inp.preset
+    name = preset_of(p.name)
     if flags.is_set(p.extra_args, arg_env, flags.ALIAS):
         return []  # the operator names the model himself
     if not inp.caps.knows("--alias"):
         notes.append("this engine does not know --alias: clients see the model file's path "
                      "as the model's name")
         return []
-    notes.append(f"--alias {p.name}: clients (GET /v1/models, the model of each reply) see "
+    notes.append(f"--alias {name}: clients (GET /v1/models, the model of each reply) see "
                  "the preset's name, not the model file's path (set -a in extra_args to "
                  "choose)")
-    return ["--alias", p.name]
+    return ["--alias", name]
 
 
 def _chat_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -> list[str]:
@@ -370,6 +373,8 @@ def build_plan(inp: PlanInputs) -> Plan:
         notes.append(held_note(p.name, port))
     if SEPARATOR not in p.name:   # the preset's own plan says what its replicas are
         notes += replica_notes(p, port)
+    else:
+        notes.append(replica_note(p.name, p.serve))
 
     return Plan(
         preset=p.name,

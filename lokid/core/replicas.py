@@ -33,6 +33,7 @@ from .presetname import MAX_REPLICAS, valid_preset_name
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a unit step's path)
 if TYPE_CHECKING:
     from .config import GlobalConfig, Preset
+    from .serve import Serve
 
 SEPARATOR = ":"
 __all__ = ["MAX_REPLICAS"]
@@ -126,9 +127,22 @@ def replica_preset(preset: Preset, config: GlobalConfig, index: int) -> Preset:
         raise ConfigError(f"replica {index} would listen on port {moved}, past 65535 (port "
                           f"{port} + {index - 1}): lower the port or max_replicas",
                           preset.path, None, "serve")
+    # its stops are its preset's (idle_stop included), StopReplica's and the gateway's
+    # scaling rule's: its plan named an idle stop of its own, which no one runs
     return dc_replace(preset, name=instance(preset.name, index), port=moved,
                       extra_args=_moved_port(preset.extra_args, index - 1),
-                      serve=dc_replace(preset.serve, on_demand=False))
+                      serve=dc_replace(preset.serve, on_demand=False, idle_stop=None))
+
+
+def replica_note(name: str, serve: Serve) -> str:
+    """What ``lokid plan NAME:k`` says of replica k: who starts and stops it."""
+    preset, index = split_instance(name) or (name, 1)
+    return (f"replica {index} of preset {preset}: its own loki-engine@ unit, started with "
+            f"the preset when {index} <= replicas ({serve.replicas}), else by StartReplica "
+            "(lokictl replica start, or the gateway's scaling rule when requests wait); "
+            "stopped with the preset (its idle_stop too), by StopReplica, or by the "
+            "gateway's rule after a quarter of the preset's idle_stop without a request "
+            "when the rule started it")
 
 
 def replica_notes(preset: Preset, port: int) -> list[str]:

@@ -154,7 +154,7 @@ def test_lokid_plan_shows_each_replica_and_its_command_line(tmp_path: Path, engi
     llama = models.llama  # type: ignore[attr-defined]
     config = write_config(tmp_path, engine, [Path(llama).parent])
     write_preset(config, "r", f'model = "{Path(llama).name}"\nport = 18500\n'
-                 "[serve]\nreplicas = 2\nmax_replicas = 3\n")
+                 "[serve]\nreplicas = 2\nmax_replicas = 3\nidle_stop = \"10m\"\n")
     monkeypatch.setenv("LOKI_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("LOKI_RUNTIME_DIR", str(tmp_path / "run"))
     assert main(["--config-dir", str(config), "plan", "r"]) == 0
@@ -172,3 +172,9 @@ def test_lokid_plan_shows_each_replica_and_its_command_line(tmp_path: Path, engi
     assert main(["--config-dir", str(config), "plan", "r:2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["preset"], "replicas" in data) == ("r:2", False) and "18501" in data["argv"]
+    # its answers name the preset's model, never "r:2"; its stops are its preset's: no
+    # idle stop of its own (its plan named one, which no one runs)
+    assert data["argv"][data["argv"].index("--alias") + 1] == "r"
+    notes = "\n".join(data["notes"])
+    assert "replica 2 of preset r: its own loki-engine@ unit, started with the preset" in notes
+    assert "idle_stop = 10min: stopped after" not in notes, notes

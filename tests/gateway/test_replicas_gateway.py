@@ -142,6 +142,9 @@ async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_ov
                 assert urls[-1] == urls[-2], (who, urls)
                 t1, t2 = r1.json()["timings"], r2.json()["timings"]
                 assert t2["cache_n"] >= t1["prompt_n"] + t1["cache_n"] - 1, (who, t1, t2)
+                # the model of its answers is the preset's, whichever engine answered
+                # (replica 2's said "r:2": its --alias was its instance's name)
+                assert r1.json()["model"] == r2.json()["model"] == "r", (urls[-1], r1.text)
                 firsts[who] = urls[-1]
         # new conversations spread over both engines (by their hash)
         assert set(firsts.values()) == {one, two}, firsts
