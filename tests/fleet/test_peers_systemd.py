@@ -119,6 +119,47 @@ def test_three_peered_gateways_list_route_stream_and_fail_over(
     assert r.status_code == 200, r.text
 
 
+def served(host: FleetHost) -> int:
+    """Requests for ``shared`` the host's gateway answered (its journal's record of each,
+    lokid.gateway.audit)."""
+    return len(host.ct.run(["journalctl", "-t", "lokid-gateway", "--no-pager", "-o", "cat",
+                            "LOKID_PRESET=shared", "LOKID_STATUS=200"],
+                           check=False).stdout.splitlines())
+
+
+def test_a_conversation_through_a_returns_to_the_peer_that_holds_it(
+        hosts: dict[str, FleetHost]) -> None:
+    """Issue 47, cache-affine routing across hosts on the bridge: a serves no ``shared``,
+    b and c one engine of it each. Conversations asked of a go to b or c by their prompt;
+    each next turn goes back to the peer that answered the last, whose engine reads the
+    earlier turns from its cache (``timings.cache_n``): sent to the other, it would read
+    the whole conversation again (each conversation's opening is its own). Both peers
+    take some."""
+    a, b, c = hosts["a"], hosts["b"], hosts["c"]
+    for h in (b, c):   # both engines ready: none is passed over as cold
+        h.ct.run(["lokictl", "start", "--wait", "shared"], timeout=180)
+    until(lambda: all(f.get("state") == "ready" for f in
+                      models_of(a)["shared"]["lokid"]["replicas"].values()), 60,
+          "a seeing shared ready on b and c")
+    before = {h.name: served(h) for h in (b, c)}
+    for n in range(8):
+        opening = f"Conversation {n} about the order {n * 7919}: " + "details, " * 40
+        messages = [{"role": "user", "content": opening + "where is it?"}]
+        r1 = httpx.post(a.url + "/v1/chat/completions", headers=headers(), timeout=120,
+                        json={**chat("shared"), "messages": messages})
+        assert r1.status_code == 200, r1.text
+        messages += [{"role": "assistant", "content": "On its way."},
+                     {"role": "user", "content": "When does it arrive?"}]
+        r2 = httpx.post(a.url + "/v1/chat/completions", headers=headers(), timeout=120,
+                        json={**chat("shared"), "messages": messages})
+        assert r2.status_code == 200, r2.text
+        t1, t2 = r1.json()["timings"], r2.json()["timings"]
+        assert t2["cache_n"] >= t1["prompt_n"] + t1["cache_n"] - 1, (n, t1, t2)
+    after = {h.name: served(h) for h in (b, c)}
+    assert sum(after.values()) - sum(before.values()) >= 16, (before, after)
+    assert all(after[h] > before[h] for h in after), (before, after)   # spread over both
+
+
 def test_a_forged_hop_mark_keeps_a_request_here_and_no_client_key_reaches_a_peer(
         hosts: dict[str, FleetHost]) -> None:
     """A request through a carries the peer key to b, never the client's: b's own log of
