@@ -67,6 +67,7 @@ P = "r"
 IDLE_STOP = 120          # s: the rule stops a replica it started after a quarter idle
 TAIL = 50                # s of one thread after the 8 threads' load: the load falls
 SUMMARY: list[tuple[str, str]] = []
+CRASH = [2]              # the engines whose crash loop step 5 tries (--crash-loop)
 
 
 def unit(k: int) -> str:
@@ -372,6 +373,11 @@ def kill(ct: Container) -> None:
 
 def units(ct: Container, base: int) -> None:
     say(f"\n=== 5. the unit {unit(2)} ===")
+    if 2 not in live(rows(ct)):   # the steps before it left out
+        say(f"$ lokictl start {P}: " + run(ct, "lokictl", "start", P, timeout=300))
+        for _ in range(2):
+            say(f"$ lokictl replica start {P}: " + run(ct, "lokictl", "replica", "start", P))
+        time.sleep(10)
     props = ("StartLimitBurst", "StartLimitIntervalUSec", "Restart", "RestartUSec",
              "KillSignal", "KillMode", "TimeoutStopUSec", "FinalKillSignal", "MemoryMax",
              "MemoryHigh", "MemorySwapMax", "DevicePolicy", "DeviceAllow", "User",
@@ -399,7 +405,7 @@ def units(ct: Container, base: int) -> None:
         + " | ".join(tail.splitlines())[:400])
     say(f"rows after: {live(rows(ct))}; $ lokictl replica start {P}: "
         + run(ct, "lokictl", "replica", "start", P))
-    loop = crash_loop(ct)
+    loop = "; ".join(crash_loop(ct, k) for k in CRASH)
     SUMMARY.append(("5. unit r:2", f"StartLimit {two.get('StartLimitBurst')}/"
                     f"{two.get('StartLimitIntervalUSec')}, {two.get('KillSignal')} "
                     f"stop {took:.1f} s ({st.get('Result')}), MemoryMax "
@@ -407,34 +413,42 @@ def units(ct: Container, base: int) -> None:
                     f"killed 6 times: {loop}"))
 
 
-def crash_loop(ct: Container) -> str:
+def crash_loop(ct: Container, k: int) -> str:
     """The unit has no systemd start limit (StartLimitIntervalSec=0, by design): lokid's
     crash-loop rule (lokid.core.crashloop, 5 failures in 10 min) is what stops a
     replica that keeps dying. Killed 6 times as soon as it is up: its state each time."""
     states = []
     for _ in range(6):
         end = time.monotonic() + 90
-        while time.monotonic() < end and ct.show(unit(2), "ActiveState")["ActiveState"] \
+        while time.monotonic() < end and ct.show(unit(k), "ActiveState")["ActiveState"] \
                 not in ("active", "failed"):
             time.sleep(0.5)
-        st = ct.show(unit(2), "ActiveState", "NRestarts")
+        st = ct.show(unit(k), "ActiveState", "NRestarts")
         states.append(f"{st['ActiveState']}/{st['NRestarts']}")
         if st["ActiveState"] == "failed":
             break
-        run(ct, "systemctl", "kill", "-s", "KILL", unit(2))
+        run(ct, "systemctl", "kill", "-s", "KILL", unit(k))
         time.sleep(1)
     time.sleep(8)
-    st = ct.show(unit(2), "ActiveState", "Result", "ExecMainStatus", "StatusText",
+    st = ct.show(unit(k), "ActiveState", "Result", "ExecMainStatus", "StatusText",
                  "NRestarts")
-    say(f"{unit(2)} SIGKILLed as soon as up, 6 times (state/NRestarts each time): "
+    say(f"{unit(k)} SIGKILLed as soon as up, 6 times (state/NRestarts each time): "
         f"{states}; then {st}; preset r's own engine {ct.show(unit(1), 'ActiveState')}")
-    say(f"$ lokictl replica start {P} (a start by hand forgets the failures): "
-        + run(ct, "lokictl", "replica", "start", P))
+    said = run(ct, "sh", "-c", f"journalctl -q -o cat -u {unit(k)} | grep -iE "
+               "'failure|crash|forg|automatic|refus|exits? ' | tail -14")
+    say("  lokid's lines in its journal about it:\n    " + "\n    ".join(said.splitlines()))
+    say(f"  /run/loki/{P}:{k}.failures: "
+        + run(ct, "cat", f"/run/loki/{P}.failures" if k == 1 else f"/run/loki/{P}:{k}.failures")
+        + "\n  the unit's own lines (not the engine's): " + " | ".join(run(
+            ct, "sh", "-c", f"journalctl -q -o cat -u {unit(k)} | grep -v '^[0-9]' | "
+            "tail -12").splitlines())[:1500])
+    say(f"$ systemctl start {unit(k)} (a start by hand forgets the failures): "
+        + run(ct, "systemctl", "start", unit(k), timeout=200))
     end = time.monotonic() + 60
-    while time.monotonic() < end and ct.show(unit(2), "ActiveState")["ActiveState"] \
+    while time.monotonic() < end and ct.show(unit(k), "ActiveState")["ActiveState"] \
             != "active":
         time.sleep(1)
-    say(f"  then {unit(2)}: {ct.show(unit(2), 'ActiveState')}; rows {live(rows(ct))}")
+    say(f"  then {unit(k)}: {ct.show(unit(k), 'ActiveState')}; rows {live(rows(ct))}")
     return f"{states[-1]}, {st.get('StatusText', '')[:60]}"
 
 
@@ -482,9 +496,12 @@ def main() -> int:
     ap.add_argument("--roll", type=float, default=60)
     ap.add_argument("--skip", default="", help="steps to leave out, comma-separated: 2-6")
     ap.add_argument("--deb", type=Path, help="a lokid .deb already built")
+    ap.add_argument("--crash-loop", default="2", help="engines step 5 SIGKILLs 6 times "
+                    "(1: the preset's own), comma-separated")
     ap.add_argument("--head", action="store_true", help="build from the last commit")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
+    CRASH[:] = [int(k) for k in args.crash_loop.split(",") if k]
     with tempfile.TemporaryDirectory() as tmp:
         deb = args.deb or build(Path(tmp), args.head)
         ct = boot(Path(tmp), deb)
