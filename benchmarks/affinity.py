@@ -33,46 +33,53 @@ its answer (``--tokens`` tokens, not streamed: time to first token plus a few to
 p50 and p95 (p50 ratio to round-robin; goal <= 0.4), requests per second, failures.
 Token counts are the engines' and do not depend on the machine's load; the times do.
 
-Measured on the 2-CPU development machine with other helpers' tests running beside it
-(load 6-11: the times below are that load's, not the rules'; the token counts are not),
-``.venv/bin/python benchmarks/affinity.py --seed 47`` (263 requests a rule, 8 minutes):
+Measured on the 2-CPU development machine, ``.venv/bin/python benchmarks/affinity.py
+--seed 47`` (263 requests a rule, 5 minutes; load 1.2 at the start, 2-6.5 during it,
+mostly the run's own engines; rules run affinity, round-robin, router, fewest, affinity
+x1 at 2 replicas and round-robin, affinity, router, fewest at 4):
 
     2 replicas (4 slots each; router: one engine of 8 slots)
     rule          evaluated   ÷ rr    cached   hits   p50 ms   ÷ rr   p95 ms  req/s failed
-    affinity          52307   0.48    631215  92.3%   1263.8   1.27   4855.2   4.84      0
-    round-robin      109865   1.00    578391  84.0%    994.6   1.00   7335.5   3.75      0
-    fewest            51728   0.47    638106  92.5%    801.0   0.81   2615.0   7.65      0
-    router            59343   0.54    628913  91.4%    204.1   0.21    524.4  29.79      0
-    affinity x1      138212   1.26    542680  79.7%    341.6   0.34    482.2  22.46      0
-    ideal             45968   0.42   (a perfect cache: 8 slots read the system prompt once)
+    affinity          52046   0.46    631476  92.4%    354.3   0.76   1782.7  11.70      0
+    round-robin      113524   1.00    574732  83.5%    468.0   1.00   2456.7   9.88      0
+    fewest            53136   0.47    636698  92.3%    849.5   1.82   1601.5   9.63      0
+    router            68252   0.60    620004  90.1%    201.8   0.43    499.3  28.22      0
+    affinity x1      135723   1.20    545169  80.1%    349.6   0.75    490.2  22.14      0
+    ideal             45968   0.40   (a perfect cache: 8 slots read the system prompt once)
 
     4 replicas (4 slots each; router: one engine of 16 slots)
     rule          evaluated   ÷ rr    cached   hits   p50 ms   ÷ rr   p95 ms  req/s failed
-    affinity          54203   0.45    634053  92.1%    477.6   0.53   2680.8   8.43      0
-    round-robin      120009   1.00    566143  82.5%    897.5   1.00   5010.3   5.56      0
-    fewest            51823   0.43    640641  92.5%   1423.2   1.59   6105.9   3.62      0
-    router            55013   0.46    629035  92.0%    979.0   1.09   2067.3   7.53      0
-    ideal             45904   0.38   (a perfect cache: 8 slots read the system prompt once)
+    affinity          56107   0.42    632149  91.8%    333.4   0.44   2164.9  10.42      0
+    round-robin      133315   1.00    552837  80.6%    764.3   1.00   3504.1   5.93      0
+    fewest            50114   0.38    642350  92.8%    416.2   0.54   2255.0  10.27      0
+    router            56851   0.43    627197  91.7%    194.8   0.25    703.2  30.18      0
+    ideal             45904   0.34   (a perfect cache: 8 slots read the system prompt once)
 
-The same command an hour earlier (load 4-9) evaluated 52,390 / 115,324 / 56,918 /
-69,627 tokens (affinity, round-robin, fewest, router) at 2 replicas and 53,408 / 119,981
-/ 50,673 / 57,836 at 4: the counts repeat within a few %, the times do not (the router's
-rule took 24.8 s then 8.8 s). What the counts say:
+Two runs of the same command beside other helpers' tests (load 4-13) evaluated
+(affinity, round-robin, fewest, router) 52,390 / 115,324 / 56,918 / 69,627 and 52,307 /
+109,865 / 51,728 / 59,343 tokens at 2 replicas, 53,408 / 119,981 / 50,673 / 57,836 and
+54,203 / 120,009 / 51,823 / 55,013 at 4: affinity's count repeats within 5 %, the
+others' within 10-17 %; times moved 2-3 x with the load. What the runs say:
 
-- Cache hits >= 90 %: met by affinity (92.1-92.3 %), and by fewest and the router too.
-- Evaluated <= 0.25 x round-robin's: not met (0.45-0.48), and no rule can meet it on
+- Cache hits >= 90 %: met by affinity (91.8-92.4 % in all runs), and by fewest too;
+  the router 89.9-92.0 %.
+- Evaluated <= 0.25 x round-robin's: not met (0.42-0.48), and no rule can meet it on
   this workload: ``ideal`` (a perfect cache, from round-robin's own requests) evaluates
-  0.38-0.42 x round-robin's. Round-robin already reads the system prompt from cache
-  (84 % hits: every slot holds it after its first read), and what is left is each
+  0.34-0.42 x round-robin's. Round-robin already reads the system prompt from cache
+  (81-84 % hits: every slot holds it after its first read), and what is left is each
   turn's new text (the client's answer differs from the engine's, and its next
-  question), which no routing can skip. Affinity evaluates 14-18 % above that floor.
-- Affinity no better than fewest in flight here: a closed loop (a client's next turn
-  follows its answer at once) sends a turn back to the engine that just answered it,
-  which is then the least loaded (benchmarks/affinity_peers.py found the same).
-- Answer time p50 <= 0.4 x round-robin's: not judged; at this load one rule's run took
-  2-3 times another's of the same rule. Rerun on a quiet machine.
-- Throughput, 2 replicas vs 1: 0.22 (0.81 the first run): on 2 CPUs each engine's
-  threads already use both, so a second replica adds no compute and cannot show 1.8 x.
+  question), which no routing can skip. Affinity evaluates 13-22 % above that floor.
+- Affinity no better than fewest in flight by tokens: a closed loop (a client's next
+  turn follows its answer at once) sends a turn back to the engine that just answered
+  it, which is then the least loaded (benchmarks/affinity_peers.py found the same).
+- Answer time p50 <= 0.4 x round-robin's: not met at 2 replicas in any run (0.76 quiet,
+  0.69 and 1.27 loaded); at 4 within noise (0.44 quiet, 0.35 and 0.53 loaded).
+- One engine beats N on 2 CPUs: the router's single engine of 4 x N slots answered
+  28-30 requests/s, the replicas 6-12, one replica (affinity x1) 22: N engines share
+  the same two cores and batch less each.
+- Throughput, 2 replicas vs 1: 0.53 (0.22 and 0.81 in the loaded runs): on 2 CPUs each
+  engine's threads already use both, so a second replica adds no compute and cannot
+  show 1.8 x.
 
 Within one engine (issue 47: ``--slot-prompt-similarity``, ``--cache-reuse``), the
 affinity rule at 2 replicas, ``--replicas 2 --rules affinity --no-one --seed 47
@@ -95,6 +102,11 @@ evaluated tokens at 2 replicas: affinity 46,198, round-robin 78,088, fewest 47,1
 (ideal 45,968); at 4: 49,978, 102,655, 49,140 (ideal 45,904); cache hits 93.2 / 88.7 /
 93.2 % and 92.7 / 85.0 / 92.9 %: fewer tokens for every rule than with the default 0.10
 (round-robin's the most), so affinity's ratio to round-robin rises (0.59 and 0.49).
+Again at load 2-7: 47,032 / 71,283 / 46,612 at 2 replicas, 49,250 / 110,194 / 48,765 at
+4; answer p50 208 / 335 / 640 ms and 744 / 428 / 361 ms (the times within noise). The
+counts say: ``-sps 0.9`` takes 5,000-6,500 tokens (10-12 %) off affinity's at 2
+replicas (6-12 % at 4) and 29-38 % off round-robin's (8-20 % at 4); lokid could set it
+for presets with replicas or several slots (not set by this commit).
 
     .venv/bin/python benchmarks/affinity.py [--replicas 2,4] [--conversations 32]
         [--clients 8] [--turns 6-10] [--system 1500] [--tokens 4] [--seed N]
