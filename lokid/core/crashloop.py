@@ -106,6 +106,22 @@ def exit_reason(result: str, code: str, status: str, *, ready: bool) -> str:
     return f"{result} {stage}"
 
 
+def unrecorded_reason(ready: bool) -> str:
+    """One line for a start whose ExecStopPost= step never said how it ended, read by the
+    next automatic restart's planning step (systemd restarts only a start that failed).
+
+    systemd 257 (Debian 13) kills the unit's cgroup with the kernel's ``cgroup.kill`` on
+    ``systemctl kill -s KILL`` (the default ``--kill-whom=all``), and the stop step it
+    then spawns into that cgroup dies by SIGKILL before its first line (seen on Linux
+    6.18: a child cloned into a cgroup after its ``cgroup.kill`` dies, one moved in
+    after its fork does not; systemd 252 runs the step). Without this line such kills
+    never counted, and the crash-loop rule never stopped their restarts.
+    """
+    stage = "after it was ready" if ready else "while loading"
+    return (f"the engine was killed {stage}, its stop step with it (the unit's cgroup "
+            "killed, as `systemctl kill -s KILL` does)")
+
+
 def crashloop_message(name: str, why: str) -> str:
     """The stopped unit's word: why, and how to try again."""
     from .names import engine_unit

@@ -8,8 +8,11 @@ forgets both, as it should.
 
 Writers: ``lokid engine`` marks READY; ``lokid stopped`` (the unit's
 ExecStopPost=) records a failure. Reader: ``lokid engine`` at its next
-start. All run as the unit's user, one at a time per preset (systemd runs a
-unit's commands in order), so no lock is needed.
+start. ``<preset>.started`` holds the start whose stop step has not ended yet
+(:func:`begin_start`, :func:`end_start`): a stop step that systemd killed
+(``systemctl kill -s KILL`` on systemd 257) is found, and its failure recorded, by
+the next start's planning step. All run as the unit's user, one at a time per
+preset (systemd runs a unit's commands in order), so no lock is needed.
 
 Systemd's ``NRestarts`` property of the unit tells an automatic restart from
 a start by hand (it counts the restarts since the last start by hand):
@@ -25,6 +28,8 @@ from ..core.crashloop import KEEP, Failure
 
 FAILURES_SUFFIX = ".failures"
 READY_SUFFIX = ".ready"
+# The INVOCATION_ID of the start whose stop step has not run yet (see begin_start).
+STARTED_SUFFIX = ".started"
 
 
 def _path(runtime_dir: str, preset: str, suffix: str) -> str:
@@ -82,6 +87,50 @@ def was_ready(runtime_dir: str, preset: str, invocation: str) -> bool:
             return bool(invocation) and f.read() == invocation
     except OSError:
         return False
+
+
+def begin_start(runtime_dir: str, preset: str, invocation: str) -> str:
+    """Note ``invocation`` as started; first, when the start before it is still noted
+    (its ExecStopPost= step, :func:`end_start`, never ran to its end), record that start
+    as a failure and return its line ("" otherwise).
+
+    systemd 257 kills that step with the unit's cgroup after ``systemctl kill -s KILL``
+    (:func:`lokid.core.crashloop.unrecorded_reason`), and it restarts the unit, which
+    only a failure does under ``Restart=on-failure``. A start by hand forgives the
+    failure again (the crash-loop rule's NRestarts 0): the operator's own stops run the
+    step."""
+    why = ""
+    try:
+        with open(_path(runtime_dir, preset, STARTED_SUFFIX), encoding="utf-8") as f:
+            before = f.read()
+    except FileNotFoundError:
+        before = ""
+    if before and before != invocation:
+        import time
+
+        from ..core.crashloop import unrecorded_reason
+
+        ready = was_ready(runtime_dir, preset, before)
+        why = unrecorded_reason(ready)
+        record_failure(runtime_dir, preset, Failure(time.time(), ready, why))
+    _write_started(runtime_dir, preset, invocation)
+    return why
+
+
+def _write_started(runtime_dir: str, preset: str, invocation: str) -> None:
+    os.makedirs(runtime_dir, exist_ok=True)
+    tmp = _path(runtime_dir, preset, f"{STARTED_SUFFIX}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(invocation)
+    os.replace(tmp, _path(runtime_dir, preset, STARTED_SUFFIX))
+
+
+def end_start(runtime_dir: str, preset: str) -> None:
+    """The stop step ran to its end: the start it ended is no longer noted."""
+    try:
+        os.unlink(_path(runtime_dir, preset, STARTED_SUFFIX))
+    except FileNotFoundError:
+        pass
 
 
 def automatic_restarts(unit: str, timeout: float = 3.0) -> int | None:

@@ -31,7 +31,7 @@ from ..core.replicas import split_instance
 from ..host.journallog import journal_log
 from ..store import handoff, plancache
 from ..store.cleared import CLEARED_SUFFIX
-from ..store.exits import FAILURES_SUFFIX
+from ..store.exits import FAILURES_SUFFIX, STARTED_SUFFIX, begin_start
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ def kept_start(runtime_dir: str, name: str, environ: Mapping[str, str]) -> bool:
     handlers = [(s, _signal.signal(s, _on_term)) for s in (_signal.SIGTERM, _signal.SIGINT)]
     try:
         if _stands(runtime_dir, name, environ):
+            begin_start(runtime_dir, name, invocation)   # none noted before it: _stands
             handoff.write_kept(runtime_dir, name, invocation)
             return True
     except _Stopped:
@@ -74,7 +75,9 @@ def kept_start(runtime_dir: str, name: str, environ: Mapping[str, str]) -> bool:
 
 def _stands(runtime_dir: str, name: str, environ: Mapping[str, str]) -> bool:
     """Whether ``name``'s kept plan can run as it is, with nothing to decide."""
-    for suffix in (FAILURES_SUFFIX, CLEARED_SUFFIX):
+    # STARTED_SUFFIX: the start before this one ended without its stop step, a failure
+    # the whole step records (lokid.store.exits.begin_start) before the crash-loop rule
+    for suffix in (FAILURES_SUFFIX, CLEARED_SUFFIX, STARTED_SUFFIX):
         if os.path.lexists(os.path.join(runtime_dir, name + suffix)):
             return False
     record = plancache.kept(runtime_dir, name)

@@ -329,7 +329,7 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
     refusal is an error as in any other command."""
     from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..core.errors import LokiError
-    from ..store import handoff
+    from ..store import exits, handoff
 
     invocation = os.environ.get("INVOCATION_ID", "")
     if not invocation:
@@ -342,6 +342,9 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
         return 0  # no file named after it is written: `lokid engine` refuses it (78)
     _stop.install()
     try:
+        unrecorded = exits.begin_start(runtime_dir, name, invocation)
+        if unrecorded:   # the start before ended without its stop step (systemctl kill)
+            journal_log(name, f"counted as a failure: {unrecorded}", priority=4)
         # systemd's start (INVOCATION_ID): ask it about NRestarts. Not by NOTIFY_SOCKET,
         # which a control process does not get under NotifyAccess=main.
         why = _crash_loop(runtime_dir, name, True)
@@ -569,6 +572,7 @@ def stopped(state_dir: str, runtime_dir: str, name: str,
             journal_log(name, f"counted as a failure: {why}", priority=4)
         elif result == "success" and not ready:
             _forgive_stop(state_dir, runtime_dir, name, invocation)
+        exits.end_start(runtime_dir, name)   # said: the next start has nothing to count
     except (LokiError, OSError) as e:
         journal_log(name, f"how this start ended was not recorded: {e}", priority=4)
     return 0

@@ -75,7 +75,11 @@ def test_a_restart_nobody_edited_is_handed_over_without_json_and_runs(
     finally:
         assert h.stop() == 0
     assert "(the last ready start's: nothing it was made from has changed)" in h.log.read_text()
-    # and the start after it again
+    # systemd's stop step ends that start (lokid.store.exits.end_start); the start after
+    # it again
+    r, _ = run_helper(dirs, tmp_path, "stopped", "p", INVOCATION_ID=invocation,
+                      SERVICE_RESULT="success", EXIT_CODE="exited", EXIT_STATUS="0")
+    assert r.returncode == 0, r.stderr
     assert prestart(dirs, uuid.uuid4().hex)[1]["kept"] is True
 
 
@@ -94,6 +98,12 @@ def _edited(dirs: Dirs, models: Any) -> dict[str, str]:
     return {}
 
 
+def _unended(dirs: Dirs, models: Any) -> dict[str, str]:
+    # its stop step killed with the unit's cgroup (`systemctl kill -s KILL`, systemd 257)
+    Path(dirs.runtime, "p" + exits.STARTED_SUFFIX).write_text("a-start-before")
+    return {}
+
+
 def _held(dirs: Dirs, models: Any) -> dict[str, str]:
     return {HELD_ENV: port_socket("p")}   # the port now held by systemd: another socket
 
@@ -101,6 +111,7 @@ def _held(dirs: Dirs, models: Any) -> dict[str, str]:
 @pytest.mark.parametrize(("what", "model", "body", "make", "invocation"), [
     ("a failure on record", "llama", "", _failure, ""),
     ("a token noted as cleared", "llama", "", _cleared, ""),
+    ("a start before it that its stop step never ended", "llama", "", _unended, ""),
     ("an edited preset", "llama", "", _edited, ""),
     ("the port held by systemd since", "llama", "", _held, ""),
     ("automatic speculation", "mtp_full", AUTO, None, ""),

@@ -277,6 +277,44 @@ def test_a_killed_engine_is_restarted_and_stop_leaves_nothing(lk: LokidSystem) -
     assert lk.health(port) == 0
 
 
+# The stop step as systemd 257 (Debian 13) leaves it after `systemctl kill -s KILL` (the
+# whole cgroup, by the kernel's cgroup.kill): spawned into the killed cgroup, it dies by
+# SIGKILL before its first line (ExecStopPost's code=killed, status=9/KILL). Debian 12's
+# systemd 252 runs it, so this container's step is made to die the same way.
+STOP_STEP_KILLED = "\nExecStopPost=-/bin/sh -c 'kill -KILL $$$$'"   # "$$$$": sh's $$
+
+
+def test_a_kill_of_the_whole_unit_counts_though_its_stop_step_dies(lk: LokidSystem) -> None:
+    """Six such kills in a row never tripped the crash-loop rule: nothing counted them."""
+    ct = lk.ct
+    name = "cgkill"
+    port = lk.preset(name, f'model = "{LLAMA}"\n')
+    lk.dropin(name, {"RestartSec": "1", "ExecStopPost": STOP_STEP_KILLED})
+    ct.systemctl("start", unit(name))
+    # `lokid engine` marks the start ready just after its READY=1: killed after that
+    invocation = lk.show(name, "InvocationID")["InvocationID"]
+    deadline = time.monotonic() + 10
+    while ct.run(["cat", f"/run/loki/{name}.ready"], check=False).stdout != invocation:
+        assert time.monotonic() < deadline, lk.journal(name)[-2000:]
+        time.sleep(0.1)
+    ct.systemctl("kill", "-s", "KILL", unit(name))
+    lk.wait_restarts(name, 1, timeout=30)
+    ct.wait_for(unit(name), "active", timeout=30)
+    failures = json.loads(ct.read_file(f"/run/loki/{name}.failures"))
+    assert [(f["ready"], f["why"]) for f in failures] == [
+        (True, "the engine was killed after it was ready, its stop step with it (the unit's "
+               "cgroup killed, as `systemctl kill -s KILL` does)")], failures
+    log = lk.journal(name)
+    assert "restart after a failure (1 of 5 before lokid stops restarting" in log, log[-2000:]
+    assert "killed by signal" not in log   # the stop step's own line: it never ran
+    assert lk.health(port) == 200
+    # The operator's stop (its step killed too) and start by hand count nothing.
+    ct.systemctl("stop", unit(name))
+    ct.systemctl("start", unit(name))
+    assert ct.run(["test", "-e", f"/run/loki/{name}.failures"], check=False).returncode == 1
+    ct.run(["rm", "-f", f"/run/loki/{name}.started"])
+
+
 def test_attempt_token_under_systemd(lk: LokidSystem) -> None:
     ct = lk.ct
     name = "spec-breaks"
