@@ -52,9 +52,6 @@ MIN_P: Flag = ("--min-p",), "LLAMA_ARG_MIN_P"
 REASONING_EFFORT: Flag = ("--reasoning-effort",), "LLAMA_ARG_REASONING_EFFORT"
 # Where the engine saves and restores its slots (no variable in b11434).
 SLOT_SAVE_PATH: Flag = ("--slot-save-path",), ""
-# Which slot a request takes (no variable in b11434), and how many there are.
-SLOT_SIMILARITY: Flag = ("-sps", "--slot-prompt-similarity"), ""
-PARALLEL: Flag = ("-np", "--parallel"), "LLAMA_ARG_N_PARALLEL"
 
 # Secrets. A value given to one of these is never shown to a caller without the right
 # to edit presets, nor logged (lokid.core.secrets masks it): every local user reads an

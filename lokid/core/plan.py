@@ -179,36 +179,6 @@ def _alias_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -
     return ["--alias", name]
 
 
-# A request takes the idle slot whose cached prompt it continues for at least this share
-# of that slot's tokens; below it, the least recently used slot (issue 47, measured).
-SLOT_SIMILARITY = "0.9"
-
-
-def _similarity_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]
-                     ) -> list[str]:
-    """``--slot-prompt-similarity 0.9`` where the engine has several slots (issue 47).
-
-    The engine's default (0.10) gives a request the idle slot sharing the longest prefix
-    with it whenever that prefix is a tenth of the slot's tokens: a new conversation that
-    shares only the system prompt took the slot of one between two turns, whose next turn
-    then read its whole history again. At 0.9 it takes the least recently used slot
-    instead, and a returning conversation still finds its own: with 2 replicas of 4 slots
-    and 8 clients (benchmarks/affinity.py), 10-12 % fewer prompt tokens evaluated through
-    lokid's affinity (within 1 % of a perfect cache), 29-38 % fewer round-robin; 0.5,
-    ``--cache-reuse 256`` and a unified KV did not help or made it worse."""
-    p = inp.preset
-    if flags.is_set(p.extra_args, arg_env, flags.SLOT_SIMILARITY) or \
-            not inp.caps.knows("--slot-prompt-similarity"):
-        return []
-    if flags.setting(p.extra_args, arg_env, flags.PARALLEL) == "1":
-        return []   # one slot: nothing to choose
-    notes.append(f"--slot-prompt-similarity {SLOT_SIMILARITY}: a request takes the slot whose "
-                 "cached prompt it continues (90 % of it at least), else the least recently "
-                 "used one, never the slot of another conversation between two turns (set "
-                 "-sps in extra_args to choose)")
-    return ["--slot-prompt-similarity", SLOT_SIMILARITY]
-
-
 def _chat_args(inp: PlanInputs, arg_env: Mapping[str, str], notes: list[str]) -> list[str]:
     """The ``[chat]`` values as the engine's defaults, where it knows the flag and the
     operator has not set it by hand: a client that sends no sampling settings then gets
@@ -360,7 +330,6 @@ def build_plan(inp: PlanInputs) -> Plan:
     arg_env = _effective_env(inp, {k: v for k, v in env.items()
                                    if k != DEVICE_VAR or k in p.env})
     argv += _alias_args(inp, arg_env, notes)
-    argv += _similarity_args(inp, arg_env, notes)
     argv += _chat_args(inp, arg_env, notes)
     spec = plan_spec(SpecInputs(
         spec=p.spec,

@@ -11,7 +11,6 @@ from support.headers import MTP, PLAIN
 from lokid.core.config import ChatConfig, GlobalConfig, Preset, SpecConfig
 from lokid.core.plan import PlanInputs, build_plan
 
-SPS = ("--slot-prompt-similarity", "0.9")   # lokid's, wherever the engine has slots
 GLOBAL = GlobalConfig(engine=ENGINE, model_dirs=("/m",), host="127.0.0.1", port=8080)
 
 
@@ -36,7 +35,7 @@ def test_base_argv_order_then_client_defaults_then_spec_then_extra_args_last() -
     assert plan.argv == (
         ENGINE, "-m", MTP.path, "--host", "127.0.0.1", "--port", "8080", "-c", "8192",
         "--mmproj", "/m/proj.gguf", "-ngl", "99", "-ub", "512",
-        "--alias", "p", *SPS, "--temp", "0.6",
+        "--alias", "p", "--temp", "0.6",
         "--spec-type", "draft-mtp", "--spec-draft-sampling", "greedy",
         "--jinja", "-t", "8",
     )
@@ -45,31 +44,30 @@ def test_base_argv_order_then_client_defaults_then_spec_then_extra_args_last() -
 def test_without_spec_the_command_line_has_no_spec_flag() -> None:
     plan = build_plan(inputs(preset()))
     assert plan.argv == (ENGINE, "-m", MTP.path, "--host", "127.0.0.1", "--port", "8080",
-                         "-c", "32768", "--alias", "p", *SPS)
-    assert len(plan.notes) == 2 and plan.env == {}
+                         "-c", "32768", "--alias", "p")
+    assert len(plan.notes) == 1 and plan.env == {}
     assert plan.spec.mode == "off" and plan.spec.types == () and not plan.spec.auto
 
 
 def test_clients_see_the_preset_name_as_the_model_unless_an_alias_is_set_by_hand() -> None:
     plan = build_plan(inputs(preset(name="qwen-chat")))
-    assert plan.argv[-4:-2] == ("--alias", "qwen-chat")
-    assert plan.notes[0] == ("--alias qwen-chat: clients (GET /v1/models, the model of each "
-                             "reply) see the preset's name, not the model file's path (set -a "
-                             "in extra_args to choose)")
+    assert plan.argv[-2:] == ("--alias", "qwen-chat")
+    assert plan.notes == ("--alias qwen-chat: clients (GET /v1/models, the model of each "
+                          "reply) see the preset's name, not the model file's path (set -a "
+                          "in extra_args to choose)",)
     for by_hand, environ in (({"extra_args": ("-a", "mine")}, {}),
                              ({"extra_args": ("--alias=mine",)}, {}),
                              ({"env": {"LLAMA_ARG_ALIAS": "mine"}}, {}),
                              ({}, {"LLAMA_ARG_ALIAS": "mine"})):
         own = build_plan(inputs(preset(name="qwen-chat", **by_hand), environ=environ))
-        assert "qwen-chat" not in own.argv and not any("alias" in n for n in own.notes), \
-            by_hand
+        assert "qwen-chat" not in own.argv and own.notes == (), by_hand
 
 
 def test_no_alias_on_an_engine_that_does_not_know_the_flag() -> None:
     plan = build_plan(inputs(preset(), caps=caps_without("--alias")))
     assert "--alias" not in plan.argv
-    assert plan.notes[0] == ("this engine does not know --alias: clients see the model file's "
-                             "path as the model's name")
+    assert plan.notes == ("this engine does not know --alias: clients see the model file's "
+                          "path as the model's name",)
 
 
 ALL_CHAT = ChatConfig(reasoning_effort="high", temperature=0.7, top_p=0.95, top_k=20, min_p=0.0)
@@ -77,7 +75,7 @@ ALL_CHAT = ChatConfig(reasoning_effort="high", temperature=0.7, top_p=0.95, top_
 
 def test_chat_values_become_the_engine_defaults_each_with_its_note() -> None:
     plan = build_plan(inputs(preset(chat=ALL_CHAT)))
-    assert plan.argv[-14:] == ("--alias", "p", *SPS, "--temp", "0.7", "--top-p", "0.95",
+    assert plan.argv[-12:] == ("--alias", "p", "--temp", "0.7", "--top-p", "0.95",
                                "--top-k", "20", "--min-p", "0.0",
                                "--reasoning-effort", "high")
     for key, flag, value in (("temperature", "--temp", "0.7"), ("top_p", "--top-p", "0.95"),
@@ -227,21 +225,3 @@ def test_verbosity_is_not_touched_without_automatic_speculation() -> None:
     for caps in (replace(B11434, gpu_backends=("cuda",)), replace(B11434, gpu_backends=())):
         plan = build_plan(inputs(preset(spec=SpecConfig(mode="mtp")), caps=caps))
         assert "-lv" not in plan.argv and not any("verbosity" in n for n in plan.notes)
-
-
-def test_a_request_takes_the_slot_it_continues_unless_the_operator_chose() -> None:
-    """Issue 47: --slot-prompt-similarity 0.9 where the engine has slots to choose from
-    (benchmarks/affinity.py measured it); not with one slot, not where the operator set
-    it, not on an engine that does not know it."""
-    plan = build_plan(inputs(preset()))
-    assert plan.argv[-2:] == SPS
-    assert any(n.startswith("--slot-prompt-similarity 0.9: a request takes the slot whose "
-                            "cached prompt it continues") for n in plan.notes)
-    for kw, caps in (({"extra_args": ("-np", "1")}, B11434),
-                     ({"env": {"LLAMA_ARG_N_PARALLEL": "1"}}, B11434),
-                     ({"extra_args": ("-sps", "0.5")}, B11434),
-                     ({"extra_args": ("--slot-prompt-similarity=0",)}, B11434),
-                     ({}, caps_without("--slot-prompt-similarity"))):
-        own = build_plan(inputs(preset(**kw), caps=caps))
-        assert SPS[0] not in own.argv, kw   # "--slot-prompt-similarity=0" is the operator's
-        assert not any(n.startswith("--slot-prompt-similarity") for n in own.notes), kw
