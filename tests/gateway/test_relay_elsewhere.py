@@ -33,11 +33,10 @@ def closed_port() -> int:
         return int(s.getsockname()[1])   # closed on leaving: its connect is refused
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["tunnel", "pool"])
-@pytest.mark.parametrize("elsewhere", [True, False], ids=["replicas", "one-engine"])
-async def test_a_refused_connect_is_unreached_only_where_another_engine_may_take_it(
-        stream: bool, elsewhere: bool) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+async def relayed(url: str, stream: bool, elsewhere: bool
+                  ) -> tuple[httpx.Response, list[BaseException]]:
+    """A request relayed to the engine at ``url`` through a server whose handler is the
+    relay: the client's answer, and the GatewayError the relay raised."""
     client = session()
     seen: list[BaseException] = []
 
@@ -60,6 +59,15 @@ async def test_a_refused_connect_is_unreached_only_where_another_engine_may_take
                 b"true" if stream else b"false"))
     finally:
         await client.close()
+    return r, seen
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["tunnel", "pool"])
+@pytest.mark.parametrize("elsewhere", [True, False], ids=["replicas", "one-engine"])
+async def test_a_refused_connect_is_unreached_only_where_another_engine_may_take_it(
+        stream: bool, elsewhere: bool) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    r, seen = await relayed(url, stream, elsewhere)
     assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable", r.text
     assert len(seen) == 1 and isinstance(seen[0], Unreached) == elsewhere, seen
 
@@ -97,29 +105,9 @@ class Crashing:
 @pytest.mark.parametrize("dies", [True, False], ids=["gone", "alive"])
 async def test_a_reset_before_the_answer_is_unreached_only_from_an_engine_found_gone(
         stream: bool, dies: bool) -> None:
-    client = session()
-    seen: list[BaseException] = []
     engine = Crashing(dies)
     async with engine as url:
-        async def handle(request: web.Request) -> web.StreamResponse:
-            body = await request.read()
-            try:
-                return await relay(client, request, url, body, keep_auth=False,
-                                   patience=Patience(10, 10), what="the engine",
-                                   stream=stream, elsewhere=True)
-            except GatewayError as e:
-                seen.append(e)
-                return web.json_response(e.body(), status=e.status)
-
-        app = web.Application()
-        app.router.add_post("/v1/completions", handle)
-        try:
-            async with app_on_loopback(app) as front, \
-                    httpx.AsyncClient(base_url=front, timeout=30) as c:
-                r = await c.post("/v1/completions", content=b'{"stream": %s}' % (
-                    b"true" if stream else b"false"))
-        finally:
-            await client.close()
+        r, seen = await relayed(url, stream, True)
     assert r.status_code == 502, r.text
     assert len(seen) == 1
     assert isinstance(seen[0], Unreached) == dies, seen
