@@ -26,6 +26,12 @@ On 2 CPUs three CPU engines share the same two cores: more replicas cannot answe
 (the engines' decode is CPU-bound); what the run can show here is the rule's behaviour
 (when it starts and stops, and that it does not thrash), not a throughput gain.
 
+A first run (``--phase 20 --seed 47``, load 0.7 at its start) asked for answers the tiny
+model ended at once (7 ms each, before ``ignore_eos``): no request waited as long as a
+load, and the rule started no replica (180 engine-seconds, as fixed 1's; answer p95 59
+ms against fixed 1's 57). Fixed 3 on the same load: p95 624 ms, 0.2-0.3 x the
+requests: three engines' threads on two cores slow each other.
+
     .venv/bin/python benchmarks/replicas_rising.py [--phase 30] [--clients 1,2,4,8,8,4,2,1,0]
         [--tokens 48] [--idle-stop 40] [--thrash 10] [--seed N] [--sides scaling,...]
 """
@@ -112,6 +118,7 @@ async def run_side(url: str, plan: list[int], phase_s: float, tokens: int) -> Ru
             try:
                 async with session.post(url + "/v1/chat/completions", json={
                         "model": PRESET, "max_tokens": tokens, "temperature": 0,
+                        "ignore_eos": True,   # the tiny model's answers end at once else
                         "messages": [{"role": "user", "content": f"Client {k} asks {n}."}]}) as r:
                     await r.read()
                     ok = r.status == 200
