@@ -24,12 +24,13 @@ Rules, each for the failure it prevents:
   longer has). An engine that is not ready (stopping, restarting in a roll, failed, a
   replica killed), or drained before its restart in a roll (its row's ``draining``,
   :mod:`lokid.dbus.replicas`), takes no request: its requests go to the others;
-- **an engine whose connect failed is passed over** (:meth:`LocalReplicas.unreached`):
-  for :data:`DOWN_FOR` seconds or until the daemon says it is ready again, and the
-  request that found it so goes to another ready engine (nothing of it reached the
-  first: nothing is generated twice). A replica killed stays ready in the rows until the
-  daemon has read its unit's end from systemd: the requests in that gap were answered
-  502;
+- **an engine that did not take a request is passed over** (:meth:`LocalReplicas
+  .unreached`): for :data:`DOWN_FOR` seconds or until the daemon says it is ready again,
+  and the request goes to another ready engine. That is a connect refused (nothing of
+  it reached the first), or a connection reset before any byte of an answer from an
+  engine then found gone (:mod:`lokid.gateway.enginegone`; sent on once at most). A
+  replica killed stays ready in the rows until the daemon has read its unit's end from
+  systemd: the requests in that gap were answered 502;
 - **the gate counts every ready engine's slots** (:meth:`lokid.gateway.admission
   .Admission.slots`): requests wait at the
   preset's gate only when all of them are busy, and the scaling rule reads that wait;
