@@ -26,11 +26,24 @@ On 2 CPUs three CPU engines share the same two cores: more replicas cannot answe
 (the engines' decode is CPU-bound); what the run can show here is the rule's behaviour
 (when it starts and stops, and that it does not thrash), not a throughput gain.
 
-A first run (``--phase 20 --seed 47``, load 0.7 at its start) asked for answers the tiny
-model ended at once (7 ms each, before ``ignore_eos``): no request waited as long as a
-load, and the rule started no replica (180 engine-seconds, as fixed 1's; answer p95 59
-ms against fixed 1's 57). Fixed 3 on the same load: p95 624 ms, 0.2-0.3 x the
-requests: three engines' threads on two cores slow each other.
+Measured, ``--phase 20 --seed 47``, load 0.3 at the start, sides run fixed 3, scaling,
+fixed 1 (the tiny model answers 48 tokens in 7 ms alone, 56 ms with 8 clients):
+
+    side      starts  stops  a minute  engine-s  thrashes  failed  answer p95
+    scaling        2      2       1.3       379         0       0       74 ms
+    fixed 1        0      0       0.0       180         0       0       59 ms
+    fixed 3        -      -         -       540         0       0      564 ms
+
+The rule started replicas 2 and 3 at 70.8 and 72.8 s (8 clients: a wait passed a
+replica's load once) and stopped them at 170.2 and 172.3 s, 10 s into the idle phase
+(idle_stop / 4), without thrashing. But on 2 CPUs the replicas made it worse: with
+three engines the 8-client phase answered 212 requests instead of 2,725 (p95 1,610 ms
+against 70): three engines' threads on two cores slow each other, as fixed 3 shows all
+along. The rule weighs memory (room to start without evicting), not compute: a replica
+that shares its device (the CPU, or one GPU) adds no throughput. Left for issue 47: a
+replica started only where it gets compute of its own, or stopped when it brought none.
+An earlier run asked for answers the model ended at once (before ``ignore_eos``): no
+wait passed a load and no replica started.
 
     .venv/bin/python benchmarks/replicas_rising.py [--phase 30] [--clients 1,2,4,8,8,4,2,1,0]
         [--tokens 48] [--idle-stop 40] [--thrash 10] [--seed N] [--sides scaling,...]
