@@ -73,9 +73,11 @@ from support.enginekit import engine_binary, free_port, write_config, write_pres
 from support.models import write_llama  # noqa: E402
 from support.openai_load import pct  # noqa: E402
 
+from lokid.host.cores import host_cores  # noqa: E402
+
 PRESET = "r"
 SIDES = {"scaling": "max_replicas = 3", "fixed 1": "max_replicas = 1",
-         "fixed 3": "replicas = 3"}
+         "fixed 2": "replicas = 2", "fixed 3": "replicas = 3"}
 SAMPLE = 0.25   # s between two looks at the engines' states
 
 
@@ -96,13 +98,14 @@ class Run:
     seconds: float = 0.0
 
 
-def host(root: Path, serve: str, idle_stop: int) -> Path:
+def host(root: Path, serve: str, idle_stop: int, threads: int) -> Path:
     root.mkdir()
     (root / "models").mkdir()
     write_llama(root / "models" / "long.gguf", context_length=8192)
+    t = f', "-t", "{threads}"' if threads > 0 else ""
     config = write_config(root, engine_binary(), [root / "models"])
     write_preset(config, PRESET, f'model = "long.gguf"\nctx = 8192\nport = {free_port()}\n'
-                 f'extra_args = ["-np", "1"]\n[serve]\n{serve}\non_demand = true\n'
+                 f'extra_args = ["-np", "1"{t}]\n[serve]\n{serve}\non_demand = true\n'
                  f'idle_stop = "{idle_stop}s"\n')
     return config
 
@@ -225,7 +228,9 @@ def main() -> int:
     p.add_argument("--idle-stop", type=int, default=40, help="the preset's idle_stop, s")
     p.add_argument("--thrash", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--sides", default="scaling,fixed 1,fixed 3")
+    p.add_argument("--threads", type=int, default=0,
+                   help="each engine's -t (0: the engine's default, every core)")
     args = p.parse_args()
     plan = [int(x) for x in args.clients.split(",")]
     chosen = [s.strip() for s in args.sides.split(",")]
@@ -237,25 +242,31 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs; seed "
           f"{seed}; sides in the order run: {', '.join(order)}; phases of {args.phase:g} s "
           f"with {args.clients} clients; answers of {args.tokens} tokens; idle_stop "
-          f"{args.idle_stop} s")
+          f"{args.idle_stop} s; engine threads "
+          f"{args.threads or 'the default (every core)'}; {host_cores()} physical cores")
     runs: dict[str, Run] = {}
     with tempfile.TemporaryDirectory(prefix="lokid-replicas-bench-") as tmp:
         for i, side in enumerate(order):
             root = Path(tmp) / f"side{i}"
             root.mkdir()
-            config = host(root / "host", SIDES[side], args.idle_stop)
+            config = host(root / "host", SIDES[side], args.idle_stop, args.threads)
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             with daemon_process(config, root) as daemon, \
                     gateway_process(config, daemon.address, port):
                 asyncio.run(warm(url))
-                if side == "fixed 3":   # its replicas 2 and 3 ready before the load
-                    asyncio.run(_all_ready(url, 3))
+                if side.startswith("fixed") and side != "fixed 1":   # ready before the load
+                    asyncio.run(_all_ready(url, int(side.split()[1])))
                 runs[side] = asyncio.run(run_side(url, plan, args.phase, args.tokens))
             print(f"  {side}: done, load {os.getloadavg()[0]:.2f}")
     for side in (s for s in SIDES if s in runs):
         report(side, runs[side], args.thrash)
     failed = sum(p.failed for r in runs.values() for p in r.phases)
+    most = max(plan)
+    busiest = {side: sum(len(p.times) for p in r.phases if p.clients == most)
+               for side, r in runs.items()}
+    print(f"\nrequests answered in the {most}-client phases: " + ", ".join(
+        f"{side} {n}" for side, n in busiest.items()))
     if {"scaling", "fixed 1", "fixed 3"} <= set(runs):
         s, one, three = runs["scaling"], runs["fixed 1"], runs["fixed 3"]
         print(f"\nscaling: {s.engine_seconds / max(1.0, three.engine_seconds):.2f} x fixed 3's "

@@ -15,6 +15,16 @@ Rules, each for the failure it prevents:
    busier work to shorten a queue. Where the room is not known (no placement figures,
    no GPU) the start goes on, as every start did before the placement existed; the
    daemon's own refusal still holds.
+2b. **Only where it gets compute of its own** (:func:`shares`): a replica on the GPUs its
+   siblings use, or on CPU cores their threads already take, adds memory and no
+   throughput; it slows them. Measured on 2 CPUs (``benchmarks/replicas_rising.py``),
+   three engines of llama-server's default threads (every physical core each) answered
+   212 requests where one answered 2,725. A GPU engine gets its own compute where the
+   host has GPUs its siblings do not take (``gpus = "auto"``; a preset that names its
+   GPUs puts every replica on them); a CPU engine where its threads (``-t``; the
+   engine's default is every physical core) and its siblings' fit in the host's
+   physical cores. Unknown (no figures): the start goes on. Other presets' engines are
+   not counted: their compute is theirs to share.
 3. **One change at a time, then a hold-down** of :func:`hold` seconds (the longer of
    :data:`HOLD_MIN` and the measured load): a start shows its effect only once the new
    engine is ready, so a rule that looked again sooner saw the same queue and started
@@ -57,6 +67,45 @@ class Engine:
 
 
 @dataclass(frozen=True)
+class Compute:
+    """Where one engine of a preset computes: on ``gpus`` GPUs chosen at its start
+    (``gpus = "auto"``), on the GPUs its preset names (``fixed``), else on ``threads``
+    CPU threads (0: the engine's default, every physical core); ``host_gpus`` and
+    ``cores``: the host's GPUs and physical cores (0: not known)."""
+
+    gpus: int = 0
+    fixed: tuple[str, ...] = ()
+    threads: int = 0
+    host_gpus: int = 0
+    cores: int = 0
+
+
+def shares(c: Compute, running: int) -> str:
+    """What one more engine beside ``running`` ones would share with them (rule 2b), in
+    words; "" where it gets compute of its own, or where that is not known."""
+    if c.fixed:
+        return f"the GPUs its preset names ({', '.join(c.fixed)}) with its {_engines(running)}"
+    if c.gpus:
+        if c.host_gpus and (running + 1) * c.gpus > c.host_gpus:
+            each = "" if c.gpus == 1 else f" of {c.gpus} GPUs each"
+            return (f"a GPU with its {_engines(running)}{each}: this host has "
+                    f"{c.host_gpus} GPU{'s' if c.host_gpus > 1 else ''}")
+        return ""
+    if c.cores <= 0:
+        return ""
+    threads = c.threads if c.threads > 0 else c.cores
+    if (running + 1) * threads > c.cores:
+        how = "its -t" if c.threads > 0 else "the engine's default: every core"
+        return (f"the CPU with its {_engines(running)} of {threads} threads each ({how}): "
+                f"this host has {c.cores} cores")
+    return ""
+
+
+def _engines(n: int) -> str:
+    return "1 running engine" if n == 1 else f"{n} running engines"
+
+
+@dataclass(frozen=True)
 class Load:
     """What the rule reads of one preset, at ``now`` (monotonic seconds)."""
 
@@ -66,6 +115,7 @@ class Load:
     waited: float = 0.0         # the oldest one's wait so far, seconds
     load: float = 0.0           # a replica's start, seconds (measured, else estimated)
     fits: bool | None = None    # one more fits without evicting (None: not known)
+    compute: Compute = Compute()   # where an engine of it computes (rule 2b)
     idle_stop: float = 0.0      # the preset's own idle stop (0: none)
     changed_at: float = NEVER   # the rule's last start or stop for it
     now: float = 0.0
@@ -74,12 +124,15 @@ class Load:
 @dataclass(frozen=True)
 class Step:
     """``verb``: "start", "stop" (of replica ``index``) or "" (nothing); ``why``: one
-    line; ``again``: when the rule can say something else without any change (None)."""
+    line; ``again``: when the rule can say something else without any change (None);
+    ``refused``: why a start the wait asks for is not made, in a word ("room",
+    "compute"), for the operator's log."""
 
     verb: str = ""
     index: int = 0
     why: str = ""
     again: float | None = None
+    refused: str = ""
 
 
 def hold(load: float) -> float:
@@ -110,7 +163,13 @@ def decide(s: Load) -> Step:
                         f"replica's load ({s.load:.1f} s)", again=s.now + s.load - s.waited)
         if s.fits is False:
             return Step(why=f"{s.waiting} wait, the oldest {s.waited:.1f} s, but one more "
-                        "replica does not fit without evicting another engine")
+                        "replica does not fit without evicting another engine",
+                        refused="room")
+        shared = shares(s.compute, len(running))
+        if shared:
+            return Step(why=f"{s.waiting} wait, the oldest {s.waited:.1f} s, but one more "
+                        f"replica would share {shared}: no faster answer, only more memory",
+                        refused="compute")
         taken = {e.index for e in running}
         index = min(k for k in range(1, s.max_replicas + 1) if k not in taken)
         return Step("start", index, f"{s.waiting} wait, the oldest {s.waited:.1f} s, longer "

@@ -36,8 +36,11 @@ Rules, each for the failure it prevents:
   preset's gate only when all of them are busy, and the scaling rule reads that wait;
 - **scaling** (:class:`Scaler`): :mod:`lokid.core.scaling` once every :data:`LOOK`
   seconds for each preset that may run more than one engine, its step done through the
-  daemon (``StartReplicaForLoad``, ``StopReplica``), one at a time; a refusal is logged
-  and the hold-down applies as for a step done. The replicas it stops are those it
+  daemon (``StartReplicaForLoad``, ``StopReplica``), one at a time; the daemon's refusal
+  is logged and the hold-down applies as for a step done. A start the wait asks for and
+  the rule refuses (no room, or no compute of its own: :func:`compute_of`) is logged
+  once per reason and :data:`SAY_AGAIN`: the operator who set ``max_replicas`` and sees
+  one engine learns why. The replicas it stops are those it
   started, known from their rows' ``for_load`` too: a gateway started again had
   forgotten its own, and they ran until the preset stopped; one started by hand is
   never its to stop.
@@ -58,12 +61,14 @@ from dbus_fast.aio import MessageBus
 
 from ..core.affinity import Affinity, Replica
 from ..core.fairshare import FairShare
+from ..core.flags import flag_value
 from ..core.fleet.route import LOCAL
 from ..core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
-from ..core.place.policy import fits_now
+from ..core.place.policy import HOST, fits_now
 from ..core.prefixes import Chain
-from ..core.scaling import NEVER, Engine, Load, decide, hold
+from ..core.scaling import NEVER, Compute, Engine, Load, decide, hold
 from ..host.buscall import call
+from ..host.cores import host_cores
 from .groups import swap_cost
 from .placer import devices_of, need_of
 from .presets import Preset, Presets
@@ -73,6 +78,7 @@ log = logging.getLogger("lokid.gateway")
 READY = "ready"
 LOOK = 0.5   # s between two looks of the scaling rule
 DOWN_FOR = 5.0   # s an engine whose connect failed takes no request (unless ready again)
+SAY_AGAIN = 600.0   # s: a start refused for the same reason is logged again after this
 
 
 def replica_name(index: int) -> str:
@@ -188,6 +194,28 @@ def told_too(entries: dict[str, dict[str, Any]], presets: Presets, affinity: Aff
         left -= len(more)
 
 
+def compute_of(p: Preset, rows: list[dict[str, Any]], cores: int) -> Compute:
+    """Where an engine of ``p`` computes (:class:`lokid.core.scaling.Compute`): on the
+    GPUs its need names or the ``gpu_count`` chosen at its start (the daemon's
+    ``Memory``); else, where the host has no GPU or the need is on the host alone, on
+    its ``-t`` threads of the host's ``cores``. A GPU host's preset whose need is not
+    known: not known."""
+    gpus = [d.name for d in devices_of(rows) if d.name != HOST]
+    need = p.need()
+    if need is not None:
+        fixed, _, count = need
+        if count > 0:
+            return Compute(gpus=count, host_gpus=len(gpus))
+        named = tuple(sorted(d for d, n in fixed.items() if d != HOST and n > 0))
+        if named:
+            return Compute(fixed=named)
+    elif gpus:
+        return Compute()
+    value = flag_value(list(p.engine_argv[1:]), "-t", "--threads")
+    threads = int(value) if value is not None and value.isdigit() else 0
+    return Compute(threads=threads, cores=cores)
+
+
 class Scaler:
     """:mod:`lokid.core.scaling` for every preset with ``max_replicas`` above 1."""
 
@@ -198,7 +226,7 @@ class Scaler:
         self.replicas = replicas
         self.started: dict[str, set[int]] = {}       # preset → replicas this rule started
         self.changed_at: dict[str, float] = {}
-        self.said: dict[str, str] = {}
+        self.said: dict[str, tuple[str, float]] = {}   # preset → a refusal logged, when
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -236,7 +264,9 @@ class Scaler:
             started -= {e.index for e in p.engines if e.state in ("inactive", "failed")}
         return Load(self.replicas.engines(p, started), p.max_replicas,
                     waiting=len(since), waited=now - min(since) if since else 0.0,
-                    load=swap_cost(p)[0], fits=self.fits(p), idle_stop=p.idle_stop,
+                    load=swap_cost(p)[0], fits=self.fits(p),
+                    compute=compute_of(p, self.presets.devices, host_cores()),
+                    idle_stop=p.idle_stop,
                     changed_at=self.changed_at.get(p.name, NEVER), now=now)
 
     def fits(self, p: Preset) -> bool | None:
@@ -251,6 +281,10 @@ class Scaler:
         """The rule once for ``p``, its step done."""
         s = decide(self.load(p, now))
         if not s.verb:
+            said = self.said.get(p.name)
+            if s.refused and (said is None or said[0] != s.refused or now - said[1] > SAY_AGAIN):
+                log.info("preset %s: %s", p.name, s.why)
+                self.said[p.name] = (s.refused, now)
             return
         self.changed_at[p.name] = now
         try:

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from lokid.core.scaling import HOLD_MIN, IDLE_AFTER, NEVER, Engine, Load, decide, hold, idle_after
+from lokid.core.scaling import (
+    HOLD_MIN,
+    IDLE_AFTER,
+    NEVER,
+    Compute,
+    Engine,
+    Load,
+    decide,
+    hold,
+    idle_after,
+    shares,
+)
 
 ONE = (Engine(1, "ready", 1),)
 TWO_IDLE = (Engine(1, "ready", 1), Engine(2, "ready", 0, idle_since=0.0, ours=True))
@@ -68,3 +79,36 @@ def test_never_below_what_was_asked_replicas_the_rule_did_not_start_stay() -> No
     # replica 1 (the preset's own) is never stopped here, even marked as started
     own = (Engine(1, "ready", 0, idle_since=0.0, ours=True),)
     assert decide(Load(own, 3, load=1.0, idle_stop=4.0, now=1000.0)).verb == ""
+
+
+def test_a_replica_that_would_share_its_siblings_compute_is_not_started() -> None:
+    # CPU: llama-server's default threads take every physical core, -t N takes N
+    assert shares(Compute(threads=0, cores=16), 1).startswith(
+        "the CPU with its 1 running engine of 16 threads each (the engine's default")
+    assert shares(Compute(threads=8, cores=16), 1) == ""
+    assert "2 running engines of 8 threads each (its -t): this host has 16 cores" in \
+        shares(Compute(threads=8, cores=16), 2)
+    assert shares(Compute(threads=4, cores=0), 5) == ""   # cores not known: it goes on
+    # GPUs chosen at start: one more fits where the host has GPUs its siblings do not take
+    assert shares(Compute(gpus=1, host_gpus=2), 1) == ""
+    assert shares(Compute(gpus=1, host_gpus=2), 2) == \
+        "a GPU with its 2 running engines: this host has 2 GPUs"
+    assert "of 2 GPUs each" in shares(Compute(gpus=2, host_gpus=3), 1)
+    # a preset naming its GPUs puts every replica there
+    assert shares(Compute(fixed=("GPU0",)), 1) == \
+        "the GPUs its preset names (GPU0) with its 1 running engine"
+    assert shares(Compute(), 3) == ""   # nothing known
+    # the rule: no start, a refusal in a word for the log
+    cpu = Compute(threads=0, cores=2)
+    s = decide(Load(ONE, 3, waiting=2, waited=5.0, load=1.0, compute=cpu, now=100.0))
+    assert (s.verb, s.refused) == ("", "compute") and "would share the CPU" in s.why
+    two = Compute(threads=1, cores=2)
+    assert decide(Load(ONE, 3, waiting=2, waited=5.0, load=1.0, compute=two,
+                       now=100.0)).verb == "start"
+    # replica 3 beside two of one thread each on two cores: refused
+    both = (Engine(1, "ready", 1), Engine(2, "ready", 1, ours=True))
+    assert decide(Load(both, 3, waiting=2, waited=5.0, load=1.0, compute=two,
+                       now=100.0)).refused == "compute"
+    # no room is said too, first (room is the harder fact)
+    assert decide(Load(ONE, 3, waiting=1, waited=5.0, load=1.0, fits=False, compute=cpu,
+                       now=100.0)).refused == "room"

@@ -10,15 +10,19 @@ own figures (``timings.cache_n``).
   the next request goes to the other, before lokid has seen the engine's end too (its
   port refuses the connection); an edit's restart rolls through both while a
   client streams, no request failing;
-- ``s`` runs 1 and may run 2: requests waiting longer than a replica's load start
+- ``s`` runs 1 and may run 2, each engine on one thread (``-t 1``: two fit the two
+  cores the suite runs on): requests waiting longer than a replica's load start
   replica 2, which takes some of them; idle, it is stopped before the preset's own
-  idle stop, by a gateway started again meanwhile too; one started by hand is not."""
+  idle stop, by a gateway started again meanwhile too; one started by hand is not;
+- ``u`` may run 2, each engine on every core (``-t`` = the host's physical cores): the
+  same wait starts no replica, and the gateway says why (it would share the CPU)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -40,6 +44,7 @@ from lokid.gateway.groups import swap_cost
 from lokid.gateway.peers import HOP_HEADER
 from lokid.gateway.replicas import LOOK
 from lokid.gateway.server import Gateway
+from lokid.host.cores import host_cores
 from lokid.runners import local_runner
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -50,8 +55,8 @@ OPENING = "You answer questions about a small shop in one short sentence. " * 6
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    r, s = free_ports(2), free_ports(2)
-    return {"r": r, "s": s}
+    r, s, u = free_ports(2), free_ports(2), free_ports(2)
+    return {"r": r, "s": s, "u": u}
 
 
 @pytest.fixture
@@ -62,7 +67,11 @@ def config(tmp_path: Path, engine: str, models: Any, ports: dict[str, int]) -> P
     write_preset(config, "r", f'model = "llama.gguf"\nctx = 4096\nport = {ports["r"]}\n'
                  'extra_args = ["-np", "1"]\n[serve]\nreplicas = 2\n')
     write_preset(config, "s", f'model = "llama-long.gguf"\nctx = 32768\nport = {ports["s"]}\n'
-                 'extra_args = ["-np", "1"]\n[serve]\nmax_replicas = 2\nidle_stop = "12s"\n')
+                 'extra_args = ["-np", "1", "-t", "1"]\n[serve]\nmax_replicas = 2\n'
+                 'idle_stop = "12s"\n')
+    write_preset(config, "u", f'model = "llama.gguf"\nctx = 4096\nport = {ports["u"]}\n'
+                 f'extra_args = ["-np", "1", "-t", "{host_cores()}"]\n[serve]\n'
+                 'max_replicas = 2\n')
     return config
 
 
@@ -264,6 +273,52 @@ async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
         assert gateway.scaler.started["s"] == set()
     await manager.call_stop_preset("s")
     await running.wait_event("s", "inactive")
+
+
+async def test_a_replica_that_would_share_the_cpu_is_not_started(
+        running: Running, bus_address: str, caplog: pytest.LogCaptureFixture) -> None:
+    # on 2 CPUs three engines of default threads answered 212 requests where one answered
+    # 2,725 (benchmarks/replicas_rising.py): a replica on its siblings' cores slows them
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("u")
+    body = {"model": "u", "messages": [{"role": "user", "content": "Count."}],
+            "max_tokens": 8, "temperature": 0}
+    with caplog.at_level(logging.INFO, "lokid.gateway"):
+        async with gateway_on(bus_address) as gateway, \
+                httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+            await engines_ready(gateway, "u", {1: "ready"})
+            preset = gateway.presets.presets["u"]
+            started = asyncio.Event()
+
+            async def hold() -> None:
+                async with c.stream("POST", "/v1/chat/completions", json={
+                        **body, "stream": True, "max_tokens": HOLD, "ignore_eos": True}) as r:
+                    async for _ in r.aiter_lines():
+                        started.set()
+            holder = asyncio.get_running_loop().create_task(hold())
+            try:
+                await asyncio.wait_for(started.wait(), 60)
+                waiting = asyncio.get_running_loop().create_task(
+                    c.post("/v1/chat/completions", json=body))
+
+                async def refused() -> bool | None:
+                    return any("would share the CPU" in r.getMessage() and "preset u"
+                               in r.getMessage() for r in caplog.records) or None
+                await until(refused, 60, "the rule's refusal of a replica on shared cores")
+                # past a replica's load and the rule's looks: still one engine
+                await asyncio.sleep(swap_cost(preset)[0] + 2 * LOOK)
+                assert [e.index for e in preset.engines if e.state != "inactive"] == [1]
+                assert gateway.scaler.started.get("u", set()) == set()
+            finally:
+                holder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await holder
+            assert (await waiting).status_code == 200
+    said = [r.getMessage() for r in caplog.records if "would share the CPU" in r.getMessage()]
+    assert len(said) == 1, said   # once per reason, not at every look
+    assert f"1 running engine of {host_cores()} threads each (its -t)" in said[0]
+    await manager.call_stop_preset("u")
+    await running.wait_event("u", "inactive")
 
 
 async def test_an_edit_rolls_through_the_replicas_while_a_client_streams(
