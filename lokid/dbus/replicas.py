@@ -24,7 +24,11 @@ Rules, each for the failure it prevents:
   the gateway sends it nothing new, and its requests in flight end, within
   ``serve.drain``; :data:`DRAIN_IN_CALL` for the preset's own): restarted at once, the
   streams it was serving were cut mid-answer (the gateway's test of a roll under a
-  streaming client saw it on both engines).
+  streaming client saw it on both engines). The requests in flight are its log's count,
+  late and stale until its next line (the operator walk: a drain of 20 s waited whole
+  for "1 requests in flight" after its request ended): while the count says some, the
+  engine's ``/slots`` is asked (:mod:`lokid.dbus.enginebusy`); serving none, twice, it
+  has drained; serving, or silent, the drain goes on as the count says.
 - ``StartReplica`` starts the lowest index not running, only while the preset's own
   engine runs (replica 1 is what a request is routed to first, and what on-demand wakes)
   and below ``max_replicas``; ``StopReplica`` never stops replica 1 (that is the preset's
@@ -48,9 +52,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.address import engine_url
 from ..core.errors import InvalidArgsError, ReplicasBusyError, StalePlanError
 from ..core.names import engine_unit
-from ..core.replicas import SEPARATOR, instance, is_replica, preset_of, replica_port
+from ..core.replicas import SEPARATOR, instance, is_replica, preset_of, replica_port, split_instance
 from ..runners.runner import FAILED, INACTIVE, LIVE, READY, EngineState
 from ..store.runtimedir import read_runtime_plan
+from .enginebusy import serving
 
 if TYPE_CHECKING:
     from ..runners.runner import Runner
@@ -65,6 +70,7 @@ ROLL_POLL = 0.1      # s between two looks at a restarted engine's state
 # call: bounded below D-Bus's default reply timeout (25 s), the replicas' by serve.drain.
 ROLL_SETTLE = 0.5
 ROLL_QUIET = 0.3
+ROLL_ASK = 1.0   # s between two questions to a draining engine whose log counts requests
 DRAIN_IN_CALL = 20.0
 
 
@@ -91,6 +97,7 @@ class Replicas:
         self.asked: set[str] = set()
         self.draining: set[str] = set()   # instances a roll drains before their restart
         self.for_load: set[str] = set()   # started by the gateway's scaling rule
+        self.said: dict[str, tuple[str, str]] = {}   # the state and detail last logged
 
     def runner(self) -> Runner:
         assert self.host.runner is not None
@@ -125,8 +132,15 @@ class Replicas:
         self.asked.discard(name)
         if state.state in (INACTIVE, FAILED):
             self.for_load.discard(name)   # its next start says again who asked
-        log.info("replica %s: %s%s", name, state.state,
-                 f" ({state.detail})" if state.detail else "")
+        # once per state and detail: the runner reports a change of its status alone
+        # too (under systemd, a unit's ActiveState and its StatusText come in two
+        # signals; STATUS= every 2 s while it loads), and "replica m:2: ready" was
+        # logged twice for each start
+        said = (state.state, state.detail)
+        if self.said.get(name) != said:
+            self.said[name] = said
+            log.info("replica %s: %s%s", name, state.state,
+                     f" ({state.detail})" if state.detail else "")
         self._announce(preset_of(name))
         return True
 
@@ -235,11 +249,17 @@ class Replicas:
 
     async def _drained(self, inst: str, drain: float) -> None:
         """Until the ready engine ``inst`` has no request in flight, the gateway told that
-        it drains (its row), for ``drain`` seconds at most."""
+        it drains (its row), for ``drain`` seconds at most. The count is its log's, late
+        and stale until the engine's next line (the operator walk: a whole drain waited
+        for "1 requests in flight" after the request ended): while it counts some, the
+        engine is asked (:func:`lokid.dbus.enginebusy.serving`, at most every
+        :data:`ROLL_ASK`), and two answers :data:`ROLL_QUIET` apart that it serves nothing
+        end the drain; one that it serves, or no answer, waits on as before."""
         self.draining.add(inst)
         self._announce(preset_of(inst) if is_replica(inst) else inst)
         runner = self.runner()
         began = time.monotonic()
+        asked_at, said = float("-inf"), None   # the engine's last answer: None, no word
         await asyncio.sleep(ROLL_SETTLE)
         while runner.state(inst).state == READY and time.monotonic() - began < drain:
             if self._in_flight(inst) == 0:
@@ -247,10 +267,35 @@ class Replicas:
                 if self._in_flight(inst) == 0:
                     return
                 continue
+            url = self._url(inst)
+            if url and time.monotonic() - asked_at >= ROLL_ASK:
+                asked_at, said = time.monotonic(), await serving(url)
+                if said is False:   # asked again: a request may have come meanwhile
+                    await asyncio.sleep(ROLL_QUIET)
+                    counted = self._in_flight(inst)
+                    if counted and (said := await serving(url)) is False:
+                        log.info("%s: drained: its log still counts %d requests in flight, "
+                                 "its engine's /slots serves none (the count is stale)",
+                                 inst, counted)
+                        return
+                    continue
             await asyncio.sleep(ROLL_POLL)
         if runner.state(inst).state == READY:
-            log.warning("%s: its drain (%.0f s) passed with %d requests in flight: "
-                        "restarted", inst, drain, self._in_flight(inst))
+            word = "not asked (no port)" if asked_at < 0 else {
+                None: "did not say (no answer, no /slots, or a key)", True: "serves"}.get(
+                said, "serves none")
+            log.warning("%s: its drain (%.0f s) passed with %d requests in flight (its "
+                        "engine's /slots, last asked: %s): restarted", inst, drain,
+                        self._in_flight(inst), word)
+
+    def _url(self, inst: str) -> str:
+        """The address of the instance's engine ("" when it listens on no port)."""
+        split = split_instance(inst)
+        view = self.host.registry.presets.get(preset_of(inst))
+        if split is None or view is None or view.listen is None or not view.listen[1]:
+            return ""
+        host, port = view.listen
+        return engine_url(host, replica_port(port, split[1]))
 
     def _undrained(self, inst: str) -> None:
         if inst in self.draining:

@@ -237,6 +237,32 @@ def test_a_preset_is_idle_only_when_every_replica_is(tmp_path: Path) -> None:
     assert stops.deadline("r") == ready_at + 8.0 and stops.in_flight("r") == 0
 
 
+def test_a_replica_state_is_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    """systemd reports a replica unit's ActiveState and its StatusText in two signals (the
+    Unit's and the Service's PropertiesChanged), so the runner reports "ready" twice, its
+    status alone changed: the operator walk's journal said "replica m:2: ready" twice
+    per start. Logged once per state and detail, as the preset's own engine is."""
+    import logging
+    from types import SimpleNamespace
+
+    from lokid.dbus.replicas import Replicas
+    from lokid.runners.runner import INACTIVE, LOADING, READY, EngineState
+
+    host = SimpleNamespace(exported={}, registry=SimpleNamespace(presets={}))
+    replicas = Replicas(host)
+    caplog.set_level(logging.INFO, logger="lokid.daemon")
+    for state in [EngineState(LOADING, "starting m:2"), EngineState(LOADING, "loading m:2: 2 s"),
+                  EngineState(READY, "loading m:2: 2 s"), EngineState(READY, "ready: m:2"),
+                  EngineState(LOADING, "", "restarting after a failure"),
+                  EngineState(LOADING, "starting m:2", "restarting after a failure"),
+                  EngineState(READY, "ready: m:2"), EngineState(INACTIVE, "", "stopped")]:
+        assert replicas.on_state("m:2", state)
+    assert [r.getMessage() for r in caplog.records] == [
+        "replica m:2: loading", "replica m:2: ready",
+        "replica m:2: loading (restarting after a failure)", "replica m:2: ready",
+        "replica m:2: inactive (stopped)"]
+
+
 async def test_a_restart_rolls_through_the_replicas_one_at_a_time(running: Running) -> None:
     """RestartPreset (after an edit) restarts the preset's engine, then replica 2 once the
     engine answers again: at no moment are both down, and each runs a new start."""
@@ -274,5 +300,59 @@ async def test_a_restart_rolls_through_the_replicas_one_at_a_time(running: Runni
     first_down = next(i for i, s in enumerate(seen) if s[0] != "ready")
     second_down = next(i for i, s in enumerate(seen) if s[1] != "ready")
     assert first_down < second_down
+    await manager.call_stop_preset("r")
+    await wait_rows(preset, {1: "inactive", 2: "inactive"})
+
+
+async def test_a_roll_asks_the_engine_when_the_log_count_is_stale(
+        running: Running, config: Path, base: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A roll's drain waits while the engine's log counts a request in flight; a count
+    left stale (the engine's release line late, as the journal delivers it: here a
+    launch line fed with no release) is checked with the engine's /slots, which serves
+    none: each engine is restarted at once, said in the journal, not after its whole drain
+    ("passed with 1 requests in flight", the operator walk). Each replica's ready is
+    logged once per start."""
+    import logging
+
+    from lokid.store.runtimedir import read_runtime_plan
+
+    caplog.set_level(logging.INFO, logger="lokid.daemon")
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    preset = await running.iface(path_of("r"), PRESET_INTERFACE)
+    # a drain short enough that the code before this test waited it out in seconds
+    write_preset(config, "r", f'model = "llama.gguf"\nctx = 512\nport = {base}\n'
+                 '[serve]\nreplicas = 2\nmax_replicas = 3\ndrain = "6s"\n')
+    await manager.call_reload()
+    await manager.call_start_preset("r")
+    await wait_rows(preset, {1: "ready", 2: "ready"})
+    runtime = running.daemon.runtime_dir
+    before = {n: read_runtime_plan(runtime, n).invocation for n in ("r", "r:2")}
+    launch = "0.07.629.506 I slot launch_slot_: id  0 | task 9 | processing task, is_child = 0"
+    for name, invocation in before.items():
+        running.daemon.telemetry.on_line(name, invocation, launch, time.time())
+    counts = {k: r["in_flight"] for k, r in (await rows(preset)).items() if k in (1, 2)}
+    assert counts == {1: 1, 2: 1}   # what the bus shows, the engines serving nothing
+
+    await manager.call_restart_preset("r")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = {n: read_runtime_plan(runtime, n).invocation for n in ("r", "r:2")}
+        states = await rows(preset)
+        if all(now[n] != before[n] for n in now) and \
+                [states[k]["state"] for k in (1, 2)] == ["ready", "ready"]:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("r and r:2 not both restarted in 120 s")
+    said = [r.getMessage() for r in caplog.records if r.name == "lokid.daemon"]
+    assert not [m for m in said if "passed with" in m], said
+    for name in ("r", "r:2"):
+        assert f"{name}: drained: its log still counts 1 requests in flight, its engine's " \
+            "/slots serves none (the count is stale)" in said, said
+    # each state of r:2 said once as it comes (the local runner reports STATUS= while it
+    # loads: "loading (starting)" was said three times a start), ready once per start
+    lines = [m for m in said if m.startswith("replica r:2: ")]
+    assert lines.count("replica r:2: ready") == 2, lines
+    assert all(a != b for a, b in zip(lines, lines[1:], strict=False)), lines
     await manager.call_stop_preset("r")
     await wait_rows(preset, {1: "inactive", 2: "inactive"})
