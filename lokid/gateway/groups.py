@@ -78,6 +78,7 @@ from .ondemand import LOADING, READY, STOPPING, Starter
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
 from .slots import SlotCache
+from .staleflight import StaleFigures
 
 log = logging.getLogger("lokid.gateway")
 
@@ -118,11 +119,9 @@ class Group:
         self.keys = itertools.count()
         self.task: asyncio.Task[None] | None = None
         self.kick: asyncio.Future[None] | None = None
-        # the daemon's RequestsInFlight of the holder that its engine, asked, said is stale:
-        # (preset, when that figure moved); and the last ask (preset, figure's time, when)
-        self.stale: tuple[str, float] | None = None
-        self.asked: tuple[str, float, float] | None = None
-        self.asking: asyncio.Task[None] | None = None
+        # the daemon's RequestsInFlight of the holders, asked of their engines
+        self.figures = StaleFigures(slots, f"group {name}",
+                                    lambda stale: self._poke() if stale else None, ASK_AGAIN)
 
     def members(self) -> list[Preset]:
         return [p for p in self.presets.presets.values() if p.group == self.name]
@@ -138,7 +137,7 @@ class Group:
             held = running[0]
             self.turn, self.since = held.name, now
         ready = held.state == READY and bool(held.url)
-        theirs = held.in_flight if ready and self.stale != (held.name, held.in_flight_at) else 0
+        theirs = self.figures.counted(held) if ready else 0
         in_flight = max(self.own[held.name], theirs)
         if in_flight > 0:
             self.active_at[held.name] = now
@@ -278,28 +277,13 @@ class Group:
         ended (issue 31). Where the gateway has none of its own in flight and the daemon
         still counts some, the engine is asked (its /slots); if it serves nothing, that
         figure is stale until it moves. A request straight to the port counts once the
-        engine's /slots or the daemon's figure shows it, as before."""
+        engine's /slots or the daemon's figure shows it, as before
+        (:mod:`lokid.gateway.staleflight`)."""
         held = self.presets.presets.get(self.turn)
-        if held is None or held.state != READY or not held.url or held.in_flight <= 0 or \
-                self.own[held.name] > 0 or self.stale == (held.name, held.in_flight_at) or \
-                not any(w.preset != held.name for w in self.waiting) or \
-                (self.asking is not None and not self.asking.done()):
+        if held is None or self.own[held.name] > 0 or self.figures.is_stale(held) or \
+                not any(w.preset != held.name for w in self.waiting) or self.figures.pending():
             return
-        now = time.monotonic()
-        if self.asked is not None and self.asked[:2] == (held.name, held.in_flight_at) and \
-                now - self.asked[2] < ASK_AGAIN:
-            return
-        self.asked = (held.name, held.in_flight_at, now)
-        self.asking = asyncio.get_running_loop().create_task(
-            self._asked(held, held.in_flight_at))
-
-    async def _asked(self, held: Preset, figure_at: float) -> None:
-        busy = await self.slots.busy(held.name, held.url)
-        if busy is False and held.in_flight_at == figure_at and held.in_flight > 0:
-            log.debug("group %s: %s serves nothing, its RequestsInFlight %d is stale",
-                      self.name, held.name, held.in_flight)
-            self.stale = (held.name, figure_at)
-            self._poke()
+        self.figures.ask(held)
 
     async def _swap(self, d: Decision) -> None:
         to = d.swap_to

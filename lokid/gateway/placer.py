@@ -78,6 +78,7 @@ from .ondemand import LOADING, READY, STOPPING
 from .presets import Preset, Presets
 from .replies import UNAVAILABLE, GatewayError
 from .slots import SlotCache
+from .staleflight import StaleFigures
 
 log = logging.getLogger("lokid.gateway")
 
@@ -167,11 +168,8 @@ class Placer:
         self.reported_at = float("-inf")
         self.sending: set[asyncio.Task[None]] = set()
         self.kick: asyncio.Future[None] | None = None
-        # preset → the RequestsInFlight figure (its in_flight_at) its engine was asked about
-        # before a cut, and those it said were stale (it served nothing)
-        self.asked: dict[str, float] = {}
-        self.stale: dict[str, float] = {}
-        self.asking: dict[str, asyncio.Task[None]] = {}
+        # the RequestsInFlight figures its engines were asked about before a cut, once each
+        self.figures = StaleFigures(slots, "placement", lambda _stale: self._poke())
 
     # --- the requests' side ------------------------------------------------------------
 
@@ -268,7 +266,7 @@ class Placer:
                 continue
             need = need_of(p)
             ready = p.state == READY
-            theirs = p.in_flight if ready and self.stale.get(p.name) != p.in_flight_at else 0
+            theirs = self.figures.counted(p) if ready else 0
             in_flight = max(self.own[p.name], theirs)
             idle = max(self.idle_since.get(p.name, NEVER), p.ready_at,
                        p.in_flight_at if ready and p.in_flight == 0 else NEVER)
@@ -376,24 +374,8 @@ class Placer:
         requests in flight" (CI, issue 46's batch test). The engine's ``/slots`` is asked
         once per figure; if it serves nothing, the figure is stale until it moves, and the
         rule runs again (the eviction is then for room). If it serves, or does not say,
-        the cut goes on."""
-        if self.own[p.name] > 0 or p.state != READY or not p.url or p.in_flight <= 0 \
-                or self.asked.get(p.name) == p.in_flight_at:
-            return False
-        task = self.asking.get(p.name)
-        if task is None or task.done():
-            self.asking[p.name] = asyncio.get_running_loop().create_task(
-                self._ask(p, p.in_flight_at))
-        return True
-
-    async def _ask(self, p: Preset, figure_at: float) -> None:
-        busy = await self.slots.busy(p.name, p.url)
-        if busy is False and p.in_flight_at == figure_at and p.in_flight > 0:
-            log.debug("placement: %s serves nothing, its RequestsInFlight %d is stale",
-                      p.name, p.in_flight)
-            self.stale[p.name] = figure_at
-        self.asked[p.name] = figure_at
-        self._poke()
+        the cut goes on (:mod:`lokid.gateway.staleflight`)."""
+        return self.own[p.name] <= 0 and self.figures.ask(p)
 
     def _settle(self, now: float) -> None:
         """Forget granted starts once their engine is seen (or never was), and evictions

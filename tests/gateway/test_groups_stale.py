@@ -67,8 +67,9 @@ def flight(g: Group, now: float) -> int:
 
 async def asked(g: Group) -> None:
     g._ask_engine()
-    if g.asking is not None:
-        await g.asking
+    task = g.figures.asking.get("A")
+    if task is not None:
+        await task
 
 
 async def test_a_count_the_engine_denies_is_stale_until_it_moves(
@@ -92,7 +93,8 @@ async def test_an_engine_that_serves_something_holds_the_swap(
     assert engine.asked == 1 and flight(g, 7.0) == 1
     await asked(g)
     assert engine.asked == 1              # asked again only after ASK_AGAIN
-    g.asked = (g.asked[0], g.asked[1], g.asked[2] - 1.0) if g.asked else None
+    figure, at = g.figures.asked["A"]
+    g.figures.asked["A"] = (figure, at - 1.0)
     engine.processing = False
     await asked(g)
     assert engine.asked == 2 and flight(g, 7.0) == 0
@@ -107,7 +109,7 @@ async def test_no_ask_while_the_gateway_has_its_own_or_nobody_else_waits(
     waiting, g.waiting = g.waiting, []    # nobody waits for another preset: no swap to make
     await asked(g)
     g.waiting = waiting
-    assert engine.asked == 0 and g.stale is None
+    assert engine.asked == 0 and g.figures.stale == {}
     g.presets.presets["A"].url = "http://127.0.0.1:1"   # an engine that does not answer
     await asked(g)
-    assert g.stale is None and flight(g, 7.0) == 1
+    assert g.figures.stale == {} and flight(g, 7.0) == 1

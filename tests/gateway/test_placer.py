@@ -241,7 +241,7 @@ async def test_a_cut_by_the_daemons_count_alone_asks_the_engine_first(processing
             await runner.cleanup()
     assert ps.stopped == ["a"] and len(asked) == 1
     assert pl.evictions == {("a", "cut" if processing else "room"): 1}
-    assert pl.stale == ({} if processing else {"a": 5.0})
+    assert pl.figures.stale == ({} if processing else {"a": 5.0})
 
 
 async def test_what_never_fits_is_refused_at_once() -> None:
