@@ -11,7 +11,10 @@ what each preset needs on it.
   A preset split with RPC workers (``rpc``) has none until its first load is measured:
   the estimate would count every layer here, where the engine puts some on the workers.
   Its devices whose room could not be read are in ``room_unknown`` with why (issue 44,
-  item 10): no refusal for them, and the gateway does not wait for them.
+  item 10): no refusal for them, and the gateway does not wait for them. What each of
+  its replicas past the first holds (``replicas_held``, issue 47): the gateway's
+  placement counted the preset's own engine only, and saw the room replica 2 took as
+  free, granting another preset a start there that could not load.
 
 When it is read: at the daemon's start, when an engine changes state (:data:`AFTER_READY`
 seconds after one became ready: the request that started it is being answered, on the
@@ -109,10 +112,18 @@ class DeviceRoom:
         unknown = room_unknown(sizing.need, room.devices, room.unknown) \
             if room is not None else {}
         out = Memory(sizing, never, unknown).to_json()   # as lokid plan --json shows it
-        if sizing.need.count and name in self.host.daemon.active_presets():
+        daemon = self.host.daemon
+        if sizing.need.count and name in daemon.active_presets():
             running = self.sizing(name, running=True)   # where its start put it
             if running is not None and not running.need.count:
                 out["held"] = dict(running.need.fixed)
+        held = {}
+        for k in daemon.replicas.live(name) if name in daemon.active_presets() else ():
+            running = self.sizing(instance(name, k), running=True)
+            if running is not None and not running.need.count:
+                held[str(k)] = dict(running.need.fixed)
+        if held:
+            out["replicas_held"] = held
         return out
 
     async def refusal(self, name: str) -> str:

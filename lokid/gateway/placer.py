@@ -76,6 +76,7 @@ from ..core.swaps import NEVER
 from .groups import swap_cost
 from .ondemand import LOADING, READY, STOPPING
 from .presets import Preset, Presets
+from .replicaroom import replica_residents
 from .replies import UNAVAILABLE, GatewayError
 from .slots import SlotCache
 from .staleflight import StaleFigures
@@ -282,6 +283,7 @@ class Placer:
                 stopping=p.name in self.evicting or p.state == STOPPING,
                 closing=p.name in self.closing,
                 closed_since=self.closing.get(p.name, NEVER)))
+            out.extend(replica_residents(p))   # its replicas' room is taken too
         return out
 
     def _step(self, now: float) -> float | None:

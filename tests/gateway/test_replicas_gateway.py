@@ -139,6 +139,16 @@ async def test_conversations_stay_on_their_replica_and_a_killed_one_is_passed_ov
     engines = await engines_ready(gateway, "r", {1: "ready", 2: "ready"})
     one, two = gateway.presets.presets["r"].url, engines[2].url
     assert two == f"http://127.0.0.1:{ports['r'] + 1}"
+    # replica 2's memory is the placement's too (the daemon's Memory says what it holds):
+    # counted nowhere, the room it took looked free to another preset's start
+    preset = gateway.presets.presets["r"]
+
+    async def held() -> Any:
+        return preset.memory.get("replicas_held", {}).get("2")
+    assert (await until(held, 30, "replica 2's memory in r's Memory")) == \
+        preset.memory["needs"]
+    replica = [r for r in gateway.placer.residents(0.0) if r.preset == "r:2"]
+    assert [(dict(r.held), r.keep) for r in replica] == [(preset.memory["needs"], True)]
     firsts: dict[str, str] = {}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as c:  # type: ignore[attr-defined]
         with noted(gateway) as urls:

@@ -67,6 +67,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..replicas import is_replica
 from ..swaps import DEFAULT_COST, MAX_WAIT, NEVER, PAUSE
 
 HOST = "host"
@@ -567,13 +568,17 @@ def _cannot_make_room(need: Need, room: Mapping[str, int], residents: Sequence[R
                       blocked: set[str], devices: Sequence[Device]) -> str:
     names = [*need.fixed] or sorted(n for n in room if n != HOST)
     free = ", ".join(f"{name} has {size_text(max(0, room.get(name, 0)))} free" for name in names)
-    kept = [r.preset for r in residents if r.keep]
+    kept = [r.preset for r in residents if r.keep and not is_replica(r.preset)]
+    replicas = [r.preset for r in residents if is_replica(r.preset)]
     starting = [r.preset for r in residents if r.starting and not r.stopping]
     stopping = [r.preset for r in residents if r.stopping]
     why = []
     if kept:
         why.append(f"{', '.join(kept)} {'is' if len(kept) == 1 else 'are'} kept (serve.keep, "
                    "or not on demand: it would not come back by itself)")
+    if replicas:
+        why.append(f"{', '.join(replicas)} {'is' if len(replicas) == 1 else 'are'} kept (a "
+                   "replica: the gateway's scaling rule stops those it started once idle)")
     if starting:
         why.append(f"{', '.join(starting)} {'is' if len(starting) == 1 else 'are'} starting")
     if stopping:
