@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Replicas under a rising, then falling load (issue 47, item 1): does the gateway's
 scaling rule (:mod:`lokid.core.scaling`) start a replica only when the wait pays for its
-load, stop it once idle, and never thrash? Three sides, each a fresh lokid host (private
-bus, ``lokid daemon`` local runner, ``lokid gateway``), in a seeded random order:
+load, stop it once idle, and never thrash, and only where the replica gets compute of
+its own? Each side a fresh lokid host (private bus, ``lokid daemon`` local runner,
+``lokid gateway``), in a seeded random order:
 
 - **scaling**: ``max_replicas = 3`` (one engine at first; the rule starts and stops);
 - **fixed 1**: one engine (what lokid did before issue 47);
-- **fixed 3**: ``replicas = 3``, all three from the start (the most memory, the rule's
-  best case for waits).
+- **fixed 2**, **fixed 3**: ``replicas = 2`` or ``3``, all from the start (the most
+  memory, the rule's best case for waits).
 
 Each engine is the generated tiny llama with one slot (``-np 1``), so that requests wait
-at the preset's gate as soon as two are in flight. The load is closed-loop clients, their
+at the preset's gate as soon as two are in flight, and ``--threads`` threads (``-t``; 0:
+llama-server's default, one per physical core). The load is closed-loop clients, their
 number changing by phase (``--clients``, default 1, 2, 4, 8, 8, 4, 2, 1, 0), each phase
 ``--phase`` seconds; the preset's ``idle_stop`` is ``--idle-stop`` (the rule stops a
 replica it started after a quarter of it without a request).
@@ -18,35 +20,36 @@ replica it started after a quarter of it without a request).
 Printed per side and phase: requests, failures, answer p50/p95, and the engines ready on
 average (sampled from the gateway's ``/v1/models`` every 0.25 s); per side: replica starts
 and stops (and per minute), engine-seconds (the memory the side held, in engines x
-seconds) and the answer p95 over the whole run. Verdict lines: scaling's engine-seconds
-against fixed 3's, its p95 against fixed 1's, and whether any replica was started and
-stopped again within ``--thrash`` seconds (a thrash).
+seconds) and the answer p95 over the whole run; the requests answered in the busiest
+phases, side by side. Verdict lines (with scaling, fixed 1 and fixed 3): scaling's
+engine-seconds against fixed 3's, its p95 against fixed 1's, and whether any replica was
+started and stopped again within ``--thrash`` seconds (a thrash).
 
-On 2 CPUs three CPU engines share the same two cores: more replicas cannot answer more
-(the engines' decode is CPU-bound); what the run can show here is the rule's behaviour
-(when it starts and stops, and that it does not thrash), not a throughput gain.
+Measured on 2 CPUs (2 physical cores), ``--phase 15``, the tiny model's 48-token answers:
 
-Measured, ``--phase 20 --seed 47``, load 0.3 at the start, sides run fixed 3, scaling,
-fixed 1 (the tiny model answers 48 tokens in 7 ms alone, 56 ms with 8 clients):
-
-    side      starts  stops  a minute  engine-s  thrashes  failed  answer p95
-    scaling        2      2       1.3       379         0       0       74 ms
-    fixed 1        0      0       0.0       180         0       0       59 ms
-    fixed 3        -      -         -       540         0       0      564 ms
-
-The rule started replicas 2 and 3 at 70.8 and 72.8 s (8 clients: a wait passed a
-replica's load once) and stopped them at 170.2 and 172.3 s, 10 s into the idle phase
-(idle_stop / 4), without thrashing. But on 2 CPUs the replicas made it worse: with
-three engines the 8-client phase answered 212 requests instead of 2,725 (p95 1,610 ms
-against 70): three engines' threads on two cores slow each other, as fixed 3 shows all
-along. The rule weighs memory (room to start without evicting), not compute: a replica
-that shares its device (the CPU, or one GPU) adds no throughput. Left for issue 47: a
-replica started only where it gets compute of its own, or stopped when it brought none.
-An earlier run asked for answers the model ended at once (before ``ignore_eos``): no
-wait passed a load and no replica started.
+- ``--threads 1 --sides "scaling,fixed 1,fixed 2" --seed 55`` (load 0.4 at the start;
+  run fixed 1, fixed 2, scaling): the rule started replica 2 at 45.6 s, as the first
+  8-client phase began (a wait passed a replica's load), held 1.97-2.00 engines through
+  the load and stopped it at 130.5 s, 10 s into the idle phase (idle_stop / 4); it did
+  not start replica 3 (two engines of one thread take both cores): 1 start, 1 stop, 0
+  thrashes, 0 failed, 220 engine-seconds against fixed 2's 270 and fixed 1's 135. The
+  8-client phases answered 5,664 requests (scaling), 5,017 (fixed 2) and 3,438 (fixed 1):
+  1.65 x and 1.46 x one engine, below the issue's 1.8 x: the gateway, the clients and
+  the daemon run on the same two cores. Answer p95 there 63-64 ms against fixed 1's
+  98-119.
+- default threads, ``--sides "scaling,fixed 1" --seed 56`` (load 0.5; run fixed 1,
+  scaling): each engine takes both cores, so the rule starts nothing (a replica would
+  share the CPU with its one running engine of 2 threads): 0 starts, 135
+  engine-seconds as fixed 1's; 4,409 and 4,245 requests in the 8-client phases (within
+  noise of each other).
+- Before the rule weighed compute (3b13785, ``--phase 20 --seed 47``, default threads,
+  fixed 3 beside): it started replicas 2 and 3 at the 8-client phase, and with three
+  engines on two cores that phase answered 212 requests instead of 2,725 (p95 1,610 ms
+  against 70); fixed 3 was as slow all along.
 
     .venv/bin/python benchmarks/replicas_rising.py [--phase 30] [--clients 1,2,4,8,8,4,2,1,0]
         [--tokens 48] [--idle-stop 40] [--thrash 10] [--seed N] [--sides scaling,...]
+        [--threads N]
 """
 
 from __future__ import annotations
