@@ -372,6 +372,38 @@ def test_an_upgrade_restarts_the_daemon_and_leaves_the_engine_running(system: Sy
     assert health(ct, system.port) == 200
 
 
+def test_a_kill_of_the_whole_engine_unit_counts_as_a_failure(system: System) -> None:
+    """Debian 13's systemd 257 kills a unit's whole cgroup (cgroup.kill) on `systemctl
+    kill -s KILL`, and the ExecStopPost= step it then starts there dies before its first
+    line: the crash-loop rule counted none of six kills in a row. The start's own note
+    (/run/loki/NAME.started) makes the next start count it (issue 47's walk). Debian
+    12's systemd 252 runs the stop step, which counts it itself."""
+    ct = system.ct
+    unit = "loki-engine@demo.service"
+    before = ct.run(["cat", "/run/loki/demo.failures"], check=False).stdout
+    assert not before.strip() or json.loads(before) == [], before
+    invocation = ct.systemctl("show", unit, "--property=InvocationID").stdout.strip()
+    ct.systemctl("kill", "-s", "KILL", unit)
+    deadline = time.monotonic() + 60
+    while ct.systemctl("show", unit, "--property=InvocationID").stdout.strip() == invocation:
+        assert time.monotonic() < deadline, "the killed engine's unit did not start again"
+        time.sleep(0.2)
+    ct.wait_for(unit, "active", timeout=120)
+    failures = json.loads(ct.read_file("/run/loki/demo.failures"))
+    assert len(failures) == 1 and failures[0]["ready"] is True, failures
+    stop_step = ct.systemctl("show", unit, "--property=ExecStopPost").stdout
+    _say(f"{system.build.suite}: systemctl kill -s KILL counted: {failures[0]['why']!r}; "
+         f"the stop step: {stop_step.strip()[:160]}")
+    if system.build.suite == "trixie":   # the stop step died with the cgroup: the note
+        assert "its stop step with it" in failures[0]["why"], failures
+    assert health(ct, system.port) == 200
+    # the operator's restart by hand counts nothing: the count starts again from it
+    ct.systemctl("restart", unit, timeout=300)
+    after = ct.run(["cat", "/run/loki/demo.failures"], check=False).stdout
+    assert not after.strip() or json.loads(after) == [], after
+    assert health(ct, system.port) == 200
+
+
 # Every process of lokid's: its commands (the daemon, the gateway, an engine's supervisor
 # and helpers run /usr/bin/lokid), the engines, the ports' relays.
 LOKID_PROCESSES = re.compile(r"/usr/bin/lokid |(^|/)llama-server( |$)|systemd-socket-proxyd")
