@@ -100,6 +100,27 @@ def noted(gateway: Gateway) -> Iterator[list[str]]:
         gateway.replicas.pick = pick  # type: ignore[method-assign]
 
 
+@contextlib.asynccontextmanager
+async def slot_held(c: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[None]:
+    """A stream holding the only slot of a preset's engine while the block runs (cut at
+    its end): the requests sent meanwhile wait at the gate, whatever the machine's speed."""
+    started = asyncio.Event()
+
+    async def hold() -> None:
+        async with c.stream("POST", "/v1/chat/completions", json={
+                **body, "stream": True, "max_tokens": HOLD, "ignore_eos": True}) as r:
+            async for _ in r.aiter_lines():
+                started.set()
+    holder = asyncio.get_running_loop().create_task(hold())
+    try:
+        await asyncio.wait_for(started.wait(), 60)
+        yield
+    finally:
+        holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder
+
+
 def chat(who: str, turn: int, **more: Any) -> dict[str, Any]:
     # each conversation its own opening (a system prompt shared by all is the affinity
     # rule's business, lokid.core.affinity; here: which engine of the preset, and back)
@@ -233,18 +254,7 @@ async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
         await engines_ready(gateway, "s", {1: "ready"})
         preset = gateway.presets.presets["s"]
         assert (preset.max_replicas, preset.idle_stop, len(preset.engines)) == (2, 12.0, 1)
-        # a stream holds the only slot of replica 1 until it is cut: the requests after it
-        # wait at the gate, whatever the machine's speed, longer than a replica's load
-        started = asyncio.Event()
-
-        async def hold() -> None:
-            async with c.stream("POST", "/v1/chat/completions", json={
-                    **body, "stream": True, "max_tokens": HOLD, "ignore_eos": True}) as r:
-                async for _ in r.aiter_lines():
-                    started.set()
-        holder = asyncio.get_running_loop().create_task(hold())
-        try:
-            await asyncio.wait_for(started.wait(), 60)
+        async with slot_held(c, body):   # longer than a replica's load
             with noted(gateway) as urls:
                 answers = await asyncio.gather(*(c.post("/v1/chat/completions", json=body)
                                                  for _ in range(2)))
@@ -253,10 +263,6 @@ async def test_waiting_requests_start_replica_2_and_idleness_stops_it(
             # replica 2 started for them (its row says so), and answered them
             assert urls == [engines[2].url] * 2, (urls, engines)
             assert gateway.scaler.started["s"] == {2} and engines[2].for_load
-        finally:
-            holder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await holder
     # the gateway stopped before replica 2 was idle long enough; one started again takes
     # it back from its row's for_load (it had forgotten it: it ran until the preset's stop)
     async with gateway_on(bus_address) as gateway, \
@@ -298,16 +304,7 @@ async def test_a_replica_that_would_share_the_cpu_is_not_started(
                 httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
             await engines_ready(gateway, "u", {1: "ready"})
             preset = gateway.presets.presets["u"]
-            started = asyncio.Event()
-
-            async def hold() -> None:
-                async with c.stream("POST", "/v1/chat/completions", json={
-                        **body, "stream": True, "max_tokens": HOLD, "ignore_eos": True}) as r:
-                    async for _ in r.aiter_lines():
-                        started.set()
-            holder = asyncio.get_running_loop().create_task(hold())
-            try:
-                await asyncio.wait_for(started.wait(), 60)
+            async with slot_held(c, body):
                 waiting = asyncio.get_running_loop().create_task(
                     c.post("/v1/chat/completions", json=body))
 
@@ -319,10 +316,6 @@ async def test_a_replica_that_would_share_the_cpu_is_not_started(
                 await asyncio.sleep(swap_cost(preset)[0] + 2 * LOOK)
                 assert [e.index for e in preset.engines if e.state != "inactive"] == [1]
                 assert gateway.scaler.started.get("u", set()) == set()
-            finally:
-                holder.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await holder
             assert (await waiting).status_code == 200
     said = [r.getMessage() for r in caplog.records if "would share the CPU" in r.getMessage()]
     assert len(said) == 1, said   # once per reason, not at every look
