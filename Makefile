@@ -45,8 +45,14 @@ build/man/%: packaging/man/%.rst $(VENV)/.installed
 demo: setup
 	$(PY) scripts/demo.py
 
+# A bound on each test (its fixtures' set-up included: the first container or .deb
+# build) and on the whole run: a test that hangs fails alone, with every thread's stack,
+# and the run goes on, rather than take all of CI's 90 minutes without a word (issue 49).
+TEST_TIMEOUT ?= 1500
+TEST_SESSION_TIMEOUT ?= 4800
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --timeout=$(TEST_TIMEOUT) --timeout-method=signal \
+	    --session-timeout=$(TEST_SESSION_TIMEOUT)
 
 setup: system venv engine vulkan-engine
 
