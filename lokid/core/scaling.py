@@ -89,20 +89,24 @@ def shares(c: Compute, running: int) -> str:
         if c.host_gpus and (running + 1) * c.gpus > c.host_gpus:
             each = "" if c.gpus == 1 else f" of {c.gpus} GPUs each"
             return (f"a GPU with its {_engines(running)}{each}: this host has "
-                    f"{c.host_gpus} GPU{'s' if c.host_gpus > 1 else ''}")
+                    f"{_count(c.host_gpus, 'GPU')}")
         return ""
     if c.cores <= 0:
         return ""
     threads = c.threads if c.threads > 0 else c.cores
     if (running + 1) * threads > c.cores:
         how = "its -t" if c.threads > 0 else "the engine's default: every core"
-        return (f"the CPU with its {_engines(running)} of {threads} threads each ({how}): "
-                f"this host has {c.cores} cores")
+        return (f"the CPU with its {_engines(running)} of {_count(threads, 'thread')} each "
+                f"({how}): this host has {_count(c.cores, 'core')}")
     return ""
 
 
 def _engines(n: int) -> str:
-    return "1 running engine" if n == 1 else f"{n} running engines"
+    return _count(n, "running engine")
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 @dataclass(frozen=True)

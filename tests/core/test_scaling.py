@@ -89,6 +89,9 @@ def test_a_replica_that_would_share_its_siblings_compute_is_not_started() -> Non
     assert "2 running engines of 8 threads each (its -t): this host has 16 cores" in \
         shares(Compute(threads=8, cores=16), 2)
     assert shares(Compute(threads=4, cores=0), 5) == ""   # cores not known: it goes on
+    assert "2 running engines of 1 thread each (its -t): this host has 2 cores" in \
+        shares(Compute(threads=1, cores=2), 2)
+    assert shares(Compute(threads=0, cores=1), 1).endswith("this host has 1 core")
     # GPUs chosen at start: one more fits where the host has GPUs its siblings do not take
     assert shares(Compute(gpus=1, host_gpus=2), 1) == ""
     assert shares(Compute(gpus=1, host_gpus=2), 2) == \

@@ -319,7 +319,9 @@ async def test_a_replica_that_would_share_the_cpu_is_not_started(
             assert (await waiting).status_code == 200
     said = [r.getMessage() for r in caplog.records if "would share the CPU" in r.getMessage()]
     assert len(said) == 1, said   # once per reason, not at every look
-    assert f"1 running engine of {host_cores()} threads each (its -t)" in said[0]
+    cores = host_cores()
+    assert f"1 running engine of {cores} thread{'s' if cores > 1 else ''} each (its -t)" \
+        in said[0]
     await manager.call_stop_preset("u")
     await running.wait_event("u", "inactive")
 
