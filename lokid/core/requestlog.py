@@ -19,6 +19,12 @@ Per request, for one slot and task (two slots interleave their lines)::
     srv  update_slots: all slots are idle            (no request left in flight)
 
 The draft lines appear only when drafting ran (``acc per pos`` only at ``-lv 4``).
+A request that computes no tokens to answer (``/v1/embeddings``, ``/v1/rerank``: an engine
+started with ``--embeddings`` or ``--reranking`` serves them beside completions) prints its
+launch and release lines and no ``print_timing`` line at all: it is counted in
+:attr:`EngineLog.untimed`, so that the breakage warning (:mod:`lokid.watch.meter`) does
+not take three embeddings for a log format lokid cannot read (issue 48, item 4). A
+timing line lokid cannot parse still marks its request as timed.
 Lines are assembled per (slot, task), never by their order: the journal may interleave
 two slots, and a reader may see a line late, twice or cut short. The rules that keep one
 bad line from spoiling anything else:
@@ -194,6 +200,9 @@ class EngineLog:
         self.load = Load()
         self.in_flight: set[tuple[int, int]] = set()   # (slot, task)
         self.known_lines = 0       # lines this parser recognised (for the breakage warning)
+        # requests released without one timing line (embeddings, rerank: see the docstring)
+        self.untimed = 0
+        self._timed: set[tuple[int, int]] = set()   # (slot, task) that printed timing lines
         self._pending: dict[tuple[int, int], _Pending] = {}   # insertion order: oldest first
         self._compute: list[dict[str, float]] = []   # per context: device → MiB, latest
         self.n_slots: int | None = None   # from the load's "n_slots = N" line
@@ -296,6 +305,7 @@ class EngineLog:
             if r is not None:
                 out.append(r)
         self._pending.clear()
+        self._timed.clear()
         self.in_flight.clear()
         self._unsure, self._unsure_all = None, False   # the engine stopped: nothing runs
         return out
@@ -332,6 +342,9 @@ class EngineLog:
         if head is None:
             return
         key = (int(head[1]), int(head[2]))
+        if len(self._timed) >= MAX_PENDING:
+            self._timed.pop()
+        self._timed.add(key)
         rest = line[head.end():]
         if rest.startswith("prompt eval time"):
             m = _PROMPT.match(rest)
@@ -371,6 +384,10 @@ class EngineLog:
         self.in_flight.discard(key)
         self._seen(key[0])
         p = self._pending.pop(key, None)
+        if key in self._timed:
+            self._timed.discard(key)
+        elif p is None:
+            self.untimed += 1
         if p is None:
             return None
         return p.request(key[0], key[1], at, int(m[3]), m[4] == "1")

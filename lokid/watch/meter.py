@@ -23,6 +23,11 @@ it, was given another task, or the engine said all slots are idle; a launch line
 parser cannot read is never in flight, so it counts as ended at once (what a changed
 format looks like).
 
+A request that ended without printing a timing line at all is not counted
+(:attr:`lokid.core.requestlog.EngineLog.untimed`): embeddings and rerank print none, and
+three of them made the warning say "its Stats are blind" of an engine whose log is read
+(issue 48, item 4). A completion whose timing lines lokid cannot parse is still counted.
+
 Lines lokid never read (journald said "Suppressed N messages from loki-engine@P.service",
 issue 45, item 9: 33 % of a team load's requests went uncounted while Stats looked
 whole) reach :meth:`Meters.gap`: the start's snapshot then says ``missed_lines`` (the
@@ -108,8 +113,8 @@ class Meters:
             start.records += 1
         elif "processing task" in line:
             start.launched += 1
-        if start.launched >= BLIND_AFTER and not start.records and not start.blind \
-                and start.launched - len(start.log.in_flight) >= BLIND_AFTER:
+        ended = start.launched - len(start.log.in_flight) - start.log.untimed
+        if ended >= BLIND_AFTER and not start.records and not start.blind:
             start.blind = True   # that many ended (launched, no longer in flight), none read
             self.blind.append(preset)
         self.dirty.add(preset)

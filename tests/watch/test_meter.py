@@ -81,6 +81,46 @@ def test_requests_served_and_none_read_flag_the_start_once(tmp_path: Path) -> No
     assert ok.blind == []
 
 
+# b11434 with --embeddings (three /v1/embeddings) and with --reranking (one /v1/rerank of
+# two documents: a task each), recorded: launch and release lines, no timing line
+EMBEDDINGS = [
+    "0.04.018.006 I slot launch_slot_: id  3 | task 0 | processing task, is_child = 0",
+    "0.04.018.708 I slot      release: id  3 | task 0 | stop processing: n_tokens = 17, "
+    "truncated = 0",
+    "0.04.027.025 I slot launch_slot_: id  3 | task 2 | processing task, is_child = 0",
+    "0.04.027.678 I slot      release: id  3 | task 2 | stop processing: n_tokens = 17, "
+    "truncated = 0",
+    "0.04.034.415 I slot launch_slot_: id  3 | task 4 | processing task, is_child = 0",
+    "0.04.035.096 I slot      release: id  3 | task 4 | stop processing: n_tokens = 17, "
+    "truncated = 0",
+    "0.04.093.405 I slot launch_slot_: id  3 | task 6 | processing task, is_child = 0",
+    "0.04.093.426 I slot launch_slot_: id  2 | task 7 | processing task, is_child = 0",
+    "0.04.094.039 I slot      release: id  2 | task 7 | stop processing: n_tokens = 10, "
+    "truncated = 0",
+    "0.04.094.055 I slot      release: id  3 | task 6 | stop processing: n_tokens = 10, "
+    "truncated = 0",
+]
+
+
+def test_embeddings_and_rerank_print_no_timings_and_are_not_blindness(tmp_path: Path) -> None:
+    """Five requests that print no timing line are not an unreadable log (issue 48, item
+    4: three embeddings logged 'its Stats are blind'); completions whose timing lines
+    cannot be read still are, on the same engine."""
+    meters = Meters(str(tmp_path))
+    for line in EMBEDDINGS:
+        meters.feed("e", "inv", line, 1.0)
+    start = meters.starts["e"]
+    assert start.launched == 5 and start.log.untimed == 5 and start.log.in_flight == set()
+    assert meters.blind == []
+    for i in range(10, 10 + BLIND_AFTER):
+        meters.feed("e", "inv", LAUNCH.format(1, i), 2.0)
+        meters.feed("e", "inv", f"slot print_timing: id  1 | task {i} | a format lokid "
+                    "never saw", 2.0)
+        assert meters.blind == []
+        meters.feed("e", "inv", RELEASE.format(1, i), 2.0)
+    assert meters.blind == ["e"] and start.log.untimed == 5
+
+
 def test_a_swap_s_queued_clients_launched_at_once_are_not_blindness(tmp_path: Path) -> None:
     """An engine started by a swap takes its queued clients together, one per slot: four
     launches before the first timing line. They are read at their ends (issue 28, item
