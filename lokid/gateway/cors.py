@@ -17,7 +17,14 @@ through a keyless gateway on loopback. Rules:
   and its preflight (``OPTIONS`` with ``Access-Control-Request-Method``) is answered by
   the gateway, 204, for GET and POST with the headers asked (``Authorization``,
   ``Content-Type``...); credentials (cookies) are never allowed: the gateway's keys are
-  bearer keys.
+  bearer keys;
+- every refusal reaches the gateway's log (issue 48, item 2: answered here, outside the
+  handler that logs refusals, a desktop or webview client sending ``Origin: app://...``,
+  ``vscode-webview://...`` or ``null`` was refused without a word to the operator): one
+  line naming the origin and the setting that allows it, through
+  :meth:`lokid.gateway.faults.Faults.client` (its own: :attr:`Cors.faults`), so
+  rate-limited as every 4xx is (the origin is the client's to choose: a page sending
+  thousands must not fill the journal), the origin shown escaped and cut (:func:`shown`).
 """
 
 from __future__ import annotations
@@ -26,17 +33,28 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from ..core.errors import printable
+from .faults import Faults
 from .replies import error_body
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PREFLIGHT_MAX_AGE = "600"
 ALLOWED_METHODS = "GET, POST, OPTIONS"
+SHOWN = 80   # characters of a refused origin shown, at most
+
+
+def shown(origin: str) -> str:
+    """A refused origin as the answer and the log show it: control characters escaped,
+    at most :data:`SHOWN` characters of it (a client writes it)."""
+    text = printable(origin[:SHOWN])
+    return text if len(text) <= SHOWN and len(origin) <= SHOWN else text[:SHOWN] + "..."
 
 
 class Cors:
     def __init__(self, origins: tuple[str, ...]):
         self.any = "*" in origins
         self.origins = frozenset(o for o in origins if o != "*")
+        self.faults = Faults()   # its refusals' lines, rate-limited
 
     def allows(self, origin: str) -> bool:
         return self.any or origin in self.origins
@@ -47,9 +65,12 @@ class Cors:
         if origin is None:
             return await handler(request)
         if not self.allows(origin):
-            shown = origin if len(origin) <= 80 else origin[:80] + "..."
+            page = shown(origin)
+            self.faults.client(403, "origin_not_allowed", request.method, request.path,
+                               f"a page at origin {page}: allow it in lokid.toml's "
+                               "[gateway] cors_origins")
             return web.json_response(error_body(
-                f"requests from web pages at {shown} are not allowed here: the operator "
+                f"requests from web pages at {page} are not allowed here: the operator "
                 "lists the pages that may call this gateway in lokid.toml's [gateway] "
                 "cors_origins", "permission_error", "origin_not_allowed"), status=403)
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:

@@ -7,7 +7,8 @@ was an unhandled exception, and each client gone mid-stream one more. Rules:
   one line without a traceback, and at most :data:`LINES_PER_WINDOW` such lines of one
   kind each :data:`WINDOW` seconds; the next line of that kind then says how many were
   not written. What a client sent is never written whole (the reply's message is
-  bounded, and names no secret);
+  bounded, and names no secret), and its control characters are escaped (a path's
+  ``%0a`` is a line break once decoded);
 - a defect of the gateway's own (an exception no rule answers) is answered 500 in
   OpenAI's shape, and logged with its traceback, as rate-limited by kind (the
   exception's type) as the lines above: a defect a client can trigger at will must not
@@ -36,6 +37,8 @@ import logging
 import time
 
 from aiohttp import web
+
+from ..core.errors import printable
 
 log = logging.getLogger("lokid.gateway")
 
@@ -98,8 +101,8 @@ class Faults:
         ok, held = self.throttle.allow(kind)
         if ok:
             more = f" ({held} more like it not logged)" if held else ""
-            log.info("refused %s %s: %d %s: %s%s", method[:16], path[:80], status, code,
-                     message[:200], more)
+            log.info("refused %s %s: %d %s: %s%s", printable(method[:16]),
+                     printable(path[:80]), status, code, printable(message[:200]), more)
 
     def defect(self, e: BaseException, method: str, path: str) -> None:
         """An exception no rule answered: the gateway's own defect."""
