@@ -19,8 +19,9 @@ The clients are scripts/replica_probes.py, run inside the container as transient
    not 45 s after the idle time it waits for), per minute; each engine's requests
    (its journal's ``request: POST`` lines); failures by status;
 3. an edit rolling through: three engines, 8 threads for --roll seconds, ``lokictl set
-   r ctx=2048`` and ``lokictl restart r`` meanwhile: the engines' restarts in order
-   (journal), the failed requests;
+   r ctx=8192`` (more context, as for longer chats) and ``lokictl restart r``
+   meanwhile: the engines' restarts in order (journal), the failed requests (a smaller
+   context refuses the longer conversations, 400: the edit's doing, not the roll's);
 4. replica 2 SIGKILLed (``systemctl kill``) while a client streams from it: the client's
    last event, its next turn's status, the unit's restart;
 5. the unit ``loki-engine@r:2``: start limit, stop signal and timeout, memory bounds,
@@ -69,6 +70,8 @@ P = "r"
 IDLE_STOP = 120          # s: the rule stops a replica it started after a quarter idle
 TAIL = 50                # s of one thread after the 8 threads' load: the load falls
 SUMMARY: list[tuple[str, str]] = []
+KILL_TOKENS = 1500       # each stream of step 4: long enough to be cut (seconds), not the
+                         # 200 that one engine a core answered before the kill landed
 CRASH = [2]              # the engines whose crash loop step 5 tries (--crash-loop)
 
 
@@ -311,7 +314,7 @@ def roll(ct: Container, seconds: float) -> None:
     t0 = now(ct)
     out = probe_start(ct, "load", {"seconds": seconds})
     time.sleep(min(10, seconds / 5))
-    say(f"$ lokictl set {P} ctx=2048: " + run(ct, "lokictl", "set", P, "ctx=2048"))
+    say(f"$ lokictl set {P} ctx=8192: " + run(ct, "lokictl", "set", P, "ctx=8192"))
     c0 = time.monotonic()
     say(f"$ lokictl restart {P}: " + run(ct, "lokictl", "restart", P)
         + f" ({time.monotonic() - c0:.1f} s)")
@@ -340,7 +343,7 @@ def kill(ct: Container) -> None:
     say(f"engines: {live(rows(ct))}")
     before = ct.show(unit(2), "NRestarts")["NRestarts"]
     t0 = now(ct)
-    out = probe_start(ct, "kill", {})
+    out = probe_start(ct, "kill", {"tokens": KILL_TOKENS})
     end, killed = time.monotonic() + 60, ""
     while time.monotonic() < end:
         r2 = [r for r in rows(ct) if r["index"] == 2]
