@@ -63,7 +63,10 @@ CANCELS_GONE = tuple(int(x) for x in aiohttp.__version__.split(".")[:2]) >= (3, 
 GONE_POLL = 0.25              # seconds between those looks (aiohttp 3.8 only)
 # Routes that never take one of the engine's slots: answered by its HTTP threads at once
 UNGATED = frozenset({"/tokenize", "/detokenize", "/apply-template", "/props", "/health",
-                     "/v1/health", "/slots", "/metrics", "/v1/models", "/models"})
+                     "/v1/health", "/slots", "/metrics", "/v1/models", "/models",
+                     # a running completion's control (issue 48): behind that completion's
+                     # slot it would wait for the end it asks for
+                     "/v1/chat/completions/control"})
 
 
 class QueueFullError(GatewayError):

@@ -77,16 +77,17 @@ GONE = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error
 SAFE_METHODS = frozenset({"GET", "HEAD"})   # what a page sends without a preflight
 
 
-def check_safe(preset: Preset, its_turn: bool) -> None:
-    """For a GET or HEAD: GatewayError 503 unless ``preset``'s engine is ready and may
-    take it now (``its_turn``: its GPU group's turn is its own, it is not being
-    stopped); serving it then starts nothing and swaps nothing."""
+def check_safe(preset: Preset, its_turn: bool, what: str = "a GET") -> None:
+    """For a GET or HEAD (or ``what`` else that starts nothing): GatewayError 503
+    unless ``preset``'s engine is ready and may take it now (``its_turn``: its GPU
+    group's turn is its own, it is not being stopped); serving it then starts nothing
+    and swaps nothing."""
     if preset.state == READY and preset.url and not preset.unloading and its_turn:
         return
     how = ("a POST for it (such as /v1/chat/completions) starts it" if preset.on_demand
            else f"start it with `lokictl start {preset.name}`")
     raise GatewayError(503, f"preset {preset.name!r} is not running ({preset.shown_state}): "
-                       f"a GET does not start an engine; {how}", UNAVAILABLE,
+                       f"{what} does not start an engine; {how}", UNAVAILABLE,
                        "model_not_running")
 
 

@@ -20,7 +20,7 @@ any token is made. Rules, each for the failure it prevents:
   base64), a context not fixed (``-c 0``: the model's own, unknown here), an external
   API (its own business), and the routes whose body holds many inputs or none that
   fills a context (:data:`BULK_ROUTES`: a batch of embeddings, documents to rerank,
-  text to tokenize);
+  text to tokenize, an audio file to transcribe, issue 48);
 - the gateway reads no more of a body than the largest bound of the presets it may go
   to (:func:`read_limit`): a 64 MiB bomb for a gateway whose presets take 2 MiB costs
   2 MiB of its memory, not 64.
@@ -39,7 +39,8 @@ BYTES_PER_TOKEN = 64
 OVERHEAD = 64 * 1024
 BULK_ROUTES = frozenset({"/v1/embeddings", "/embedding", "/embeddings", "/rerank",
                          "/reranking", "/v1/rerank", "/v1/reranking", "/tokenize",
-                         "/detokenize"})
+                         "/detokenize", "/v1/audio/transcriptions",
+                         "/audio/transcriptions"})
 CTX = ("-c", "--ctx-size")
 PROJECTOR = ("-mm", "--mmproj", "-mmu", "--mmproj-url", "-hf", "-hfr", "--hf-repo")
 NO_PROJECTOR = ("--no-mmproj",)

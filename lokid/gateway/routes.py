@@ -22,6 +22,9 @@ external API after a prefix check. Both gave clients what is the operator's (iss
 - ``GET /props`` is offered (clients read the context size, the chat template and the
   modalities from it) without ``model_path``, a server path (:func:`public_props`).
 
+Every route of the engine, and why each one not offered is not:
+:data:`lokid.gateway.routetable.ENGINE_TABLE` (the README's table).
+
 What is offered: llama.cpp's inference routes (OpenAI's, Anthropic's, its own
 completion, infill, embedding, rerank, tokenizer and template routes) to a local engine,
 and OpenAI's ``/v1`` inference routes to an external API. Anything else is 404, a known
@@ -46,12 +49,20 @@ ENGINE_POST = OPENAI_POST + (
     "/embedding", "/embeddings", "/rerank", "/reranking", "/v1/reranking",
     "/tokenize", "/detokenize", "/apply-template",
     "/chat/completions/input_tokens", "/v1/chat/completions/input_tokens",
-    "/responses/input_tokens", "/v1/responses/input_tokens")
+    "/responses/input_tokens", "/v1/responses/input_tokens",
+    # issue 48: a reasoning's end asked of a running completion, a decision model's
+    # answer, and a transcription (a multipart form: lokid.gateway.formscan)
+    "/v1/chat/completions/control", "/v1/systemone",
+    "/v1/audio/transcriptions", "/audio/transcriptions")
 
 ENGINE_ROUTES: Mapping[str, frozenset[str]] = {
     **{path: frozenset({"POST"}) for path in ENGINE_POST},
     "/props": frozenset({"GET"}),
 }
+# Routes that ask a running engine about its work: they start and swap nothing (503 when
+# it is not running), as a GET (lokid.gateway.ondemand.check_safe): a control for a
+# completion no stopped engine runs would start it, or swap its GPU group, for nothing
+NO_START = frozenset({"/v1/chat/completions/control"})
 EXTERNAL_ROUTES: Mapping[str, frozenset[str]] = {path: frozenset({"POST"})
                                                  for path in OPENAI_POST}
 # What the external API's url ends with: the routes above are under it.

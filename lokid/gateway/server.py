@@ -2,8 +2,9 @@
 
 aiohttp parses HTTP (no parser of ours). Routes:
 
-- ``GET /health``: the gateway answers (200), and says whether lokid is reachable;
-- ``GET /v1/models`` (and ``/models``, ``/v1/models/<id>``): every preset that can
+- ``GET /health`` (and ``/v1/health``, and ``HEAD`` of each: a load balancer's probe):
+  the gateway answers (200), and says whether lokid is reachable;
+- ``GET /v1/models`` (and ``/models``, ``/v1/models/<id>``; ``HEAD``): every preset that can
   answer, running or not, in OpenAI's shape, its state under ``lokid`` (``external``
   for an API elsewhere, its status then whether the daemon saw it answer;
   ``unresponsive`` for an engine whose /health did not answer). A broken preset is not
@@ -14,7 +15,8 @@ aiohttp parses HTTP (no parser of ours). Routes:
   start, no group; its answers name the preset, not the API's model;
 - a request on an inference route (:mod:`lokid.gateway.routes`) goes to an engine,
   chosen by the JSON body's ``model`` (found without parsing the body,
-  :mod:`lokid.gateway.bodyscan`; a request without a body, such as ``GET /props``, by
+  :mod:`lokid.gateway.bodyscan`; a transcription's form by its ``model`` field,
+  :mod:`lokid.gateway.formscan`; a request without a body, such as ``GET /props``, by
   ``?model=``), or ``default_model``: a preset's name or one of its aliases
   (:meth:`lokid.gateway.presets.Presets.resolve`).
 
@@ -63,6 +65,7 @@ from .catalog import UNRESPONSIVE, Catalog
 from .context import IDENTITY_KEY, ROUTE_KEY, WHERE_KEY
 from .cors import Cors
 from .faults import Faults, client_gone, reset_mid_body
+from .formscan import FORM_ROUTES, Form, is_form, scan_form
 from .groups import Groups
 from .headtimeout import HEAD_TIMEOUT, KEEPALIVE, Connections
 from .hosts import Hosts
@@ -84,7 +87,15 @@ from .relay import (
 from .replicas import LocalReplicas, Scaler, told_too
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
-from .routes import ENGINE_ROUTES, EXTERNAL_ROUTES, external_path, public_props, route
+from .routes import (
+    ENGINE_ROUTES,
+    EXTERNAL_ROUTES,
+    NO_START,
+    external_path,
+    public_props,
+    route,
+)
+from .routetable import HEALTH_PATHS, LISTING_METHODS
 from .serverlog import install as install_serverlog
 from .settings import Settings
 from .shutdown import Draining, StoppableSite
@@ -211,7 +222,7 @@ class Gateway:
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
         path = request.path
-        if path == "/health" and request.method == "GET":
+        if path in HEALTH_PATHS and request.method in LISTING_METHODS:   # HEAD: no body
             return web.json_response({"status": "ok",
                                       "lokid": "unreachable" if self.presets.unreachable
                                       else "reachable"})
@@ -219,7 +230,8 @@ class Gateway:
             self.hosts.check(request.headers.get("Host"))
         identity = request[IDENTITY_KEY] = self.keyring.identify(request.headers)   # or 401
         hopped = HOP_HEADER in request.headers   # sent by a peer: answered from here only
-        if request.method == "GET" and (path in MODELS_PATHS or path.startswith("/v1/models/")):
+        if request.method in LISTING_METHODS and (path in MODELS_PATHS
+                                                  or path.startswith("/v1/models/")):
             return self.catalog.models(path, hopped or not self.peers, identity,
                                        self._told if hopped else None)
         raw_path = request.raw_path.partition("?")[0]
@@ -230,15 +242,17 @@ class Gateway:
         body = await read_body(request, limit, self.bodies, MAX_BODY_TEXT
                                if limit == self.settings.max_body else "the largest prompt "
                                "this gateway's presets take")
-        scan = await self._scan(body)
-        asked = self._model_of(request, scan)
+        form = self._form(raw_path, request, body)   # a transcription's (issue 48)
+        scan = None if form is not None else await self._scan(body)
+        asked = self._model_of(request, scan, form)
         name = self.presets.resolve(asked)   # an alias: its preset (lokid.core.aliases)
         if name != asked and self.peers and not hopped and scan is not None:
             body = with_model(body, scan, name)   # a peer knows the preset by its name
         self.catalog.refused(name, not hopped, identity)   # a key's scope: 404 as for none
         preset = self.presets.presets.get(name)
         self.limits.check(request.get(IDENTITY_KEY, ANONYMOUS))   # 429 past a key's limit
-        stream = scan is not None and scan.stream   # carried as bytes (lokid.gateway.tunnel)
+        # carried as bytes (lokid.gateway.tunnel)
+        stream = scan.stream if scan is not None else form is not None and form.stream
         # its prompt's prefixes: where it goes, and what this host tells peers it holds
         several = self.replicas.several(preset)   # engines on this host (issue 47)
         chain = self.peers.chain(raw_path, body, name) if self.peers or hopped or several \
@@ -281,11 +295,12 @@ class Gateway:
         if raw_path not in prompts.BULK_ROUTES and bound is not None and len(body) > bound:
             raise GatewayError(413, prompts.too_long(name, len(body), preset.engine_argv),
                                code="context_length_exceeded")
-        if request.method in SAFE_METHODS:   # a page's <img>: starts and swaps nothing
+        if request.method in SAFE_METHODS or raw_path in NO_START:   # starts, swaps nothing
             group = self.groups.groups.get(preset.group) if preset.group else None
             check_safe(preset, name not in self.placer.evicting and name not in
                        self.placer.closing and (group is None or not group.swapping
-                                                and group.turn in ("", name)))
+                                                and group.turn in ("", name)),
+                       "a GET" if request.method in SAFE_METHODS else f"a POST to {raw_path}")
         assert self.client is not None
         # a streaming client that waits told so ([gateway] wait_comments), its group's
         # turn (a batch key's starts no swap over a person's), its engine
@@ -425,8 +440,20 @@ class Gateway:
         return read_key(name, preset.key_file) if preset is not None and preset.key_file \
             else None
 
-    def _model_of(self, request: web.Request, scan: Scan | None) -> str:
-        model: Any = scan.model if scan is not None else request.query.get("model")
+    def _form(self, raw_path: str, request: web.Request, body: bytes) -> Form | None:
+        """The model and stream of a form's body on a form route
+        (lokid.gateway.formscan); None for any other body."""
+        if raw_path not in FORM_ROUTES or not is_form(request.headers.get("Content-Type", "")):
+            return None
+        try:
+            return scan_form(body, request.headers.get("Content-Type", ""))
+        except BodyError as e:
+            raise GatewayError(e.status, str(e), code=e.code) from None
+
+    def _model_of(self, request: web.Request, scan: Scan | None,
+                  form: Form | None = None) -> str:
+        model: Any = form.model if form is not None else scan.model if scan is not None \
+            else request.query.get("model")
         if scan is not None and scan.model_kind:
             raise GatewayError(400, f"\"model\" must be a string (a preset's name), not "
                                f"{scan.model_kind[len('not '):]}", code="model_required")
