@@ -57,7 +57,7 @@ ENGINE_POST = OPENAI_POST + (
 
 ENGINE_ROUTES: Mapping[str, frozenset[str]] = {
     **{path: frozenset({"POST"}) for path in ENGINE_POST},
-    "/props": frozenset({"GET"}),
+    "/props": frozenset({"GET", "HEAD"}),   # HEAD: the GET's head (issue 48)
 }
 # Routes that ask a running engine about its work: they start and swap nothing (503 when
 # it is not running), as a GET (lokid.gateway.ondemand.check_safe): a control for a

@@ -44,7 +44,7 @@ ENGINE_TABLE: tuple[EngineRoute, ...] = (
     EngineRoute("GET HEAD", "/v1/health", GATEWAY + ", as `/health`"),
     EngineRoute("GET HEAD", "/v1/models", GATEWAY + ": every preset (and alias)"),
     EngineRoute("GET HEAD", "/models", GATEWAY + ", as `/v1/models`"),
-    EngineRoute("GET", "/props", "to the engine of `?model=`, without `model_path`; "
+    EngineRoute("GET HEAD", "/props", "to the engine of `?model=`, without `model_path`; "
                 "starts nothing"),
     EngineRoute("POST", "/props", why="changes the engine's settings for every user"),
     EngineRoute("GET", "/metrics", why=OPERATOR + " (lokid writes its own figures for "

@@ -406,9 +406,12 @@ class Gateway:
     async def _props(self, request: web.Request, url: str, key: str | None,
                      patience: Patience) -> web.StreamResponse:
         """GET /props, without what is the server's (lokid.gateway.routes); read whole
-        to be parsed, so bounded (MAX_PROPS: 502 beyond)."""
+        to be parsed, so bounded (MAX_PROPS: 502 beyond). A HEAD asks the engine's GET:
+        its Content-Length is then the answer's, without ``model_path`` (aiohttp sends
+        no body to a HEAD)."""
         assert self.client is not None
-        response = await relay(self.client, request, url, b"", keep_auth=False,
+        asked = request.clone(method="GET") if request.method == "HEAD" else request
+        response = await relay(self.client, asked, url, b"", keep_auth=False,
                                patience=patience, key=key, what="the engine",
                                whole=MAX_PROPS)
         if not isinstance(response, web.Response) or response.status != 200 \

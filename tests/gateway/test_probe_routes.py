@@ -4,6 +4,7 @@ b11434, each answered as the engine answers it:
 
 - ``HEAD /health``, ``HEAD /v1/models`` (a load balancer's or an uptime checker's
   probe) and ``GET /v1/health``: the ``GET``'s status and headers, no body (404 before);
+  ``HEAD /props`` too (405 before);
 - ``POST /v1/chat/completions/control`` reaches the engine running the completion, even
   while that completion holds its only slot, and starts no engine that is not running;
 - ``POST /v1/audio/transcriptions``, a multipart form, routed by its ``model`` field to
@@ -59,7 +60,9 @@ async def test_probes_answer_as_the_engine_does(running: Running, gateway: Gatew
         assert r.status_code == 404
         # a method the route does not take is still refused
         assert (await c.delete("/v1/health")).status_code == 404
-        assert (await c.head("/props", params={"model": "alpha"})).status_code == 405
+        # a GET or HEAD of /props starts nothing
+        r = await head_as_get(c, "/props?model=alpha")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_running"
         # a control asks a running completion: it starts no engine
         r = await c.post("/v1/chat/completions/control",
                          json={"model": "alpha", "id": "chatcmpl-x", "action": "reasoning_end"})
@@ -84,6 +87,9 @@ async def test_control_transcription_and_decision_routes_reach_the_engine(
         assert [e[0] for e in running.events if e[1] == "loading"] == ["alpha"]
         r = await c.post("/audio/transcriptions", **transcription("alpha"))
         assert r.status_code == 501, r.text
+        r = await head_as_get(c, "/props?model=alpha")   # its engine's, no model_path
+        assert r.status_code == 200 and "model_path" not in r.json()
+        assert r.json()["total_slots"] == 1
         r = await c.post("/v1/audio/transcriptions", **transcription("nope"))
         assert r.status_code == 404 and "alpha" in r.json()["error"]["message"], r.text
         r = await c.post("/v1/audio/transcriptions", **transcription(None))
