@@ -302,6 +302,9 @@ def rise_and_fall(ct: Container, seconds: float) -> None:
 
 def roll(ct: Container, seconds: float) -> None:
     say(f"\n=== 3. an edit rolling through three engines under 8 threads ({seconds:.0f} s) ===")
+    if not live(rows(ct)).get(1) == "ready":   # step 2 left out: its engine not started
+        say(f"$ lokictl start {P} --wait: " + run(ct, "lokictl", "start", P, "--wait",
+                                                    timeout=300))
     for _ in range(6):
         if len(live(rows(ct))) >= 3:
             break
