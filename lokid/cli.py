@@ -340,14 +340,21 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
 
     # loki-gateway.socket's sockets, unless --listen says otherwise (tests, by hand)
     sockets = [] if listen else gws.inherited_sockets()
-    glob = cfg.load_global(config_dir)
-    settings = gws.settings_of(glob.gateway, listen or [gws.socket_address(s) for s in sockets],
-                               glob.placement)
+    addresses = listen or [gws.socket_address(s) for s in sockets]
+
+    def reread() -> tuple[gws.Settings, tuple[str, ...]]:   # at start, and at each reload
+        glob = cfg.load_global(config_dir)
+        return gws.settings_of(glob.gateway, addresses, glob.placement), glob.gateway.listen
+
+    settings = reread()[0]
     configured = settings.api_keys_file
     legacy = gws.read_keys(gws.keys_path(configured), configured) if configured else frozenset()
     keys = Keyring(legacy, settings.keys_file)   # and the named keys file (lokictl keys)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    run(serve(settings, bus, bus_address, keys, sockets))   # on uvloop where installed
+    fixed = "the addresses are --listen's, on the command line" if listen else \
+        "the addresses are loki-gateway.socket's (`systemctl edit loki-gateway.socket`, then " \
+        "restart it)" if sockets else ""
+    run(serve(settings, bus, bus_address, keys, sockets, reread, fixed))   # uvloop if there
     return 0
 
 

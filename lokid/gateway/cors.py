@@ -24,12 +24,18 @@ through a keyless gateway on loopback. Rules:
   line naming the origin and the setting that allows it, through
   :meth:`lokid.gateway.faults.Faults.client` (its own: :attr:`Cors.faults`), so
   rate-limited as every 4xx is (the origin is the client's to choose: a page sending
-  thousands must not fill the journal), the origin shown escaped and cut (:func:`shown`).
+  thousands must not fill the journal), the origin shown escaped and cut (:func:`shown`);
+- the allowed origins are one frozen :class:`Policy`, replaced whole by a reload
+  (:mod:`lokid.gateway.reload`), and a request keeps the one it was let in by: a stream
+  allowed before ``systemctl reload`` still gets its ``Access-Control-Allow-Origin``
+  when its answer begins after (a browser would not let its page read it otherwise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -41,6 +47,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PREFLIGHT_MAX_AGE = "600"
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 SHOWN = 80   # characters of a refused origin shown, at most
+# The policy a request was let in by (set by the middleware): a typed key where aiohttp
+# has them.
+POLICY_KEY: Any = web.RequestKey("lokid_cors", object) if hasattr(web, "RequestKey") \
+    else "lokid_cors"
 
 
 def shown(origin: str) -> str:
@@ -50,21 +60,40 @@ def shown(origin: str) -> str:
     return text if len(text) <= SHOWN and len(origin) <= SHOWN else text[:SHOWN] + "..."
 
 
-class Cors:
-    def __init__(self, origins: tuple[str, ...]):
-        self.any = "*" in origins
-        self.origins = frozenset(o for o in origins if o != "*")
-        self.faults = Faults()   # its refusals' lines, rate-limited
+@dataclass(frozen=True)
+class Policy:
+    """The origins allowed: any (``"*"``), or those named."""
+
+    any: bool
+    origins: frozenset[str]
+
+    @classmethod
+    def of(cls, origins: tuple[str, ...]) -> Policy:
+        return cls("*" in origins, frozenset(o for o in origins if o != "*"))
 
     def allows(self, origin: str) -> bool:
         return self.any or origin in self.origins
 
+
+class Cors:
+    def __init__(self, origins: tuple[str, ...]):
+        self.policy = Policy.of(origins)
+        self.faults = Faults()   # its refusals' lines, rate-limited
+
+    def allows(self, origin: str) -> bool:
+        return self.policy.allows(origin)
+
+    def set(self, origins: tuple[str, ...]) -> None:
+        """The allowed origins from now on (a reload): requests already let in keep theirs."""
+        self.policy = Policy.of(origins)
+
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        policy = request[POLICY_KEY] = self.policy
         origin = request.headers.get("Origin")
         if origin is None:
             return await handler(request)
-        if not self.allows(origin):
+        if not policy.allows(origin):
             page = shown(origin)
             self.faults.client(403, "origin_not_allowed", request.method, request.path,
                                f"a page at origin {page}: allow it in lokid.toml's "
@@ -83,7 +112,9 @@ class Cors:
         for key in [k for k in response.headers if k.lower().startswith("access-control-")]:
             del response.headers[key]
         origin = request.headers.get("Origin")
-        if origin is not None and self.allows(origin):
+        policy = request.get(POLICY_KEY)
+        if origin is not None and (policy if isinstance(policy, Policy)
+                                   else self.policy).allows(origin):
             response.headers["Access-Control-Allow-Origin"] = origin
             response.headers.add("Vary", "Origin")
             if request.method == "OPTIONS":

@@ -97,9 +97,9 @@ class Hosts:
     def start(self) -> None:
         """The machine's names learnt: its host name now, its FQDN soon."""
         self.learn([socket.gethostname()])
-        self.task = asyncio.get_running_loop().create_task(self._fqdn())
+        self.task = asyncio.get_running_loop().create_task(self.learn_fqdn())
 
-    async def _fqdn(self) -> None:
+    async def learn_fqdn(self) -> None:
         self.learn(await machine_names())
 
     def learn(self, names: Iterable[str]) -> None:

@@ -34,6 +34,10 @@ Rules, each for a failure it prevents:
 - a peer key going over plain http:// beyond loopback is warned about when the peers
   are loaded (:func:`lokid.core.fleet.peers.cleartext_key`); https:// peers are verified
   (aiohttp's default context: the system's CAs, the host name checked);
+- ``systemctl reload loki-gateway`` (:meth:`Peers.reconfigure`, issue 48, item 5) keeps
+  the state of a peer still listed the same (a new ``Peer`` would read as "down, not
+  read yet" and lose what it was sent); a removed peer's reads end, even where their
+  cancel was lost, and nothing of it is said or marked after;
 - the daemon is told which peers are down (``ReportPeers``: lokictl top, Prometheus's
   ``lokid_peer_up``) when that changes, and again every :data:`REPORT_EVERY` seconds
   (it forgets a word not repeated); a report that fails is logged once, never in the
@@ -109,6 +113,7 @@ MAX_LISTING = MAX_BYTES         # bytes of a peer's /v1/models, at most
 REPORT_EVERY = 10.0             # seconds between two ReportPeers when nothing changed
 UNAVAILABLE = "unavailable"     # the state a down peer's models are listed in
 LINES_PER_MINUTE = 3            # log lines about one peer, at most
+REPORTING = ""                  # the report's task among the peers' (no peer is named "")
 TOLD = 1024                     # prefix fingerprints a listing tells a peer, at most
 # The routes whose body carries a prompt an engine caches (chat, Anthropic messages,
 # completions): the others (embeddings, tokenize…) are routed by load alone.
@@ -141,7 +146,8 @@ class Peers:
         self.states = {p.name: PeerState(p) for p in peers}
         self.client = client
         self.report = report     # ReportPeers to the daemon
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks: dict[str, asyncio.Task[None]] = {}   # each peer's reads, the report's
+        self.stopped = False
         self.throttle = Throttle(60.0, LINES_PER_MINUTE)
         self.merged: dict[str, dict[str, dict[str, Any]]] | None = None   # listing()'s
         self.affinity = Affinity()   # where each prompt prefix was sent (issue 47)
@@ -156,15 +162,45 @@ class Peers:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self._follow(s)) for s in self.states.values()]
-        if self.states and self.report is not None:
-            self.tasks.append(loop.create_task(self._reporting(self.report)))
+        for s in self.states.values():
+            if s.peer.name not in self.tasks:
+                self.tasks[s.peer.name] = loop.create_task(self._follow(s))
+        if self.states and self.report is not None and REPORTING not in self.tasks:
+            self.tasks[REPORTING] = loop.create_task(self._reporting(self.report))
 
     async def stop(self) -> None:
-        for task in self.tasks:
+        self.stopped = True
+        for task in self.tasks.values():
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.tasks = []
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        self.tasks = {}
+
+    def reconfigure(self, peers: Sequence[Peer]) -> tuple[list[str], list[str]]:
+        """``[gateway] peers`` read again (a reload, :mod:`lokid.gateway.reload`): a peer
+        still listed the same keeps its state (up or down, its listing, what it was sent);
+        one removed is read no more; one added, or listed with another url or key file,
+        starts as at a start (read at once). A request in flight to a removed peer ends
+        as it would have (its count is its own). The names removed and added."""
+        wanted = {p.name: p for p in peers}
+        removed = [n for n, s in self.states.items() if wanted.get(n) != s.peer]
+        added = [n for n, p in wanted.items() if n not in self.states
+                 or self.states[n].peer != p]
+        for name in removed:
+            task = self.tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+            del self.states[name]
+            self.affinity.forget(name)   # what it was sent is no route any more
+        for name in added:
+            self.states[name] = PeerState(wanted[name])
+            warning = cleartext_key(wanted[name])
+            if warning:
+                log.warning("%s", warning)
+        if removed or added:
+            self.merged = None
+        if added:
+            self.start()   # the new ones read now
+        return removed, added
 
     def key(self, peer: Peer) -> str | None:
         """The key presented to ``peer`` (its credential under systemd); GatewayError 503
@@ -192,11 +228,15 @@ class Peers:
             await asyncio.sleep(1.0)
 
     async def _follow(self, s: PeerState) -> None:
-        while True:
+        # until stopped or removed, even where a cancel was lost: Python 3.11's wait_for
+        # drops one that comes as its read ends (then stop() waited for ever)
+        while not self.stopped and self.states.get(s.peer.name) is s:
             try:
                 await self.read(s)
             except Exception as e:   # a defect of ours: said, and the peer read again
-                self.down(s.peer.name, f"the gateway failed reading it ({type(e).__name__})")
+                if self.states.get(s.peer.name) is not s:
+                    return   # removed by a reload while it was read
+                self._down(s, f"the gateway failed reading it ({type(e).__name__})")
             pause = POLL_EVERY if s.up else BACKOFF[min(s.failures, len(BACKOFF)) - 1]
             s.wake.clear()
             try:
@@ -226,13 +266,13 @@ class Peers:
             data = await asyncio.wait_for(self._get(s.peer), READ_TIMEOUT)
             changed = self._take(s, data)
         except TimeoutError:
-            self.down(s.peer.name, f"its /v1/models did not answer in {READ_TIMEOUT:g} s")
+            self._down(s, f"its /v1/models did not answer in {READ_TIMEOUT:g} s")
             return
         except GatewayError:
-            self.down(s.peer.name, "its api_key_file cannot be used")
+            self._down(s, "its api_key_file cannot be used")
             return
         except (aiohttp.ClientError, OSError, ValueError) as e:
-            self.down(s.peer.name, _reason(e))
+            self._down(s, _reason(e))
             return
         s.read = True
         if not s.up:
@@ -304,8 +344,17 @@ class Peers:
         return data
 
     def down(self, name: str, why: str) -> None:
-        """Mark peer ``name`` down (a read or a request could not reach it)."""
-        s = self.states[name]
+        """Mark peer ``name`` down (a read or a request could not reach it); a peer a
+        reload removed is nobody's to mark (a request of it in flight ends as it would)."""
+        s = self.states.get(name)
+        if s is None:
+            return
+        self._down(s, why)
+
+    def _down(self, s: PeerState, why: str) -> None:
+        name = s.peer.name
+        if self.states.get(name) is not s:
+            return   # removed by a reload as it was read
         s.failures += 1
         if s.up or s.why_down != why:
             self._say(s, logging.WARNING, f"is down: {why}")

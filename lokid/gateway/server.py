@@ -46,7 +46,7 @@ import json
 import logging
 import signal
 import socket
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
@@ -84,6 +84,7 @@ from .relay import (
     relay,
     session,
 )
+from .reload import Reloader
 from .replicas import LocalReplicas, Scaler, told_too
 from .replies import SERVER, UNAVAILABLE, GatewayError, error_body, public
 from .report import CLIENT_GONE, PRESET_KEY, STATUS_KEY, Report
@@ -531,8 +532,12 @@ def run(main: Coroutine[Any, Any, None]) -> None:
 
 
 async def serve(settings: Settings, bus_type: str, bus_address: str | None,
-                keys: frozenset[str] | Keyring, sockets: Sequence[socket.socket] = ()) -> None:
-    """The gateway until SIGTERM or SIGINT; on ``sockets`` when systemd passed them."""
+                keys: frozenset[str] | Keyring, sockets: Sequence[socket.socket] = (),
+                reread: Callable[[], tuple[Settings, tuple[str, ...]]] | None = None,
+                fixed: str = "") -> None:
+    """The gateway until SIGTERM or SIGINT; on ``sockets`` when systemd passed them.
+    SIGHUP: lokid.toml read again by ``reread`` (:mod:`lokid.gateway.reload`; ``fixed``:
+    why ``listen`` is not the file's)."""
     from dbus_fast import BusType
 
     from ..core.errors import LokiError
@@ -558,7 +563,6 @@ async def serve(settings: Settings, bus_type: str, bus_address: str | None,
     log.info("gateway listening on %s%s", "systemd's sockets " if sockets else "",
              ", ".join(f"{h}:{p}" for h, p in settings.listen))
     notifier = Notifier()
-    notifier.send("READY=1")
     done = asyncio.Event()
 
     def asked_to_stop() -> None:
@@ -569,11 +573,18 @@ async def serve(settings: Settings, bus_type: str, bus_address: str | None,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, asked_to_stop)
+    reloader = Reloader(gateway, runner, draining, reread, fixed, notifier.send, BACKLOG) \
+        if reread is not None else None
+    if reloader is not None:   # before READY=1: a reload then would kill the default way
+        loop.add_signal_handler(signal.SIGHUP, reloader.asked)
+    notifier.send("READY=1")
     try:
         await done.wait()
     finally:
         notifier.send("STOPPING=1", f"STATUS=stopping: {len(draining.flights)} request(s) "
                       "in flight end first")
+        if reloader is not None:   # a reload under way ends first, none after
+            await reloader.settled()
         # accepting stops, the requests in flight end within their bounds (the presets'
         # drain, capped): then aiohttp's cleanup has nothing left to wait for
         await draining.stop(runner)

@@ -1,6 +1,7 @@
 """The team's endpoint under real systemd, from the .deb (issue 46): named keys managed
 live, usage kept across restarts and a reboot, a budget across a gateway restart, the
-audit record in the journal, and the units' sandboxes with what issue 46 added.
+audit record in the journal, and the units' sandboxes with what issue 46 added; a
+``systemctl reload loki-gateway`` under the team's load (issue 48, item 5).
 
 One booted Debian 13 container (the release the package is for) with lokid's .deb
 installed by apt on Debian's own libraries, lokid.service as the package enables it,
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -315,6 +317,79 @@ def test_a_budget_is_kept_across_a_gateway_restart(team: Team) -> None:
     assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", \
         (r.text, said(ct)[-2000:])
     assert chat(team, team.ops, "ops", "b").status_code == 200   # the others go on
+
+
+def test_a_reload_under_the_teams_load_fails_no_request(team: Team) -> None:
+    """``systemctl reload loki-gateway`` (issue 48, item 5) while 8 clients send requests
+    and a stream is in flight: a new ``cors_origins`` in force, the same process (no
+    restart), not one request failed, the stream whole (a restart cut it at its drain)."""
+    ct = team.ct
+    origin = "http://team.example"
+    assert httpx.get(f"{team.url}/v1/models", headers={**bearer(team.ops), "Origin": origin},
+                     timeout=10).status_code == 403
+    pid = ct.show(GATEWAY, "MainPID")["MainPID"]
+    cursor = ct.cursor()
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                answers.append(chat(team, team.ops, "ops", "b").status_code)
+            except httpx.HTTPError as e:
+                answers.append(-1)
+                _say(f"reload: a request failed: {type(e).__name__}")
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    events: list[str] = []
+    begun = threading.Event()
+
+    def streaming() -> None:   # read as it comes: how far it was at the reload is known
+        with httpx.Client(base_url=team.url, timeout=120) as c, \
+                stream(team, c, team.ops, "a", 1500) as s:
+            assert s.status_code == 200
+            rest = b""
+            for data in s.iter_bytes():   # cut at b"\n" only: the text may hold U+2028
+                *lines, rest = (rest + data).split(b"\n")
+                for line in lines:
+                    if line.startswith(b"data: "):
+                        events.append(line[len("data: "):].decode().rstrip("\r"))
+                        begun.set()
+
+    reader = threading.Thread(target=streaming)
+    reader.start()
+    try:
+        assert begun.wait(120), "the stream did not begin"
+        config = ct.read_file("/etc/loki/lokid.toml")
+        ct.write_file("/etc/loki/lokid.toml", config.replace(
+            "[gateway]\n", f'[gateway]\ncors_origins = ["{origin}"]\n', 1))
+        ct.systemctl("reload", GATEWAY, timeout=60)
+        until("the reload in force", lambda: "reloaded: cors_origins" in
+              ct.journal(GATEWAY, since_cursor=cursor), 30, 0.2)
+        at_reload = len(events)
+        before = len(answers)   # and 8 more answered after it
+        until("8 answers after the reload", lambda: len(answers) >= before + 8, 120, 0.1)
+    finally:
+        stop.set()
+        for t in threads + [reader]:
+            t.join(180)
+    chunks = [json.loads(e) for e in events[:-1]]
+    note(team, "ops", timings_of(chunks))
+    assert 0 < at_reload < len(events), (at_reload, len(events))   # in flight across it
+    assert events[-1] == "[DONE]" and not any("error" in e for e in chunks), chunks[-3:]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length", chunks[-1]
+    failed = [a for a in answers if a != 200]
+    assert answers and not failed, (len(answers), failed)
+    assert ct.show(GATEWAY, "MainPID")["MainPID"] == pid   # reloaded, not restarted
+    r = httpx.get(f"{team.url}/v1/models", headers={**bearer(team.ops), "Origin": origin},
+                  timeout=10)
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == origin
+    assert "Traceback" not in said(ct, cursor)
+    _say(f"reload: {len(answers)} requests from 8 clients and a stream of "
+         f"{timings_of(chunks)['predicted_n']} tokens across `systemctl reload "
+         "loki-gateway`, 0 failed")
 
 
 def test_a_keys_file_broken_by_hand_keeps_the_last_good_set(team: Team) -> None:

@@ -80,6 +80,17 @@ def test_the_gateways_stop_waits_for_its_drain_within_the_stop_timeout() -> None
     assert MAX_DRAIN + GRACE < timeout < 90, timeout
 
 
+def test_the_gateways_reload_is_a_sighup() -> None:
+    """``systemctl reload loki-gateway`` (issue 48, item 5): without ExecReload= systemd
+    refuses it ("Job type reload is not applicable"), and the only way to a new
+    ``[gateway]`` was a restart, which cuts a long stream at the drain. SIGHUP to the main
+    process (lokid.gateway.reload); not Type=notify-reload, which Debian 12's systemd 252
+    lacks."""
+    unit = parse(REPO / "units" / "loki-gateway.service")
+    assert unit.get("Service", "ExecReload") == "/bin/kill -HUP $MAINPID"   # as lokid.service
+    assert unit.get("Service", "Type") == "notify"
+
+
 def test_the_gateways_memory_is_bounded() -> None:
     unit = parse(REPO / "units" / "loki-gateway.service")
     high, top = unit.get("Service", "MemoryHigh"), unit.get("Service", "MemoryMax")
