@@ -29,7 +29,8 @@ ACTIVATE = "systemd-socket-activate"
 @pytest.fixture
 def config(tmp_path: Path, engine: str, models: Any) -> Path:
     # no [gateway] listen at all: under systemd the socket unit says where
-    config = write_config(tmp_path, engine, [models.dir])
+    assert Path(models.llama).name == "llama.gguf"   # written on first use: run alone, the
+    config = write_config(tmp_path, engine, [models.dir])   # preset had no model file
     write_preset(config, "alpha", f'model = "llama.gguf"\nctx = 2048\nport = {free_port()}\n')
     return config
 
