@@ -22,7 +22,13 @@ key. So nothing here is left to aiohttp; each rule for the failure it prevents:
   the connection is closed: a client trickling a header a minute would hold its
   connection as long as it liked, and a client whose proxy lost the end of its head
   would see a dead socket instead of an answer. A body that is slow to come is not a
-  head: the handler runs then, and the client's own request bounds it;
+  head: the handler runs then, and the client's own request bounds it. The 408 is
+  followed by a half-close (FIN), and what the client still sends is read and dropped
+  for :data:`LINGER` seconds before the close (a lingering close, RFC 9112 9.6): closed
+  at once, the next bytes of a head still trickling in made the kernel answer a reset,
+  which destroys the 408 in the client's buffer (the test of a trickled head saw
+  ``Connection reset by peer`` in the Debian 13 container, now and then). Not near the
+  descriptor limit, where a descriptor held is the failure;
 - when the connections open (each one busy with a request counted twice: the engine's
   or peer's connection beside it) reach the process's descriptor limit
   (``RLIMIT_NOFILE``, ``LimitNOFILE=`` of the unit) less a reserve of an eighth of it
@@ -62,6 +68,7 @@ log = logging.getLogger("lokid.gateway")
 
 HEAD_TIMEOUT = 30.0     # seconds from a request's first byte to the end of its head
 SILENT_TIMEOUT = 30.0   # seconds a new connection may stay silent before it is closed
+LINGER = 2.0            # seconds a 408's connection reads and drops before its close
 KEEPALIVE = 75.0        # seconds an idle keep-alive connection stays open (aiohttp 3.8's, nginx's)
 LOG_EVERY = 60.0        # seconds between two lines about connections closed near the limit
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -161,6 +168,7 @@ class HeadDeadline(asyncio.Protocol):
         self.requests = 0         # requests of this connection the application is serving
         self.received = False     # bytes of a next request arrived (while idle or served)
         self.closed = False       # by close_idle, its connection_lost still to come
+        self.lingering = False    # its 408 sent and half-closed: what comes is dropped
         self.idle_since = time.monotonic()   # when it last began to wait for a request
 
     # --- what the application tells ----------------------------------------------------
@@ -194,6 +202,8 @@ class HeadDeadline(asyncio.Protocol):
         self.connections.opened(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return
         if not self.received:
             self.received = True
             if not self.requests:   # the first byte of a head: its deadline
@@ -201,6 +211,8 @@ class HeadDeadline(asyncio.Protocol):
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self.lingering:
+            return None   # the client is done too: the transport closes
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -231,22 +243,28 @@ class HeadDeadline(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
 
-    def close_idle(self) -> None:
-        """Close a connection that serves no request: with a 408 where a head had begun,
-        without a word where nothing was asked."""
+    def close_idle(self, linger: bool = False) -> None:
+        """Close a connection that serves no request: with a 408 where a head had begun
+        (``linger``: half-closed first, see the module's docstring), without a word where
+        nothing was asked."""
         self._disarm()
         transport = self.transport
-        if self.requests or transport is None or transport.is_closing():
+        if self.requests or transport is None or transport.is_closing() or self.lingering:
             return
-        if self.received:
-            transport.write(timeout_reply(self.connections.head))
         self.closed = True
         self.connections.closing += 1
+        if self.received:
+            transport.write(timeout_reply(self.connections.head))
+            if linger and transport.can_write_eof():
+                transport.write_eof()
+                self.lingering = True
+                self._arm(LINGER, transport.close)
+                return
         transport.close()
 
     def _head_expired(self) -> None:
         self.timer = None
-        self.close_idle()
+        self.close_idle(linger=True)
 
 
 class DeadlineSite(web.BaseSite):

@@ -86,6 +86,21 @@ async def test_a_trickled_head_does_not_stretch_its_deadline(quick: Gateway) -> 
     writer.close()
 
 
+async def test_bytes_sent_after_the_408_do_not_reset_it_away(quick: Gateway) -> None:
+    """A client still sending its head when the 408 came: closed at once, the gateway's
+    socket answered those bytes with a reset, and the reset took the 408 out of the
+    client's buffer (Connection reset by peer; seen in the Debian 13 container). Now it
+    is half-closed and lingers: the late bytes are dropped, the 408 is read whole."""
+    reader, writer = await connect(quick)
+    writer.write(HEAD)
+    await asyncio.sleep(1.0)          # past the 0.5 s deadline: the 408 is on its way
+    for _ in range(3):                # what a trickling client sends next: the first
+        writer.write(b"X-Late: y\r\n")  # meets a closed socket's reset, the next ones
+        await asyncio.sleep(0.2)      # the transport's error, which empties its reader
+    await timed_out(reader, 5)
+    writer.close()
+
+
 async def test_the_deadline_holds_for_the_next_head_of_a_keep_alive_connection(
         quick: Gateway) -> None:
     reader, writer = await connect(quick)
