@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from support.fleetkit import FleetHost, fleet, headers
-from support.models import write_llama
+from support.models import write_slow_llama
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
@@ -31,8 +31,7 @@ TOKENS = 6000
 
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[FleetHost]:
-    slow = write_llama(tmp_path / "slow.gguf", n_layers=3, n_embd=384, n_head=6,
-                       n_head_kv=6, n_ff=1024, context_length=8192)
+    slow = write_slow_llama(tmp_path / "slow.gguf")
     with fleet(("a",), [str(slow)]) as hosts:
         a = hosts["a"]
         a.gateway([], {})

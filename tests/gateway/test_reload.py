@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
-from support.models import write_llama
+from support.models import write_slow_llama
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -41,8 +41,7 @@ TOKENS = 3000
 def config(tmp_path: Path, engine: str) -> Path:
     models = tmp_path / "models"
     models.mkdir()
-    write_llama(models / "slow.gguf", n_layers=3, n_embd=384, n_head=6, n_head_kv=6,
-                n_ff=1024, context_length=8192)
+    write_slow_llama(models / "slow.gguf")
     config = write_config(tmp_path, engine, [models])
     write_preset(config, "slow", f"{SLOW}port = {free_port()}\n[serve]\non_demand = true\n")
     return config

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
-from support.models import write_llama
+from support.models import write_slow_llama
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.gateway.server import Gateway
@@ -40,8 +40,7 @@ OLD_RESEND = 10.0   # the second SIGTERM of the old supervisor
 def config(tmp_path: Path, engine: str) -> Path:
     models = tmp_path / "models"
     models.mkdir()
-    write_llama(models / "slow.gguf", n_layers=3, n_embd=384, n_head=6, n_head_kv=6,
-                n_ff=1024, context_length=8192)
+    write_slow_llama(models / "slow.gguf")
     config = write_config(tmp_path, engine, [models])
     write_preset(config, "slow", 'model = "slow.gguf"\nctx = 4096\nextra_args = ["-t", "1"]\n'
                  f"port = {free_port()}\n")

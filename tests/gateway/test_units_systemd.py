@@ -410,15 +410,14 @@ def test_a_restart_during_a_stream_lets_it_end_within_its_drain(lk: LokidSystem,
     word. Now a stream shorter than its preset's drain completes across the restart; a
     longer one (a drain of 3 s) ends with a last error event; the restart takes what the
     request took, at most its drain (capped at 30 s), and the next instance serves."""
-    from support.models import write_llama
+    from support.models import write_slow_llama
     from support.systemd_harness import _say
 
     ct = lk.ct
     port = lk.gateway_port  # type: ignore[attr-defined]
     # tens to hundreds of tokens a second (3 layers, 384 wide, one thread): a stream of
     # a few thousand tokens is still running when the restart comes
-    path = write_llama(tmp_path / "slow.gguf", n_layers=3, n_embd=384, n_head=6,
-                       n_head_kv=6, n_ff=1024, context_length=32768)
+    path = write_slow_llama(tmp_path / "slow.gguf", context_length=32768)
     lk.add_model(str(path))
     slow = 'model = "slow.gguf"\nextra_args = ["-t", "1"]\n'
     lk.write_preset_text("slow", f"port = {free_port()}\nctx = 4096\n{slow}", reload=False)

@@ -182,6 +182,14 @@ def write_llama(path: PathLike, *, n_layers: int = 2, n_embd: int = 64, n_head: 
     return _finish(w, path)
 
 
+def write_slow_llama(path: PathLike, *, context_length: int = 8192) -> Path:
+    """The plain llama a size up (3 layers of 384, ~5 MB): a stream of a few thousand
+    tokens lasts seconds on one thread, so a stop, a reload or a reboot can come while
+    one is in flight (the tests that hold a stream across one)."""
+    return write_llama(path, n_layers=3, n_embd=384, n_head=6, n_head_kv=6, n_ff=1024,
+                       context_length=context_length)
+
+
 def write_llama_uses(path: PathLike, *, chat_template: bool | str = True, fim: bool = False,
                      pooling: int | None = None, context_length: int = 4096) -> Path:
     """The plain llama with the keys that say what it can do (issue 46, item 5): its chat
