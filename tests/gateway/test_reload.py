@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
+from support.gatewaykit import health_answered
 from support.models import write_slow_llama
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -74,15 +75,7 @@ async def gateway_process(config: Path, bus_address: str, port: int, lines: list
 
     reader = asyncio.create_task(gather())
     try:
-        deadline = time.monotonic() + 30
-        async with httpx.AsyncClient(timeout=5) as c:
-            while True:
-                try:
-                    await c.get(f"http://127.0.0.1:{port}/health")
-                    break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline and proc.returncode is None, lines
-                    await asyncio.sleep(0.1)
+        await health_answered(port, proc, lines)
         yield proc
     finally:
         if proc.returncode is None:

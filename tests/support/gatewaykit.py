@@ -53,6 +53,23 @@ async def until(check: Any, timeout: float, what: str) -> Any:
     raise AssertionError(f"not {what} in {timeout} s")
 
 
+async def health_answered(port: int, proc: asyncio.subprocess.Process, said: Any = None,
+                          timeout: float = 30) -> None:
+    """Until a gateway process started on ``port`` answers ``/health`` (AssertionError,
+    with ``said``, its output so far, when it exits or ``timeout`` passes first)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=5) as c:
+        while True:
+            try:
+                await c.get(f"http://127.0.0.1:{port}/health")
+                return
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.returncode is None, said
+                await asyncio.sleep(0.1)
+
+
 @contextlib.asynccontextmanager
 async def app_on_loopback(app: Any, port: int | None = None) -> AsyncIterator[str]:
     """A real aiohttp ``app`` served on 127.0.0.1 (``port``, else a free one) for the
