@@ -48,6 +48,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .wording import counted
+
 HOLD_MIN = 2.0       # s: the shortest hold-down after a start or a stop (rule 3)
 IDLE_AFTER = 300.0   # s: a replica idle this long stops, where the preset has no idle_stop
 READY = "ready"
@@ -83,30 +85,23 @@ class Compute:
 def shares(c: Compute, running: int) -> str:
     """What one more engine beside ``running`` ones would share with them (rule 2b), in
     words; "" where it gets compute of its own, or where that is not known."""
+    engines = counted(running, "running engine")
     if c.fixed:
-        return f"the GPUs its preset names ({', '.join(c.fixed)}) with its {_engines(running)}"
+        return f"the GPUs its preset names ({', '.join(c.fixed)}) with its {engines}"
     if c.gpus:
         if c.host_gpus and (running + 1) * c.gpus > c.host_gpus:
             each = "" if c.gpus == 1 else f" of {c.gpus} GPUs each"
-            return (f"a GPU with its {_engines(running)}{each}: this host has "
-                    f"{_count(c.host_gpus, 'GPU')}")
+            return (f"a GPU with its {engines}{each}: this host has "
+                    f"{counted(c.host_gpus, 'GPU')}")
         return ""
     if c.cores <= 0:
         return ""
     threads = c.threads if c.threads > 0 else c.cores
     if (running + 1) * threads > c.cores:
         how = "its -t" if c.threads > 0 else "the engine's default: every core"
-        return (f"the CPU with its {_engines(running)} of {_count(threads, 'thread')} each "
-                f"({how}): this host has {_count(c.cores, 'core')}")
+        return (f"the CPU with its {engines} of {counted(threads, 'thread')} each "
+                f"({how}): this host has {counted(c.cores, 'core')}")
     return ""
-
-
-def _engines(n: int) -> str:
-    return _count(n, "running engine")
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 @dataclass(frozen=True)
