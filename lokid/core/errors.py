@@ -165,6 +165,48 @@ class EngineBusyError(BusyError):
     """The engine is serving another request: measuring now would measure the wait."""
 
 
+class PullError(LokiError):
+    """A model pull cannot go on (issue 48: :mod:`lokid.core.pullref`, :mod:`lokid.host.hub`,
+    :mod:`lokid.host.download`). ``retry`` says whether the same pull later can succeed
+    (a cut connection, a hub answering 5xx): the pull's unit restarts on those only."""
+
+    retry = False
+
+
+class PullReferenceError(PullError):
+    """The model reference cannot be read (``org/repo:Q4_K_M``, ``org/repo/file.gguf``, an
+    https URL), or it names no file the repository holds."""
+
+
+class HubError(PullError):
+    """The hub refused or failed a request: no such repository or file, a gated model
+    without a token, a token refused, a server error (``retry``: 5xx and 429)."""
+
+    def __init__(self, message: str, retry: bool = False):
+        super().__init__(message)
+        self.retry = retry
+
+
+class PullCutError(PullError):
+    """The transfer ended before the file did (a cut connection, a short answer): what
+    came is kept, and the next pull resumes from it."""
+
+    retry = True
+
+
+class PullCorruptError(PullError):
+    """The file came whole but is not the hub's (its SHA-256 differs, or the server sent
+    more bytes than the file has): the partial file is removed, never renamed into place."""
+
+
+class NoSpaceError(PullError):
+    """The target directory's file system has not the room the rest of the file needs."""
+
+
+class PullBusyError(BusyError, PullError):
+    """Another pull writes the same file now."""
+
+
 DBUS_NAMES: dict[type[LokiError], str] = {
     LokiError: FAILED,
     ConfigError: INVALID_PRESET,
@@ -175,6 +217,7 @@ DBUS_NAMES: dict[type[LokiError], str] = {
     BusyError: BUSY,
     PermissionDeniedError: PERMISSION_DENIED,
     InvalidArgsError: INVALID_ARGS,
+    PullReferenceError: INVALID_ARGS,
 }
 
 
