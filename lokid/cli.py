@@ -433,6 +433,13 @@ def _parser() -> argparse.ArgumentParser:
                    "daemon does; for hosts without it)")
     sub.add_parser("gpu-nodes", help="ExecStart of loki-gpu-nodes.service: the NVIDIA "
                    "driver's modules and device nodes, made as root once at boot")
+    pw = sub.add_parser("pull-worker", help="ExecStart of a model pull's unit (lokictl pull "
+                        "starts it through the daemon): fetch REFERENCE into DIR")
+    pw.add_argument("reference")
+    pw.add_argument("--dir", required=True, metavar="DIR")
+    pw.add_argument("--status-file", metavar="FILE", help="where progress is written (JSON)")
+    pw.add_argument("--retries", type=int, default=20, metavar="N",
+                    help="tries without progress after a transient fault (default 20)")
     gen = sub.add_parser("generate", help="systemd generator: per-preset drop-ins")
     gen.add_argument("dirs", nargs="+", metavar="DIR")
     return p
@@ -485,6 +492,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_daemon(config_dir, args.bus, args.bus_address, args.runner)
         if command == "gateway":
             return cmd_gateway(config_dir, args.bus, args.bus_address, args.listen)
+        if command == "pull-worker":
+            from .unit import pullworker
+
+            return pullworker.main(args.reference, args.dir, args.status_file,
+                                   max(1, int(args.retries)))
         if command == "gpu-nodes":
             import os
 

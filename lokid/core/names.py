@@ -48,6 +48,7 @@ MANAGER_INTERFACE = BUS_NAME + ".Manager"
 PRESET_INTERFACE = BUS_NAME + ".Preset"
 KEYS_INTERFACE = BUS_NAME + ".Keys"   # the gateway's named client keys (issue 46)
 USAGE_INTERFACE = BUS_NAME + ".Usage"   # who used what: the gateway's counts (issue 46)
+PULLS_INTERFACE = BUS_NAME + ".Pulls"   # models fetched to the server (issue 48)
 ERROR_PREFIX = BUS_NAME + ".Error."
 
 

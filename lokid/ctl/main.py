@@ -43,6 +43,7 @@ from .commands import (
 )
 from .keys import add_parsers as keys_parsers
 from .keys import cmd_keys
+from .pull import add_parsers as pull_parsers
 from .replicas import add_parsers as replica_parsers
 
 EDIT_VERBS = ("new", "set", "unset", "rm", "mv", "cat", "edit")
@@ -131,6 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     _edit_parsers(sub)
     keys_parsers(sub)
     replica_parsers(sub)
+    pull_parsers(sub)
     return p
 
 
@@ -210,6 +212,11 @@ async def _main(args: argparse.Namespace) -> int:
             return await _edit_command(client, args)
         if command == "keys":
             return await cmd_keys(client, args)
+        if command in ("pull", "pulls"):
+            from .pull import cmd_pull, cmd_pulls
+
+            return await (cmd_pull(client, args) if command == "pull"
+                          else cmd_pulls(client, bool(args.json)))
         if command == "replica":
             from .replicas import cmd_replica
 

@@ -13,10 +13,10 @@ generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
 stop the daemon.
 
 Engines are run by a runner (:mod:`lokid.runners.runner`): through systemd's D-Bus API when
-systemd is the system manager and the daemon is on the system bus
-(:mod:`lokid.runners.systemd_runner`), else as the daemon's own children
-(:mod:`lokid.runners.local_runner`). Their changes become the ``EngineStateChanged`` signal
-(sent first), the preset objects' ``State``/``Status``/``SpecActive``, ``ActivePresets``.
+systemd is the system manager and the daemon is on the system bus (:mod:`lokid.runners.
+systemd_runner`), else as the daemon's own children (:mod:`lokid.runners.local_runner`).
+Their changes become the ``EngineStateChanged`` signal (sent first), the preset objects'
+``State``/``Status``/``SpecActive``, ``ActivePresets``.
 
 Layers-in-RAM verdicts come from the engines' output: the journal watcher
 (:mod:`lokid.watch.journalwatch`) under systemd, the local runner's pipes
@@ -67,7 +67,7 @@ from .registry import Registry
 from .replicas import Replicas
 from .reveal import Revealer
 from .serving import Serving, close_parts, serve_until_lost
-from .team import export_all
+from .team import close_team, export_all
 from .telemetry import Telemetry
 from .unload import Unloads
 from .wire import SafeMessageBus
@@ -509,6 +509,7 @@ class Daemon:
         assert self.runner is not None
         await self.background.close()  # before the bus they may still use is closed
         await self.unloads.close()
+        await close_team(self)   # the pulls' children, where they are the daemon's
         await self.telemetry.close()
         if self.watcher is not None:
             self.watcher.detach(loop)
@@ -541,7 +542,7 @@ class Daemon:
             self.bus.disconnect()
             raise DaemonError(f"cannot follow the engines ({self.runner.kind} runner): "
                               f"{e}") from None
-        export_all(self, self.bus)   # the manager, and the team's interfaces (keys, usage)
+        export_all(self, self.bus)   # the manager, the team's interfaces (keys, usage, pulls)
         self._sync_objects()
         self._follow_probe()
         reply = await self.bus.request_name(BUS_NAME, NameFlag.DO_NOT_QUEUE)

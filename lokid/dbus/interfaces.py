@@ -49,6 +49,7 @@ from ..planning.sizing import REMEDY
 # the team's interfaces register in lokid.dbus.team.FACTORIES as they are imported, here
 # (the daemon imports this module, and its own module has no room left)
 from . import keys as _keys  # noqa: F401  (org.lokid.Lokid1.Keys)
+from . import pulls as _pulls  # noqa: F401  (org.lokid.Lokid1.Pulls)
 from . import usage as _usage  # noqa: F401  (org.lokid.Lokid1.Usage)
 from .access import (  # noqa: F401  (ACCESS_ATTR, READ_LOGS: read by the tests here)
     ACCESS_ATTR,
