@@ -7,10 +7,9 @@ WATCHDOG=1 means serving on the bus: each ping follows a round trip through
 the bus that says the name is still this daemon's (:mod:`lokid.dbus.serving`),
 so a blocked loop or a lost bus stops the pings; a connection that ends, or a
 name that is no longer ours, ends the daemon with exit status 1, for systemd to
-start it again. ``Reload()`` and SIGHUP read the presets again (a broken file is
-reported and skipped, the others stay served) and, under systemd, rerun the
-generator (``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT
-stop the daemon.
+start it again. ``Reload()`` and SIGHUP read the presets again (a broken file is reported
+and skipped, the others stay served) and, under systemd, rerun the generator
+(``daemon-reload``) so the units' drop-ins follow; SIGTERM/SIGINT stop the daemon.
 
 Engines are run by a runner (:mod:`lokid.runners.runner`): through systemd's D-Bus API when
 systemd is the system manager and the daemon is on the system bus (:mod:`lokid.runners.
