@@ -190,7 +190,11 @@ class Worker:
             return EX_CONFIG
         from ..host import hub
 
-        client = hub.make_client(self.token, f"lokid/{__version__}")
+        # the token is the hub's: a URL elsewhere never gets it (the client sends it on
+        # every request it makes itself; the hub's CDN redirects are cross-origin: dropped)
+        token = self.token if not ref.url or _origin(ref.url) == _origin(self.endpoint) \
+            else None
+        client = hub.make_client(token, f"lokid/{__version__}")
         tries, delay = 0, 2.0
         try:
             while True:
@@ -286,6 +290,12 @@ def main(reference: str, directory: str, status_path: str | None, retries: int) 
     worker = Worker(reference, directory, reporter, endpoint=endpoint, token=read_token(),
                     retries=retries)
     return worker.run()
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] of ``url``, lowercased."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme.lower()}://{rest.split('/', 1)[0].split('?', 1)[0].lower()}"
 
 
 def _user() -> str:
