@@ -103,13 +103,15 @@ _lokictl() {
     for ((i = 1; i < cword; i++)); do
         case "${words[i]}" in
             status|presets|devices|show|plan|start|stop|restart|unload|reload|clear-failures|bench|top|stats|logs|\
-            new|set|unset|rm|mv|cat|edit|keys|usage|replica) cmd="${words[i]}"; break ;;
+            new|set|unset|rm|mv|cat|edit|keys|usage|replica|pull|pulls) cmd="${words[i]}"; break ;;
         esac
     done
     case "$prev" in
         --bus) COMPREPLY=($(compgen -W "system session" -- "$cur")); return ;;
         -H|--host|--hosts) COMPREPLY=($(compgen -A hostname -- "$cur")); return ;;
         --model) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        --dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+        --cancel) COMPREPLY=($(compgen -W "$(systemctl list-units --plain --no-legend 'loki-pull-*' 2>/dev/null | cut -d' ' -f1)" -- "$cur")); return ;;
         --timeout|--address|--predict|--prompt|--repeat|--since|-n|--lines) return ;;
         --by) COMPREPLY=($(compgen -W "key preset day" -- "$cur")); return ;;
         --key|--until) return ;;
@@ -124,7 +126,7 @@ _lokictl() {
         case "${words[j]}" in -*) ;; *) n=$((n + 1)) ;; esac
     done
     local verbs="status presets devices top stats logs show plan start stop restart unload reload clear-failures bench
-new set unset rm mv cat edit keys usage replica"
+new set unset rm mv cat edit keys usage replica pull pulls"
     case "$cmd" in
         "") COMPREPLY=($(compgen -W "$verbs --bus --address --host --hosts --help" -- "$cur")) ;;
         status|presets|devices) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
@@ -133,6 +135,8 @@ new set unset rm mv cat edit keys usage replica"
         unload) COMPREPLY=($(compgen -W "$(_lokid_presets) --timeout" -- "$cur")) ;;
         clear-failures) COMPREPLY=($(compgen -W "$(_lokid_presets)" -- "$cur")) ;;
         bench) COMPREPLY=($(compgen -W "$(_lokid_presets) --full --predict --prompt --repeat --json" -- "$cur")) ;;
+        pull) COMPREPLY=($(compgen -W "--dir --json --no-wait --cancel" -- "$cur")) ;;
+        pulls) COMPREPLY=($(compgen -W "--json" -- "$cur")) ;;
         top) COMPREPLY=($(compgen -W "--once --json" -- "$cur")) ;;
         usage) COMPREPLY=($(compgen -W "--by --key --preset --since --until --json" -- "$cur")) ;;
         stats) COMPREPLY=($(compgen -W "$(_lokid_presets) --since --json" -- "$cur")) ;;
