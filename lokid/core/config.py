@@ -170,14 +170,21 @@ class Preset:
     aliases: tuple[str, ...] = ()   # other names clients ask for it by (lokid.core.aliases)
 
 
-def _path_setting(c: Checker, key: str, value: str) -> str:
-    """A model-like setting: a bare file name (looked up in model_dirs) or an absolute path."""
+def _path_setting(c: Checker, key: str, value: str, reference: bool = False) -> str:
+    """A model-like setting: a bare file name (looked up in model_dirs) or an absolute path;
+    for ``model`` (``reference``), also a hub reference a start pulls (:mod:`.pulled`)."""
     if not value.strip():
         raise c.error(key, "must not be empty")
     if "/" in value and not os.path.isabs(value):
+        if reference:
+            from .pulled import canonical
+
+            if canonical(value) is not None:
+                return value
         raise c.error(
             key, f"{value!r} is a relative path: use a bare file name found in model_dirs, "
-            "or an absolute path"
+            "an absolute path" + (", or a hub reference to pull (org/repo:Q4_K_M)"
+                                  if reference else "")
         )
     return value
 
@@ -268,7 +275,7 @@ def parse_preset_text(name: str, path: str, text: str) -> Preset:
             "missing required key 'model' (a file name found in model_dirs, or an absolute path)",
             path, None, "model",
         )
-    model = _path_setting(c, "model", model)
+    model = _path_setting(c, "model", model, reference=True)
     mmproj = c.string("mmproj")
     if mmproj is not None:
         mmproj = _path_setting(c, "mmproj", mmproj)
@@ -546,12 +553,17 @@ def load_presets(config_dir: str) -> tuple[dict[str, Preset], dict[str, ConfigEr
 def resolve_file(value: str, model_dirs: tuple[str, ...]) -> str | None:
     """Where a model-like setting points: an absolute path as is, a bare name in model_dirs.
 
-    A bare name is tried as given, then with ``.gguf`` added, in each
-    directory in order. ``None`` when nothing exists; the caller says what
-    that means for its setting.
+    A bare name is tried as given, then with ``.gguf`` added, in each directory in
+    order; a hub reference is the model its finished pull left. ``None`` when nothing
+    exists; the caller says what that means for its setting.
     """
     if os.path.isabs(value):
         return value if os.path.exists(value) else None
+    if "/" in value:   # a hub reference: where its pull left the model (lokid.core.pulled)
+        from .pulled import find
+
+        found = find(value, model_dirs)
+        return None if found is None else os.path.join(found[0], found[1].model)
     for directory in model_dirs:
         for candidate in (value, value + ".gguf"):
             path = os.path.join(directory, candidate)

@@ -83,6 +83,16 @@ class ModelError(LokiError):
     """A model file is missing, truncated, corrupt or not a GGUF file."""
 
 
+class ModelNotPulledError(ModelError):
+    """The preset names its model by a hub reference (``model = "org/repo:Q4_K_M"``) that
+    has not been pulled into ``directory`` yet (issue 48): no fault of the preset's, a
+    start pulls it first (:mod:`lokid.unit.pullfirst`)."""
+
+    def __init__(self, message: str, reference: str = "", directory: str = ""):
+        super().__init__(message)
+        self.reference, self.directory = reference, directory
+
+
 class EngineError(LokiError):
     """The engine binary is missing, not executable, or failed; or the preset's engine is
     not in the state a request needs (not ready for a benchmark, a job systemd refused)."""

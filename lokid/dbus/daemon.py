@@ -205,7 +205,7 @@ class Daemon:
         if self.registry.get(name).plan is None:
             await self._refresh(name)
             view = self.registry.get(name)
-            if view.plan is None:
+            if view.plan is None and not view.pulls_first:   # a start pulls its model first
                 raise view.failure()
 
     async def start(self, name: str) -> str:

@@ -31,6 +31,7 @@ from ..core.errors import (
     ConfigError,
     ExternalPresetError,
     LokiError,
+    ModelNotPulledError,
     NotFoundError,
     ProbePending,
     StateError,
@@ -110,6 +111,12 @@ class PresetView:
     @property
     def argv(self) -> list[str]:
         return list(self.plan.argv) if self.plan else []
+
+    @property
+    def pulls_first(self) -> bool:
+        """Its model is a hub reference not pulled yet (issue 48): no fault, a start pulls
+        it first (:mod:`lokid.unit.pullfirst`)."""
+        return self.plan is None and issubclass(self.error_type, ModelNotPulledError)
 
     def failure(self) -> LokiError:
         """Why the preset cannot start, as the error its planning raised."""
@@ -201,10 +208,11 @@ class Registry:
         BrokenPresets): the files that do not parse, and the valid ones whose next start
         cannot be planned as the unit would plan it (model missing, a port its user may
         not take, the port another preset holds). A probe of the engine still running is
-        no fault of a preset's: those wait for it, and are not listed."""
+        no fault of a preset's: those wait for it, and are not listed; nor is a model named
+        by a hub reference and not pulled yet, which a start pulls first."""
         out = {name: view.error for name, view in self.presets.items()
                if view.plan is None and view.external is None
-               and not issubclass(view.error_type, ProbePending)}
+               and not issubclass(view.error_type, ProbePending) and not view.pulls_first}
         out.update(self.broken)
         return dict(sorted(out.items()))
 

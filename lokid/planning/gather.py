@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 from ..core import access, conflicts, secrets
 from ..core import config as cfg
 from ..core.attempt import Mark, Verdict
-from ..core.errors import ConfigError, EngineError, ExternalPresetError, ModelError
+from ..core.errors import (
+    ConfigError,
+    EngineError,
+    ExternalPresetError,
+    ModelError,
+    ModelNotPulledError,
+)
 from ..core.external import nothing_runs
 from ..core.modelinfo import probe_model
 from ..core.plan import Plan, PlanInputs, build_plan, config_fingerprint
@@ -190,8 +196,35 @@ def _required_file(preset: cfg.Preset, key: str, value: str, dirs: tuple[str, ..
     return path
 
 
+def _pulled_mmproj(value: str, dirs: tuple[str, ...], user: access.User | None) -> str | None:
+    """The projector a hub reference's pull fetched with its model (issue 48), as llama.cpp's
+    ``-hf`` loads it: None when it fetched none (or the file has gone since)."""
+    from ..core.pulled import find
+
+    found = find(value, dirs)
+    if found is None or found[1].mmproj is None:
+        return None
+    path = os.path.join(found[0], found[1].mmproj)
+    if not os.path.isfile(path):
+        return None
+    refused = _unusable("mmproj", path, user)
+    if refused is not None:
+        raise ModelError(refused)
+    return path
+
+
 def _missing(preset: cfg.Preset, key: str, value: str,
              dirs: tuple[str, ...]) -> ConfigError | ModelError:
+    from ..core.pulled import canonical
+
+    reference = canonical(value) if key == "model" else None
+    if reference is not None:   # a hub reference not pulled yet: a start pulls it (issue 48)
+        if not dirs:
+            return ConfigError(f"{value!r} is a hub reference, pulled into the first of "
+                               "model_dirs, and lokid.toml sets none", preset.path, None, key)
+        return ModelNotPulledError(
+            f"{reference} is not pulled yet: a start pulls it into {dirs[0]} first "
+            f"(`lokictl pull {reference}` does it now)", reference, dirs[0])
     denied = _denied(value, dirs)
     if denied is not None:
         return ModelError(_unusable(key, denied, None) or f"{key} {denied}: permission denied")
@@ -277,6 +310,8 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     mmproj_path = None
     if preset.mmproj is not None:
         mmproj_path = _required_file(preset, "mmproj", preset.mmproj, dirs, user)
+    elif "/" in preset.model and not os.path.isabs(preset.model):
+        mmproj_path = _pulled_mmproj(preset.model, dirs, user)
 
     caps = probe_engine(glob.engine, glob.path, wait=probe_wait)
     if user is not None:

@@ -34,6 +34,9 @@ from __future__ import annotations
 import os
 
 SUFFIX = ".prestart"
+# Not a refusal: the model is a hub reference not pulled yet (issue 48), and the engine
+# step, the unit's main process, pulls it (its progress is STATUS=), then plans itself.
+PULL_FIRST = 1000
 
 
 class Planned:

@@ -27,6 +27,9 @@ Rules, each for the failure it prevents:
   gives it.
 - **The room for the whole pull is checked before the first byte**: a model of several
   shards must not fill the disk at shard three of four.
+- **A manifest is written last** (``<dir>/.lokid-pulled/``, :mod:`lokid.core.pulled`): a
+  preset naming the reference (``model = "org/repo:Q4_K_M"``) finds its files by it, and
+  never before every file is in place.
 """
 
 from __future__ import annotations
@@ -202,6 +205,7 @@ class Worker:
                 try:
                     plan = self._resolve(client, ref)
                     self._fetch(client, plan)
+                    _write_manifest(self.directory, plan)
                 except PullError as e:
                     tries = 0 if self.reporter.status.done > before else tries + 1
                     if not e.retry:
@@ -290,6 +294,22 @@ def main(reference: str, directory: str, status_path: str | None, retries: int) 
     worker = Worker(reference, directory, reporter, endpoint=endpoint, token=read_token(),
                     retries=retries)
     return worker.run()
+
+
+def _write_manifest(directory: str, plan: pullref.PullPlan) -> None:
+    """What a preset naming this reference loads (:mod:`lokid.core.pulled`), written once
+    every file is in place; a failure to write it is the pull's (the files alone would be
+    a model no preset finds by its reference)."""
+    from ..core import pulled
+
+    mmproj = next((f.name for f in plan.files if f.role == "mmproj"), None)
+    path = pulled.manifest_path(directory, str(plan.reference))
+    os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(pulled.manifest_text(pulled.Pulled(str(plan.reference), plan.model_name,
+                                                   mmproj)))
+    os.replace(tmp, path)
 
 
 def _origin(url: str) -> str:

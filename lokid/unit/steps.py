@@ -10,38 +10,36 @@ the planning step:
    (:class:`lokid.core.runtimeplan.RuntimePlan`) to ``$LOKI_RUNTIME_DIR/<preset>.json``.
    A restart that nothing changed, of a plan with nothing to settle, is decided before
    this module is imported (:mod:`lokid.unit.keptstart`): ``engine`` takes the kept plan;
-3. leave the outcome to ``engine`` (:mod:`lokid.store.handoff`). A start that
-   must not run is logged and handed over as refused, and the step exits 0:
-   systemd reads ``RestartPreventExitStatus=`` from the main process only and
-   shows only its STATUS= (``NotifyAccess=main``), so ``engine`` exits
-   :data:`~lokid.core.crashloop.EXIT_CONFIG` or
-   :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
+3. leave the outcome to ``engine`` (:mod:`lokid.store.handoff`). A start that must not
+   run is logged and handed over as refused, and the step exits 0: systemd reads
+   ``RestartPreventExitStatus=`` from the main process only and shows only its STATUS=
+   (``NotifyAccess=main``), so ``engine`` exits :data:`~lokid.core.crashloop.EXIT_CONFIG`
+   or :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
 
 A SIGTERM while it plans (a stop or restart) ends it at once with status 0
 (:class:`_StopGuard`): systemd counts a control process killed by its own SIGTERM as
 ``failed (signal)``. Between setting the token and writing the plan, the stop waits.
 
-``engine`` is the unit's main process: its STATUS= lines and exit status are
-what ``systemctl status`` shows. It runs the plan its prestart step wrote (or,
-when none ran for this start, as under the daemon's local runner, plans first
-the same way) and supervises llama-server (:mod:`lokid.unit.supervisor`); on
-READY it clears its own attempt token (the next start of the same
-configuration may try again), marks the start ready and keeps the plan for
-reuse. An engine that exits before it was ready because it refuses its own
-command line (:mod:`lokid.unit.argcheck`) ends the start as a config error.
+``engine`` is the unit's main process: its STATUS= lines and exit status are what
+``systemctl status`` shows. It runs the plan its prestart step wrote (or, when none ran
+for this start, as under the daemon's local runner, plans first the same way; or pulls a
+model named by its hub reference first, :mod:`lokid.unit.pullfirst`) and supervises
+llama-server (:mod:`lokid.unit.supervisor`); on READY it clears its own attempt token
+(the next start of the same configuration may try again), marks the start ready and
+keeps the plan for reuse. An engine that exits before it was ready because it refuses
+its own command line (:mod:`lokid.unit.argcheck`) ends the start as a config error.
 
-The state DB never stops a start nor a healthy engine (:mod:`lokid.store.state`):
-a start that cannot set its token runs without automatic speculation and says
-why; a token that cannot be cleared at READY (or at a stop while loading) is
-noted in the runtime directory instead (:func:`~lokid.store.state.note_cleared`)
-and the next start counts it as cleared; either is one journal line.
+The state DB never stops a start nor a healthy engine (:mod:`lokid.store.state`): a
+start that cannot set its token runs without automatic speculation and says why; a token
+that cannot be cleared at READY (or at a stop while loading) is noted in the runtime
+directory instead (:func:`~lokid.store.state.note_cleared`) and the next start counts it
+as cleared; either is one journal line.
 
-``stopped`` reads how systemd ended the start (``$SERVICE_RESULT``,
-``$EXIT_CODE``, ``$EXIT_STATUS``): a failure is recorded for the crash-loop
-rule; a clean stop (the operator's, shutdown, ``apt remove``) while an
-automatic launch was loading clears its attempt token, since a stop is not
-the launch failing. A crash, a hang (watchdog) or a start timeout leaves the
-token, and the next start cuts automatic speculation.
+``stopped`` reads how systemd ended the start (``$SERVICE_RESULT``, ``$EXIT_CODE``,
+``$EXIT_STATUS``): a failure is recorded for the crash-loop rule; a clean stop (the
+operator's, shutdown, ``apt remove``) while an automatic launch was loading clears its
+attempt token, since a stop is not the launch failing. A crash, a hang (watchdog) or a
+start timeout leaves the token, and the next start cuts automatic speculation.
 
 Planning and state modules are imported where used: both steps are on the path to
 READY, and ``engine`` with a plan handed over imports neither before the spawn. A start
@@ -354,7 +352,7 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
         else:
             left = _plan_start(config_dir, state_dir, runtime_dir, name, invocation)
         if isinstance(left, handoff.Refused):
-            journal_log(name, left.message, priority=3)
+            journal_log(name, left.message, priority=3 if left.status != handoff.PULL_FIRST else 5)
             handoff.write_refused(runtime_dir, name, invocation, left)
         else:
             handoff.write_planned(runtime_dir, name, invocation, left)
@@ -373,7 +371,7 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     import time
 
     from ..core.crashloop import EXIT_CONFIG
-    from ..core.errors import LokiError
+    from ..core.errors import LokiError, ModelNotPulledError
     from ..store import handoff
 
     planned_at = time.time_ns()
@@ -383,6 +381,8 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         planned = _prestart(config_dir, state_dir, runtime_dir, name, log_notes=False)
     except WorkersDown as e:   # restarted by the unit: a worker may come back
         return handoff.Refused(EXIT_WORKERS, str(e))
+    except ModelNotPulledError as e:   # the engine step pulls it (lokid.unit.pullfirst)
+        return handoff.Refused(handoff.PULL_FIRST, str(e))
     except LokiError as e:
         return handoff.Refused(EXIT_CONFIG, str(e))
     from ..store.plancache import inputs_paths
@@ -392,12 +392,13 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
 
 
 def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
-           spawn: Callable[[list[str], dict[str, str]], Any] | None = None) -> int:
+           spawn: Callable[[list[str], dict[str, str]], Any] | None = None,
+           pulled: bool = False) -> int:
     """Supervise the engine of this invocation, as its prestart step planned it (or plan
-    first, when none ran: the daemon's local runner); the exit status for systemd.
-    ``spawn``: how the engine is started (:func:`lokid.unit.supervisor.supervise`)."""
+    first, when none ran: the local runner; or once its model is pulled: ``pulled``); the
+    exit status for systemd. ``spawn``: how the engine starts (``supervisor.supervise``)."""
     from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
-    from ..core.errors import LokiError
+    from ..core.errors import LokiError, ModelNotPulledError
     from ..host.notify import Notifier
     from ..store import handoff
 
@@ -410,7 +411,7 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
         journal_log("", str(e), priority=3)
         return EXIT_CONFIG
     left = handoff.read(runtime_dir, name, invocation)
-    if isinstance(left, handoff.Refused):  # logged by the prestart step
+    if isinstance(left, handoff.Refused) and left.status != handoff.PULL_FIRST:  # logged
         notifier.send(f"STATUS={left.message}")
         return left.status
     import time
@@ -448,6 +449,12 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
 
             engine_env = {**rp.env, **secret_env(rp.secrets)}
     except LokiError as e:
+        if isinstance(e, ModelNotPulledError) and not pulled:   # pulled first (issue 48)
+            from .pullfirst import pull_first
+
+            if (failed := pull_first(e, notifier, config_dir)) is None:
+                return engine(config_dir, state_dir, runtime_dir, name, spawn, pulled=True)
+            e = failed
         notifier.send(f"STATUS={e}")
         journal_log(name, str(e), priority=3)
         return EXIT_WORKERS if isinstance(e, WorkersDown) else EXIT_CONFIG

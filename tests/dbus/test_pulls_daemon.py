@@ -144,7 +144,8 @@ async def test_a_pull_puts_the_model_and_its_mmproj_in_place_with_progress(
     assert reports[-1]["state"] == "done"
     assert "tiny-Q4_K_M.gguf" in reports[-1]["detail"]
     src = hub_root / "org" / "tiny-GGUF"
-    assert sorted(p.name for p in models.iterdir()) == ["mmproj-tiny-F16.gguf",
+    assert sorted(p.name for p in models.iterdir()) == [".lokid-pulled",
+                                                        "mmproj-tiny-F16.gguf",
                                                         "tiny-Q4_K_M.gguf"]
     for name in ("tiny-Q4_K_M.gguf", "mmproj-tiny-F16.gguf"):
         assert sha(models / name) == sha(src / name)
