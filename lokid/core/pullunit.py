@@ -23,6 +23,10 @@ failure it prevents:
 - **Nice=10**: a pull of tens of GiB must not slow the engines answering beside it;
 - **a bounded memory** (``MemoryMax=``): the worker streams 1 MiB chunks, so more than
   that bound is a fault (a listing of a hostile mirror), which stops here.
+
+A D-Bus struct's value is a list, never a tuple: Debian 12's dbus-fast 1.84 refused the
+tuple (``SignatureBodyMismatchError``) and every pull there failed before its unit existed
+(found under systemd 252 by tests/packaging/test_pull_systemd.py).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def properties(argv: list[str], *, directory: str, status_dir: str, user: str,
     props: list[tuple[str, str, Any]] = [
         ("Description", "s", f"lokid model pull {reference[:200]}"),
         ("Type", "s", "exec"),
-        ("ExecStart", "a(sasb)", [(argv[0], argv, False)]),
+        ("ExecStart", "a(sasb)", [[argv[0], argv, False]]),
         ("User", "s", user),
         ("Group", "s", user),
         ("NotifyAccess", "s", "main"),          # STATUS= progress for systemctl status
@@ -77,7 +81,7 @@ def properties(argv: list[str], *, directory: str, status_dir: str, user: str,
         ("PrivateDevices", "b", True),
         ("NoNewPrivileges", "b", True),
         ("CapabilityBoundingSet", "t", 0),
-        ("RestrictAddressFamilies", "(bas)", (True, ["AF_INET", "AF_INET6", "AF_UNIX"])),
+        ("RestrictAddressFamilies", "(bas)", [True, ["AF_INET", "AF_INET6", "AF_UNIX"]]),
         ("RestrictSUIDSGID", "b", True),
         ("RestrictRealtime", "b", True),
         ("LockPersonality", "b", True),
@@ -92,5 +96,5 @@ def properties(argv: list[str], *, directory: str, status_dir: str, user: str,
     if endpoint:
         props.append(("Environment", "as", [f"HF_ENDPOINT={endpoint}"]))
     if token_file:
-        props.append(("LoadCredential", "a(ss)", [(TOKEN_CREDENTIAL, token_file)]))
+        props.append(("LoadCredential", "a(ss)", [[TOKEN_CREDENTIAL, token_file]]))
     return props

@@ -13,7 +13,8 @@ Rules, each for a failure it prevents:
 - **the directory is the first of ``model_dirs`` unless the caller names one**, absolute
   and existing: a model pulled where no preset looks would be a model nobody can start;
 - **one pull per (directory, reference)**: a second call while it runs is Busy and names
-  the unit (the unit name is derived from both);
+  the unit (the unit name is derived from both); whether it runs is read at the call, not
+  taken from the last turn of the follower (a pull again right after a cancel was Busy);
 - **a pull outlives its client and the daemon**: lokictl may leave (Ctrl-C) and the daemon
   may restart; at its start the daemon follows again every status file whose pull is not
   over and whose unit still runs;
@@ -136,6 +137,10 @@ class PullsInterface(ServiceInterface):
         text = str(ref)
         pull_id = pullunit.unit_id(text, directory)
         live = self.pulls.get(pull_id)
+        if live is not None and live.status.state not in FINAL:
+            # read now, not at the follower's next turn: a pull cancelled or failed a
+            # moment ago is over, and pulling again at once must resume it, not be Busy
+            await self._read(live)
         if live is not None and live.status.state not in FINAL:
             raise BusyError(f"{text} is already being pulled into {directory} "
                             f"({live.unit}): lokictl pull --cancel {live.unit} stops it")

@@ -38,16 +38,17 @@ def test_the_unit_writes_only_its_directory_and_runs_as_loki_without_capabilitie
     assert p["ReadWritePaths"] == ("as", ["/srv/models", "/run/loki/pulls"])
     assert p["CapabilityBoundingSet"] == ("t", 0)
     assert p["NoNewPrivileges"] == ("b", True)
-    assert p["RestrictAddressFamilies"] == ("(bas)", (True, ["AF_INET", "AF_INET6", "AF_UNIX"]))
+    # lists, not tuples: Debian 12's dbus-fast 1.84 refuses a tuple for a struct
+    assert p["RestrictAddressFamilies"] == ("(bas)", [True, ["AF_INET", "AF_INET6", "AF_UNIX"]])
     sig, execs = p["ExecStart"]
-    assert sig == "a(sasb)" and execs == [("/usr/bin/python3", ["/usr/bin/python3", "-m",
-                                                                "lokid", "pull-worker"], False)]
+    assert sig == "a(sasb)" and execs == [["/usr/bin/python3", ["/usr/bin/python3", "-m",
+                                                                "lokid", "pull-worker"], False]]
     assert "Environment" not in p and "LoadCredential" not in p
 
 
 def test_the_token_is_a_credential_and_the_mirror_is_passed_on() -> None:
     p = props(endpoint="https://mirror.example/hf", token_file="/etc/loki/hf-token")
-    assert p["LoadCredential"] == ("a(ss)", [("hf-token", "/etc/loki/hf-token")])
+    assert p["LoadCredential"] == ("a(ss)", [["hf-token", "/etc/loki/hf-token"]])
     assert p["Environment"] == ("as", ["HF_ENDPOINT=https://mirror.example/hf"])
     # never the token's content anywhere: only its path
     assert all("hf_" not in str(v) for _, v in p.values())
