@@ -38,9 +38,6 @@ HUB_ROOT = "/srv/hub-cockpit"
 HUB_UNIT = "loki-hubstand-cockpit.service"
 DROPIN = "/etc/systemd/system/lokid.service.d/90-hf-test.conf"
 DAEMON = "lokid.service"
-# The pull's unit runs `python3 -m lokid pull-worker` as the daemon's interpreter runs lokid:
-# the package puts lokid in dist-packages; here the repository is made importable so.
-PTH = "/usr/lib/python3/dist-packages/zz-lokid-test.pth"
 REFERENCE = "org/tiny:Q4_K_M"
 MODEL = "x-Q4_K_M.gguf"
 SIZE = 6 << 20
@@ -112,13 +109,12 @@ def hub(cockpit_site: Any, lokid_site: LokidSystem) -> Iterator[Hub]:
             except (OSError, urllib.error.URLError):
                 return False
         until("the hub stand-in answering", answers, 30)
-        ct.write_file(PTH, "/opt/lokid\n")
         ct.write_file(DROPIN, f"[Service]\nEnvironment=HF_ENDPOINT={base}\n")
         restart_daemon(ct)
         yield Hub(base, hashlib.sha256(model).hexdigest())
     finally:
         ct.systemctl("stop", HUB_UNIT, check=False)
-        ct.run(["rm", "-rf", "--", DROPIN, HUB_ROOT, PTH], check=False)
+        ct.run(["rm", "-rf", "--", DROPIN, HUB_ROOT], check=False)
         restart_daemon(ct)
 
 

@@ -53,6 +53,7 @@ GENERATOR = "lokid-engine-generator"
 DAEMON_UNIT = "lokid.service"
 BUS_NAME = "org.lokid.Lokid1"
 
+PTH = "/usr/lib/python3/dist-packages/zz-lokid-test.pth"
 # A stand-in for the Debian package's /usr/bin/lokid: Debian's own python3 and
 # libraries (python3-systemd, ...) run the repository's code.
 LOKID_WRAPPER = f"""#!/bin/sh
@@ -100,6 +101,10 @@ class LokidSystem:
         ct = self.ct
         ct.write_file("/usr/bin/lokid", LOKID_WRAPPER, mode=0o755)
         ct.write_file("/usr/bin/lokictl", LOKICTL_WRAPPER, mode=0o755)
+        # lokid importable by Debian's python3 itself, as the package's dist-packages makes
+        # it: a model pull's transient unit runs `python3 -m lokid pull-worker` (the
+        # daemon's interpreter), with no wrapper's PYTHONPATH on the way
+        ct.write_file(PTH, f"{INSIDE_REPO}\n")
         # The user as the package creates it: in video and render (the GPU device
         # nodes' groups, which the unit's SupplementaryGroups= needs), render made
         # if missing (Debian creates it with udev, which a minimal container lacks).
