@@ -139,8 +139,10 @@ class PullsInterface(ServiceInterface):
         live = self.pulls.get(pull_id)
         if live is not None and live.status.state not in FINAL:
             # read now, not at the follower's next turn: a pull cancelled or failed a
-            # moment ago is over, and pulling again at once must resume it, not be Busy
-            await self._read(live)
+            # moment ago is over, and pulling again at once must resume it, not be Busy.
+            # Quietly: the new pull's unit has the same name, and its caller, listening
+            # already, would take the old pull's last word ("stopped") for its own.
+            await self._read(live, quiet=True)
         if live is not None and live.status.state not in FINAL:
             raise BusyError(f"{text} is already being pulled into {directory} "
                             f"({live.unit}): lokictl pull --cancel {live.unit} stops it")
@@ -195,7 +197,7 @@ class PullsInterface(ServiceInterface):
                 if pull.ended_at is not None and now - pull.ended_at > KEEP_DONE:
                     del self.pulls[key]
 
-    async def _read(self, pull: PullEntry) -> None:
+    async def _read(self, pull: PullEntry, quiet: bool = False) -> None:
         status = read_status(pull.status_file)
         if status is None or status.state not in FINAL:
             alive = await self.launcher().alive(pull.id)
@@ -213,8 +215,8 @@ class PullsInterface(ServiceInterface):
         before = pull.status
         status.reference, status.directory = pull.reference, pull.directory
         pull.status = status
-        if (status.state, status.done, status.detail) != (before.state, before.done,
-                                                          before.detail):
+        if not quiet and (status.state, status.done, status.detail) != (
+                before.state, before.done, before.detail):
             self._signal(pull)
         if status.state in FINAL:
             pull.ended_at = time.monotonic()

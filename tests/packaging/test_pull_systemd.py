@@ -30,7 +30,12 @@ know would refuse the whole StartTransientUnit), started by Debian 12's dbus-fas
 What this found, fixed in the product: on Debian 12 every pull failed before its unit
 existed (dbus-fast 1.84 refuses a tuple as a struct's value: lokid.core.pullunit now gives
 lists); a pull again right after ``--cancel`` was refused as Busy until the daemon's next
-read of the status file (lokid.dbus.pulls now reads it at the call).
+read of the status file (lokid.dbus.pulls now reads it at the call, quietly: the old
+pull's "stopped", signalled under the unit name the new pull reuses, ended the new
+``lokictl pull`` at once). Found and not fixed here (marked xfail, strict): a preset whose
+model is a hub reference pulls in its engine's own process when that can write the
+directory, which /var/lib/loki/models is to the engine unit, so the daemon's HF_ENDPOINT
+and token are never used.
 """
 
 from __future__ import annotations
@@ -402,6 +407,38 @@ def test_a_preset_on_the_pulled_model_starts_and_becomes_ready(site: Site) -> No
     ct.wait_for("loki-engine@pulled.service", "active", timeout=120)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as h:
         assert h.status == 200
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "lokid.unit.pullfirst pulls in the engine's own process whenever it can write the "
+    "directory, and the engine unit can write /var/lib/loki: that pull knows neither the "
+    "daemon's HF_ENDPOINT nor the token, and asks huggingface.co (found here, issue 48)"))
+def test_a_preset_naming_a_hub_reference_is_pulled_by_its_start(site: Site) -> None:
+    ct = site.ct
+    port = free_port()
+    seen = len(requests_log(site.hub))
+    ct.write_file("/etc/loki/presets/byref.toml",
+                  f'port = {port}\nctx = 2048\nmodel = "org/tiny:F16"\n')
+    assert "tiny-F16.gguf" not in listing(ct, MODELS)
+    unit = "loki-engine@byref.service"
+    ct.systemctl("start", "--no-block", unit)
+    try:
+        def asked() -> list[dict[str, Any]]:
+            return [e for e in requests_log(site.hub)[seen:] if e["path"].startswith("/api/")]
+        try:
+            fetched = until("the start's pull asking the mirror", asked, 30, 0.5)
+        except AssertionError as e:
+            said = ct.show(unit, "StatusText")["StatusText"]
+            raise AssertionError(f"{e}; {unit} says: {said}") from None
+        assert all(e["auth"] for e in fetched), fetched
+        ct.wait_for(unit, "active", timeout=120)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as h:
+            assert h.status == 200
+        files = listing(ct, MODELS)
+        assert files["tiny-F16.gguf"][0] == "loki", files
+        assert sha_of(ct, f"{MODELS}/tiny-F16.gguf") == site.sha["tiny-F16.gguf"]
+    finally:
+        ct.systemctl("stop", unit, check=False, timeout=60)
 
 
 def test_a_pull_runs_under_debian_12s_systemd(tmp_path_factory: pytest.TempPathFactory
