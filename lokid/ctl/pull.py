@@ -137,7 +137,9 @@ async def cmd_pull(c: Client, args: argparse.Namespace) -> int:
     if not args.json:
         print(f"pulling {args.reference} ({unit})", file=sys.stderr)
     for u, state, done, total, detail in early:
-        if u == follower.unit:
+        # a final word before the reply is an earlier pull's of the same unit (a pull again
+        # right after a cancel): this one's end comes after its start (or from ListPulls)
+        if u == follower.unit and state not in FINAL:
             follower.report(state, done, total, detail)
     try:
         while follower.final is None:

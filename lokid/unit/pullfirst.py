@@ -6,10 +6,11 @@ the first of ``model_dirs``, then plans and starts as usual. Rules, each for the
 prevents:
 
 - **under the engine's unit the daemon pulls it** (``Pull`` over the system bus; the
-  unit's user, loki, holds the manage right by group): the unit sees ``model_dirs``
-  read-only, and the pull's own unit is the one sandboxed to write there. Where this
-  process can write the directory itself (the daemon's local runner, a start by hand),
-  it pulls here, with the same worker and the same rules;
+  unit's user, loki, holds the manage right by group), always: the daemon's pull unit
+  has the mirror (the daemon's ``HF_ENDPOINT``) and the token (root's file, as a
+  credential), which this unit has not; and a ``model_dirs`` this unit can write (its
+  own ``/var/lib/loki/models``) must not make it pull past them. Under the daemon's local
+  runner or by hand (no systemd unit), it pulls here, with the same worker and rules;
 - **the progress is the unit's STATUS=** ("pulling org/repo:Q4_K_M: 35% …"), which the
   daemon's preset ``Status``, ``lokictl status`` and the gateway's waiting requests read,
   and each report extends the start's timeout (``EXTEND_TIMEOUT_USEC``): a 40 GB pull
@@ -42,12 +43,14 @@ def pull_first(error: ModelNotPulledError, notifier: Notifier,
         notifier.send(f"STATUS=pulling {error.reference}: {text}",
                       f"EXTEND_TIMEOUT_USEC={EXTEND_US}")
 
+    from .supervisor import PARENT_PID
+
     relay("starting")
     try:
-        if os.access(error.directory, os.W_OK | os.X_OK):
-            _here(error, relay, config_dir)
+        if "NOTIFY_SOCKET" in os.environ and not os.environ.get(PARENT_PID):
+            asyncio.run(_through_daemon(error, relay))   # systemd's engine unit
         else:
-            asyncio.run(_through_daemon(error, relay))
+            _here(error, relay, config_dir)
     except LokiError as e:
         return e
     return None
@@ -74,15 +77,15 @@ def _here(error: ModelNotPulledError, relay: Any, config_dir: str) -> None:
 
 async def _through_daemon(error: ModelNotPulledError, relay: Any) -> None:
     from dbus_fast import BusType, DBusError, Message, MessageType
+    from dbus_fast.aio import MessageBus
 
     from ..core.errors import BUSY
     from ..core.names import BUS_NAME, OBJECT_PATH, PULLS_INTERFACE
-    from ..dbus.wire import SafeMessageBus
     from ..host.buscall import call
     from ..unit.pullworker import FINAL, describe
 
     try:
-        bus = await SafeMessageBus(bus_type=BusType.SYSTEM).connect()
+        bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
     except (OSError, ValueError) as e:
         raise ModelError(f"cannot ask lokid to pull {error.reference}: {e}") from None
     reports: list[tuple[str, str, int, int, str]] = []

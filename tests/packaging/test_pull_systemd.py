@@ -32,10 +32,12 @@ existed (dbus-fast 1.84 refuses a tuple as a struct's value: lokid.core.pullunit
 lists); a pull again right after ``--cancel`` was refused as Busy until the daemon's next
 read of the status file (lokid.dbus.pulls now reads it at the call, quietly: the old
 pull's "stopped", signalled under the unit name the new pull reuses, ended the new
-``lokictl pull`` at once). Found and not fixed here (marked xfail, strict): a preset whose
-model is a hub reference pulls in its engine's own process when that can write the
-directory, which /var/lib/loki/models is to the engine unit, so the daemon's HF_ENDPOINT
-and token are never used.
+``lokictl pull`` at once); a preset whose model is a hub reference was pulled in its
+engine's own process, which can write /var/lib/loki/models, with neither the daemon's
+HF_ENDPOINT nor its token (lokid.unit.pullfirst now always asks the daemon under systemd).
+The preset names one file (``org/tiny/tiny-F16.gguf``): a quantisation reference would
+fetch the stand-in's mmproj too, a llama file that is no projector, and planned with
+``--mmproj`` the engine would refuse it.
 """
 
 from __future__ import annotations
@@ -409,16 +411,12 @@ def test_a_preset_on_the_pulled_model_starts_and_becomes_ready(site: Site) -> No
         assert h.status == 200
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lokid.unit.pullfirst pulls in the engine's own process whenever it can write the "
-    "directory, and the engine unit can write /var/lib/loki: that pull knows neither the "
-    "daemon's HF_ENDPOINT nor the token, and asks huggingface.co (found here, issue 48)"))
 def test_a_preset_naming_a_hub_reference_is_pulled_by_its_start(site: Site) -> None:
     ct = site.ct
     port = free_port()
     seen = len(requests_log(site.hub))
     ct.write_file("/etc/loki/presets/byref.toml",
-                  f'port = {port}\nctx = 2048\nmodel = "org/tiny:F16"\n')
+                  f'port = {port}\nctx = 2048\nmodel = "org/tiny/tiny-F16.gguf"\n')
     assert "tiny-F16.gguf" not in listing(ct, MODELS)
     unit = "loki-engine@byref.service"
     ct.systemctl("start", "--no-block", unit)
