@@ -73,6 +73,16 @@ window.lokid = (function () {
         return !!ex && ex.name === PERMISSION_DENIED;
     }
 
+    // An error that says the daemon has no such interface or method: an older lokid,
+    // whose cards for it hide (keys, pulls).
+    const MISSING = ["org.freedesktop.DBus.Error.UnknownMethod",
+        "org.freedesktop.DBus.Error.UnknownInterface",
+        "org.freedesktop.DBus.Error.UnknownObject"];
+
+    function missing(ex) {
+        return !!ex && MISSING.includes(ex.name);
+    }
+
     // The daemon's errors carry a message written for the operator (polkit's
     // refusal included); a transport problem has only Cockpit's problem code.
     function describe(ex) {
@@ -172,6 +182,7 @@ window.lokid = (function () {
         plain,
         describe,
         refused,
+        missing,
         showError,
         clearError,
         act,

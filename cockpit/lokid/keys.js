@@ -21,13 +21,10 @@
 "use strict";
 
 (function () {
-    const { client, $, el, plain, refused, describe } = lokid;
+    const { client, $, el, plain, refused, describe, missing } = lokid;
     const KEYS = "org.lokid.Lokid1.Keys";
     const PATH = "/org/lokid/Lokid1";
     const ACTION = "org.lokid.lokid1.manage-keys";
-    const MISSING = ["org.freedesktop.DBus.Error.UnknownMethod",
-        "org.freedesktop.DBus.Error.UnknownInterface",
-        "org.freedesktop.DBus.Error.UnknownObject"];
     // ListKeys' and AddKey's limit names, and how a row says them
     const LIMITS = [["max_in_flight", "in flight"], ["requests_per_minute", "requests/min"],
         ["tokens_per_minute", "tokens/min"], ["tokens_per_day", "tokens/day"],
@@ -109,7 +106,7 @@
 
     // Refused, no keys file, a broken one: the daemon's words instead of the list.
     function unlisted(ex) {
-        if (MISSING.includes(ex && ex.name)) {
+        if (missing(ex)) {
             $("lk-keys").hidden = true;
             return;
         }

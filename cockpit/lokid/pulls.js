@@ -23,13 +23,10 @@
 "use strict";
 
 (function () {
-    const { client, $, el, plain, refused, describe } = lokid;
+    const { client, $, el, plain, refused, describe, missing } = lokid;
     const PULLS = "org.lokid.Lokid1.Pulls";
     const PATH = "/org/lokid/Lokid1";
     const ACTION = "org.lokid.lokid1.manage";
-    const MISSING = ["org.freedesktop.DBus.Error.UnknownMethod",
-        "org.freedesktop.DBus.Error.UnknownInterface",
-        "org.freedesktop.DBus.Error.UnknownObject"];
     const FINAL = ["done", "failed", "stopped"];
     const SAYS_DETAIL = ["waiting", "failed", "stopped"];
     const pulls = new Map();    // unit -> ListPulls' row, updated by PullProgress
@@ -204,7 +201,7 @@
                     draw();
                 })
                 .catch(ex => {
-                    read = !MISSING.includes(ex && ex.name);    // else an older lokid
+                    read = !missing(ex);    // else an older lokid
                     draw();
                     if (read)
                         failed("ListPulls", ex);

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import time
-import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 from support.cockpitkit import Browser
 from support.enginekit import free_port
-from support.hubstand import requests_log, set_faults
+from support.hubstand import set_faults, start_in_container
 from support.lokid_install import LokidSystem
 from support.systemd_harness import Container
 
@@ -97,18 +96,8 @@ def hub(cockpit_site: Any, lokid_site: LokidSystem) -> Iterator[Hub]:
     model = b"GGUF" + os.urandom(SIZE - 4)
     ct.write_file(f"{HUB_ROOT}/org/tiny/{MODEL}", model)
     port = free_port()
-    base = f"http://127.0.0.1:{port}"   # the container shares the host's network
-    ct.systemctl("reset-failed", HUB_UNIT, check=False)
-    ct.run(["systemd-run", f"--unit={HUB_UNIT}", "--property=Type=exec", "--",
-            "/usr/bin/python3", HUB_SCRIPT, "--root", HUB_ROOT, "--port", str(port)])
     try:
-        def answers() -> bool:
-            try:
-                requests_log(base)
-                return True
-            except (OSError, urllib.error.URLError):
-                return False
-        until("the hub stand-in answering", answers, 30)
+        base = start_in_container(ct, HUB_SCRIPT, HUB_ROOT, port, HUB_UNIT)
         ct.write_file(DROPIN, f"[Service]\nEnvironment=HF_ENDPOINT={base}\n")
         restart_daemon(ct)
         yield Hub(base, hashlib.sha256(model).hexdigest())

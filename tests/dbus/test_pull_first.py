@@ -25,7 +25,7 @@ import pytest
 from support import REPO
 from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
-from support.hubstand import start_hub, stop_hub
+from support.hubstand import hub_running
 from support.models import write_llama
 
 from lokid.core import pulled
@@ -43,13 +43,10 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     vision.mkdir(parents=True)
     write_llama(vision / "vision-Q8_0.gguf")
     write_llama(vision / "mmproj-vision-F16.gguf", n_embd=32)
-    proc, base = start_hub(root)
-    # the daemon's environment, which its local runner's engine steps inherit
-    monkeypatch.setenv("HF_ENDPOINT", base)
-    try:
+    with hub_running(root) as base:
+        # the daemon's environment, which its local runner's engine steps inherit
+        monkeypatch.setenv("HF_ENDPOINT", base)
         yield base
-    finally:
-        stop_hub(proc)
 
 
 @pytest.fixture

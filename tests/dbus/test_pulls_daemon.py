@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,8 @@ from support import REPO
 from support.apidoc import documented, members
 from support.daemonkit import Running
 from support.enginekit import write_config
-from support.hubstand import requests_log, set_faults, start_hub, stop_hub
+from support.gatewaykit import until
+from support.hubstand import hub_running, requests_log, set_faults
 from support.models import write_llama
 
 from lokid.core.names import PULLS_INTERFACE
@@ -63,11 +63,8 @@ def hub_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def hub(hub_root: Path) -> Iterator[str]:
-    proc, base = start_hub(hub_root)
-    try:
+    with hub_running(hub_root) as base:
         yield base
-    finally:
-        stop_hub(proc)
 
 
 @pytest.fixture
@@ -103,16 +100,6 @@ async def pulls_iface(running: Running) -> Any:
     from lokid.core.names import OBJECT_PATH
 
     return await running.iface(OBJECT_PATH, PULLS_INTERFACE)
-
-
-async def until(what: str, check: Any, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await check()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not {what} after {timeout} s")
 
 
 def rows(listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -176,7 +163,7 @@ async def test_a_cancelled_pull_keeps_its_part_and_the_next_resumes(
 
     async def half() -> bool:
         return part.exists() and part.stat().st_size > (1 << 20)
-    await until("a megabyte in the part", half)
+    await until(half, 60, "a megabyte in the part")
     # the same pull again while it runs: refused, naming the unit
     code, _, err = await lokictl(bus_address, "pull", "org/big-GGUF")
     assert code == 1 and unit in err and "already being pulled" in err, err
@@ -186,7 +173,7 @@ async def test_a_cancelled_pull_keeps_its_part_and_the_next_resumes(
     async def stopped() -> Any:
         got = [r for r in rows(await pulls.call_list_pulls()) if r["unit"] == unit]
         return got if got and got[0]["state"] == "stopped" else None
-    (row,) = await until("stopped", stopped)
+    (row,) = await until(stopped, 60, "stopped")
     assert "pull again to resume" in row["detail"]
     kept = part.stat().st_size
     assert kept > (1 << 20) and not (models / "big-Q4_K_M.gguf").exists()
@@ -237,12 +224,9 @@ async def test_a_bad_reference_or_directory_is_refused_before_any_unit(
 
 @pytest.fixture
 def gated(hub_root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    proc, base = start_hub(hub_root, token=TOKEN)
-    monkeypatch.setenv("HF_ENDPOINT", base)
-    try:
+    with hub_running(hub_root, token=TOKEN) as base:
+        monkeypatch.setenv("HF_ENDPOINT", base)
         yield base
-    finally:
-        stop_hub(proc)
 
 
 async def test_a_gated_model_needs_the_token_file_which_goes_nowhere_else(
@@ -285,12 +269,12 @@ async def test_a_worker_killed_without_a_last_word_is_reported_failed(
             data = json.loads(status_file.read_text())
             return data if data.get("state") == "fetching" else None
         return None
-    pid = (await until("fetching", fetching))["pid"]
+    pid = (await until(fetching, 60, "fetching"))["pid"]
     os.kill(pid, signal.SIGKILL)   # the OOM killer's way: no "stopped", no "failed"
 
     async def failed() -> Any:
         got = [r for r in rows(await pulls.call_list_pulls()) if r["unit"] == unit]
         return got if got and got[0]["state"] == "failed" else None
-    (row,) = await until("failed", failed, 30)
+    (row,) = await until(failed, 30, "failed")
     assert "ended before the pull did" in row["detail"] and "resume" in row["detail"]
     assert (models / "big-Q4_K_M.gguf.part").exists()   # kept for the next pull

@@ -57,7 +57,7 @@ from typing import Any
 import pytest
 from support.debpkg import TARGET, Build, cached_build, runtime_packages
 from support.enginekit import engine_binary, free_port
-from support.hubstand import requests_log, set_faults
+from support.hubstand import requests_log, set_faults, start_in_container
 from support.models import write_llama, write_meta, write_slow_llama
 from support.systemd_harness import Container, _say
 
@@ -126,20 +126,7 @@ def hub_files(root: Path) -> dict[str, str]:
 
 def start_hub(ct: Container, port: int, token: str) -> str:
     """The stand-in as a transient unit of the container; its base URL once it answers."""
-    ct.systemctl("reset-failed", HUB_UNIT, check=False)
-    ct.run(["systemd-run", f"--unit={HUB_UNIT}", "--property=Type=exec", "--",
-            "/usr/bin/python3", HUB_SCRIPT, "--root", HUB_ROOT, "--port", str(port),
-            "--token", token])
-    base = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            requests_log(base)
-            return True
-        except (OSError, urllib.error.URLError):
-            return False
-    until("the hub stand-in answering", answers, 30)
-    return base
+    return start_in_container(ct, HUB_SCRIPT, HUB_ROOT, port, HUB_UNIT, token)
 
 
 def sandbox_ready(ct: Container) -> None:

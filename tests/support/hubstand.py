@@ -43,6 +43,7 @@ Test code: the standard library only. Tests start it with :func:`start_hub`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import http.server
 import json
@@ -55,6 +56,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +416,39 @@ def stop_hub(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     if proc.stdout:
         proc.stdout.close()
+
+
+@contextlib.contextmanager
+def hub_running(root: Path | str, **options: Any) -> Iterator[str]:
+    """:func:`start_hub` for a ``with`` block: its base URL, the stand-in stopped after."""
+    proc, base = start_hub(root, **options)
+    try:
+        yield base
+    finally:
+        stop_hub(proc)
+
+
+def start_in_container(ct: Any, script: str, root: str, port: int, unit: str,
+                       token: str | None = None, timeout: float = 30.0) -> str:
+    """The stand-in as the transient unit ``unit`` of a systemd container ``ct`` (a
+    :class:`support.systemd_harness.Container`, which shares the host's network), run by
+    the container's python3 from ``script`` over ``root`` inside it; its base URL once it
+    answers (the test sets faults and reads its log from outside)."""
+    ct.systemctl("reset-failed", unit, check=False)
+    ct.run(["systemd-run", f"--unit={unit}", "--property=Type=exec", "--",
+            "/usr/bin/python3", script, "--root", root, "--port", str(port),
+            *(["--token", token] if token else [])])
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            requests_log(base)
+            return base
+        except OSError:   # urllib's URLError is one
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the hub stand-in {unit} did not answer in "
+                                     f"{timeout:.0f} s") from None
+            time.sleep(0.2)
 
 
 def set_faults(base: str, **faults: Any) -> None:
