@@ -51,6 +51,7 @@ EX_CONFIG = 78
 EVERY = 0.5            # s between two writes of the status file while bytes flow
 TOKEN_CREDENTIAL = "hf-token"
 RESERVE = 64 << 20     # bytes left free on the target's file system after a pull
+MAX_STATUS = 64 << 10  # bytes of a status file read (its own are under 2 KiB)
 # The states a status file says; the last three are final.
 RESOLVING, FETCHING, WAITING, DONE, FAILED, STOPPED = (
     "resolving", "fetching", "waiting", "done", "failed", "stopped")
@@ -80,16 +81,24 @@ class Status:
 
 
 def read_status(path: str) -> Status | None:
-    """The status file at ``path``; None when it is missing or not one (never raises)."""
+    """The status file at ``path``; None when it is missing, not one, or longer than
+    :data:`MAX_STATUS` (never raises)."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            # bounded: the directory is the engines' user's too, and a file planted
+            # there must not make the daemon (root) read gigabytes
+            data = json.loads(f.read(MAX_STATUS))
         fields = {k: data[k] for k in Status.__dataclass_fields__ if k in data}
         status = Status(**fields)
     except (OSError, ValueError, TypeError):
         return None
-    if not isinstance(status.state, str) or not isinstance(status.done, int):
-        return None
+    texts = (status.reference, status.directory, status.state, status.file, status.detail,
+             status.model)
+    if not all(isinstance(t, str) for t in texts) or not isinstance(status.done, int) \
+            or not (status.total is None or isinstance(status.total, int)) \
+            or not isinstance(status.files, list) \
+            or not all(isinstance(f, str) for f in status.files):
+        return None   # not the worker's: the daemon's signals and ListPulls carry types
     return status
 
 

@@ -278,3 +278,22 @@ async def test_a_worker_killed_without_a_last_word_is_reported_failed(
     (row,) = await until(failed, 30, "failed")
     assert "ended before the pull did" in row["detail"] and "resume" in row["detail"]
     assert (models / "big-Q4_K_M.gguf.part").exists()   # kept for the next pull
+
+
+def test_a_status_file_not_the_workers_is_not_read(tmp_path: Path) -> None:
+    """/run/loki/pulls is the engines' user's too: a file planted there is not believed
+    (bounded, typed), so neither the daemon's memory nor its signals' types are at stake."""
+    from lokid.unit.pullworker import MAX_STATUS, read_status
+
+    path = tmp_path / "x.json"
+    good = {"reference": "org/r", "directory": "/m", "state": "fetching", "done": 5,
+            "total": 10, "file": "f.gguf", "detail": "", "model": "", "files": ["f.gguf"]}
+    path.write_text(json.dumps(good))
+    got = read_status(str(path))
+    assert got is not None and (got.state, got.done, got.total) == ("fetching", 5, 10)
+    for key, bad in (("files", [1]), ("files", "f"), ("detail", 3), ("total", "10"),
+                     ("done", None), ("state", ["x"])):
+        path.write_text(json.dumps({**good, key: bad}))
+        assert read_status(str(path)) is None, (key, bad)
+    path.write_text(json.dumps({**good, "detail": "x" * MAX_STATUS}))
+    assert read_status(str(path)) is None   # past the bound: cut, and no JSON
