@@ -270,7 +270,9 @@ class PullsInterface(ServiceInterface):
     @access(READ)
     @guarded
     async def ListPulls(self) -> "aa{sv}":
-        return [p.view() for p in self.pulls.values()]
+        now = time.monotonic()   # ended ones kept KEEP_DONE, whether the follower runs or not
+        return [p.view() for p in self.pulls.values()
+                if p.ended_at is None or now - p.ended_at <= KEEP_DONE]
 
     @signal()
     def PullProgress(self, unit: "s", reference: "s", state: "s", done: "t", total: "t",

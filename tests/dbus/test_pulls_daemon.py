@@ -297,3 +297,17 @@ def test_a_status_file_not_the_workers_is_not_read(tmp_path: Path) -> None:
         assert read_status(str(path)) is None, (key, bad)
     path.write_text(json.dumps({**good, "detail": "x" * MAX_STATUS}))
     assert read_status(str(path)) is None   # past the bound: cut, and no JSON
+
+
+async def test_an_ended_pull_is_listed_for_a_while_only(
+        running: Running, bus_address: str, endpoint: str, models: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import lokid.dbus.pulls as pulls_module
+
+    monkeypatch.setattr(pulls_module, "KEEP_DONE", 1.0)
+    code, _, err = await lokictl(bus_address, "pull", "org/tiny-GGUF:Q8_0")
+    assert code == 0, err
+    pulls = await pulls_iface(running)
+    assert [r["state"] for r in rows(await pulls.call_list_pulls())] == ["done"]
+    await asyncio.sleep(1.5)   # no pull runs: the follower has stopped turning
+    assert rows(await pulls.call_list_pulls()) == []
