@@ -199,11 +199,11 @@ def test_a_docstring_that_forgets_an_import_is_caught() -> None:
     assert undeclared_imports("lokid.x", doc, edges) == {"dbus"}
 
 
-README = PACKAGE.parent / "README.md"
+README = PACKAGE.parent / "docs" / "development.md"   # the layout table's home
 
 
 def layout_rows(text: str) -> dict[str, str]:
-    """The README's layout table: package path -> its row."""
+    """docs/development.md's layout table: package path -> its row."""
     return {m.group(1): m.group(0)
             for m in re.finditer(r"^\| `(lokid/[\w./]+)` \|.*$", text, flags=re.M)}
 
@@ -211,9 +211,9 @@ def layout_rows(text: str) -> dict[str, str]:
 def test_the_readme_layout_table_is_in_step_with_the_tree() -> None:
     rows = layout_rows(README.read_text(encoding="utf-8"))
     packages = {f"lokid/{p.name}/" for p in SUBPACKAGES}
-    assert packages <= set(rows), f"packages missing from the README: {packages - set(rows)}"
+    assert packages <= set(rows), f"packages missing from docs/development.md: {packages - set(rows)}"
     for where, row in rows.items():
-        assert (PACKAGE.parent / where).exists(), f"the README names {where}, which is gone"
+        assert (PACKAGE.parent / where).exists(), f"docs/development.md names {where}, which is gone"
         if where.endswith("/"):
             for module in re.findall(r"`(\w+\.py)`", row):
                 assert (PACKAGE.parent / where / module).exists(), f"{where}{module}"

@@ -23,7 +23,7 @@ external API after a prefix check. Both gave clients what is the operator's (iss
   modalities from it) without ``model_path``, a server path (:func:`public_props`).
 
 Every route of the engine, and why each one not offered is not:
-:data:`lokid.gateway.routetable.ENGINE_TABLE` (the README's table).
+:data:`lokid.gateway.routetable.ENGINE_TABLE` (docs/gateway.md's table).
 
 What is offered: llama.cpp's inference routes (OpenAI's, Anthropic's, its own
 completion, infill, embedding, rerank, tokenizer and template routes) to a local engine,

@@ -3,7 +3,7 @@
 Clients nobody here wrote found routes the engine answers and the gateway did not
 (``HEAD /health``, ``GET /v1/health``, ``/v1/chat/completions/control``,
 ``/v1/audio/transcriptions``: 404). So the engine's list is kept here route by route,
-each with how the gateway offers it or why it does not, and the README's table is this
+each with how the gateway offers it or why it does not, and docs/gateway.md's table is this
 one (tests/gateway/test_route_table.py reads both, and the engine build's own routes:
 a route the engine gains that this table does not name fails it).
 
@@ -115,7 +115,7 @@ def check() -> list[str]:
 
 
 def markdown() -> str:
-    """The table as the README shows it (the test compares the two)."""
+    """The table as docs/gateway.md shows it (the test compares the two)."""
     rows = ["| Route | Methods | The gateway |", "|---|---|---|"]
     for r in ENGINE_TABLE:
         answer = f"offered: {r.offered}" if r.offered else f"not offered: {r.why}"

@@ -24,7 +24,7 @@ through its own handle (``nvmlDeviceGetMaxMigDeviceCount`` slots, each
 skipped) for its memory, name, UUID and processes, and the GPU itself is listed with
 :attr:`GpuDevice.mig_mode` set and is nobody's room: offered whole, a preset would have
 been placed into memory it can never reach. Naming: a whole GPU stays ``GPU<n>`` (NVML's
-index, as the README promises); an instance is ``GPU<n>/MIG<k>``, ``k`` being NVML's
+index, as docs/presets.md promises); an instance is ``GPU<n>/MIG<k>``, ``k`` being NVML's
 index of the instance under its GPU (the slot it was read at), so that the GPU it
 belongs to is in its name, and no ``GPU<m>`` of another card can be mistaken for it.
 Operators name an instance by its UUID (``gpus = "MIG-…"``, what CUDA reads); the name is

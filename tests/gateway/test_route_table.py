@@ -61,7 +61,7 @@ def test_the_engine_build_has_no_route_the_table_does_not_name(engine: str) -> N
     assert not missing, (
         f"llama-server registers {missing}, which lokid.gateway.routetable.ENGINE_TABLE "
         "does not name: offer each (lokid.gateway.routes) or say why not, and update the "
-        "README's table")
+        "table in docs/gateway.md")
     # and the table names no route this build lacks
     ends = [m.group() for m in ANY_LITERAL.finditer(data)]
     stale = {r.path for r in ENGINE_TABLE
@@ -85,8 +85,8 @@ def test_the_table_and_the_gateways_routes_agree() -> None:
         assert bool(r.offered) != bool(r.why), r   # offered, or why not: never both
 
 
-def test_the_readme_shows_the_table() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_guide_shows_the_table() -> None:
+    readme = (REPO / "docs" / "gateway.md").read_text()
     rows = "".join("  " + line + "\n" for line in routetable.markdown().splitlines())
-    assert rows in readme, ("the README's route table is not lokid.gateway.routetable's: "
+    assert rows in readme, ("docs/gateway.md's route table is not lokid.gateway.routetable's: "
                             "paste routetable.markdown() (indented 2 spaces)")
