@@ -211,9 +211,11 @@ def layout_rows(text: str) -> dict[str, str]:
 def test_the_readme_layout_table_is_in_step_with_the_tree() -> None:
     rows = layout_rows(README.read_text(encoding="utf-8"))
     packages = {f"lokid/{p.name}/" for p in SUBPACKAGES}
-    assert packages <= set(rows), f"packages missing from docs/development.md: {packages - set(rows)}"
+    assert packages <= set(rows), \
+        f"packages missing from docs/development.md: {packages - set(rows)}"
     for where, row in rows.items():
-        assert (PACKAGE.parent / where).exists(), f"docs/development.md names {where}, which is gone"
+        assert (PACKAGE.parent / where).exists(), \
+            f"docs/development.md names {where}, which is gone"
         if where.endswith("/"):
             for module in re.findall(r"`(\w+\.py)`", row):
                 assert (PACKAGE.parent / where / module).exists(), f"{where}{module}"

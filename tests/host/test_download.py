@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.hubstand import requests_log, set_faults, start_hub, stop_hub
+from support.hubstand import hub_running, requests_log, set_faults
 from support.smallfs import fill
 
 from lokid.core.errors import (
@@ -46,9 +46,8 @@ def base(tmp_path_factory: pytest.TempPathFactory, files: dict[str, bytes]) -> I
     (root / "org" / "m").mkdir(parents=True)
     for name, data in files.items():
         (root / "org" / "m" / name).write_bytes(data)
-    proc, url = start_hub(root)
-    yield url
-    stop_hub(proc)
+    with hub_running(root) as url:
+        yield url
 
 
 @pytest.fixture

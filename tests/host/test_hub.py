@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.hubstand import requests_log, set_faults, start_hub, stop_hub
+from support.hubstand import hub_running, requests_log, set_faults, start_hub, stop_hub
 
 from lokid.core.errors import HubError
 from lokid.host import download, hub
@@ -36,9 +36,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base(root: Path) -> Iterator[str]:
-    proc, url = start_hub(root, page=PAGE)
-    yield url
-    stop_hub(proc)
+    with hub_running(root, page=PAGE) as url:
+        yield url
 
 
 @pytest.fixture
