@@ -73,6 +73,16 @@ window.lokid = (function () {
         return !!ex && ex.name === PERMISSION_DENIED;
     }
 
+    // The daemon's words for a card's own message; a polkit refusal always names the
+    // action (keys, pulls).
+    function said(ex, action) {
+        const text = describe(ex);
+        if (!refused(ex))
+            return text;
+        return "Not permitted: " + text + (text.includes(action) ? "" : " (polkit action " +
+                                           action + ")");
+    }
+
     // An error that says the daemon has no such interface or method: an older lokid,
     // whose cards for it hide (keys, pulls).
     const MISSING = ["org.freedesktop.DBus.Error.UnknownMethod",
@@ -183,6 +193,7 @@ window.lokid = (function () {
         describe,
         refused,
         missing,
+        said,
         showError,
         clearError,
         act,

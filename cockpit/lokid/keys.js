@@ -21,7 +21,7 @@
 "use strict";
 
 (function () {
-    const { client, $, el, plain, refused, describe, missing } = lokid;
+    const { client, $, el, plain, missing } = lokid;
     const KEYS = "org.lokid.Lokid1.Keys";
     const PATH = "/org/lokid/Lokid1";
     const ACTION = "org.lokid.lokid1.manage-keys";
@@ -37,13 +37,8 @@
         return client.call(PATH, KEYS, verb, args);
     }
 
-    // The daemon's words; a polkit refusal always names the action.
-    function words(ex) {
-        const text = describe(ex);
-        if (!refused(ex))
-            return text;
-        return "Not permitted: " + text + (text.includes(ACTION) ? "" : " (polkit action " +
-                                           ACTION + ")");
+    function words(ex) {        // the daemon's words, a refusal naming the action
+        return lokid.said(ex, ACTION);
     }
 
     function onOverview() {

@@ -23,7 +23,7 @@
 "use strict";
 
 (function () {
-    const { client, $, el, plain, refused, describe, missing } = lokid;
+    const { client, $, el, plain, missing } = lokid;
     const PULLS = "org.lokid.Lokid1.Pulls";
     const PATH = "/org/lokid/Lokid1";
     const ACTION = "org.lokid.lokid1.manage";
@@ -38,12 +38,8 @@
         return client.call(PATH, PULLS, verb, args);
     }
 
-    function words(ex) {
-        const text = describe(ex);
-        if (!refused(ex))
-            return text;
-        return "Not permitted: " + text + (text.includes(ACTION) ? "" : " (polkit action " +
-                                           ACTION + ")");
+    function words(ex) {        // the daemon's words, a refusal naming the action
+        return lokid.said(ex, ACTION);
     }
 
     function size(bytes) {
