@@ -50,13 +50,6 @@ def base(tmp_path_factory: pytest.TempPathFactory, files: dict[str, bytes]) -> I
         yield url
 
 
-@pytest.fixture
-def client(base: str) -> Iterator[httpx.Client]:
-    set_faults(base)
-    with hub.make_client(None, "lokid-test") as c:
-        yield c
-
-
 class Pull:
     """download() of one stand-in file with its listed size and SHA-256 (or none)."""
 

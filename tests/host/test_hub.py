@@ -40,13 +40,6 @@ def base(root: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def client(base: str) -> Iterator[httpx.Client]:
-    set_faults(base)
-    with hub.make_client(None, "lokid-test") as c:
-        yield c
-
-
 def tree(base: str, repo: str = "org/model", revision: str = "main") -> str:
     return f"{base}/api/models/{repo}/tree/{revision}?recursive=true"
 
