@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -70,16 +69,6 @@ return tr ? {unit: tr.dataset.unit, state: tr.dataset.state, done: Number(tr.dat
 class Hub:
     base: str       # the stand-in's URL, from the host and the container alike
     sha: str        # the model's SHA-256
-
-
-def until(what: str, check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(0.1)
 
 
 def restart_daemon(ct: Container) -> None:

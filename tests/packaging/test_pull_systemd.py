@@ -46,10 +46,9 @@ import hashlib
 import json
 import os
 import secrets
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,7 @@ from support.debpkg import TARGET, Build, cached_build, runtime_packages
 from support.enginekit import engine_binary, free_port
 from support.hubstand import requests_log, set_faults, start_in_container
 from support.models import write_llama, write_meta, write_slow_llama
-from support.systemd_harness import Container, _say
+from support.systemd_harness import Container, _say, until
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 
@@ -85,18 +84,6 @@ class Site:
 
 def lokictl(ct: Container, *args: str, timeout: float = 180) -> Any:
     return ct.run(["lokictl", *args], check=False, timeout=timeout)
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 60.0,
-          every: float = 0.1) -> Any:
-    """Poll ``check`` until it gives something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(every)
 
 
 def apt(ct: Container, *args: str) -> None:

@@ -35,9 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from . import REPO
 
@@ -141,6 +142,20 @@ class ContainerCommandError(subprocess.CalledProcessError):
         return (f"{super().__str__()}"
                 + (f"\n--- stdout\n{out}" if out else "")
                 + (f"\n--- stderr\n{err}" if err else ""))
+
+
+def until(what: str, check: Callable[[], Any], timeout: float = 60.0,
+          every: float = 0.1) -> Any:
+    """Poll ``check`` (a look into a container: a unit's state, a file, a log) every
+    ``every`` seconds until it gives something true, and return that; AssertionError
+    naming ``what`` past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(every)
 
 
 def _say(msg: str) -> None:
