@@ -1,36 +1,25 @@
-"""docs/reference.md, the operator's reference, checked against the code it describes
-(issue 49, item 3): a key, a metric or a refusal added without its entry fails here, and
-an entry for something that does not exist fails too.
+"""docs/reference.md checked against the code it describes (issue 49, item 3): a key, a
+metric or a refusal added without its entry fails here, and an entry for something that
+does not exist fails too.
 
-What each check reads, and why it is read there:
-
-- **config keys**: each table of the reference (one per TOML table) against the code's
-  tuple of known keys (``PRESET_KEYS``, ``SPEC_KEYS``, ``GATEWAY_KEYS`` ...), both ways.
-  Each row's *example* is planted into a minimal real file in ``tmp_path`` and read by
-  the real loader (``load_preset``, ``load_global``, ``parse_worker``): an example that
-  the parser refuses is an example an operator copies and gets an error from. Its *type*
-  is checked by planting a value of another type (:data:`WRONG`) and expecting the
-  parser's ConfigError: a key documented ``integer`` that also took a string would be
-  documented wrong. Its *default*, where the parsed dataclass has a field of that name,
-  is what a file without the key parses to (:func:`literal` says how the column is read);
-  a default written ``required`` is checked by leaving the key out and expecting an error.
-- **metrics**: the names, types and labels come from the real output of the two
-  renderers (:func:`lokid.watch.promfile.render`, :func:`lokid.watch.usageprom.render`)
-  fed records that make every family they declare appear (a family the input does not
-  reach fails, so a new family cannot hide from the check); the alerts are read from
-  ``data/prometheus/lokid.rules.yml`` with a regular expression (no YAML parser: the
-  Debian package does not need one, and an alert line has one fixed shape).
-- **refusals**: the gateway's (status, type, code) triples are read from its source with
-  :mod:`ast` (:func:`refusals_in_code`): every ``GatewayError``, ``BodyError``,
-  ``LimitReached``, ``super().__init__`` of a ``GatewayError`` subclass and ``error_body``
-  call, names resolved through the gateway's module constants and imports. A call whose
-  status, type or code cannot be resolved fails the test unless it is one of
-  :data:`DYNAMIC` (each says where its values come from instead).
-- **man pages**: every ``lokictl`` sub-command of its argparse parser (and every verb of
-  ``keys`` and ``replica``) is named in lokictl.1; the same check of ``lokid`` against
-  lokid.8 already lives in tests/packaging/test_docs.py and is not repeated here.
+- **config keys**: each table against the code's tuple of known keys (``PRESET_KEYS``,
+  ``GATEWAY_KEYS`` ...), both ways. Each row's *example* is planted into a minimal real
+  file in ``tmp_path`` and read by the real loader (an example the parser refuses is one
+  an operator copies and gets an error from); its *type* by planting a value of another
+  type (:data:`WRONG`) and expecting ConfigError; its *default*, where the parsed
+  dataclass has a field of that name, is what a file without the key parses to
+  (:func:`literal`), and ``required`` means a file without it is refused.
+- **metrics**: names, types and labels from the real output of the two textfile
+  renderers, fed records that reach every family they declare (a family not reached
+  fails, so a new one cannot hide); alerts from the rules file by a regular expression
+  (an alert line has one fixed shape; no YAML parser is a dependency).
+- **refusals**: the gateway's (status, type, code) triples read from its source with
+  :mod:`ast` (:func:`refusals_in_code`), names resolved through its module constants and
+  imports; a call whose values cannot be resolved fails unless listed in :data:`DYNAMIC`
+  with where its values are read instead.
+- **man pages**: every ``lokictl`` sub-command and verb of its argparse parser is named
+  in lokictl.1 (lokid's against lokid.8 is tests/packaging/test_docs.py's).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -173,12 +162,9 @@ TABLES = (
     Table("Top level", PRESETS,
           tuple(k for k in PRESET_KEYS if k not in external.ONLY_EXTERNAL), "preset", "",
           ENGINE),
-    Table("[spec]", PRESETS, SPEC_KEYS, "preset", "spec", ENGINE,
-          objects=lambda p: [p.spec]),
-    Table("[chat]", PRESETS, CHAT_KEYS, "preset", "chat", ENGINE,
-          objects=lambda p: [p.chat]),
-    Table("[serve]", PRESETS, SERVE_KEYS, "preset", "serve", ENGINE,
-          objects=lambda p: [p.serve]),
+    Table("[spec]", PRESETS, SPEC_KEYS, "preset", "spec", ENGINE, objects=lambda p: [p.spec]),
+    Table("[chat]", PRESETS, CHAT_KEYS, "preset", "chat", ENGINE, objects=lambda p: [p.chat]),
+    Table("[serve]", PRESETS, SERVE_KEYS, "preset", "serve", ENGINE, objects=lambda p: [p.serve]),
     Table("[env]", PRESETS, None, "preset", "env", ENGINE, objects=lambda p: []),
     Table("[secrets]", PRESETS, None, "preset", "secrets", ENGINE, objects=lambda p: []),
     Table("External preset", PRESETS, external.EXTERNAL_KEYS, "preset", "", EXTERNAL,
@@ -190,8 +176,7 @@ TABLES = (
           objects=lambda g: [g.gateway.peers[0]]),
     Table("[placement]", GLOBAL, PLACEMENT_KEYS, "global", "placement", NOTHING,
           objects=lambda g: [g.placement]),
-    Table("[usage]", GLOBAL, USAGE_KEYS, "global", "usage", NOTHING,
-          objects=lambda g: [g.usage]),
+    Table("[usage]", GLOBAL, USAGE_KEYS, "global", "usage", NOTHING, objects=lambda g: [g.usage]),
     Table("rpc/<name>.toml", GLOBAL, WORKER_KEYS, "worker", "", RPC_MINIMAL, RPC_BASE),
 )
 IDS = [f"{t.file}:{t.heading}" for t in TABLES]
