@@ -1,4 +1,4 @@
-"""What the gateway's gate (lokid.gateway.admission over lokid.core.fairshare) costs a
+"""What the gateway's gate (lokid.gateway.admission over lokid.core.serve.fairshare) costs a
 request, in process: 1,000 named keys, each request from one of them at random.
 
 Cases, each timed over REQUESTS requests on the loop the gateway runs on (uvloop where
@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from lokid.core.keys import Identity, Limits
+from lokid.core.serve.keys import Identity, Limits
 from lokid.gateway.admission import Admission
 from lokid.gateway.context import IDENTITY_KEY
 from lokid.gateway.presets import Preset

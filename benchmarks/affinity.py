@@ -12,7 +12,7 @@ stops it after (StopPreset, every port closed): each rule gets fresh engines, so
 inherits another's caches, and each has a system prompt of its own as well. The rules:
 
 - **affinity**: every request to the gateway, which routes it among the replicas
-  (lokid.gateway.replicas, lokid.core.affinity); its hop is counted against it;
+  (lokid.gateway.replicas, lokid.core.serve.affinity); its hop is counted against it;
 - **round-robin**: the client sends each request to the replicas' own ports in turn;
 - **fewest** in flight (the rule before issue 47): the client sends each request to the
   replica with the fewest of its requests in flight (no hop either);

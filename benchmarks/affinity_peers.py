@@ -9,7 +9,7 @@ daemon`` (local runner) and ``lokid gateway`` process, as their units run them: 
 serve the same preset of the generated tiny llama (one replica each, ``-np 4``); A serves
 nothing and lists B and C as peers. The rules:
 
-- **affinity**: every request to A, whose gateway routes it (lokid.core.affinity);
+- **affinity**: every request to A, whose gateway routes it (lokid.core.serve.affinity);
 - **round-robin**: the client sends each request to B's or C's gateway in turn;
 - **fewest in flight** (the rule before issue 47): the client sends each request to
   the one of B and C with fewer of its requests in flight.

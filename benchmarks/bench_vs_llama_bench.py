@@ -80,7 +80,7 @@ from support.llamabench import (  # noqa: E402
 
 from lokid.bench.measure import Outcome, measure  # noqa: E402
 from lokid.bench.protocol import Options  # noqa: E402
-from lokid.core import benchrules  # noqa: E402
+from lokid.core.bench import rules as benchrules  # noqa: E402
 from lokid.planning.gather import make_plan  # noqa: E402
 
 

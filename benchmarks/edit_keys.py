@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of one key-level edit by its size: lokid.core.presetedit.set_keys and unset_keys
+"""The cost of one key-level edit by its size: lokid.core.config.presetedit.set_keys and unset_keys
 with 16 to 256 keys (256: the most one SetPresetKeys takes), side by side in one run with
 the way today's main did it (one parse and one write of the whole text per key: the
 reference), on the shipped annotated example preset.
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lokid.core import presetedit  # noqa: E402
+from lokid.core.config import presetedit  # noqa: E402
 
 EXAMPLE = (ROOT / "etc" / "presets" / "example.toml").read_text()
 SIZES = (16, 32, 64, 128, 240)   # 240: the file's 256 keys hold the example's own too

@@ -9,7 +9,7 @@ runner) serving one on-demand preset of the generated tiny llama with 4 slots
 - ``fair``: ``lokid gateway`` of this tree, with named keys (``[gateway] keys_file``):
   ``flood`` (class batch) and ``i1``, ``i2``, ``i3`` (interactive); what waits for the
   engine's slots is held by the gateway and served by weighted fair queuing
-  (:mod:`lokid.gateway.admission`, :mod:`lokid.core.fairshare`);
+  (:mod:`lokid.gateway.admission`, :mod:`lokid.core.serve.fairshare`);
 - ``fifo``: ``lokid gateway`` of commit bf05d0d (today's behaviour: every request sent to
   the engine at once, the engine's own queue serving them in arrival order), run from a
   ``git worktree`` of that commit with the same python, keyless (its clients send the
@@ -94,7 +94,7 @@ from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
 from support.openai_load import pct  # noqa: E402
 
-from lokid.core.keys import digest, new_secret  # noqa: E402
+from lokid.core.serve.keys import digest, new_secret  # noqa: E402
 
 PRESET = "tiny"
 SLOTS = 4
@@ -108,7 +108,7 @@ TIMEOUT = aiohttp.ClientTimeout(total=600)
 # --- the two gateways ------------------------------------------------------------------------
 
 def keys_toml(keys: Mapping[str, tuple[str, str]], extra: str = "") -> str:
-    """A named keys file (lokid.core.keys) for ``keys``: name -> (secret, class);
+    """A named keys file (lokid.core.serve.keys) for ``keys``: name -> (secret, class);
     ``extra``: more lines for each key's table (limits)."""
     return "".join(f'[keys."{name}"]\nhash = "{digest(secret)}"\nclass = "{klass}"\n'
                    f'models = ["*"]\n{extra}\n' for name, (secret, klass) in keys.items())

@@ -19,7 +19,7 @@ by another process, such as libpython and libcrypto in the daemon), after a coll
 4. + h11, a pure-Python HTTP/1.1 layer (httpx's own: installed with it) as the smallest
    stand-in for an HTTP server and client of the gateway's own;
 5. + lokid's routing and placement rules the gateway runs (lokid.core.fleet.route,
-   lokid.core.place.policy, lokid.core.external): stack 5 is the floor of a gateway
+   lokid.core.place.policy, lokid.core.config.external): stack 5 is the floor of a gateway
    without aiohttp and without TLS at rest, before a line of its own HTTP code;
 6. stack 5 with ssl allowed and uvloop (the loop the relay's CPU per token was measured
    on: uvloop imports ssl, it cannot run without it);
@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BASE = ["json", "socket", "asyncio"]
 DBUS = ["dbus_fast", "dbus_fast.aio"]
-LOKID = ["lokid.core.fleet.route", "lokid.core.place.policy", "lokid.core.external"]
+LOKID = ["lokid.core.fleet.route", "lokid.core.place.policy", "lokid.core.config.external"]
 # (label, modules, ssl kept out)
 STACKS: list[tuple[str, list[str], bool]] = [
     ("interpreter alone", [], True),

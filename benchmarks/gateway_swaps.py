@@ -14,7 +14,7 @@ Beside it, FIFO (llama-swap's order, its issue #612): serving the same arrivals 
 order swaps at every change of preset, counted from the arrival list; its cost is those
 swaps at the cost of one measured here (an estimate: FIFO is not run).
 Goals (issue 22): 2 swaps where FIFO makes 4; no request waits longer than its maximum
-wait (lokid.core.swaps.MAX_WAIT, 30 s).
+wait (lokid.core.serve.swaps.MAX_WAIT, 30 s).
 
 Measured on the 2-CPU machine of issue 22, two runs (other tests running beside them):
 served A A A B B C, 2 swaps (FIFO: 4), one swap 0.6-1.0 s (stop + start of the tiny
@@ -29,7 +29,7 @@ sending a chat completion (``--tokens`` tokens, 16 by default here) as soon as i
 answer to its last one; ``--pattern sticky`` (four clients keep to each preset, as a team
 whose members each use one model), ``random`` (each request picks A or B, seeded), or
 ``both``. Each rule runs on a fresh stack, one after the other: issue 22's (the gateway
-process runs lokid.core.swaps.decide with every cost and the pause at 0, which is that
+process runs lokid.core.serve.swaps.decide with every cost and the pause at 0, which is that
 rule) and today's. Measured: swaps (the daemon's starts after A's first), swaps per
 minute, the shortest time between two, requests answered and requests failed (by
 status and reason), requests per swap, each request's time (sent -> answered: median
@@ -76,7 +76,7 @@ from support.enginekit import (  # noqa: E402
 from support.models import write_llama  # noqa: E402
 
 from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH  # noqa: E402
-from lokid.core.swaps import MAX_WAIT, changes  # noqa: E402
+from lokid.core.serve.swaps import MAX_WAIT, changes  # noqa: E402
 
 ARRIVALS = ["A", "B", "A", "A", "C", "B"]
 GAP = 0.005
@@ -152,9 +152,9 @@ async def measure(gateway: str, address: str, tokens: int) -> None:
 # --- issue 28's team load ------------------------------------------------------------------
 
 CLIENTS = 8
-# the gateway with issue 22's rule: every cost and the pause at 0 (lokid.core.swaps.decide)
+# the gateway with issue 22's rule: every cost and the pause at 0 (lokid.core.serve.swaps.decide)
 OLD_RULE = ("import sys\n"
-            "import lokid.core.swaps as swaps\n"
+            "import lokid.core.serve.swaps as swaps\n"
             "import lokid.gateway.groups as groups\n"
             "groups.decide = lambda holder, waiting, now, max_wait, costs=None: swaps.decide(\n"
             "    holder, waiting, now, max_wait, {w.preset: 0.0 for w in waiting}, pause=0.0)\n"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Reading presets: lokid's bounded reader against plain tomllib, good files and hostile ones.
 
-For each text, side by side in one run: ``lokid.core.config.parse_preset`` (the
-size cap, the lexer of core/tomlscan.py, tomllib, the walk over keys and values,
+For each text, side by side in one run: ``lokid.core.config.files.parse_preset`` (the
+size cap, the lexer of core/config/tomlscan.py, tomllib, the walk over keys and values,
 then the preset's own checks) and ``tomllib.loads`` alone (the reference; run in a
 child process with a time limit, since on the hostile texts it may not end). Median
 of --reps runs. The hostile texts are issue 13's: one dotted key of 16,000 parts
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lokid.core.config import parse_preset  # noqa: E402
+from lokid.core.config.files import parse_preset  # noqa: E402
 from lokid.core.errors import ConfigError  # noqa: E402
 
 TOMLLIB = """

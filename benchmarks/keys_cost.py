@@ -47,7 +47,7 @@ The keys themselves cost ~30 us of CPU (a hash, a lookup, the limits); the goal 
 a keyless gateway is within the noise. Against bf05d0d it is not met: the issue's
 accounting and fair queue, on without keys too, add ~0.2 ms of CPU a request here.
 Under cProfile (its overhead included) the largest new parts per request were the fair
-queue's arrive/leave/fill/pick (lokid.core.fairshare, ~55 us), the usage middleware's
+queue's arrive/leave/fill/pick (lokid.core.serve.fairshare, ~55 us), the usage middleware's
 end of a request and the figures' read (lokid.gateway.usage and figures, ~40 us) and
 the gate (lokid.gateway.admission, ~12 us). cProfile's figures are several times the real
 ones for such small calls: in process, a fair queue's arrive and leave took 9 us, the
@@ -92,7 +92,7 @@ from support.daemonproc import daemon_process  # noqa: E402
 from support.enginekit import free_port, tiny_config  # noqa: E402
 from support.openai_load import chat, cpu_seconds, pct  # noqa: E402
 
-from lokid.core.keys import new_secret  # noqa: E402
+from lokid.core.serve.keys import new_secret  # noqa: E402
 
 PRESET = "tiny"
 GOAL_MS = 0.1

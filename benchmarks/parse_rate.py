@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Parsing rate of the request telemetry: lokid.core.requestlog.EngineLog.feed on realistic
-engine lines, side by side in one run with the load-verdict parser the daemon already runs
-on every engine line (lokid.core.enginelog.LoadTracker.feed, the reference) and a bare
-loop over the same lines (the floor).
+"""Parsing rate of the request telemetry: lokid.core.telemetry.requestlog.EngineLog.feed on
+realistic engine lines, side by side in one run with the load-verdict parser the daemon
+already runs on every engine line (lokid.core.telemetry.enginelog.LoadTracker.feed, the
+reference) and a bare loop over the same lines (the floor).
 
 Two mixes, both built from the recorded real logs of tests/data/engine-logs/ (llama.cpp
 b11434 on CPU and on an H200 at ``-lv 4``, the Vulkan builds; see its README), repeated
@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lokid.core.enginelog import LoadTracker  # noqa: E402
-from lokid.core.requestlog import EngineLog  # noqa: E402
+from lokid.core.telemetry.enginelog import LoadTracker  # noqa: E402
+from lokid.core.telemetry.requestlog import EngineLog  # noqa: E402
 
 LOGS = ROOT / "tests" / "data" / "engine-logs"
 GOAL = 50_000.0   # lines per second, one core

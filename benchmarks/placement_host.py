@@ -45,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lokid.core.place.policy import GIB
-from lokid.core.swaps import NEVER
+from lokid.core.serve.swaps import NEVER
 
 GPUS = ("GPU0", "GPU1")
 GPU_BYTES = 80 * GIB

@@ -29,7 +29,7 @@ The rules, on the same trace (each peer's configuration, and why it is its best:
   knows a preset's footprint once it has loaded it (measured: the true one); before,
   its estimate is the true footprint × a factor drawn once per preset in [1.0, 1.1]. A
   load's measured time is its ``cost``; before it was measured, the gateway's estimate
-  from that need (:func:`lokid.core.swaps.estimated_cost`).
+  from that need (:func:`lokid.core.serve.swaps.estimated_cost`).
 - **lokid, RENT 8** and **RENT 4**: the same rule with ``policy.RENT`` lowered for the
   run (:func:`rent`; the rule's is 28): what its tail wait costs in cold starts.
 - **llama-swap groups**: six models kept together on GPU0, the four big ones in a swap
@@ -183,7 +183,7 @@ from pathlib import Path
 
 from lokid.core.place import policy
 from lokid.core.place.policy import GIB, Device, Need, Resident, Waiting, decide
-from lokid.core.swaps import NEVER, estimated_cost
+from lokid.core.serve.swaps import NEVER, estimated_cost
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from placement_host import (  # noqa: E402

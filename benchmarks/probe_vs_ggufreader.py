@@ -1,4 +1,4 @@
-"""lokid.core.modelinfo.probe_model against gguf.GGUFReader on a Qwen-scale header.
+"""lokid.core.model.modelinfo.probe_model against gguf.GGUFReader on a Qwen-scale header.
 
 Usage: .venv/bin/python benchmarks/probe_vs_ggufreader.py [--probe-runs N]
        [--reader-runs N] [--min-ratio R]
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))   # the fixture generators live with the
 
 from support import models  # noqa: E402
 
-from lokid.core import modelinfo  # noqa: E402
+from lokid.core.model import modelinfo  # noqa: E402
 
 
 def timed(fn: Callable[[], object], runs: int) -> list[float]:

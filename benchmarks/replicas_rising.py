@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Replicas under a rising, then falling load (issue 47, item 1): does the gateway's
-scaling rule (:mod:`lokid.core.scaling`) start a replica only when the wait pays for its
+scaling rule (:mod:`lokid.core.serve.scaling`) start a replica only when the wait pays for its
 load, stop it once idle, and never thrash, and only where the replica gets compute of
 its own? Each side a fresh lokid host (private bus, ``lokid daemon`` local runner,
 ``lokid gateway``), in a seeded random order:

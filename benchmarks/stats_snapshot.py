@@ -4,10 +4,10 @@ against a recount of its 5-minute window, side by side.
 
 A start that has served 50 requests/s for 10 minutes holds 15,000 requests in its
 5-minute window. The daemon computes that preset's Stats at each D-Bus Get and at
-each PropertiesChanged (≤ 1/s). lokid's :class:`lokid.core.telemetry.StartStats`
+each PropertiesChanged (≤ 1/s). lokid's :class:`lokid.core.telemetry.figures.StartStats`
 keeps the windows' sums and sorted speeds as requests come and go, so a snapshot
 costs what expired since the last one; the reference is a recount of the same
-window (:func:`lokid.core.telemetry.summarize`, what a snapshot cost before:
+window (:func:`lokid.core.telemetry.figures.summarize`, what a snapshot cost before:
 a pass over every request held, and a sort for the percentiles). Also: the cost of
 adding one request. Prints both and the ratio.
 
@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from lokid.core.requestlog import Request  # noqa: E402
-from lokid.core.telemetry import WINDOW, StartStats, summarize  # noqa: E402
+from lokid.core.telemetry.figures import WINDOW, StartStats, summarize  # noqa: E402
+from lokid.core.telemetry.requestlog import Request  # noqa: E402
 
 
 def main() -> int:

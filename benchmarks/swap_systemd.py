@@ -33,7 +33,7 @@ byte; and ``--cold`` cold starts of alpha through the gateway after the swaps (e
 Issue 31's fifth session, --swaps 21 --cold 9, the commit before it (703b2d3, its tree
 byte-compiled as the installed one is) and after it: the swap gap 344 -> 193 ms; last
 byte -> "Stopping" 118 -> 11 ms (the group's rule held an idle holder whose client never
-came back within the hold: lokid.core.swaps); "Started" -> first byte 62 -> 15 ms (the
+came back within the hold: lokid.core.serve.swaps); "Started" -> first byte 62 -> 15 ms (the
 gateway's first connection started the port's relay unit: it now connects to the
 engine's socket, lokid.gateway.sockets); a cold start 236 -> 180 ms, of which outside
 alpha's unit 81 -> 41 ms.

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp.test_utils import make_mocked_request
 
-from lokid.core.keys import Identity
+from lokid.core.serve.keys import Identity
 from lokid.gateway.audit import Audit
 from lokid.gateway.context import IDENTITY_KEY, ROUTE_KEY, WAITED_KEY, WHERE_KEY
 from lokid.gateway.figures import Tail, figures_of

@@ -23,7 +23,7 @@ import time
 from datetime import date, timedelta
 from typing import Any
 
-from lokid.core import usage as rules
+from lokid.core.serve import usage as rules
 from lokid.store.usage import UsageStore
 
 TODAY = date(2026, 12, 6)

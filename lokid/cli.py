@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import NoReturn
 
-    from .core.conflicts import ListenSource
-    from .core.external import External
+    from .core.config.external import External
+    from .core.launch.conflicts import ListenSource
 
 # Imports of each command stay inside it: `lokid engine` is on the path from
 # `systemctl start` to READY, and every module loaded there delays readiness.
@@ -50,8 +50,8 @@ def _preset_name(name: str) -> str:
     """``name``, when it is a preset name; ConfigError (exit 2) otherwise, before any
     file named after it (a preset, a runtime plan, a failure record) is opened:
     ``../x`` would name one outside its directory. A replica's instance (``NAME:k``,
-    :mod:`lokid.core.replicas`) is one: the unit's steps run as ``lokid prestart NAME:2``."""
-    from .core.replicas import check_instance_name
+    :mod:`lokid.core.serve.replicas`) is one: the unit's steps run as ``lokid prestart NAME:2``."""
+    from .core.serve.replicas import check_instance_name
 
     check_instance_name(name)
     return name
@@ -61,7 +61,7 @@ def _repeat(text: str) -> int:
     """``--repeat``'s count, bounded: argparse's usage error (exit 2) otherwise."""
     import argparse
 
-    from .core.benchrepeat import MAX_REPEAT, repeat_error
+    from .core.bench.repeat import MAX_REPEAT, repeat_error
 
     n = int(text) if text.strip().lstrip("-").isdigit() else 0
     if repeat_error(n):
@@ -72,9 +72,9 @@ def _repeat(text: str) -> int:
 def _listening(config_dir: str, name: str) -> tuple[str, int, ListenSource]:
     """Where the preset's engine will listen, and which files set the host and the port
     (for an error about either)."""
-    from .core import config as cfg
-    from .core.conflicts import listen_address, listen_source
-    from .core.replicas import preset_of
+    from .core.config import files as cfg
+    from .core.launch.conflicts import listen_address, listen_source
+    from .core.serve.replicas import preset_of
 
     preset, glob = cfg.load_preset(config_dir, preset_of(name)), cfg.load_global(config_dir)
     return (*listen_address(preset, glob), listen_source(preset, glob))
@@ -82,8 +82,8 @@ def _listening(config_dir: str, name: str) -> tuple[str, int, ListenSource]:
 
 def _external(config_dir: str, name: str) -> External | None:
     """The preset's external API (``kind = "external"``), or None for an engine."""
-    from .core import config as cfg
-    from .core.replicas import preset_of
+    from .core.config import files as cfg
+    from .core.serve.replicas import preset_of
 
     return cfg.load_preset(config_dir, preset_of(name)).external
 
@@ -92,7 +92,7 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
     import json
     import os
 
-    from .core.plan import format_plan
+    from .core.launch.plan import format_plan
     from .host.devices import explain, room_json
     from .host.nvml import GpuMemory
     from .planning.endpoint import check_address
@@ -102,7 +102,7 @@ def cmd_plan(config_dir: str, preset: str, as_json: bool) -> int:
 
     ext = _external(config_dir, preset)
     if ext is not None:   # nothing runs here: what the gateway does with it instead
-        from .core.external import external_notes
+        from .core.config.external import external_notes
 
         notes = external_notes(preset, ext)
         print(json.dumps({"preset": preset, "kind": "external", "url": ext.url,
@@ -171,7 +171,7 @@ def _replicas(config_dir: str, preset: str, count: int) -> list[dict[str, object
     """Each replica's row of ``lokid plan`` past the first (issue 47): its unit, port and
     command line, or why its start would be refused."""
     from .core.names import engine_unit
-    from .core.replicas import instance
+    from .core.serve.replicas import instance
     from .unit.planview import replica_plans
 
     rows: list[dict[str, object]] = []
@@ -188,8 +188,8 @@ def _replicas(config_dir: str, preset: str, count: int) -> list[dict[str, object
 
 
 def cmd_run(config_dir: str, preset: str) -> int:
-    from .core.conflicts import listen_source
-    from .core.plan import build_plan
+    from .core.launch.conflicts import listen_source
+    from .core.launch.plan import build_plan
     from .planning.gather import gather
     from .unit.foreground import run_plan
 
@@ -290,11 +290,11 @@ def cmd_bench(config_dir: str, preset: str, full: bool, predict: int, prompt: in
 
     from .bench.measure import measure, planned, sampler_here, started_here
     from .bench.protocol import Options
-    from .core import benchrules
+    from .core.bench import rules as benchrules
 
     if _external(config_dir, preset) is not None:
+        from .core.config.external import BENCH_REFUSAL
         from .core.errors import ExternalPresetError
-        from .core.external import BENCH_REFUSAL
 
         raise ExternalPresetError(f"{preset}: {BENCH_REFUSAL}")
 
@@ -333,7 +333,7 @@ def cmd_gateway(config_dir: str, bus: str, bus_address: str | None,
                 listen: list[str] | None) -> int:
     import logging
 
-    from .core import config as cfg
+    from .core.config import files as cfg
     from .gateway import settings as gws
     from .gateway.keys import Keyring
     from .gateway.server import run, serve
@@ -369,7 +369,7 @@ def cmd_generate(config_dir: str, dirs: list[str]) -> int:
 def _parser() -> argparse.ArgumentParser:
     import argparse
 
-    from .core.benchrepeat import MAX_REPEAT
+    from .core.bench.repeat import MAX_REPEAT
 
     p = argparse.ArgumentParser(prog="lokid", description="Run llama-server presets.")
     p.add_argument("--version", action="version", version=f"lokid {__version__}")

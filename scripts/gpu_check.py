@@ -53,8 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from lokid.core import enginelog  # noqa: E402
 from lokid.core.place.oomline import OomReader  # noqa: E402
+from lokid.core.telemetry import enginelog  # noqa: E402
 
 MIB = 1 << 20
 DEADLINE = 330.0            # seconds for the whole check
@@ -206,7 +206,7 @@ def check_process_and_footprint(engine: str, model: Path, port: int) -> None:
 
 
 def estimate_mib(model: Path, ctx: int) -> float | None:
-    from lokid.core.modelinfo import probe_model
+    from lokid.core.model.modelinfo import probe_model
     from lokid.core.place.need import size_plan
 
     try:

@@ -423,7 +423,7 @@ def units(ct: Container, base: int) -> None:
 
 def crash_loop(ct: Container, k: int) -> str:
     """The unit has no systemd start limit (StartLimitIntervalSec=0, by design): lokid's
-    crash-loop rule (lokid.core.crashloop, 5 failures in 10 min) is what stops a
+    crash-loop rule (lokid.core.launch.crashloop, 5 failures in 10 min) is what stops a
     replica that keeps dying. Killed 6 times as soon as it is up: its state each time."""
     states = []
     for _ in range(6):

@@ -170,18 +170,27 @@ def test_no_module_over_600_lines(path: Path) -> None:
 
 
 SUBPACKAGES = sorted(p.parent for p in PACKAGE.glob("*/__init__.py"))
+CORE = PACKAGE / "core"
+CORE_TOPICS = sorted(p.parent for p in CORE.glob("*/__init__.py"))
+# The core's root modules (errors, names, paths...): the words every topic shares.
+CORE_ROOT = frozenset(p.stem for p in CORE.glob("*.py") if p.stem != "__init__")
 
 
-def undeclared_imports(name: str, doc: str, edges: Mapping[str, set[str]]) -> set[str]:
-    """The sub-packages of lokid that package ``name`` imports and its docstring's
-    "May import:" sentence does not name."""
-    allowed = set(re.findall(r":mod:`~?lokid\.(\w+)", doc.split("May import:", 1)[1]))
-    own = name.split(".")[1]
-    imported = {target.split(".")[1]
+def undeclared_imports(name: str, doc: str, edges: Mapping[str, set[str]],
+                       always: frozenset[str] = frozenset()) -> set[str]:
+    """The packages beside ``name`` (its parent's children: the sub-packages of lokid, or
+    the topics of lokid.core) that package ``name`` imports and its docstring's "May
+    import:" sentence does not name. ``always``: children of the parent any may import."""
+    parent, _, own = name.rpartition(".")
+    depth = name.count(".")
+    allowed = set(re.findall(rf":mod:`~?{re.escape(parent)}\.(\w+)",
+                             doc.split("May import:", 1)[1]))
+    imported = {target.split(".")[depth]
                 for module, targets in edges.items()
                 if module == name or module.startswith(name + ".")
-                for target in targets if target.count(".") >= 1}
-    return imported - allowed - {own}
+                for target in targets
+                if target.startswith(parent + ".") and target.count(".") >= depth}
+    return imported - allowed - always - {own}
 
 
 @pytest.mark.parametrize("package", SUBPACKAGES, ids=lambda p: p.name)
@@ -190,6 +199,37 @@ def test_each_subpackage_says_who_runs_it_and_what_it_may_import(package: Path) 
     assert doc and "Who runs it:" in doc and "May import:" in doc, package.name
     name = module_name(package / "__init__.py")
     assert undeclared_imports(name, doc, graph(sources())) == set()
+
+
+@pytest.mark.parametrize("package", CORE_TOPICS, ids=lambda p: p.name)
+def test_each_core_topic_says_who_uses_it_and_which_topics_it_may_import(
+        package: Path) -> None:
+    """One level down: a topic of the core (lokid.core.config, .launch...) names the other
+    topics it imports; the core's root modules are open to all."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8")))
+    assert doc and "Who uses it:" in doc and "May import:" in doc, package.name
+    name = module_name(package / "__init__.py")
+    assert undeclared_imports(name, doc, graph(sources()), CORE_ROOT) == set()
+
+
+def test_the_core_has_topics_and_root_words() -> None:
+    # A guard against the topic check passing on nothing: the topics and the shared words.
+    assert {"config", "launch", "model", "serve", "telemetry", "bench", "place",
+            "fleet"} <= {p.name for p in CORE_TOPICS}
+    assert {"errors", "names", "paths"} <= CORE_ROOT
+
+
+def test_a_topic_docstring_that_forgets_another_topic_is_caught() -> None:
+    edges = {"lokid.core.launch": set(),
+             "lokid.core.launch.plan": {"lokid.core.errors", "lokid.core.config.files",
+                                        "lokid.core.model.modelinfo",
+                                        "lokid.core.launch.flags", "lokid.store.state"},
+             "lokid.core.model.modelinfo": {"lokid.core.serve.tables"}}
+    doc = "Who uses it: x.\nMay import: :mod:`lokid.core.config`.\n"
+    assert undeclared_imports("lokid.core.launch", doc, edges,
+                              frozenset({"errors"})) == {"model"}
+    # a root module not declared as always allowed counts like a topic
+    assert undeclared_imports("lokid.core.launch", doc, edges) == {"model", "errors"}
 
 
 def test_a_docstring_that_forgets_an_import_is_caught() -> None:

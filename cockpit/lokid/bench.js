@@ -102,7 +102,7 @@
             o.value = value;
             mode.appendChild(o);
         }
-        // The daemon's defaults (lokid.core.benchrules: DEFAULT_PREDICT, DEFAULT_PROMPT;
+        // The daemon's defaults (lokid.core.bench.rules: DEFAULT_PREDICT, DEFAULT_PROMPT;
         // lokictl bench's too) written in, so the form shows what a run measures; an
         // emptied box still asks for them (0 on the bus).
         const number = (id, label, value) => {

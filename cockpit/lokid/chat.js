@@ -51,7 +51,7 @@
         };
     }
 
-    // systemd holds the port (lokid.core.portunit): the plan puts the engine on a UNIX
+    // systemd holds the port (lokid.core.launch.portunit): the plan puts the engine on a UNIX
     // socket, and the port in Stats' url is the socket unit's, which starts it.
     function portStartsIt(p) {
         const argv = p.Argv || [];

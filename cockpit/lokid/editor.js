@@ -39,7 +39,7 @@
     // [key, label, kind, preset]; kind says how a field's text becomes a D-Bus value (the
     // types SetPresetKeys takes: s, x, d, b, as, ax). A value the field cannot read as its
     // kind is sent as text: the daemon then says what would be valid. preset: the kind of
-    // preset the key belongs to (lokid.core.external's EXTERNAL_KEYS), engine when absent.
+    // preset the key belongs to (lokid.core.config.external's EXTERNAL_KEYS), engine when absent.
     const FIELDS = [
         ["url", "URL (/v1 included)", "s", "external"],
         ["upstream_model", "Upstream model", "s", "external"],

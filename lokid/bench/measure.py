@@ -30,13 +30,13 @@ from typing import Any
 
 import httpx
 
-from ..core import benchrules
 from ..core.address import engine_url
+from ..core.bench import rules as benchrules
+from ..core.bench.iosample import IOSampler
+from ..core.config.presetname import check_preset_name
 from ..core.errors import EngineError, StalePlanError, StateError
-from ..core.iosample import IOSampler
-from ..core.plan import Plan, PlanInputs
-from ..core.presetname import check_preset_name
-from ..core.runtimeplan import RuntimePlan
+from ..core.launch.plan import Plan, PlanInputs
+from ..core.launch.runtimeplan import RuntimePlan
 from ..planning.gather import decide, gather
 from ..store.runtimedir import read_runtime_plan
 from ..store.state import SavedBench, StateDB, StateReader

@@ -3,14 +3,14 @@
 Quick mode: a discarded warm-up, then the short line (prose completed with
 code, ~2000 prompt tokens, ~300 generated, ``cache_prompt: false``, fixed
 seed) on ``/v1/chat/completions``. Full mode adds the depth phase: a cold
-prefill at depth D, then :data:`~lokid.core.benchrules.TURNS` turns, each adding
+prefill at depth D, then :data:`~lokid.core.bench.rules.TURNS` turns, each adding
 ~2048 never-seen tokens of code to the same conversation (user → assistant
 → user, ``cache_prompt: true``), reading the reuse from the response.
 
 Every figure comes from the engine's own ``timings``: a non-200 answer or a
 response without timings fails the phase; a missing counter stays None. A
 request past its budget makes the depth phase partial. The rules (sizes,
-depth, reuse, partial) are in :mod:`lokid.core.benchrules`; this module only talks.
+depth, reuse, partial) are in :mod:`lokid.core.bench.rules`; this module only talks.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from typing import Any
 
 import httpx
 
-from ..core import benchrepeat, benchrules, benchslot
+from ..core.bench import repeat as benchrepeat
+from ..core.bench import rules as benchrules
+from ..core.bench import slot as benchslot
+from ..core.bench.iosample import IOSampler
 from ..core.errors import BenchError, EngineBusyError, EngineHTTPError, RequestTimeout
-from ..core.iosample import IOSampler
 from . import corpus
 
 Progress = Callable[[str, int, int], None]
@@ -40,7 +42,7 @@ class Options:
     mode: str = benchrules.QUICK
     prompt: int = benchrules.DEFAULT_PROMPT
     predict: int = benchrules.DEFAULT_PREDICT
-    repeat: int = 1          # measured runs after the one warm-up (lokid.core.benchrepeat)
+    repeat: int = 1          # measured runs after the one warm-up (lokid.core.bench.repeat)
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Setup:
     sampling: dict[str, Any] = field(default_factory=dict)
     learn: Callable[[str, str], None] | None = None   # remembers an effort translation
     retried: bool = False
-    slot: int | None = None                  # every request's id_slot (lokid.core.benchslot)
+    slot: int | None = None                  # every request's id_slot (lokid.core.bench.slot)
 
     def payload(self, messages: list[dict[str, str]], max_tokens: int,
                 cache: bool) -> dict[str, Any]:
@@ -221,7 +223,7 @@ async def run(engine: Engine, opts: Options, setup: Setup, *, prose: str = corpu
               code: str | None = None, progress: Progress | None = None,
               io_sampler: IOSampler | None = None) -> benchrules.Result:
     """The whole protocol: the slot chosen (and checked idle), one warm-up, then the
-    measured phases ``opts.repeat`` times (:func:`lokid.core.benchrepeat.combine`), the
+    measured phases ``opts.repeat`` times (:func:`lokid.core.bench.repeat.combine`), the
     slot erased at the end, failure included. BenchError when a phase fails (nothing
     to save); a depth phase cut by its budget, the context or the corpus comes back
     partial, and says so."""

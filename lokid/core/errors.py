@@ -128,7 +128,7 @@ class InvalidArgsError(LokiError):
 class ProbePending(EngineError):
     """The engine's probe (``--help``) has not ended within the caller's wait; it goes
     on in the background, and ``future`` (its :class:`lokid.host.probe.Outcome`,
-    like a :class:`concurrent.futures.Future` of its :class:`~lokid.core.caps.EngineCaps`)
+    like a :class:`concurrent.futures.Future` of its :class:`~lokid.core.launch.caps.EngineCaps`)
     ends with it."""
 
     def __init__(self, message: str, future: Any) -> None:
@@ -176,7 +176,7 @@ class EngineBusyError(BusyError):
 
 
 class PullError(LokiError):
-    """A model pull cannot go on (issue 48: :mod:`lokid.core.pullref`, :mod:`lokid.host.hub`,
+    """A model pull cannot go on (issue 48: :mod:`lokid.core.model.pullref`, :mod:`lokid.host.hub`,
     :mod:`lokid.host.download`). ``retry`` says whether the same pull later can succeed
     (a cut connection, a hub answering 5xx): the pull's unit restarts on those only."""
 

@@ -55,7 +55,7 @@ SPINNER = "|/-\\"
 def idle_text(row: dict[str, Any], now: float) -> str:
     """When the engine stops for idleness, as a person reads it: "stops in 12min without
     a request" (IdleStopAt), "" when no stop is planned."""
-    from ..core.serve import span_text
+    from ..core.serve.tables import span_text
 
     at = row.get("IdleStopAt") or 0.0
     if not at:
@@ -69,7 +69,7 @@ def idle_text(row: dict[str, Any], now: float) -> str:
 def serve_text(row: dict[str, Any]) -> str:
     """The [serve] settings, one line: "on demand, idle_stop 15min, group gpu0 (drain
     2min)", or "by hand"."""
-    from ..core.serve import span_text
+    from ..core.serve.tables import span_text
 
     parts = ["on demand"] if row.get("OnDemand") else []
     if row.get("IdleStop"):
@@ -470,7 +470,7 @@ async def cmd_verb(c: Client, verb: str, name: str, wait: bool, timeout: float |
         c.bus.add_message_handler(on_message)
     (job,) = await c._call(OBJECT_PATH, MANAGER_INTERFACE, VERBS[verb], "s", [name])
     if verb == "stop" and (await c.properties(path, PRESET_INTERFACE)).get("OnDemand"):
-        from ..core.portunit import stop_note
+        from ..core.launch.portunit import stop_note
 
         print(f"lokictl: {stop_note(name)}", file=sys.stderr)
     if not wait:
@@ -512,7 +512,7 @@ async def cmd_bench(c: Client, name: str, full: bool, predict: int, prompt: int,
     A single run calls Bench, which every daemon has; a repeated one BenchRepeat."""
     from dbus_fast import Message, MessageType
 
-    from ..core import benchrules
+    from ..core.bench import rules as benchrules
 
     await c.preset_path(name)  # NotFound before anything runs
     tty = sys.stderr.isatty()

@@ -62,7 +62,7 @@ KNOWN_KEYS = ("model", "ctx", "gpus", "gpu_count", "gpu_layers", "ubatch", "port
 
 def assignment(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` as the key and the value's TOML type (``presetedit.parse_value``)."""
-    from ..core.presetedit import parse_value
+    from ..core.config.presetedit import parse_value
 
     key, sep, value = text.partition("=")
     key = key.strip()
@@ -179,7 +179,7 @@ async def _pending_restart_hint(c: Client, name: str) -> None:
 
 
 async def cmd_new(c: Client, name: str, model: str | None, pairs: Sequence[str]) -> int:
-    from ..core.presetedit import new_text
+    from ..core.config.presetedit import new_text
 
     values = assignments(pairs)
     if "model" in values:

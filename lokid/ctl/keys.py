@@ -27,8 +27,8 @@ from typing import Any
 
 from dbus_fast import Variant
 
-from ..core.keys import CLASSES
 from ..core.names import KEYS_INTERFACE, OBJECT_PATH
+from ..core.serve.keys import CLASSES
 from ..host.buscall import plain
 from .client import EXIT_OK, EXIT_USAGE, Client, CtlError
 

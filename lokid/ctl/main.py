@@ -229,8 +229,8 @@ async def _main(args: argparse.Namespace) -> int:
         if command == "reload":
             return await cmd_reload(client)
         if command == "bench":
-            from ..core.benchrepeat import MAX_REPEAT, repeat_error
-            from ..core.benchrules import MAX_TOKENS
+            from ..core.bench.repeat import MAX_REPEAT, repeat_error
+            from ..core.bench.rules import MAX_TOKENS
 
             if not (0 <= args.predict <= MAX_TOKENS and 0 <= args.prompt <= MAX_TOKENS):
                 raise CtlError(f"--predict and --prompt: 0 to {MAX_TOKENS}", EXIT_USAGE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.serve import span_text
+from ..core.serve.tables import span_text
 
 
 def ago(at: float, now: float) -> str:

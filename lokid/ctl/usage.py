@@ -19,7 +19,7 @@ from typing import Any
 from dbus_fast import Variant
 
 from ..core.names import OBJECT_PATH, USAGE_INTERFACE
-from ..core.serve import span_text
+from ..core.serve.tables import span_text
 from ..host.buscall import plain
 from .client import EXIT_OK, EXIT_USAGE, Client, CtlError
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from dbus_fast import DBusError
 
+from ..core.config.presetname import valid_preset_name
 from ..core.errors import FAILED, LokiError, NotFoundError, dbus_name
 from ..core.names import (
     ACTION_BENCH,
@@ -25,7 +26,6 @@ from ..core.names import (
     ACTION_MANAGE_KEYS,
     ACTION_READ_LOGS,
 )
-from ..core.presetname import valid_preset_name
 from ..runners.runner import EngineState
 from .registry import Registry
 

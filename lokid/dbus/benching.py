@@ -13,10 +13,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..core import benchrules
+from ..core.bench import rules as benchrules
+from ..core.bench.iosample import IOSampler
+from ..core.config.external import BENCH_REFUSAL
 from ..core.errors import BusyError, EngineError, ExternalPresetError, InvalidArgsError
-from ..core.external import BENCH_REFUSAL
-from ..core.iosample import IOSampler
 
 log = logging.getLogger("lokid.daemon")
 
@@ -43,7 +43,7 @@ class Benches:
         reply of :class:`measure.Outcome`."""
         from ..bench import measure
         from ..bench.protocol import Options
-        from ..core.benchrepeat import repeat_error
+        from ..core.bench.repeat import repeat_error
 
         if mode not in (benchrules.QUICK, benchrules.FULL):
             raise InvalidArgsError(f"mode {mode!r}: quick or full")

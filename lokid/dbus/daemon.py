@@ -39,13 +39,13 @@ from dbus_fast import BusType
 from dbus_fast.constants import NameFlag, RequestNameReply
 
 from ..core import access
-from ..core.config import PRESETS_DIR
+from ..core.bench.iosample import IOSampler
+from ..core.config.files import PRESETS_DIR
+from ..core.config.secrets import mask_argv
 from ..core.errors import DaemonError, LokiError, StalePlanError
-from ..core.iosample import IOSampler
-from ..core.lasterror import LastErrors
+from ..core.launch.runtimeplan import RuntimePlan
 from ..core.names import ACTION_EDIT, BUS_NAME, preset_object_path
-from ..core.runtimeplan import RuntimePlan
-from ..core.secrets import mask_argv
+from ..core.telemetry.lasterror import LastErrors
 from ..core.wording import counted
 from ..host.notify import Notifier
 from ..planning.gather import user_of

@@ -8,12 +8,12 @@ that keep an edit from breaking what runs.
   (``InvalidPreset``: file, line, key, valid values). The file then stays byte for
   byte as it was.
 - An edit never gives a preset a name another one is routed by (its aliases, or its
-  name as another's alias): ``InvalidPreset`` naming both (:mod:`lokid.core.aliases`).
+  name as another's alias): ``InvalidPreset`` naming both (:mod:`lokid.core.config.aliases`).
 - The files are written by :class:`lokid.store.presetstore.PresetStore`: atomic,
   one writer per preset at a time, over the version the caller read, and never over
   a hand edit saved meanwhile (``Busy`` otherwise). Comments and layout survive a
-  key-level change (:mod:`lokid.core.presetedit`).
-- An edit is bounded before any work (:func:`lokid.core.presetedit.check_edit`: 256
+  key-level change (:mod:`lokid.core.config.presetedit`).
+- An edit is bounded before any work (:func:`lokid.core.config.presetedit.check_edit`: 256
   keys, 64 KiB: ``InvalidArgs``), and a stopping daemon cancels one still running.
 - After a write the daemon reads the presets again (and under systemd reruns the
   generator) before answering: the object the caller gets back exists and shows
@@ -22,10 +22,10 @@ that keep an edit from breaking what runs.
   ``PendingRestart`` until then.
 - Removing or renaming a preset whose engine runs is ``Busy`` unless forced (then its
   engine is stopped first); so is removing or renaming a preset whose model file is
-  another preset's draft (:func:`lokid.core.drafts.users_of`), which the error names.
+  another preset's draft (:func:`lokid.core.launch.drafts.users_of`), which the error names.
   A removed preset's bench result, attempt token and recorded failures go with it; a
   renamed one keeps them under its new name.
-- Draft candidates (:func:`lokid.core.drafts.candidates`) are every GGUF in
+- Draft candidates (:func:`lokid.core.launch.drafts.candidates`) are every GGUF in
   ``model_dirs`` and in the model's own directory, headers read, the model itself
   never among them.
 
@@ -41,10 +41,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from ..core import access, aliases, drafts, presetedit
-from ..core import config as cfg
+from ..core import access
+from ..core.config import aliases, presetedit
+from ..core.config import files as cfg
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, ModelError
-from ..core.plan import build_plan
+from ..core.launch import drafts
+from ..core.launch.plan import build_plan
 from ..planning.gather import check_start, gather, listable_by
 from ..runners.runner import LIVE, EngineState
 from ..store.presetstore import PresetStore, Source
@@ -106,7 +108,7 @@ class Editor:
         return await asyncio.to_thread(self._candidates, name, caller)
 
     def _candidates(self, name: str, caller: access.User | None) -> list[dict[str, Any]]:
-        from ..core.modelinfo import probe_model
+        from ..core.model.modelinfo import probe_model
 
         config_dir = self.daemon.config_dir
         glob = cfg.load_global(config_dir)
@@ -213,7 +215,8 @@ class Editor:
 
         def check(path: str, text: str) -> None:
             preset = cfg.parse_preset_text(name, path, text)
-            # each name routes to one preset: an edit never makes a clash (lokid.core.aliases)
+            # each name routes to one preset: an edit never makes a clash
+            # (lokid.core.config.aliases)
             aliases.check_unique(name, preset.aliases, {n: v.aliases for n, v in
                                                          registry.presets.items()}, path)
             if preset.external is not None:   # nothing runs here: parsed is all there is

@@ -12,7 +12,7 @@ Rules, each for a failure it prevents:
 
 - one ``GET /slots``, bounded by :data:`TIMEOUT`: an engine that hangs holds a drain no
   longer than it held it before;
-- the answer is read by :func:`lokid.core.benchslot.slots_of`, the one reader of that
+- the answer is read by :func:`lokid.core.bench.slot.slots_of`, the one reader of that
   shape: a slot ``is_processing`` is a request served; no such slot, none;
 - every failure answers None ("it does not say"): no answer, a status other than 200
   (``--no-slots``: 501; an engine started with an API key: 401, the daemon holds no
@@ -24,7 +24,7 @@ Rules, each for a failure it prevents:
 
 from __future__ import annotations
 
-from ..core.benchslot import slots_of
+from ..core.bench.slot import slots_of
 
 TIMEOUT = 2.0   # seconds for one engine's /slots
 

@@ -5,7 +5,7 @@ Requests, not connections. systemd-socket-proxyd's ``--exit-idle-time=`` and a
 proxy's own timers count open connections, so a client holding a keep-alive
 connection open keeps a GPU busy for ever. The daemon already reads every line of
 every engine (the journal under systemd, the pipe under the local runner) and its
-parser (:mod:`lokid.core.requestlog`) knows which requests are in flight: from a
+parser (:mod:`lokid.core.telemetry.requestlog`) knows which requests are in flight: from a
 slot's ``launch_slot_: … processing task`` to its ``release: … stop processing``
 (``update_slots: all slots are idle`` ends them all). That holds for a request
 through the gateway and one straight to the engine's port alike.
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..core.errors import LokiError, StalePlanError
-from ..core.replicas import is_replica, preset_of
-from ..core.serve import span_text
+from ..core.serve.replicas import is_replica, preset_of
+from ..core.serve.tables import span_text
 from ..runners.runner import READY, EngineState
 from ..store.runtimedir import read_runtime_plan
 from ..watch.meter import Meters, _Start
@@ -126,7 +126,7 @@ class IdleStops:
 
     def _replica_starts(self, name: str) -> list[_Start]:
         """The meters of the preset's replicas past the first whose engines are ready now
-        (lokid.core.replicas): an idle preset is one whose every engine is idle, since its
+        (lokid.core.serve.replicas): an idle preset is one whose every engine is idle, since its
         idle stop stops them all."""
         return [s for key, s in self.meters.starts.items()
                 if is_replica(key) and preset_of(key) == name

@@ -33,6 +33,7 @@ from dbus_fast import PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method, signal
 
 from .. import __version__
+from ..core.config.presetname import valid_preset_name
 from ..core.errors import (
     DoesNotFitError,
     InvalidArgsError,
@@ -43,7 +44,6 @@ from ..core.names import (
     PRESET_INTERFACE,
     preset_object_path,
 )
-from ..core.presetname import valid_preset_name
 from ..planning.sizing import REMEDY
 
 # the team's interfaces register in lokid.dbus.team.FACTORIES as they are imported, here
@@ -174,7 +174,7 @@ class PresetInterface(ServiceInterface):
     def MaxReplicas(self) -> "u":
         return self.view.serve.max_replicas
 
-    # kind = "external" (lokid.core.external): where its API is, and whether it answers;
+    # kind = "external" (lokid.core.config.external): where its API is, and whether it answers;
     # its key's file by path only (the gateway reads it; nothing of the key is here)
     @dbus_property(access=PropertyAccess.READ)
     def Kind(self) -> "s":
@@ -200,7 +200,8 @@ class PresetInterface(ServiceInterface):
         return self.reach.look(ext.url) if ext else ""
 
     # what clients ask for it by and what it can do (issue 46, item 5): aliases as routed
-    # (lokid.core.aliases), capabilities and context from its plan (lokid.core.modeltraits)
+    # (lokid.core.config.aliases), capabilities and context from its plan
+    # (lokid.core.model.modeltraits)
     @dbus_property(access=PropertyAccess.READ)
     def Aliases(self) -> "as":
         return list(self.view.aliases)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from ..core.lasterror import LastErrors
+from ..core.telemetry.lasterror import LastErrors
 from ..runners.runner import JOB_FAILED, EngineState
 
 log = logging.getLogger("lokid.daemon")  # the daemon's own lines, as they always were

@@ -17,7 +17,7 @@ Rules, each for a failure it prevents:
 - the file is the one the gateway reads: ``[gateway] keys_file`` of lokid.toml, read at
   each call (keys written where the gateway does not look would be keys that silently
   never work); its default follows the daemon's config directory
-  (``<config>/clients/keys.toml``, :data:`lokid.core.keys.KEYS_FILE` for ``/etc/loki``), as
+  (``<config>/clients/keys.toml``, :data:`lokid.core.serve.keys.KEYS_FILE` for ``/etc/loki``), as
   the presets do, so that a daemon run on a test directory never touches ``/etc``; a
   ``keys_file = ""`` (no named keys) refuses every method, saying so.
 
@@ -37,10 +37,10 @@ from typing import Any
 from dbus_fast import Variant
 from dbus_fast.service import ServiceInterface, method, signal
 
-from ..core import config as cfg
+from ..core.config import files as cfg
 from ..core.errors import InvalidArgsError, NotFoundError
-from ..core.keys import CLASSES, KEYS_DIR, KEYS_FILE, LIMITS, KeyEntry
 from ..core.names import KEYS_INTERFACE
+from ..core.serve.keys import CLASSES, KEYS_DIR, KEYS_FILE, LIMITS, KeyEntry
 from ..store.keystore import KeyStore, Options
 from .access import KEYS, access, guarded
 from .team import FACTORIES

@@ -9,7 +9,7 @@ by the shipped rules). The rules a read keeps:
 - following is polling, not a long call: a reader passes the cursor it was given and
   gets what came after (a call never waits for lines, so no call holds the daemon);
 - under the local runner (no journal) the lines come from what the runner keeps of its
-  children's output (:mod:`lokid.core.logring`), with the same cursor protocol;
+  children's output (:mod:`lokid.core.telemetry.logring`), with the same cursor protocol;
   ``StatsSince`` needs the journal, and says so;
 - the lines are the engine's, as the journal has them: no more than a member could
   see with the journal's own rights; the action is not anyone's.

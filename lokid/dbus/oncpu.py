@@ -1,9 +1,9 @@
 """A start whose GPU engine runs on the CPU, as the daemon acts on it (issue 44, item 3).
 
 The journal watcher (or the local runner's judge) finds it at the start's "ready at"
-(:meth:`lokid.core.enginelog.Load.on_cpu`: a GPU backend that did not start, or
+(:meth:`lokid.core.telemetry.enginelog.Load.on_cpu`: a GPU backend that did not start, or
 "offloaded" with every buffer in host memory) and writes lokid's own journal entry;
-the Stats carry it as ``on_cpu`` (:mod:`lokid.core.telemetry`). Here the daemon says it
+the Stats carry it as ``on_cpu`` (:mod:`lokid.core.telemetry.figures`). Here the daemon says it
 in its own log and tells the start, through a note in the runtime directory
 (:mod:`lokid.store.oncpunote`), which its engine step reads while the engine serves
 (:mod:`lokid.unit.oncpu`): the only process that may set the unit's STATUS= says there
@@ -27,7 +27,7 @@ import os
 from typing import Any, Protocol
 
 from ..core.errors import StalePlanError
-from ..core.replicas import preset_of
+from ..core.serve.replicas import preset_of
 from ..runners.runner import LIVE
 from ..store.oncpunote import Note, read_note, write_note
 from ..store.runtimedir import read_runtime_plan

@@ -1,13 +1,13 @@
 """``org.lokid.Lokid1.Pulls`` at ``/org/lokid/Lokid1``: models fetched to the server (issue 48).
 
 ``Pull(reference, directory)`` starts ``lokid pull-worker`` in a unit of its own
-(:mod:`lokid.runners.pullrun`, :mod:`lokid.core.pullunit`) and returns its unit name at
+(:mod:`lokid.runners.pullrun`, :mod:`lokid.core.model.pullunit`) and returns its unit name at
 once; the worker's status file becomes ``PullProgress`` signals (at most two a second per
 pull) and ``ListPulls()``. ``CancelPull(unit)`` stops it: what came is kept for a resume.
 
 Rules, each for a failure it prevents:
 
-- **the reference is read here before any unit starts** (:func:`lokid.core.pullref.
+- **the reference is read here before any unit starts** (:func:`lokid.core.model.pullref.
   parse_reference`): a typo is an InvalidArgs to the caller, not a failed unit to find in
   the journal;
 - **the directory is the first of ``model_dirs`` unless the caller names one**, absolute
@@ -43,10 +43,10 @@ from typing import Any
 from dbus_fast import Variant
 from dbus_fast.service import ServiceInterface, method, signal
 
-from ..core import config as cfg
-from ..core import pullref, pullunit
 from ..core.access import engine_user
+from ..core.config import files as cfg
 from ..core.errors import BusyError, InvalidArgsError, NotFoundError, printable
+from ..core.model import pullref, pullunit
 from ..core.names import PULLS_INTERFACE
 from ..unit.pullworker import FAILED, FINAL, Status, read_status
 from .access import MANAGE, READ, access, guarded

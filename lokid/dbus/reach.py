@@ -1,6 +1,6 @@
 """Whether an external preset's API answers: the daemon's ``Reachable`` property.
 
-An external preset (:mod:`lokid.core.external`) has no engine whose state says whether
+An external preset (:mod:`lokid.core.config.external`) has no engine whose state says whether
 requests for it can be served; what an operator asks instead is whether its API
 answers. :class:`Reachability` answers that for one preset, by asking the API's model
 list (``GET <url>/models``, :data:`TIMEOUT` seconds, no key: an API that answers 401
@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..core.external import models_url
+from ..core.config.external import models_url
 
 log = logging.getLogger("lokid.daemon")
 

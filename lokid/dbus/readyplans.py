@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 
 from ..core.errors import LokiError, StateError
+from ..core.launch.runtimeplan import RuntimePlan
 from ..core.record import replace
-from ..core.runtimeplan import RuntimePlan
 from ..planning.gather import decide, gather
 from ..store import plancache
 from ..store.state import StateReader, read_cleared

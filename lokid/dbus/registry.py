@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import aliases, modeltraits
-from ..core import config as cfg
-from ..core.attempt import LOADING_NOW
-from ..core.benchrules import bench_fingerprint
+from ..core.bench.rules import bench_fingerprint
+from ..core.config import aliases
+from ..core.config import files as cfg
+from ..core.config.external import ENGINE, EXTERNAL, External, external_notes, nothing_runs
 from ..core.errors import (
     ConfigError,
     ExternalPresetError,
@@ -36,14 +36,15 @@ from ..core.errors import (
     ProbePending,
     StateError,
 )
-from ..core.external import ENGINE, EXTERNAL, External, external_notes, nothing_runs
-from ..core.modelinfo import ModelInfo
+from ..core.launch.attempt import LOADING_NOW
+from ..core.launch.plan import Plan
+from ..core.model import modeltraits
+from ..core.model.modelinfo import ModelInfo
 from ..core.names import engine_unit
 from ..core.place.footprint import Footprint
 from ..core.place.settings import PlacementConfig
-from ..core.plan import Plan
 from ..core.record import replace
-from ..core.serve import Serve
+from ..core.serve.tables import Serve
 from ..host.probe import Outcome
 from ..planning.gather import decide, gather
 from ..planning.sizing import extra_files, memory_key_of
@@ -72,7 +73,7 @@ class PresetView:
     # kind = "external": an API elsewhere, no engine (its error says so to every start)
     external: External | None = None
     # the file of its API key (an engine's api_key_file, or an external API's): the gateway
-    # reads it (:mod:`lokid.core.external`); a path, never the key
+    # reads it (:mod:`lokid.core.config.external`); a path, never the key
     key_file: str = ""
     # what its engine's memory is measured for (lokid.core.place.footprint), "" without a
     # plan; and the footprint measured for it, if any
@@ -85,11 +86,11 @@ class PresetView:
     # the preset's cpu_fallback (lokid.dbus.oncpu): "fail" stops a start found on the CPU
     cpu_fallback: str = "run"
     # its aliases as written, those it is routed by (a clash costs the alias, not the
-    # preset: lokid.core.aliases), and why one was dropped
+    # preset: lokid.core.config.aliases), and why one was dropped
     declared_aliases: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     alias_notes: tuple[str, ...] = ()
-    # what it can do and its context, from its plan and GGUF (lokid.core.modeltraits),
+    # what it can do and its context, from its plan and GGUF (lokid.core.model.modeltraits),
     # computed with the plan: () and 0 without one
     capabilities: tuple[str, ...] = ()
     context_length: int = 0
@@ -184,7 +185,7 @@ class Registry:
     def refresh(self, name: str) -> PresetView:
         """Plan one preset again (after a verdict was recorded for it; for one of its
         replicas' engines, ``NAME:k``: the preset, whose view the replicas share)."""
-        from ..core.replicas import preset_of
+        from ..core.serve.replicas import preset_of
 
         name = preset_of(name)
         preset = cfg.load_preset(self.config_dir, name)
@@ -220,14 +221,14 @@ class Registry:
         """Presets that would listen where another one that holds the address does (the
         one that started on it last, else the first by name): each gets the error, as
         ``lokid plan`` and its start report it; the holder keeps its plan."""
-        from ..core import conflicts
+        from ..core.launch import conflicts
         from ..core.record import replace
-        from ..core.replicas import instance, replica_port
+        from ..core.serve.replicas import instance, replica_port
         from ..planning.gather import last_starts
 
         found = {name: conflicts.Endpoint(*v.listen, v.path)
                  for name, v in views.items() if v.listen is not None}
-        # each replica's port is its preset's too (lokid.core.replicas), as a start counts it
+        # each replica's port is its preset's too (lokid.core.serve.replicas), as a start counts it
         found.update({instance(name, k): conflicts.Endpoint(
             v.listen[0], replica_port(v.listen[1], k), v.path)
             for name, v in views.items() if v.listen is not None
@@ -239,7 +240,7 @@ class Registry:
                                error_type=ConfigError)
                  if name in clashes and v.plan is not None else v
                  for name, v in views.items()}
-        # each name routes to one preset: a clash costs the alias (lokid.core.aliases)
+        # each name routes to one preset: a clash costs the alias (lokid.core.config.aliases)
         kept, lost = aliases.resolve({n: v.declared_aliases for n, v in views.items()})
         for name, why in sorted(lost.items()):
             log.warning("preset %s: %s", name, "; ".join(why))
@@ -345,7 +346,7 @@ def _address_error(plan: Plan, inputs: Any, for_units: bool) -> ConfigError | No
     host *name* would make every load wait on DNS; its start says what is wrong with it."""
     import ipaddress
 
-    from ..core.conflicts import listen_source
+    from ..core.launch.conflicts import listen_source
     from ..planning.endpoint import check_address
     from ..planning.gather import unit_user
 

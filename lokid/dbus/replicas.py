@@ -1,4 +1,4 @@
-"""The daemon's side of a preset's replicas (issue 47, :mod:`lokid.core.replicas`):
+"""The daemon's side of a preset's replicas (issue 47, :mod:`lokid.core.serve.replicas`):
 starting a preset starts its ``replicas``, stopping it stops every one, and one more (or
 one fewer) is started or stopped on request: the gateway's scaling rule and the
 operator (``StartReplica``, ``StopReplica``).
@@ -15,7 +15,7 @@ Rules, each for the failure it prevents:
 - A stop of the preset stops every replica it has started, whatever ``max_replicas`` now
   says (an edit that lowered it must not leave engines running that no one can stop by
   name), and those a daemon before this one started (the runner is told to follow every
-  index up to :data:`~lokid.core.presetname.MAX_REPLICAS` the preset allows).
+  index up to :data:`~lokid.core.config.presetname.MAX_REPLICAS` the preset allows).
 - A restart (``RestartPreset``, after an edit) of a preset whose engine and replicas
   run is rolled: its own engine first, then each replica once the engine before it
   answers again; an engine that does not come back stops the roll. Restarted all at
@@ -52,7 +52,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.address import engine_url
 from ..core.errors import InvalidArgsError, ReplicasBusyError, StalePlanError
 from ..core.names import engine_unit
-from ..core.replicas import SEPARATOR, instance, is_replica, preset_of, replica_port, split_instance
+from ..core.serve.replicas import (
+    SEPARATOR,
+    instance,
+    is_replica,
+    preset_of,
+    replica_port,
+    split_instance,
+)
 from ..runners.runner import FAILED, INACTIVE, LIVE, READY, EngineState
 from ..store.runtimedir import read_runtime_plan
 from .enginebusy import serving

@@ -3,7 +3,7 @@
 A preset's command line can hold secret values (``--api-key sk-…`` typed into
 ``extra_args``), and its environment tokens. A caller without the right to
 edit presets (:data:`lokid.core.names.ACTION_EDIT`, group ``loki`` by the
-shipped rules) must get them masked (:func:`lokid.core.secrets.mask_argv`), a
+shipped rules) must get them masked (:func:`lokid.core.config.secrets.mask_argv`), a
 caller with it in clear: the same right guards the preset's file, so nobody
 learns over the bus what they could not read on disk.
 

@@ -39,10 +39,10 @@ from typing import Any, Protocol
 
 from ..core.errors import LokiError, StalePlanError, printable
 from ..core.fleet.rpc import workers_of
-from ..core.gpuselect import listing_env
+from ..core.launch.gpuselect import listing_env
 from ..core.place.need import Sizing, size_plan
 from ..core.place.policy import room_unknown
-from ..core.replicas import instance, preset_of
+from ..core.serve.replicas import instance, preset_of
 from ..host.devices import Room, listed_gpus, read_room, room_json
 from ..planning.sizing import Memory, never_fits_here
 from ..store.runtimedir import read_runtime_plan
@@ -147,7 +147,7 @@ class DeviceRoom:
         """The preset's need on the last room read; None without a plan or a header.
         ``running``: of its engine as it runs (the GPUs its start chose, for ``gpus =
         "auto"``), not of its next start. ``name`` may be a replica's instance
-        (``NAME:k``, lokid.core.replicas): its preset's need, on the GPUs its own start
+        (``NAME:k``, lokid.core.serve.replicas): its preset's need, on the GPUs its own start
         chose."""
         view = self.host.daemon.registry.presets.get(preset_of(name))
         if view is None or view.plan is None or view.info is None:

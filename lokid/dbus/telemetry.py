@@ -27,7 +27,7 @@ import logging
 from typing import Any, Protocol
 
 from ..core.errors import LokiError
-from ..core.replicas import is_replica, preset_of, split_instance
+from ..core.serve.replicas import is_replica, preset_of, split_instance
 from ..host.nvml import GpuMemory
 from ..runners.runner import INACTIVE, READY, EngineState, Runner
 from ..watch.meter import BLIND_AFTER, Meters
@@ -230,7 +230,7 @@ class Telemetry:
     async def read_metrics_setting(self) -> None:
         """lokid.toml's ``metrics_textfile`` (a broken lokid.toml: the default; its error is
         the presets' to report). A new path takes over from the old one, whose file goes."""
-        from ..core import config as cfg
+        from ..core.config import files as cfg
         from ..watch.promfile import where
 
         def read() -> tuple[str, str]:

@@ -38,7 +38,7 @@ import time
 from typing import Any, Protocol
 
 from ..core.errors import LokiError
-from ..core.serve import span_text
+from ..core.serve.tables import span_text
 from ..core.wording import counted
 from ..runners.runner import LIVE, READY, EngineState
 from .registry import Registry

@@ -20,7 +20,7 @@ and preset (:mod:`lokid.watch.usageprom`). Who may call what, and why:
   textfile, which node_exporter serves to whoever scrapes it. An operator who wants the
   names private keeps both from the host's users (a bus policy deny for Usage).
 
-Rows are checked before anything is taken (:func:`lokid.core.usage.check_rows`): a call
+Rows are checked before anything is taken (:func:`lokid.core.serve.usage.check_rows`): a call
 with one bad row is refused whole, with the row's place and what would be valid, and
 nothing of it is counted. Days older than the retention are dropped (they would be
 deleted at the next purge anyway): a gateway that held its counts through a long outage
@@ -43,10 +43,10 @@ from typing import Any, Protocol
 from dbus_fast import PropertyAccess, Variant
 from dbus_fast.service import ServiceInterface, dbus_property, method
 
-from ..core import usage as rules
-from ..core import waiting
 from ..core.errors import LokiError, PermissionDeniedError
 from ..core.names import GATEWAY_USER, USAGE_INTERFACE
+from ..core.serve import usage as rules
+from ..core.serve import waiting
 from ..host.buscall import plain
 from ..store.usage import UsageStore
 from ..watch.promfile import Textfile
@@ -104,7 +104,7 @@ class UsageKeeper:
         read (its error is the presets' to report); at the daemon's start, none: nothing
         is deleted until the file says how long to keep (a typo must not cut a 365-day
         retention to the default 90)."""
-        from ..core import config as cfg
+        from ..core.config import files as cfg
 
         try:
             self.retention = cfg.load_global(self.host.config_dir).usage.retention_days

@@ -9,8 +9,8 @@ from typing import Any
 
 from dbus_fast import Variant
 
-from ..core.plan import Plan
-from ..core.secrets import mask_argv, mask_env
+from ..core.config.secrets import mask_argv, mask_env
+from ..core.launch.plan import Plan
 from .reveal import revealed
 
 

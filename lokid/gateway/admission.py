@@ -1,7 +1,7 @@
 """The gate in front of each engine: at most its slots in flight, the rest waiting by fair
 share between keys, a full queue refused 429 (issue 46, items 3 and 4).
 
-Who goes next is :mod:`lokid.core.fairshare` (pure, table-tested); this is its asyncio
+Who goes next is :mod:`lokid.core.serve.fairshare` (pure, table-tested); this is its asyncio
 edge, entered by a request once its group's turn is its own and its engine is started
 (:meth:`lokid.gateway.server.Gateway._route`). Rules, each for the failure it prevents:
 
@@ -44,11 +44,11 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from aiohttp import web
 
-from ..core.external import EXTERNAL
-from ..core.fairshare import UNLIMITED, FairShare, QueueFull, Ticket
-from ..core.flags import flag_value
-from ..core.keys import ANONYMOUS, Identity
+from ..core.config.external import EXTERNAL
+from ..core.launch.flags import flag_value
 from ..core.place.need import DEFAULT_PARALLEL, PARALLEL
+from ..core.serve.fairshare import UNLIMITED, FairShare, QueueFull, Ticket
+from ..core.serve.keys import ANONYMOUS, Identity
 from .context import IDENTITY_KEY, TICKET_KEY, WAITED_KEY
 from .presets import Preset
 from .replies import GatewayError

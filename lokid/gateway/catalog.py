@@ -9,7 +9,7 @@ is shown with its reason. With peers, their models are added (:func:`with_peers`
 Each entry says what a client picks a model by (:func:`described`): its context length
 and capabilities, and its aliases, each also listed as a model of its own.
 
-A client's key may be limited to some models (:meth:`lokid.core.keys.Identity.allows`):
+A client's key may be limited to some models (:meth:`lokid.core.serve.keys.Identity.allows`):
 it is shown only those, here and the peers', and any other is answered as a model that
 does not exist (404 model_not_found, :meth:`Catalog.refused`), by the list, by
 ``/v1/models/<id>`` and by the known names a refusal lists: a key must not learn which
@@ -23,10 +23,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..core.external import EXTERNAL
+from ..core.config.external import EXTERNAL
 from ..core.fleet.route import READY
-from ..core.keys import ANONYMOUS, Identity
 from ..core.place.policy import Resident
+from ..core.serve.keys import ANONYMOUS, Identity
 from .peers import UNAVAILABLE as UNAVAILABLE_PEER
 from .peers import Peers
 from .placer import Placer
@@ -133,7 +133,7 @@ class Catalog:
 def described(entries: dict[str, dict[str, Any]], presets: Presets) -> None:
     """Each preset's entry with what a client picks a model by (issue 46, item 5): under
     ``lokid`` its ``context_length`` (null: not known) and ``capabilities`` (the daemon's,
-    lokid.core.modeltraits), and ``aliases`` beside ``id`` (llama.cpp's router names the
+    lokid.core.model.modeltraits), and ``aliases`` beside ``id`` (llama.cpp's router names the
     field so); a preset running several engines, each as ``lokid.engines`` (index, state,
     requests in flight: its replicas, issue 47; no address); and each alias as an entry
     of its own, ``lokid.alias_of`` its preset, so that a model picker offers it and
@@ -152,7 +152,7 @@ def described(entries: dict[str, dict[str, Any]], presets: Presets) -> None:
         if name in presets.broken:
             continue
         for alias in p.aliases:
-            if alias not in entries:   # a name wins over an alias (lokid.core.aliases)
+            if alias not in entries:   # a name wins over an alias (lokid.core.config.aliases)
                 entries[alias] = {**entry, "id": alias, "aliases": [],
                                   "lokid": {**entry["lokid"], "alias_of": name}}
 

@@ -1,6 +1,6 @@
 """What the gateway's parts note on a request for one another (aiohttp request keys).
 
-- :data:`IDENTITY_KEY`: who sent it (:class:`lokid.core.keys.Identity`), set once its key
+- :data:`IDENTITY_KEY`: who sent it (:class:`lokid.core.serve.keys.Identity`), set once its key
   is checked (:mod:`lokid.gateway.keys`); absent for a request refused before (a 401);
 - :data:`ROUTE_KEY`: the route asked, as the gateway offers it (``/v1/chat/completions``);
 - :data:`WAITED_KEY`: seconds it waited before it was sent on (a cold start, a swap, a

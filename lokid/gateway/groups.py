@@ -1,7 +1,7 @@
 """GPU groups at the gateway: one preset of a ``serve.group`` runs at a time, a swap
 never cuts a request (issue 22, item 2), and each swap is worth its cost (issue 28, item 2).
 
-The rule is :func:`lokid.core.swaps.decide` (pure, table-tested); this is its edge. A
+The rule is :func:`lokid.core.serve.swaps.decide` (pure, table-tested); this is its edge. A
 request for a preset of a group enters its group's queue (:meth:`Groups.turn`) and goes
 on when the rule admits it; from then until its answer is relayed whole (or its client
 goes), it counts as in flight for its preset. The rule runs again at every change: a
@@ -14,7 +14,7 @@ What a swap costs is the load of the preset swapped in, as the daemon measured i
 says in the preset's ``Stats`` (which the gateway follows anyway): its last cold start's
 wait from the ask to READY (``cold_start_last_wait_seconds``, what a waiting request
 pays), else its engine's last load (``load_seconds``), else an estimate from its
-``Memory`` need (:func:`lokid.core.swaps.estimated_cost`), else the rule's default. The
+``Memory`` need (:func:`lokid.core.serve.swaps.estimated_cost`), else the rule's default. The
 holder's idle time counts from its last request in flight (the gateway's, or the
 daemon's count moving to 0) or its READY; each request for a member with nothing of its
 own in flight or waiting notes how long after that it came (its clients came back), and
@@ -37,7 +37,7 @@ A swap, in this order, each step for a failure it prevents:
 - each stopped member's idle slots are saved first, and restored at its next start before
   its requests are sent (:mod:`lokid.gateway.slots`): a swap keeps the users' caches.
 
-A batch key's request (:attr:`lokid.core.keys.Identity.batch`, issue 46, item 3) never
+A batch key's request (:attr:`lokid.core.serve.keys.Identity.batch`, issue 46, item 3) never
 starts a swap while the holder serves an interactive key's request (in flight or
 waiting for its turn): it is left out of the rule until they end, so that neither the
 holder's drain nor the wait cap cuts a person's stream for a batch job. Once the holder
@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 from dbus_fast import DBusError
 
-from ..core.swaps import (
+from ..core.serve.swaps import (
     MAX_WAIT,
     NEVER,
     RETURNS_KEPT,
@@ -178,7 +178,7 @@ class Group:
 
     def _returned(self, preset: str, now: float) -> None:
         """A request for ``preset`` arrived: how long after its last one ended, when none
-        of its own is in flight or waiting (its clients came back; lokid.core.swaps)."""
+        of its own is in flight or waiting (its clients came back; lokid.core.serve.swaps)."""
         last = self.active_at.get(preset)
         if last is None or self.own[preset] > 0 or \
                 any(w.preset == preset for w in self.waiting):

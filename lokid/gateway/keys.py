@@ -1,16 +1,16 @@
-"""The gateway's keyring: who a request is (:class:`lokid.core.keys.Identity`), from the
+"""The gateway's keyring: who a request is (:class:`lokid.core.serve.keys.Identity`), from the
 key it presents, against the flat ``api_keys_file`` and the named keys file
-(:data:`lokid.core.keys.KEYS_FILE`, ``[gateway] keys_file``) that lokid.service writes
+(:data:`lokid.core.serve.keys.KEYS_FILE`, ``[gateway] keys_file``) that lokid.service writes
 for ``lokictl keys``.
 
 Rules, each for a failure it prevents:
 
 - a key is read from ``Authorization: Bearer KEY``, a bare ``Authorization: KEY`` and
-  ``x-api-key: KEY`` (:func:`lokid.core.keys.presented`): Anthropic's clients and litellm's
+  ``x-api-key: KEY`` (:func:`lokid.core.serve.keys.presented`): Anthropic's clients and litellm's
   ``anthropic/`` provider send ``x-api-key``, and were refused 401 where llama-server and
   llama.cpp's router answer them (issue 46);
 - a request is checked with one hash and one dictionary lookup
-  (:class:`lokid.core.keys.Lookup`), whatever the number of keys: 1,000 keys cost what
+  (:class:`lokid.core.serve.keys.Lookup`), whatever the number of keys: 1,000 keys cost what
   one does, and the time taken says nothing of how close a wrong key came;
 - the named file is re-read when it changes (its inode, size, mtime or ctime), looked at
   every :data:`CHECK_EVERY` seconds by a task of its own (:meth:`Keyring.start`), the read
@@ -23,7 +23,7 @@ Rules, each for a failure it prevents:
   cannot be read or parsed is an error naming it (:class:`ConfigError`), the gateway
   does not start rather than start open or shut;
 - the gateway is *keyed* when ``api_keys_file`` is set or the named file holds a key; a
-  keyless gateway's requests are :data:`lokid.core.keys.ANONYMOUS`. Once keyed it stays
+  keyless gateway's requests are :data:`lokid.core.serve.keys.ANONYMOUS`. Once keyed it stays
   keyed until it stops: every key deleted is every request refused, never an open
   gateway (a file emptied by mistake must not hand the GPUs to the network);
 - a refused key is told why when the client had it (revoked, expired, rotated: the
@@ -41,7 +41,15 @@ import time
 from collections.abc import Callable, Mapping
 
 from ..core.errors import ConfigError
-from ..core.keys import ANONYMOUS, MAX_KEYS_BYTES, Identity, KeyEntry, Lookup, parse, presented
+from ..core.serve.keys import (
+    ANONYMOUS,
+    MAX_KEYS_BYTES,
+    Identity,
+    KeyEntry,
+    Lookup,
+    parse,
+    presented,
+)
 from .replies import GatewayError
 
 log = logging.getLogger("lokid.gateway")

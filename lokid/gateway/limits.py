@@ -1,6 +1,6 @@
 """A key's rate limits and token budgets, checked when a request is admitted (issue 46, item 4).
 
-A named key (:class:`lokid.core.keys.Limits`) may have ``requests_per_minute``,
+A named key (:class:`lokid.core.serve.keys.Limits`) may have ``requests_per_minute``,
 ``tokens_per_minute``, ``tokens_per_day`` and ``tokens_per_month``. :meth:`Limiter.check`
 runs once per request, after its key and its model are known and before anything is
 started, sent to an engine or to a peer; past a limit the answer is 429 in OpenAI's
@@ -56,8 +56,8 @@ from typing import Any
 
 from dbus_fast import DBusError
 
-from ..core.keys import Identity
 from ..core.names import BUS_NAME, OBJECT_PATH, USAGE_INTERFACE
+from ..core.serve.keys import Identity
 from ..host.buscall import call
 from .replies import GatewayError
 

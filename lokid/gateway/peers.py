@@ -43,11 +43,11 @@ Rules, each for a failure it prevents:
   (it forgets a word not repeated); a report that fails is logged once, never in the
   way of a request.
 
-Cache-affine routing (issue 47, item 2; :mod:`lokid.core.affinity`): among the ready
+Cache-affine routing (issue 47, item 2; :mod:`lokid.core.serve.affinity`): among the ready
 replicas, a request goes where its prompt's longest prefix was last sent, within a bound
 on load. Rules, each for a failure it prevents:
 
-- a prompt's fingerprints (:mod:`lokid.core.prefixes`) are taken on the routes that read
+- a prompt's fingerprints (:mod:`lokid.core.serve.prefixes`) are taken on the routes that read
   a prompt (:data:`AFFINE_ROUTES`), whenever this gateway has peers or the request came
   from one: a peer must know what its own engine holds to say it;
 - this gateway records where it sent each prompt, a peer or its own engine
@@ -63,7 +63,7 @@ on load. Rules, each for a failure it prevents:
   whose key this gateway accepts could send it, so a gateway shared with untrusted keys
   lets them confirm such guesses; the prompts themselves never leave;
 - what a peer lists is kept out of what clients see (:func:`lokid.core.fleet.listing
-  .prefixes_of`), and taken as a hint only (:meth:`lokid.core.affinity.Affinity.learn`).
+  .prefixes_of`), and taken as a hint only (:meth:`lokid.core.serve.affinity.Affinity.learn`).
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ from typing import Any
 
 import aiohttp
 
-from ..core.affinity import Affinity
 from ..core.fleet.listing import (
     MAX_BYTES,
     ListingRefused,
@@ -92,7 +91,8 @@ from ..core.fleet.listing import (
 )
 from ..core.fleet.peers import Peer, cleartext_key, peer_key_credential
 from ..core.fleet.route import LOCAL, READY, Host, Model, Route, route
-from ..core.prefixes import Chain, chain_of, hex_of
+from ..core.serve.affinity import Affinity
+from ..core.serve.prefixes import Chain, chain_of, hex_of
 from .faults import Throttle
 from .relay import read_capped
 from .replies import GatewayError, public

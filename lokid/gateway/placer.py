@@ -30,7 +30,7 @@ What it says is done here, each step for a failure it prevents:
   busy forever;
 - **refuse**: what can never fit on this host is answered at once (the daemon's
   ``StartForRequest`` refuses it too);
-- **a batch key's requests** (:attr:`lokid.core.keys.Identity.batch`, issue 46) never
+- **a batch key's requests** (:attr:`lokid.core.serve.keys.Identity.batch`, issue 46) never
   close or cut an engine serving an interactive key's request: where the plan for them
   would, they are left out of the rule until those requests end (a batch job must not
   cut a person's stream after its engine's drain); their wait is still bounded by
@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from dbus_fast import DBusError
 
-from ..core.external import EXTERNAL
+from ..core.config.external import EXTERNAL
 from ..core.place.policy import (
     Device,
     Need,
@@ -71,8 +71,8 @@ from ..core.place.policy import (
     placeable,
 )
 from ..core.place.settings import PlacementConfig
-from ..core.swaps import MAX_WAIT as CLOSE_AFTER
-from ..core.swaps import NEVER
+from ..core.serve.swaps import MAX_WAIT as CLOSE_AFTER
+from ..core.serve.swaps import NEVER
 from .groups import swap_cost
 from .ondemand import LOADING, READY, STOPPING
 from .presets import Preset, Presets

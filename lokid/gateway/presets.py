@@ -355,7 +355,7 @@ class Presets:
 
     def _index(self) -> None:
         """Which preset each alias routes to. The daemon gives each alias to one preset
-        (lokid.core.aliases); should two say so between two of its signals, the first by
+        (lokid.core.config.aliases); should two say so between two of its signals, the first by
         name keeps it, as the daemon decides, and a preset's name is never an alias."""
         index: dict[str, str] = {}
         for name in sorted(self.presets):

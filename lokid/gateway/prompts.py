@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 
-from ..core.flags import flag_value, has_flag
+from ..core.launch.flags import flag_value, has_flag
 
 BYTES_PER_TOKEN = 64
 OVERHEAD = 64 * 1024

@@ -26,7 +26,7 @@ Rules, each for a failure it prevents:
   of events gets a last event holding the error; any other answer is cut off (the
   connection closed before its end), which a client reads as an error;
 - hop-by-hop headers stay on their hop; no header that may carry a client's key
-  (:data:`lokid.core.keys.CLIENT_KEY_HEADERS`: ``Authorization``, ``x-api-key``,
+  (:data:`lokid.core.serve.keys.CLIENT_KEY_HEADERS`: ``Authorization``, ``x-api-key``,
   ``api-key``, ``Proxy-Authorization``) leaves the gateway, to an engine, an external API
   or a peer gateway, keyed gateway or not: a preset with its own key gets that one
   (:mod:`lokid.gateway.upstream`), a peer the peer key. Only ``Authorization`` was dropped
@@ -66,7 +66,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from ..core.keys import CLIENT_KEY_HEADERS
+from ..core.serve.keys import CLIENT_KEY_HEADERS
 from . import tunnel
 from .enginegone import engine_gone
 from .figures import tail_of

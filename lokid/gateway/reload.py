@@ -52,9 +52,9 @@ from typing import Protocol
 
 from aiohttp import web
 
+from ..core.config.secrets import CREDENTIALS_DIR_ENV
 from ..core.errors import ConfigError, LokiError
-from ..core.secrets import CREDENTIALS_DIR_ENV
-from ..core.serve import loopback
+from ..core.serve.tables import loopback
 from .body import BODIES_HELD, Bodies
 from .cors import Cors
 from .headtimeout import Connections

@@ -13,7 +13,7 @@ Rules, each for the failure it prevents:
 - each live replica is a resident named ``NAME:k`` holding what the daemon says it
   holds (the preset's ``Memory``, ``replicas_held``: its own start's sizing);
 - it is **kept** (never a victim of the rule's evictions): it is not a preset the rule
-  can stop and start again on demand; the scaling rule (:mod:`lokid.core.scaling`)
+  can stop and start again on demand; the scaling rule (:mod:`lokid.core.serve.scaling`)
   stops those it started once idle, and the operator's are the operator's;
 - one starting or stopping counts as such (its room is taken, or soon freed), and its
   requests in flight are its row's.
@@ -24,7 +24,7 @@ Pure over the gateway's view of a preset: no I/O.
 from __future__ import annotations
 
 from ..core.place.policy import Resident
-from ..core.swaps import NEVER
+from ..core.serve.swaps import NEVER
 from .presets import Preset
 
 GONE = ("inactive", "failed")

@@ -6,7 +6,7 @@ followed by ``PropertiesChanged`` as every preset property is: no bus call per r
 Rules, each for the failure it prevents:
 
 - **cache-affine among the ready engines**: a request goes where
-  :meth:`lokid.core.affinity.Affinity.choose` says (the engine known to hold the longest
+  :meth:`lokid.core.serve.affinity.Affinity.choose` says (the engine known to hold the longest
   prefix of its prompt, within a bound on load), with the one table the peers' routing
   uses (:attr:`lokid.gateway.peers.Peers.affinity`): replica 1 is named as this host
   (``LOCAL``) there, replica k as ``":k"``, a name no peer can have (a peer's name is a
@@ -34,7 +34,7 @@ Rules, each for the failure it prevents:
 - **the gate counts every ready engine's slots** (:meth:`lokid.gateway.admission
   .Admission.slots`): requests wait at the
   preset's gate only when all of them are busy, and the scaling rule reads that wait;
-- **scaling** (:class:`Scaler`): :mod:`lokid.core.scaling` once every :data:`LOOK`
+- **scaling** (:class:`Scaler`): :mod:`lokid.core.serve.scaling` once every :data:`LOOK`
   seconds for each preset that may run more than one engine, its step done through the
   daemon (``StartReplicaForLoad``, ``StopReplica``), one at a time; the daemon's refusal
   is logged and the hold-down applies as for a step done. A start the wait asks for and
@@ -59,14 +59,14 @@ from typing import Any
 from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 
-from ..core.affinity import Affinity, Replica
-from ..core.fairshare import FairShare
-from ..core.flags import flag_value
 from ..core.fleet.route import LOCAL
+from ..core.launch.flags import flag_value
 from ..core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
 from ..core.place.policy import HOST, fits_now
-from ..core.prefixes import Chain
-from ..core.scaling import NEVER, Compute, Engine, Load, decide, hold
+from ..core.serve.affinity import Affinity, Replica
+from ..core.serve.fairshare import FairShare
+from ..core.serve.prefixes import Chain
+from ..core.serve.scaling import NEVER, Compute, Engine, Load, decide, hold
 from ..host.buscall import call
 from ..host.cores import host_cores
 from .groups import swap_cost
@@ -195,7 +195,7 @@ def told_too(entries: dict[str, dict[str, Any]], presets: Presets, affinity: Aff
 
 
 def compute_of(p: Preset, rows: list[dict[str, Any]], cores: int) -> Compute:
-    """Where an engine of ``p`` computes (:class:`lokid.core.scaling.Compute`): on the
+    """Where an engine of ``p`` computes (:class:`lokid.core.serve.scaling.Compute`): on the
     GPUs its need names or the ``gpu_count`` chosen at its start (the daemon's
     ``Memory``); else, where the host has no GPU or the need is on the host alone, on
     its ``-t`` threads of the host's ``cores``. A GPU host's preset whose need is not
@@ -217,7 +217,7 @@ def compute_of(p: Preset, rows: list[dict[str, Any]], cores: int) -> Compute:
 
 
 class Scaler:
-    """:mod:`lokid.core.scaling` for every preset with ``max_replicas`` above 1."""
+    """:mod:`lokid.core.serve.scaling` for every preset with ``max_replicas`` above 1."""
 
     def __init__(self, bus: MessageBus, presets: Presets, share: FairShare, placer: Any,
                  replicas: LocalReplicas, resize: Callable[[Preset], None]):

@@ -52,10 +52,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ..core.external import EXTERNAL
+from ..core.config.external import EXTERNAL
 from ..core.fleet.route import LOCAL, READY, Model
-from ..core.keys import ANONYMOUS
-from ..core.prefixes import Chain
+from ..core.serve.keys import ANONYMOUS
+from ..core.serve.prefixes import Chain
 from . import prompts
 from .admission import Admission
 from .audit import Audit, journal_sender
@@ -246,7 +246,7 @@ class Gateway:
         form = self._form(raw_path, request, body)   # a transcription's (issue 48)
         scan = None if form is not None else await self._scan(body)
         asked = self._model_of(request, scan, form)
-        name = self.presets.resolve(asked)   # an alias: its preset (lokid.core.aliases)
+        name = self.presets.resolve(asked)   # an alias: its preset (lokid.core.config.aliases)
         if name != asked and self.peers and not hopped and scan is not None:
             body = with_model(body, scan, name)   # a peer knows the preset by its name
         self.catalog.refused(name, not hopped, identity)   # a key's scope: 404 as for none

@@ -24,12 +24,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..core.config.secrets import CREDENTIALS_DIR_ENV
 from ..core.errors import ConfigError
-from ..core.fairshare import DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_PER_KEY
 from ..core.fleet.peers import Peer
 from ..core.place.settings import PlacementConfig
-from ..core.secrets import CREDENTIALS_DIR_ENV
-from ..core.serve import (
+from ..core.serve.fairshare import DEFAULT_MAX_QUEUE, DEFAULT_MAX_QUEUE_PER_KEY
+from ..core.serve.tables import (
     DEFAULT_FIRST_BYTE_TIMEOUT,
     DEFAULT_MAX_BODY,
     DEFAULT_STREAM_IDLE_TIMEOUT,
@@ -72,7 +72,7 @@ class Settings:
 
 def settings_of(gateway: GatewayConfig, listen: list[str] | None = None,
                 placement: PlacementConfig | None = None) -> Settings:
-    """Settings from lokid.toml's ``[gateway]`` (validated by :mod:`lokid.core.serve`) and
+    """Settings from lokid.toml's ``[gateway]`` (validated by :mod:`lokid.core.serve.tables`) and
     ``--listen``, which is held to the same rules (one home: that module)."""
     addresses = listen if listen else list(gateway.listen)
     if not addresses:

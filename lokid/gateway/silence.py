@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from ..core.serve import span_text
+from ..core.serve.tables import span_text
 from .replies import UNAVAILABLE, GatewayError
 
 log = logging.getLogger("lokid.gateway")

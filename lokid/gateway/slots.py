@@ -2,7 +2,7 @@
 saved before its stop and restored at its next start (issue 22, item 7).
 
 llama-server started with ``--slot-save-path DIR`` (planned for every preset of a
-``serve.group``, :mod:`lokid.core.plan`) writes a slot's KV cache and its tokens to a
+``serve.group``, :mod:`lokid.core.launch.plan`) writes a slot's KV cache and its tokens to a
 file in DIR on ``POST /slots/<id>?action=save`` and reads it back on ``?action=restore``,
 both with ``{"filename": …}``. The gateway only calls these; it never reads the files
 (its user cannot: they belong to the engine's). A restored slot answers a prompt that

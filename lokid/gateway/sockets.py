@@ -2,7 +2,7 @@
 
 Under systemd an on-demand preset's engine listens on ``/run/loki/<preset>.sock`` and
 systemd holds its port (``loki-port@.socket``), relayed by ``systemd-socket-proxyd``
-(:mod:`lokid.core.portunit`): a client that knew the port keeps it. The gateway went
+(:mod:`lokid.core.launch.portunit`): a client that knew the port keeps it. The gateway went
 through that port too, so after every start of the engine (a cold start, a GPU group's
 swap) its first connection waited for the relay's unit to be started, a sandboxed
 process spawned for each start (benchmarks/swap_systemd.py, issue 31: a swap's READY to

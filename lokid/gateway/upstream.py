@@ -1,5 +1,5 @@
 """What the gateway adds to a request for a preset: the preset's own key, and for an
-external preset (:mod:`lokid.core.external`) where its API is and which model to ask.
+external preset (:mod:`lokid.core.config.external`) where its API is and which model to ask.
 
 Rules, each for a failure it prevents:
 
@@ -29,8 +29,8 @@ import logging
 import os
 from collections.abc import Mapping
 
-from ..core.external import key_credential
-from ..core.secrets import CREDENTIALS_DIR_ENV, MAX_SECRET_BYTES
+from ..core.config.external import key_credential
+from ..core.config.secrets import CREDENTIALS_DIR_ENV, MAX_SECRET_BYTES
 from .replies import UNAVAILABLE, GatewayError
 
 log = logging.getLogger("lokid.gateway")

@@ -39,7 +39,7 @@ Rules, each for a failure it prevents:
   refusal before the request's preset was known (a key's limit, a model it may not
   use, a model nobody serves) is counted under the preset ``-``: the preset is the
   operator's name, never a client's string (no row per guessed model name). A key or
-  preset name the daemon would refuse (:mod:`lokid.core.usage`) is counted as ``-``:
+  preset name the daemon would refuse (:mod:`lokid.core.serve.usage`) is counted as ``-``:
   one such row would have the daemon refuse the whole report it is in.
 """
 
@@ -54,8 +54,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..core.keys import ANONYMOUS_NAME
-from ..core.usage import key_ok, preset_ok
+from ..core.serve.keys import ANONYMOUS_NAME
+from ..core.serve.usage import key_ok, preset_ok
 from .audit import Audit, Record
 from .context import FIGURES_KEY, FIRST_BYTE_KEY, IDENTITY_KEY, ROUTE_KEY, WAITED_KEY, WHERE_KEY
 from .figures import TAIL_KEY, UNKNOWN, Figures, figures_of, tail_of
@@ -67,8 +67,8 @@ log = logging.getLogger("lokid.gateway")
 __all__ = ["MAX_ROWS", "Figures", "Usage", "tail_of"]
 
 MAX_ROWS = 20000      # (day, key, preset) rows kept while the daemon does not take them
-BATCH = 4096          # rows of one GatewayUsage call (lokid.core.usage.MAX_ROWS)
-MAX_COUNTERS = 64     # counters of one row (lokid.core.usage.MAX_COUNTERS)
+BATCH = 4096          # rows of one GatewayUsage call (lokid.core.serve.usage.MAX_ROWS)
+MAX_COUNTERS = 64     # counters of one row (lokid.core.serve.usage.MAX_COUNTERS)
 NO_PRESET = "-"       # a refusal before the request's preset was known (or its key)
 COUNTERS = ("requests", "prompt_tokens", "cached_tokens", "generated_tokens", "wait_ms",
             "engine_ms", "peer_requests")

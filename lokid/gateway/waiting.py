@@ -4,15 +4,15 @@ Requests wait in two places: for their engine (:meth:`lokid.gateway.groups.Group
 a cold start, a GPU group's swap, the placement's wait for memory) and, once it runs, at
 its gate (:mod:`lokid.gateway.admission`: its slots busy, a key's ``max_in_flight``, the
 slots kept for interactive keys). One reporter gathers both into rows per preset, key,
-class and why (:mod:`lokid.core.waiting`) and sends them with
+class and why (:mod:`lokid.core.serve.waiting`) and sends them with
 ``org.lokid.Lokid1.Usage.ReportQueues``; the daemon keeps the last (its ``Queues``
 property: ``lokictl top``, the Cockpit page). Rules, each for the failure it prevents:
 
 - **never a bus call per request**: a request waiting for its engine adds one entry to
   a dict and removes it (:meth:`Waiting.turn`); the gate's queues are read where they
-  are (:class:`lokid.core.fairshare.FairShare`). The rows are made once a second at most
+  are (:class:`lokid.core.serve.fairshare.FairShare`). The rows are made once a second at most
   and sent only when a count or a why changed, again every
-  :data:`lokid.core.waiting.REPEAT` seconds while anything waits (the daemon forgets a
+  :data:`lokid.core.serve.waiting.REPEAT` seconds while anything waits (the daemon forgets a
   word not repeated: a gateway killed mid-wait leaves nothing on show), and ``[]`` once
   nothing waits;
 - **an older daemon is tolerated**: one without ``ReportQueues`` (``UnknownMethod``, or a
@@ -34,10 +34,10 @@ from typing import Any
 from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 
-from ..core.fairshare import UNLIMITED, FairShare
-from ..core.keys import Identity
 from ..core.names import BUS_NAME, OBJECT_PATH, USAGE_INTERFACE
-from ..core.waiting import REPEAT, Row, changed
+from ..core.serve.fairshare import UNLIMITED, FairShare
+from ..core.serve.keys import Identity
+from ..core.serve.waiting import REPEAT, Row, changed
 from ..host.buscall import call
 from .presets import Preset
 from .report import OLD_DAEMON

@@ -17,7 +17,7 @@ Rules, each for the failure it prevents:
   request is counted with the engine's status, not 200;
 - **a comment every** :data:`EVERY` **seconds**, saying where the request waits:
   ``: waiting, 3 ahead (slots busy (4/4)), about 12 s`` at an engine's gate (its place
-  as :meth:`lokid.core.fairshare.FairShare.position` counts it), ``: waiting (loading
+  as :meth:`lokid.core.serve.fairshare.FairShare.position` counts it), ``: waiting (loading
   qwen, 40 s)`` for its engine (:meth:`lokid.gateway.waiting.Waiting.engine_why`);
   never a key or a prompt;
 - **a write is never cut in two**: the teller is stopped by a flag it reads between two
@@ -55,7 +55,7 @@ class Teller:
     def __init__(self, request: web.Request, name: str, share: Any, waiting: Any):
         self.request = request
         self.name = name
-        self.share = share        # lokid.core.fairshare.FairShare: a ticket's place
+        self.share = share        # lokid.core.serve.fairshare.FairShare: a ticket's place
         self.waiting = waiting    # lokid.gateway.waiting.Waiting: why the engine waits
         self.since = time.monotonic()
         self.response: web.StreamResponse | None = None

@@ -1,5 +1,5 @@
 """The host's physical CPU cores this process may run on (issue 47: the scaling rule's
-compute, :func:`lokid.core.scaling.shares`).
+compute, :func:`lokid.core.serve.scaling.shares`).
 
 llama-server computes with one thread per physical core by default (its
 ``common_cpu_get_num_math``: a core's hyperthread sibling adds nothing to its matrix

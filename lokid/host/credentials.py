@@ -1,6 +1,6 @@
 """Reading a start's ``[secrets]`` variables from their files, for the engine alone.
 
-The plan says where each secret is read at start (:mod:`lokid.core.secrets`):
+The plan says where each secret is read at start (:mod:`lokid.core.config.secrets`):
 under systemd a credential's copy in ``$CREDENTIALS_DIRECTORY``, else the file
 itself. ``lokid engine`` (and ``lokid run``) read the variables' files here,
 just before the engine spawns, into the engine's environment only; the API
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
+from ..core.config.secrets import MAX_SECRET_BYTES, Secret
 from ..core.errors import ConfigError
-from ..core.secrets import MAX_SECRET_BYTES, Secret
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ def api_key(secrets: Iterable[Secret], argv: Sequence[str]) -> str | None:
     first key of its ``--api-key-file`` (read where the preset names it: lokid's
     processes are not the unit), else of an ``--api-key`` typed into its command line;
     None when it asks for none. EngineError when the file cannot be read."""
+    from ..core.config.secrets import API_KEY_TARGET
     from ..core.errors import EngineError
-    from ..core.flags import API_KEY, flag_value
-    from ..core.secrets import API_KEY_TARGET
+    from ..core.launch.flags import API_KEY, flag_value
 
     for s in secrets:
         if s.target != API_KEY_TARGET:

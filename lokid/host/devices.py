@@ -41,11 +41,11 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..core.enginelog import gpu_failure
 from ..core.place.footprint import gpu_of_device
 from ..core.place.policy import ANY_GPU, HOST, Device, size_text
 from ..core.place.room import parse_cgroup_bytes, parse_devices, parse_meminfo
 from ..core.place.settings import PlacementConfig
+from ..core.telemetry.enginelog import gpu_failure
 
 LIST_TIMEOUT = 20.0      # seconds --list-devices may take (a CUDA init is ~0.2 s on an H200)
 SLICE = "loki.slice"

@@ -2,7 +2,7 @@
 
 :func:`make_client` makes the one ``httpx.Client`` a pull uses; :func:`list_entries` reads
 a repository's file listing (the tree API, every page) as raw JSON entries, which
-:mod:`lokid.core.pullref` judges. :func:`status_error` and :func:`transport_error` turn the
+:mod:`lokid.core.model.pullref` judges. :func:`status_error` and :func:`transport_error` turn the
 hub's refusals into :class:`~lokid.core.errors.HubError` for the downloader too, so a
 listing and a download say the same thing for the same answer. Every fault reaches the
 caller as a ``HubError`` written for the operator (the URL, what it means, what to do;

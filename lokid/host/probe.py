@@ -1,6 +1,6 @@
 """Asking an engine binary what it is: ``--version`` and ``--help``, cached per binary.
 
-An edge around :mod:`lokid.core.caps`: this module runs the binary (no shell, a
+An edge around :mod:`lokid.core.launch.caps`: this module runs the binary (no shell, a
 clean stdin) and lists the libraries beside it (for its GPU backends); the
 parsing is pure. Results are cached by (path, size, mtime, GPU backends), so an
 engine upgraded in place, or given another backend library, is probed again: in
@@ -47,8 +47,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..core.caps import EngineCaps, gpu_backends, parse_caps
 from ..core.errors import EngineError, ProbePending
+from ..core.launch.caps import EngineCaps, gpu_backends, parse_caps
 
 # Not shorter: a CUDA build initialises its backends even for --help, which takes
 # seconds on a multi-GPU host. Not longer: the daemon plans every preset within

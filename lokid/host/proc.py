@@ -31,7 +31,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy kno
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..core.iosample import IOSample, IOSampler
+    from ..core.bench.iosample import IOSample, IOSampler
 
 # The supervisor (on the path to READY) imports this module: the sample type and
 # ctypes are imported where used.
@@ -238,7 +238,7 @@ def io_sample(pid: int) -> IOSample | None:
     except (OSError, StopIteration, ValueError, IndexError):
         return None
     rss = resident_kib(pid)
-    from ..core.iosample import IOSample
+    from ..core.bench.iosample import IOSample
 
     return None if rss is None else IOSample(read, rss * 1024, RSS)
 

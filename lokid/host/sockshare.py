@@ -1,7 +1,7 @@
 """An engine's UNIX socket given to the gateway's group, so the gateway connects there.
 
 Under systemd an on-demand preset's engine listens on ``/run/loki/<preset>.sock``
-(:mod:`lokid.core.portunit`); llama-server makes it as the engine unit's user, mode 0750
+(:mod:`lokid.core.launch.portunit`); llama-server makes it as the engine unit's user, mode 0750
 under its ``UMask=0027``: only loki may connect. Once the engine answers, and before its
 ``READY=1``, the engine's step gives it to the ``loki-gateway`` group with mode 0660
 (loki is a member of that group by ``sysusers.d/lokid.conf``; ``/run/loki`` is 0751, so

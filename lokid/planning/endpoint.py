@@ -4,7 +4,7 @@
 ``lokid run``): a second start refused because the first still loads must not
 count as a failure. A busy port is reported with who holds it: the preset whose
 runtime plan has the port, or the listening process found through ``/proc``
-(:func:`lokid.core.conflicts.holder` decides; the files are read only once
+(:func:`lokid.core.launch.conflicts.holder` decides; the files are read only once
 the bind has failed).
 
 An address the engine could never listen on is a config error, found by the
@@ -17,7 +17,7 @@ port, and a starting one never finds it taken by a plan) and asks
 who need not be this process (root planning for the unit's ``loki``).
 
 ``health_status`` is a raw HTTP/1.1 request on a socket (TCP, or the UNIX socket an
-on-demand preset's engine listens on under systemd, :mod:`lokid.core.portunit`): it
+on-demand preset's engine listens on under systemd, :mod:`lokid.core.launch.portunit`): it
 costs nothing to import and answers within milliseconds, which keeps lokid's readiness
 overhead over the raw engine small (``benchmarks/readiness.py``). ``check_socket_free``
 is the port check of such an engine: systemd holds the port, and the socket file the
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..core.access import User
-    from ..core.conflicts import ListenSource, Setting
+    from ..core.launch.conflicts import ListenSource, Setting
 
 UNPRIVILEGED_PORT_START = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
 _CAP_NET_BIND_SERVICE = 10  # linux/capability.h
@@ -45,8 +45,8 @@ _CAP_NET_BIND_SERVICE = 10  # linux/capability.h
 def _holder(host: str, port: int, runtime_dir: str | None) -> str:
     """Who holds the port, best effort (what this user may see of /proc and the
     runtime directory)."""
-    from ..core.conflicts import holder
     from ..core.errors import StalePlanError
+    from ..core.launch.conflicts import holder
     from ..host.proc import cmdline, command_name, pid_listening_on
     from ..store.runtimedir import RUNTIME_SUFFIX, read_runtime_plan
 
@@ -107,7 +107,7 @@ def _config_error(message: str, where: Setting) -> ConfigError:
 def _known(source: ListenSource | None) -> ListenSource:
     """``source``, or the one that names no file: imported on an error's path only (the
     conflicts module is not on a start's path when the port is free)."""
-    from ..core.conflicts import UNKNOWN_SOURCE
+    from ..core.launch.conflicts import UNKNOWN_SOURCE
 
     return source or UNKNOWN_SOURCE
 
@@ -121,7 +121,7 @@ def _resolve(host: str, port: int, source: ListenSource | None
     import _socket as socket
 
     if host.endswith(".sock"):
-        from ..core.conflicts import unix_socket
+        from ..core.launch.conflicts import unix_socket
 
         where = _known(source).host
         raise _config_error(unix_socket(host, where.key), where)
@@ -131,7 +131,7 @@ def _resolve(host: str, port: int, source: ListenSource | None
         found = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, ValueError) as e:
         # ValueError: UnicodeError (an IDNA label too long), a NUL in the name
-        from ..core.conflicts import unresolvable
+        from ..core.launch.conflicts import unresolvable
 
         why = (e.strerror or str(e)) if isinstance(e, socket.gaierror) else str(e)
         where = _known(source).host
@@ -168,7 +168,7 @@ def _refused(e: OSError, host: str, port: int, source: ListenSource, user: str) 
     """The config error for a bind that failed other than on a busy port."""
     import errno
 
-    from ..core.conflicts import cannot_listen, not_local, port_refused
+    from ..core.launch.conflicts import cannot_listen, not_local, port_refused
 
     if e.errno == errno.EADDRNOTAVAIL:
         return _config_error(not_local(host, source.host.key), source.host)
@@ -184,7 +184,7 @@ def check_port_free(host: str, port: int, runtime_dir: str | None = None,
     whose runtime plan in ``runtime_dir`` has the port, or the process. ConfigError when
     the engine, run as this process's user, could not listen there at all; ``source``
     says which file and key set the host and the port
-    (:func:`lokid.core.conflicts.listen_source`)."""
+    (:func:`lokid.core.launch.conflicts.listen_source`)."""
     import errno
 
     e = _bind(host, port, source)
@@ -203,7 +203,7 @@ def check_address(host: str, port: int, user: User | None = None,
     net.ipv4.ip_unprivileged_port_start for the engine's ``user`` (None: this process's
     own user, as ``lokid run`` starts it). A port in use is not checked."""
     from ..core.access import may_listen
-    from ..core.conflicts import UNKNOWN_SOURCE, port_refused
+    from ..core.launch.conflicts import UNKNOWN_SOURCE, port_refused
 
     source = source or UNKNOWN_SOURCE
     name = user.name if user is not None else _my_name()
@@ -218,7 +218,7 @@ def check_address(host: str, port: int, user: User | None = None,
 
 def check_socket_free(path: str) -> None:
     """Make ``path`` free for the engine to listen on (an on-demand preset's UNIX socket,
-    :mod:`lokid.core.portunit`): PortBusyError when an engine answers there; a socket
+    :mod:`lokid.core.launch.portunit`): PortBusyError when an engine answers there; a socket
     file nobody listens on (the previous engine's: llama-server leaves it behind, and
     refuses to bind over it) is removed."""
     import socket

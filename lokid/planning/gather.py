@@ -1,7 +1,7 @@
 """Collecting a plan's inputs from the host: config files, model headers, the engine, RAM.
 
 This is the I/O half of ``lokid plan``: it turns a preset name into
-:class:`lokid.core.plan.PlanInputs`, then :func:`lokid.core.plan.build_plan` decides.
+:class:`lokid.core.launch.plan.PlanInputs`, then :func:`lokid.core.launch.plan.build_plan` decides.
 :func:`decide` is the plan of the next start: the attempt verdict the state DB
 holds for it applied, as ``lokid prestart``, the daemon's registry and the
 benchmark all need it. Nothing here writes anything.
@@ -22,9 +22,10 @@ import stat
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..core import access, conflicts, secrets
-from ..core import config as cfg
-from ..core.attempt import Mark, Verdict
+from ..core import access
+from ..core.config import files as cfg
+from ..core.config import secrets
+from ..core.config.external import nothing_runs
 from ..core.errors import (
     ConfigError,
     EngineError,
@@ -32,11 +33,12 @@ from ..core.errors import (
     ModelError,
     ModelNotPulledError,
 )
-from ..core.external import nothing_runs
-from ..core.modelinfo import probe_model
-from ..core.plan import Plan, PlanInputs, build_plan, config_fingerprint
+from ..core.launch import conflicts
+from ..core.launch.attempt import Mark, Verdict
+from ..core.launch.plan import Plan, PlanInputs, build_plan, config_fingerprint
+from ..core.launch.spec import DraftInput
+from ..core.model.modelinfo import probe_model
 from ..core.record import replace
-from ..core.spec import DraftInput
 from ..host.probe import probe_engine
 
 if TYPE_CHECKING:
@@ -199,7 +201,7 @@ def _required_file(preset: cfg.Preset, key: str, value: str, dirs: tuple[str, ..
 def _pulled_mmproj(value: str, dirs: tuple[str, ...], user: access.User | None) -> str | None:
     """The projector a hub reference's pull fetched with its model (issue 48), as llama.cpp's
     ``-hf`` loads it: None when it fetched none (or the file has gone since)."""
-    from ..core.pulled import find
+    from ..core.model.pulled import find
 
     found = find(value, dirs)
     if found is None or found[1].mmproj is None:
@@ -215,7 +217,7 @@ def _pulled_mmproj(value: str, dirs: tuple[str, ...], user: access.User | None) 
 
 def _missing(preset: cfg.Preset, key: str, value: str,
              dirs: tuple[str, ...]) -> ConfigError | ModelError:
-    from ..core.pulled import canonical
+    from ..core.model.pulled import canonical
 
     reference = canonical(value) if key == "model" else None
     if reference is not None:   # a hub reference not pulled yet: a start pulls it (issue 48)
@@ -279,7 +281,7 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
     ``probe_wait``: how long to wait for the engine's probe (None: until it ends
     or times out); the daemon waits a little, then plans again when it ends.
     ``preset``: the preset to plan, already parsed (an edit not yet written,
-    :func:`lokid.core.config.parse_preset_text`), instead of its file.
+    :func:`lokid.core.config.files.parse_preset_text`), instead of its file.
     ``state_dir``: lokid's state directory, where a group member's engine saves its
     slots for the gateway's swaps; None where no gateway swaps it (``lokid run``, a
     check of an edit): no ``--slot-save-path`` is planned then.
@@ -339,9 +341,9 @@ def gather(config_dir: str, name: str, environ: Mapping[str, str] | None = None,
 
 
 def _load_instance(config_dir: str, name: str, glob: cfg.GlobalConfig) -> cfg.Preset:
-    """The preset ``name`` names, or its replica for ``NAME:k`` (lokid.core.replicas: the
+    """The preset ``name`` names, or its replica for ``NAME:k`` (lokid.core.serve.replicas: the
     preset's file, the replica's name and port)."""
-    from ..core.replicas import replica_preset, split_instance
+    from ..core.serve.replicas import replica_preset, split_instance
 
     found = split_instance(name)
     if found is None or found[1] == 1:
@@ -355,12 +357,12 @@ def _load_instance(config_dir: str, name: str, glob: cfg.GlobalConfig) -> cfg.Pr
 def _engine_socket(preset: cfg.Preset, glob: cfg.GlobalConfig, environ: Mapping[str, str],
                    for_unit: bool) -> str:
     """The UNIX socket the engine listens on, when systemd holds the preset's port
-    (:mod:`lokid.core.portunit`); "" otherwise. Planned for the unit from outside: by
+    (:mod:`lokid.core.launch.portunit`); "" otherwise. Planned for the unit from outside: by
     the rule. In the unit itself: by the mark of the generator's drop-in, what it
     really wrote (an edit that no ``daemon-reload`` has shown it yet keeps the engine
     on its port, where no socket unit waits for it). Elsewhere (the local runner,
     ``lokid run``) never: the port is the engine's own."""
-    from ..core import portunit
+    from ..core.launch import portunit
 
     if not for_unit:
         return portunit.marked_socket(preset.name, environ)
@@ -428,11 +430,11 @@ def make_plan(config_dir: str, name: str, environ: Mapping[str, str] | None = No
 def listeners(config: cfg.GlobalConfig,
               presets: Mapping[str, cfg.Preset]) -> dict[str, conflicts.Endpoint]:
     """Where each preset that could start would listen: the valid ones whose model file
-    is found (one stat each; no header read), as :func:`lokid.core.conflicts.port_conflicts`
+    is found (one stat each; no header read), as :func:`lokid.core.launch.conflicts.port_conflicts`
     wants them; and each of its replicas past the first, up to its ``max_replicas``
-    (``NAME:k`` on port + k - 1, :mod:`lokid.core.replicas`): a preset set on a replica's
+    (``NAME:k`` on port + k - 1, :mod:`lokid.core.serve.replicas`): a preset set on a replica's
     port is refused before the gateway ever scales up onto it."""
-    from ..core.replicas import instance, replica_port
+    from ..core.serve.replicas import instance, replica_port
 
     out = {}
     for name, preset in presets.items():
@@ -450,7 +452,7 @@ def last_starts(runtime_dir: str,
                 endpoints: Mapping[str, conflicts.Endpoint]) -> dict[str, conflicts.Started]:
     """The last start of each preset that shares its port with another one, from its
     runtime plan in ``runtime_dir`` and when that file was written: who holds a port
-    (:func:`lokid.core.conflicts.port_conflicts`). Presets alone on their port are not
+    (:func:`lokid.core.launch.conflicts.port_conflicts`). Presets alone on their port are not
     looked at (nothing is read in the usual case); a plan that cannot be read is no
     start ("" for ``runtime_dir``: none known)."""
     from ..core.errors import StalePlanError
@@ -506,7 +508,7 @@ def decide(inputs: PlanInputs, db: StateDB | StateReader, loading: bool = False,
 
     The mark is the plan's as it would be with automatic speculation allowed, so
     that a cut configuration keeps the same mark. ``loading``: the preset's engine
-    runs now and has not answered (see :func:`lokid.core.attempt.verdict`).
+    runs now and has not answered (see :func:`lokid.core.launch.attempt.verdict`).
     ``cleared``: a token the runtime directory notes as cleared
     (:func:`lokid.store.state.read_cleared`). ``blocked``: a reason of the caller's
     to cut automatic speculation when the verdict does not (no token can be set).

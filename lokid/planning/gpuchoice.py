@@ -9,7 +9,7 @@ choice goes into the runtime plan, never into the unit: ``CUDA_VISIBLE_DEVICES``
 environment, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (NVML numbers GPUs in PCI bus order,
 CUDA fastest first, which differ on a host of mixed GPUs; the engine's ``--list-devices``
 is read in that order too) and a Vulkan engine's ``--device``, as for ``gpus = [n]``
-(:func:`lokid.core.plan.gpu_env`), a note saying why (the journal has it too), and its
+(:func:`lokid.core.launch.plan.gpu_env`), a note saying why (the journal has it too), and its
 ``claim``, the bytes it expects to take on each chosen GPU.
 
 Two starts choosing at once (the gateway starting two presets, two ``systemctl start``)
@@ -34,11 +34,11 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from ..core.attempt import Mark
+from ..core.launch.attempt import Mark
+from ..core.launch.plan import Plan, PlanInputs, gpu_env
+from ..core.launch.runtimeplan import RuntimePlan
 from ..core.place.choose import Choice, choose
-from ..core.plan import Plan, PlanInputs, gpu_env
 from ..core.record import replace
-from ..core.runtimeplan import RuntimePlan
 from ..host.devices import Room
 from ..store.runtimedir import RUNTIME_SUFFIX
 from .sizing import Memory
@@ -126,10 +126,10 @@ def claimed(runtime_dir: str, name: str, processes: Mapping[str, Mapping[int, in
 
 def sibling_gpus(runtime_dir: str, name: str, proc: str = "/proc") -> frozenset[str]:
     """The GPUs the other engines of ``name``'s preset run or load on (its replicas and
-    its own, lokid.core.replicas): their runtime plans' claims, else the GPUs their
+    its own, lokid.core.serve.replicas): their runtime plans' claims, else the GPUs their
     environment shows, for those whose supervisor runs."""
     from ..core.errors import StalePlanError
-    from ..core.replicas import preset_of
+    from ..core.serve.replicas import preset_of
     from ..store.runtimedir import read_runtime_plan
 
     base = preset_of(name)

@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigError, DoesNotFitError
-from ..core.flags import flag_value
+from ..core.launch.flags import flag_value
+from ..core.launch.plan import Plan, PlanInputs
 from ..core.place.footprint import Footprint, memory_key
 from ..core.place.need import DRAFT, MMPROJ, Sizing, size_plan
 from ..core.place.policy import ANY_GPU, Device, never_fits, room_unknown
-from ..core.plan import Plan, PlanInputs
 from ..host.devices import Room
 
 # what an operator can do about a preset this host can never hold
@@ -126,7 +126,7 @@ def memory_now(plan: Plan, inputs: PlanInputs, state_dir: str, gpu: object | Non
     """The plan's memory on this host as it is now: the room read (NVML through ``gpu``,
     else the engine's --list-devices), the footprint kept for the plan's key (read only).
     ``gpu_engine``: whether the engine has a GPU backend (None: from its library files)."""
-    from ..core.gpuselect import listing_env
+    from ..core.launch.gpuselect import listing_env
     from ..host.devices import listed_gpus, read_room
     from ..host.probe import engine_gpu_backends
     from ..store.state import StateReader

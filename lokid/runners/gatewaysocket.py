@@ -37,7 +37,7 @@ import logging
 from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 
-from ..core.serve import split_listen
+from ..core.serve.tables import split_listen
 from .systemd_runner import SYSTEMD
 from .unitcalls import queue, unit_properties, units_matching
 

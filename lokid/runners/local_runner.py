@@ -17,7 +17,7 @@ what ``loki-engine@.service`` would run, with the unit's semantics:
   journal watcher (:class:`lokid.watch.journalwatch.LoadJudge`), so layers pushed to
   RAM cut automatic speculation here too;
 - restart on failure after :data:`RESTART_SEC`, until the crash-loop rule of
-  :mod:`lokid.core.crashloop` says to stop (the unit's Restart=on-failure);
+  :mod:`lokid.core.launch.crashloop` says to stop (the unit's Restart=on-failure);
   exit status 78 (the preset cannot start as it is) is final at once, as the
   unit's RestartPreventExitStatus= makes it; a stop sends SIGTERM and, after
   :data:`STOP_TIMEOUT`, SIGKILL. A stop before READY is not held against
@@ -49,9 +49,9 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..core import crashloop
-from ..core.logring import LogRing
+from ..core.launch import crashloop
 from ..core.names import SYSLOG_IDENTIFIER, engine_unit
+from ..core.telemetry.logring import LogRing
 from ..unit.supervisor import PARENT_PID
 from .pipelines import PipeLines
 from .runner import (
@@ -72,7 +72,7 @@ from .runner import (
 from .spare import Spare
 
 if TYPE_CHECKING:
-    from ..core.iosample import IOSampler
+    from ..core.bench.iosample import IOSampler
 
 log = logging.getLogger("lokid.local")
 engine_log = logging.getLogger("lokid.engine")

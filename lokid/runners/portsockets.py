@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 
+from ..core.launch.portunit import PORT_UNIT_PREFIX, port_service, port_socket
 from ..core.names import engine_unit
-from ..core.portunit import PORT_UNIT_PREFIX, port_service, port_socket
 from .unitcalls import active_state, queue, units_matching
 
 log = logging.getLogger("lokid.systemd")
@@ -77,7 +77,7 @@ def wanted_ports(config_dir: str) -> dict[str, str]:
     """Each preset's ``ListenStream=`` as the generator writes it (preset → address),
     read from the files now (blocking); {} when lokid.toml or the presets directory
     cannot be read (the generator says why)."""
-    from ..core import config as cfg
+    from ..core.config import files as cfg
     from ..core.errors import ConfigError
     from ..unit.generator import held_ports
 

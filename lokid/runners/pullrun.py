@@ -3,7 +3,7 @@ own child where no system manager runs (the tests', a developer's session daemon
 
 Both launch ``lokid pull-worker`` with the same arguments and the same status file, so
 that the daemon follows a pull the same way whichever runs it (:mod:`lokid.dbus.pulls`).
-Under systemd the unit is what :mod:`lokid.core.pullunit` says; a failed unit of an earlier
+Under systemd the unit is what :mod:`lokid.core.model.pullunit` says; a failed unit of an earlier
 pull of the same id is reset first (systemd keeps a failed transient unit loaded, and a
 second start of its name would be refused as a unit that exists). A child gets the token as
 a unit would: a 0700 directory holding a 0600 copy, named by ``CREDENTIALS_DIRECTORY``.
@@ -19,8 +19,8 @@ from typing import Any
 
 from dbus_fast import DBusError, Variant
 
-from ..core import pullunit
 from ..core.errors import BusyError, LokiError
+from ..core.model import pullunit
 from ..host.buscall import call
 from .systemd_runner import SYSTEMD, SYSTEMD_MANAGER, SYSTEMD_PATH
 from .unitcalls import active_state

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..core.iosample import IOSampler
+    from ..core.bench.iosample import IOSampler
 
 INACTIVE, LOADING, READY, FAILED, STOPPING = "inactive", "loading", "ready", "failed", "stopping"
 # States in which the engine's processes exist (the preset is "active").

@@ -31,7 +31,7 @@ class SocketsInLine:
             await self._align()
 
     async def _align(self) -> None:
-        from ..core.config import load_global
+        from ..core.config.files import load_global
         from .gatewaysocket import align as align_gateway
         from .portsockets import align as align_ports
         from .portsockets import wanted_ports

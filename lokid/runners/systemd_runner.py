@@ -32,8 +32,8 @@ from typing import Any
 from dbus_fast import DBusError, Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from ..core.bench.iosample import IOSample, IOSampler
 from ..core.errors import EngineError, PermissionDeniedError
-from ..core.iosample import IOSample, IOSampler
 from ..core.names import engine_unit, preset_of_unit
 from ..host.buscall import call
 from .background import Background

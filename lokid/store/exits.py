@@ -1,7 +1,7 @@
 """How each start of a preset ended: the files behind the crash-loop rule.
 
 ``$LOKI_RUNTIME_DIR/<preset>.failures`` keeps the last failures (JSON, written
-atomically; :mod:`lokid.core.crashloop` judges them) and
+atomically; :mod:`lokid.core.launch.crashloop` judges them) and
 ``$LOKI_RUNTIME_DIR/<preset>.ready`` holds the ``INVOCATION_ID`` of the last
 start whose engine answered. The runtime directory is a tmpfs: a reboot
 forgets both, as it should.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.crashloop import KEEP, Failure
+from ..core.launch.crashloop import KEEP, Failure
 
 FAILURES_SUFFIX = ".failures"
 READY_SUFFIX = ".ready"
@@ -95,7 +95,7 @@ def begin_start(runtime_dir: str, preset: str, invocation: str) -> str:
     as a failure and return its line ("" otherwise).
 
     systemd 257 kills that step with the unit's cgroup after ``systemctl kill -s KILL``
-    (:func:`lokid.core.crashloop.unrecorded_reason`), and it restarts the unit, which
+    (:func:`lokid.core.launch.crashloop.unrecorded_reason`), and it restarts the unit, which
     only a failure does under ``Restart=on-failure``. A start by hand forgives the
     failure again (the crash-loop rule's NRestarts 0): the operator's own stops run the
     step."""
@@ -108,7 +108,7 @@ def begin_start(runtime_dir: str, preset: str, invocation: str) -> str:
     if before and before != invocation:
         import time
 
-        from ..core.crashloop import unrecorded_reason
+        from ..core.launch.crashloop import unrecorded_reason
 
         ready = was_ready(runtime_dir, preset, before)
         why = unrecorded_reason(ready)

@@ -1,10 +1,10 @@
-"""The gateway's named client keys file (:data:`lokid.core.keys.KEYS_FILE`), written by the
+"""The gateway's named client keys file (:data:`lokid.core.serve.keys.KEYS_FILE`), written by the
 daemon for ``lokictl keys`` and the D-Bus API (:mod:`lokid.dbus.keys`); the gateway only
 reads it (:mod:`lokid.gateway.keys`).
 
 Rules, each for a failure it prevents:
 
-- only a key's digest and its first :data:`~lokid.core.keys.SHOWN_PREFIX` characters are
+- only a key's digest and its first :data:`~lokid.core.serve.keys.SHOWN_PREFIX` characters are
   written; the key itself is returned once to the caller and kept nowhere: a copy of the
   file, a backup or a ``cat`` gives no key;
 - one writer at a time: each change reads the file, changes it and renames the new one
@@ -17,7 +17,7 @@ Rules, each for a failure it prevents:
   which re-reads the file within a second of a change, sees the old set or the new one,
   never half of either;
 - an operator's comments and layout survive (tomlkit edits the document it parsed);
-- what is written is parsed again with :func:`lokid.core.keys.parse`, the gateway's own
+- what is written is parsed again with :func:`lokid.core.serve.keys.parse`, the gateway's own
   rules, before the rename: a change the gateway would refuse (and so keep serving the
   old set while the operator believes the new one holds) is an error, nothing written;
 - a file that does not parse (a broken hand edit) is an error naming its line, and is
@@ -53,16 +53,16 @@ from typing import Any
 
 import tomlkit
 
-from ..core import keys as k
 from ..core.errors import BusyError, ConfigError, InvalidArgsError, LokiError, NotFoundError
 from ..core.names import GATEWAY_USER
+from ..core.serve import keys as k
 from .dirlock import flock_within
 
 FILE_MODE = 0o640
 DIR_MODE = 0o750
 GATEWAY_GROUP = GATEWAY_USER      # loki-gateway's own group (debian/lokid.sysusers)
 FLOCK_WAIT = 5.0                  # s: then Busy, nothing written
-MAX_LIMIT = 10 ** 15              # the parser's bound (lokid.core.keys)
+MAX_LIMIT = 10 ** 15              # the parser's bound (lokid.core.serve.keys)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Options:
     """What a caller sets on a key; None: leave as it is.
 
     ``models``: names or patterns, ``()`` or one ``*``: every model. ``limits``: by
-    :data:`lokid.core.keys.LIMITS` name, 0 lifts the limit. ``expires``: seconds since
+    :data:`lokid.core.serve.keys.LIMITS` name, 0 lifts the limit. ``expires``: seconds since
     the epoch, 0 lifts it."""
     klass: str | None = None
     models: tuple[str, ...] | None = None

@@ -21,7 +21,7 @@ and the port. A changed file, a failed start (no record is written for it), a
 new engine build or a new lokid plans afresh; ``lokid plan`` always plans.
 
 The record's head is plain text, fields ended by NUL (no path holds one): the format,
-the key, whether the plan is *settled alone* (:meth:`~lokid.core.runtimeplan.RuntimePlan.
+the key, whether the plan is *settled alone* (:meth:`~lokid.core.launch.runtimeplan.RuntimePlan.
 settled_alone`: a restart has nothing to ask of the state DB or of RPC workers), its
 engine's socket, and the paths; then the JSON body (the verdict and the runtime plan).
 So the planning step of a restart (:mod:`lokid.unit.keptstart`) checks the key
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-    from ..core.plan import PlanInputs
-    from ..core.runtimeplan import RuntimePlan
+    from ..core.launch.plan import PlanInputs
+    from ..core.launch.runtimeplan import RuntimePlan
 
 SUFFIX = ".reuse"
 # A note of the plans the daemon writes ahead of a start (lokid.dbus.readyplans): the
@@ -68,16 +68,22 @@ def _status(path: str) -> tuple[str, int]:
 
 
 def _planner_files() -> list[str]:
-    """lokid's own planning code: an upgrade, or an edited checkout, plans afresh."""
+    """lokid's own planning code: an upgrade, or an edited checkout, plans afresh. The
+    sub-packages count too (the core's topics, lokid/core/launch/ holding the plan): a
+    key of the top directory alone kept an old plan after an edit of the plan itself."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = []
-    for part in ("core", "planning"):
-        directory = os.path.join(package, part)
+    todo = [os.path.join(package, "core"), os.path.join(package, "planning")]
+    while todo:
+        directory = todo.pop(0)
         try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".py"))
+            names = sorted(os.listdir(directory))
         except OSError:
             names = []
-        out += [directory, *(os.path.join(directory, n) for n in names)]
+        out += [directory, *(os.path.join(directory, n) for n in names if n.endswith(".py"))]
+        todo += [os.path.join(directory, n) for n in names
+                 if "." not in n and n != "__pycache__"
+                 and os.path.isfile(os.path.join(directory, n, "__init__.py"))]
     return [*out, os.path.join(package, "host", "probe.py")]
 
 
@@ -118,7 +124,7 @@ def key(preset: str, paths: Iterable[str], environ: Mapping[str, str]) -> tuple[
 
 def inputs_paths(config_dir: str, inputs: PlanInputs, environ: Mapping[str, str]) -> list[str]:
     """The files and directories a plan made from ``inputs`` depends on."""
-    from ..core.config import GLOBAL_FILE, PRESETS_DIR
+    from ..core.config.files import GLOBAL_FILE, PRESETS_DIR
     from ..host.probe import library_dirs
 
     presets = os.path.join(config_dir, PRESETS_DIR)

@@ -12,7 +12,7 @@ meanwhile by another program.
   it; other users do not (``env`` may hold tokens). Without that group
   (development, tests) the daemon's own group, and the log says so.
 - Each preset has its own lock: of two editors of one preset, one wins, and the
-  other's version (:func:`lokid.core.presetedit.etag` of the bytes it read) no
+  other's version (:func:`lokid.core.config.presetedit.etag` of the bytes it read) no
   longer matches, which is :class:`~lokid.core.errors.BusyError` with the
   reason. An edit of one preset never waits for an edit of another, and waits at
   most :data:`LOCK_WAIT` for one of the same preset (``Busy`` then). An empty
@@ -52,11 +52,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..core import config as cfg
+from ..core.config import files as cfg
+from ..core.config.presetedit import etag
+from ..core.config.presetname import check_preset_name
 from ..core.errors import BusyError, ConfigError, NotFoundError
 from ..core.names import MANAGE_GROUP
-from ..core.presetedit import etag
-from ..core.presetname import check_preset_name
 from .dirlock import flock_within
 
 log = logging.getLogger("lokid.daemon")

@@ -1,6 +1,6 @@
 """Where runtime plans live: ``$LOKI_RUNTIME_DIR/<preset>.json``, written atomically.
 
-The value and its JSON form are :class:`lokid.core.runtimeplan.RuntimePlan`;
+The value and its JSON form are :class:`lokid.core.launch.runtimeplan.RuntimePlan`;
 this module only puts it in its file and reads it back, checking that it
 belongs to the start asking for it (systemd's ``INVOCATION_ID``). Kept light
 (json, os): ``lokid engine`` reads it between ``systemctl start`` and the
@@ -14,7 +14,7 @@ import os
 from _thread import get_ident
 
 from ..core.errors import StalePlanError
-from ..core.runtimeplan import RuntimePlan
+from ..core.launch.runtimeplan import RuntimePlan
 
 RUNTIME_SUFFIX = ".json"
 

@@ -57,7 +57,7 @@ MIGRATIONS = [
         PRIMARY KEY (preset, mark)
     );
     """, breaking=True, release="0.1.0"),
-    # 2: benchmark results (lokid.core.benchrules): the last complete one of each preset,
+    # 2: benchmark results (lokid.core.bench.rules): the last complete one of each preset,
     # with what it measured. Breaking only because release 0.1.0 refused every newer
     # version (levels came with version 4).
     Migration("""

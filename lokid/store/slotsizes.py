@@ -53,7 +53,7 @@ def prepare_slot_dir(preset: str, argv: Sequence[str], runtime_dir: str) -> None
     ``--slot-save-path`` names, made (the engine refuses one that does not exist; not
     made, the engine says so and fails as for any bad flag), and its files listed for
     the gateway (:func:`publish`). Never raises: a fault is logged."""
-    from ..core.flags import flag_value
+    from ..core.launch.flags import flag_value
     from ..host.journallog import journal_log
 
     path = flag_value(argv, "--slot-save-path")

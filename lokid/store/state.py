@@ -64,8 +64,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..core.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from ..core.errors import StateError
+from ..core.launch.attempt import NEVER_ANSWERED, Mark, Verdict, verdict
 from ..core.record import record
 from ..host.journallog import journal_log
 from . import schema

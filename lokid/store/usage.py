@@ -3,7 +3,7 @@ kept across restarts in ``$LOKI_STATE_DIR/usage.db`` (issue 46, item 2).
 
 One writer, the daemon (lokid.service); nobody else opens the file, so unlike the state
 DB (:mod:`lokid.store.state`) no lock between processes is needed. The rules (what a
-row may hold, how long it is kept) are :mod:`lokid.core.usage`'s; this module keeps
+row may hold, how long it is kept) are :mod:`lokid.core.serve.usage`'s; this module keeps
 them on disk. Each step is there for a failure:
 
 - counts are first added to :attr:`UsageStore.pending` (memory), then written in one
@@ -47,7 +47,7 @@ from datetime import date
 from typing import Any, TypeVar
 
 from ..core.errors import StateError
-from ..core.usage import Cell, Query, group_of, matches, tokens
+from ..core.serve.usage import Cell, Query, group_of, matches, tokens
 from .sqlfile import BUSY_TIMEOUT_MS, DAMAGED_SUFFIX, cause, is_damaged, use_wal
 
 log = logging.getLogger("lokid.usage")

@@ -21,9 +21,9 @@ from ..core.errors import LokiError
 def check(config_dir: str, presets: Sequence[str] | None = None,
           workers: Sequence[str] | None = None) -> tuple[bool, list[str]]:
     """(all ok, the lines to print)."""
-    from ..core import config as cfg
-    from ..core.plan import build_plan
-    from ..core.secrets import mask_argv
+    from ..core.config import files as cfg
+    from ..core.config.secrets import mask_argv
+    from ..core.launch.plan import build_plan
     from ..planning.gather import gather
     from .rpcworker import worker_command, worker_names
 

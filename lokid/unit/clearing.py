@@ -10,7 +10,7 @@ from ..host.journallog import journal_log
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name
 if TYPE_CHECKING:
-    from ..core.attempt import Mark
+    from ..core.launch.attempt import Mark
     from ..store.cleared import Token
 
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..core import paths
-from ..core.conflicts import ListenSource
-from ..core.plan import Plan
+from ..core.launch.conflicts import ListenSource
+from ..core.launch.plan import Plan
 from ..host.journallog import say
 from ..planning.endpoint import check_listen_free
 from .supervisor import Launch, supervise
@@ -27,7 +27,7 @@ def run_plan(plan: Plan, out: TextIO = sys.stderr,
     """Run the plan in the foreground; the engine's exit status (128+N for signal N).
 
     ``source``: the files that set the plan's host and port, for the error when the
-    engine could not listen there (:func:`lokid.core.conflicts.listen_source`)."""
+    engine could not listen there (:func:`lokid.core.launch.conflicts.listen_source`)."""
     check_listen_free(plan.host, plan.port, plan.socket, paths.runtime_dir(), source)
     for note in plan.notes:
         say(f"note: {note}", out)

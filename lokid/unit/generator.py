@@ -2,9 +2,9 @@
 
 Some settings must be applied by systemd itself, before lokid runs: the GPU
 selection environment (``CUDA_VISIBLE_DEVICES`` with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``,
-one numbering with NVML's: :mod:`lokid.core.gpuselect`), a start timeout scaled to the
+one numbering with NVML's: :mod:`lokid.core.launch.gpuselect`), a start timeout scaled to the
 model's size, a Description naming the model, and the preset's secrets as credentials
-(``LoadCredential=``, :mod:`lokid.core.secrets`). A generator (rather than files lokid writes
+(``LoadCredential=``, :mod:`lokid.core.config.secrets`). A generator (rather than files lokid writes
 into /run/systemd/system) is systemd's own mechanism for configuration
 derived from other files: it runs at boot and on every ``systemctl
 daemon-reload``, so editing a preset and reloading refreshes the drop-in,
@@ -15,7 +15,7 @@ below /etc/systemd/system, so an administrator's own drop-ins still win.
 Generators run early and must never fail a boot: a broken preset is skipped
 with a message, and no model header is read (only the file size, when the
 file is reachable; model disks may not be mounted yet). A preset on the port
-of another that holds it (:func:`lokid.core.conflicts.port_conflicts`: the
+of another that holds it (:func:`lokid.core.launch.conflicts.port_conflicts`: the
 one that started on it last, from the runtime plans, else the first by name)
 gets a message, and both their drop-ins as usual.
 
@@ -38,25 +38,25 @@ reads its private copy only; so does each preset's ``api_key_file`` the gateway 
 upstream (an external preset's key, or a keyed engine's own: credential
 ``preset-key.<preset>``). An external preset gets no engine drop-in: nothing runs here.
 
-And an on-demand preset's port (:func:`port_units`, :mod:`lokid.core.portunit`): the
+And an on-demand preset's port (:func:`port_units`, :mod:`lokid.core.launch.portunit`): the
 preset's host:port becomes the ``ListenStream=`` of an instance of the shipped template
 ``loki-port@.socket`` (a drop-in: a template cannot say each instance's address), enabled
 by a ``sockets.target.wants/`` link; ``loki-port@.service`` (the template as shipped,
 nothing generated: its ``%i`` says all) relays it to the engine's UNIX socket with
 ``systemd-socket-proxyd``. Templates rather than whole generated units, so that
 ``systemctl cat loki-port@<preset>.socket`` shows the shipped, commented unit and the one
-line lokid adds. The engine's own drop-in gets the mark :data:`lokid.core.portunit.HELD_ENV`
+line lokid adds. The engine's own drop-in gets the mark :data:`lokid.core.launch.portunit.HELD_ENV`
 (its start then listens on the socket) and ``Wants=`` its socket (a start by hand opens
 the port too, as boot does). A preset whose port another preset holds, or whose host is a
 name, gets no port unit.
 
 Each replica of a preset past the first (``[serve] max_replicas``,
-:mod:`lokid.core.replicas`) gets the preset's drop-in under its own instance,
+:mod:`lokid.core.serve.replicas`) gets the preset's drop-in under its own instance,
 ``loki-engine@<preset>:<k>.service``, without the on-demand port's lines: the held port
 is replica 1's.
 
 And the engine template's journal filter (:func:`journal_dropin`,
-:mod:`lokid.core.journalfilter`): a drop-in of ``loki-engine@.service`` itself (every
+:mod:`lokid.core.telemetry.journalfilter`): a drop-in of ``loki-engine@.service`` itself (every
 instance reads it) with ``LogFilterPatterns=``, written only where the running systemd is 253
 or later (:mod:`lokid.unit.systemdversion`, ``systemctl --version``): the static unit cannot
 carry the key, since systemd 252 (Debian 12) logs "Unknown key" for each of its lines at
@@ -72,20 +72,26 @@ import os
 import sys
 from collections.abc import Mapping
 
-from ..core import config as cfg
-from ..core.conflicts import port_conflicts
+from ..core.config import files as cfg
+from ..core.config.external import ip_host, key_credential
+from ..core.config.secrets import API_KEY_TARGET, credential_id
 from ..core.errors import ConfigError, printable
-from ..core.external import ip_host, key_credential
 from ..core.fleet.peers import peer_key_credential
 from ..core.fleet.worker import worker_dropin
-from ..core.gpuselect import visible_env
-from ..core.journalfilter import DROPIN_NAME as JOURNAL_DROPIN
-from ..core.journalfilter import filter_dropin
+from ..core.launch.conflicts import port_conflicts
+from ..core.launch.gpuselect import visible_env
+from ..core.launch.portunit import (
+    HELD_ENV,
+    extra_host_note,
+    held_by_systemd,
+    name_note,
+    port_socket,
+)
 from ..core.names import engine_unit
-from ..core.portunit import HELD_ENV, extra_host_note, held_by_systemd, name_note, port_socket
-from ..core.replicas import replica_preset
-from ..core.secrets import API_KEY_TARGET, credential_id
-from ..core.serve import KEYS_CREDENTIAL, GatewayConfig, split_listen
+from ..core.serve.replicas import replica_preset
+from ..core.serve.tables import KEYS_CREDENTIAL, GatewayConfig, split_listen
+from ..core.telemetry.journalfilter import DROPIN_NAME as JOURNAL_DROPIN
+from ..core.telemetry.journalfilter import filter_dropin
 
 DROPIN_NAME = "50-lokid-preset.conf"
 DAEMON_UNIT = "lokid.service"
@@ -138,11 +144,11 @@ def dropin(preset: cfg.Preset, model_dirs: tuple[str, ...]) -> str:
     ]
     if preset.gpus is not None:
         # with CUDA_DEVICE_ORDER=PCI_BUS_ID (unless the preset's env orders them): CUDA
-        # then numbers the GPUs as NVML and lokid do (lokid.core.gpuselect). A Vulkan
+        # then numbers the GPUs as NVML and lokid do (lokid.core.launch.gpuselect). A Vulkan
         # engine's --device is the plan's: a generator does not probe engines.
         for name, value in visible_env(preset.gpus, preset.env).items():
             lines.append(f"Environment={_quote(name + '=' + value)}")
-    # Secrets as credentials (lokid.core.secrets): systemd reads each file as root at each
+    # Secrets as credentials (lokid.core.config.secrets): systemd reads each file as root at each
     # start and hands the unit a private copy; its value never enters a unit setting.
     # (The config refuses paths that LoadCredential= would not take as written.)
     if preset.api_key_file is not None:
@@ -201,7 +207,7 @@ def generate(config_dir: str, out_dir: str) -> list[str]:
         try:
             _write_dropin(out_dir, unit, dropin(preset, glob.model_dirs)
                           + port_dropin(name, name in held))
-            # each replica's unit its own (lokid.core.replicas): the same GPUs, timeout and
+            # each replica's unit its own (lokid.core.serve.replicas): the same GPUs, timeout and
             # credentials, its own name; its port is planned by its own start
             replicas = [replica_preset(preset, glob, k)
                         for k in range(2, preset.serve.max_replicas + 1)]
@@ -254,7 +260,7 @@ def _write_dropin(out_dir: str, unit: str, text: str) -> None:
 
 def journal_dropin(out_dir: str, version: int | None) -> bool:
     """Write the engine template's journal filter for a systemd of ``version`` (None:
-    unknown) where it knows the key (:func:`lokid.core.journalfilter.filter_dropin`);
+    unknown) where it knows the key (:func:`lokid.core.telemetry.journalfilter.filter_dropin`);
     whether it was written."""
     text = filter_dropin(version)
     if not text:
@@ -270,9 +276,9 @@ def rpc_units(config_dir: str, out_dir: str) -> list[str]:
     """A drop-in for ``loki-rpc@<name>.service`` per ``rpc/<name>.toml`` (the RPC workers
     of this host, :mod:`lokid.core.fleet.worker`): who may connect. One that cannot be
     read is said and skipped; its unit then refuses to start (lokid rpc-worker)."""
+    from ..core.config.presetname import valid_preset_name
+    from ..core.config.tomlread import read_text
     from ..core.fleet.worker import parse_worker
-    from ..core.presetname import valid_preset_name
-    from ..core.tomlread import read_text
     from .rpcworker import RPC_DIR, worker_names
 
     directory = os.path.join(config_dir, RPC_DIR)
@@ -302,7 +308,7 @@ def rpc_units(config_dir: str, out_dir: str) -> list[str]:
 
 def gateway_keys(presets: Mapping[str, cfg.Preset]) -> dict[str, str]:
     """Each preset's key file the gateway sends with its requests, by preset: an external
-    API's key, or a keyed engine's own (lokid.core.external). A file missing now is left
+    API's key, or a keyed engine's own (lokid.core.config.external). A file missing now is left
     out with a message: a LoadCredential= that cannot be read fails the whole gateway's
     start, and the gateway then says this one preset's key is missing."""
     keys = {}
@@ -414,13 +420,13 @@ def _daemon_dropin(out_dir: str, hosts: dict[str, str]) -> list[str]:
 def held_ports(glob: cfg.GlobalConfig, presets: dict[str, cfg.Preset],
                quiet: bool = False) -> dict[str, str]:
     """``ListenStream=`` of each preset whose port systemd holds
-    (:func:`lokid.core.portunit.held_by_systemd`), leaving out one whose port another
+    (:func:`lokid.core.launch.portunit.held_by_systemd`), leaving out one whose port another
     preset holds (two sockets cannot listen on one port; its start is refused anyway),
     and saying why an on-demand preset gets none (``quiet``: not; the daemon aligning
     the sockets after a reload, :mod:`lokid.runners.portsockets`, where the generator
     has said it)."""
-    from ..core.conflicts import listen_address
-    from ..core.flags import flag_value
+    from ..core.launch.conflicts import listen_address
+    from ..core.launch.flags import flag_value
     from ..core.paths import runtime_dir
     from ..planning.gather import last_starts, listeners
 

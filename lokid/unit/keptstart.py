@@ -4,7 +4,7 @@ decided before anything heavy is imported.
 A start under systemd of a preset whose last ready start kept its plan
 (:mod:`lokid.store.plancache`), a plan *settled alone* (no speculation that an
 attempt verdict could cut, no token to set, no GPUs to choose, no RPC worker to find:
-:meth:`~lokid.core.runtimeplan.RuntimePlan.settled_alone`), has one question for its
+:meth:`~lokid.core.launch.runtimeplan.RuntimePlan.settled_alone`), has one question for its
 planning step: does that plan still stand? It does when nothing it came from changed
 (its key: ``stat`` calls), no failure is on record (the crash-loop rule has nothing to
 say), no token is noted as cleared, and the engine listens where it did (the socket
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 
-from ..core.portunit import marked_socket
-from ..core.replicas import split_instance
+from ..core.launch.portunit import marked_socket
+from ..core.serve.replicas import split_instance
 from ..host.journallog import journal_log
 from ..store import handoff, plancache
 from ..store.cleared import CLEARED_SUFFIX

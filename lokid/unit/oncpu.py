@@ -8,7 +8,7 @@ The supervisor asks :func:`watch`'s callable once a second while its engine serv
   "running on the CPU: <reason>", so ``systemctl status`` says what ``lokictl top`` says;
   the engine serves on;
 - the preset says ``cpu_fallback = "fail"``: the engine is stopped and the step exits
-  :data:`~lokid.core.crashloop.EXIT_CONFIG` with the reason as its STATUS=. The unit
+  :data:`~lokid.core.launch.crashloop.EXIT_CONFIG` with the reason as its STATUS=. The unit
   ends *failed*, saying why, and is not restarted (``RestartPreventExitStatus=``; a
   restart would find the same GPU missing); the daemon stopping it instead left it
   "inactive", as if an operator had. A start by hand tries again.
@@ -19,7 +19,7 @@ lokid.service's). Asking costs one failed ``open`` a second while there is no no
 
 from __future__ import annotations
 
-from ..core.crashloop import EXIT_CONFIG
+from ..core.launch.crashloop import EXIT_CONFIG
 from ..store.oncpunote import take_note
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy knows the name

@@ -12,7 +12,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..core.plan import Plan, PlanInputs
+    from ..core.launch.plan import Plan, PlanInputs
 
 
 def plan_now(config_dir: str, state_dir: str, runtime_dir: str, name: str,
@@ -64,11 +64,11 @@ def _loading(runtime_dir: str, name: str) -> bool:
 def replica_plans(config_dir: str, state_dir: str, runtime_dir: str, name: str,
                   count: int) -> list[tuple[int, Plan | str]]:
     """Each replica's plan past the first, up to ``count`` (the preset's
-    ``max_replicas``), as ``lokid plan NAME`` shows them (:mod:`lokid.core.replicas`):
+    ``max_replicas``), as ``lokid plan NAME`` shows them (:mod:`lokid.core.serve.replicas`):
     by index, the plan its next start would run, or why it cannot be planned (its port
     another preset's, say)."""
     from ..core.errors import LokiError
-    from ..core.replicas import instance
+    from ..core.serve.replicas import instance
     from ..planning.gather import check_port_conflicts
 
     out: list[tuple[int, Plan | str]] = []

@@ -57,7 +57,7 @@ def pull_first(error: ModelNotPulledError, notifier: Notifier,
 
 
 def _here(error: ModelNotPulledError, relay: Any, config_dir: str) -> None:
-    from ..core import pullref
+    from ..core.model import pullref
     from . import pullworker
 
     status = pullworker.Status(reference=error.reference, directory=error.directory)

@@ -3,7 +3,7 @@
 The daemon starts it as a transient systemd unit (:mod:`lokid.dbus.pulls`: user loki, a
 sandbox that can write the target directory and its status file only), or as its own child
 where no system manager runs. It resolves the reference against the hub's file listing
-(:mod:`lokid.core.pullref`), then fetches each file (:mod:`lokid.host.download`): resumable,
+(:mod:`lokid.core.model.pullref`), then fetches each file (:mod:`lokid.host.download`): resumable,
 checked against the hub's SHA-256 before it is renamed into place.
 
 Rules, each for the failure it prevents:
@@ -27,7 +27,7 @@ Rules, each for the failure it prevents:
   gives it.
 - **The room for the whole pull is checked before the first byte**: a model of several
   shards must not fill the disk at shard three of four.
-- **A manifest is written last** (``<dir>/.lokid-pulled/``, :mod:`lokid.core.pulled`): a
+- **A manifest is written last** (``<dir>/.lokid-pulled/``, :mod:`lokid.core.model.pulled`): a
   preset naming the reference (``model = "org/repo:Q4_K_M"``) finds its files by it, and
   never before every file is in place.
 """
@@ -43,8 +43,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import __version__
-from ..core import pullref
 from ..core.errors import LokiError, NoSpaceError, PullError, printable
+from ..core.model import pullref
 
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
@@ -306,10 +306,10 @@ def main(reference: str, directory: str, status_path: str | None, retries: int) 
 
 
 def _write_manifest(directory: str, plan: pullref.PullPlan) -> None:
-    """What a preset naming this reference loads (:mod:`lokid.core.pulled`), written once
+    """What a preset naming this reference loads (:mod:`lokid.core.model.pulled`), written once
     every file is in place; a failure to write it is the pull's (the files alone would be
     a model no preset finds by its reference)."""
-    from ..core import pulled
+    from ..core.model import pulled
 
     mmproj = next((f.name for f in plan.files if f.role == "mmproj"), None)
     path = pulled.manifest_path(directory, str(plan.reference))

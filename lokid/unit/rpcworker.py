@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import shutil
 
+from ..core.config.presetname import valid_preset_name
 from ..core.errors import ConfigError
-from ..core.presetname import valid_preset_name
 
 RPC_DIR = "rpc"
 
@@ -29,9 +29,9 @@ def worker_names(config_dir: str) -> list[str]:
 
 def worker_command(config_dir: str, name: str) -> list[str]:
     """The worker's argv; ConfigError saying what is wrong."""
-    from ..core.config import load_global
+    from ..core.config.files import load_global
+    from ..core.config.tomlread import read_text
     from ..core.fleet.worker import RPC_SERVER, parse_worker, worker_argv
-    from ..core.tomlread import read_text
 
     if not valid_preset_name(name):
         raise ConfigError(f"{name!r} is not a worker name (letters, digits, '-', '_', '.')")
@@ -56,8 +56,8 @@ def run_worker(config_dir: str, name: str) -> int:
     """Exec the worker (returns only when that fails)."""
     import shlex
 
-    from ..core.crashloop import EXIT_CONFIG
     from ..core.errors import LokiError
+    from ..core.launch.crashloop import EXIT_CONFIG
     from ..host.journallog import journal_log
 
     try:

@@ -30,7 +30,9 @@ LINE_LIMIT = 4096
 
 def preload() -> None:
     """Import what a start of an engine runs, so that nothing is imported once told."""
-    from ..core import crashloop, errors, portunit, presetname, record, runtimeplan  # noqa: F401
+    from ..core import errors, record  # noqa: F401
+    from ..core.config import presetname  # noqa: F401
+    from ..core.launch import crashloop, portunit, runtimeplan  # noqa: F401
     from ..host import gone, journallog, notify, proc  # noqa: F401
     from ..planning import endpoint  # noqa: F401
     from ..store import handoff, holds, plancache, runtimedir, state  # noqa: F401

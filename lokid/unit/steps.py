@@ -2,19 +2,19 @@
 (ExecStart) and ``lokid stopped`` (ExecStopPost). ``prestart`` (:func:`prestart_step`),
 the planning step:
 
-1. the crash-loop rule (:mod:`lokid.core.crashloop`): after too many failures the
+1. the crash-loop rule (:mod:`lokid.core.launch.crashloop`): after too many failures the
    start must not run; a start by hand (``NRestarts`` 0) forgets the failures first;
 2. plan the launch (:func:`prestart`; or the last ready start's plan, when nothing it
    came from changed: :mod:`lokid.store.plancache`), refuse a busy port before touching
    any attempt token (peek, then settle), write the plan of this invocation
-   (:class:`lokid.core.runtimeplan.RuntimePlan`) to ``$LOKI_RUNTIME_DIR/<preset>.json``.
+   (:class:`lokid.core.launch.runtimeplan.RuntimePlan`) to ``$LOKI_RUNTIME_DIR/<preset>.json``.
    A restart that nothing changed, of a plan with nothing to settle, is decided before
    this module is imported (:mod:`lokid.unit.keptstart`): ``engine`` takes the kept plan;
 3. leave the outcome to ``engine`` (:mod:`lokid.store.handoff`). A start that must not
    run is logged and handed over as refused, and the step exits 0: systemd reads
    ``RestartPreventExitStatus=`` from the main process only and shows only its STATUS=
-   (``NotifyAccess=main``), so ``engine`` exits :data:`~lokid.core.crashloop.EXIT_CONFIG`
-   or :data:`~lokid.core.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
+   (``NotifyAccess=main``), so ``engine`` exits :data:`~lokid.core.launch.crashloop.EXIT_CONFIG`
+   or :data:`~lokid.core.launch.crashloop.EXIT_CRASH_LOOP` with the line as STATUS=.
 
 A SIGTERM while it plans (a stop or restart) ends it at once with status 0
 (:class:`_StopGuard`): systemd counts a control process killed by its own SIGTERM as
@@ -60,9 +60,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from ..core.attempt import Mark, Verdict
-    from ..core.plan import Plan, PlanInputs
-    from ..core.runtimeplan import RuntimePlan
+    from ..core.launch.attempt import Mark, Verdict
+    from ..core.launch.plan import Plan, PlanInputs
+    from ..core.launch.runtimeplan import RuntimePlan
     from ..store import handoff
     from ..store.state import StateDB, Token
 
@@ -87,9 +87,9 @@ class _Planned:
 def _prestart(config_dir: str, state_dir: str, runtime_dir: str, name: str,
               environ: Mapping[str, str] | None = None,
               log_notes: bool = True) -> _Planned:
-    from ..core.conflicts import listen_source
     from ..core.errors import StateError
-    from ..core.runtimeplan import RuntimePlan
+    from ..core.launch.conflicts import listen_source
+    from ..core.launch.runtimeplan import RuntimePlan
     from ..planning.endpoint import check_listen_free
     from ..planning.gather import check_port_conflicts, decide, gather
     from ..store.runtimedir import write_runtime_plan
@@ -185,7 +185,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
     found = plancache.reusable(runtime_dir, name, environ, keyed=keyed)
     if found is None:
         return None
-    from ..core.runtimeplan import RuntimePlan
+    from ..core.launch.runtimeplan import RuntimePlan
     from ..planning.endpoint import check_listen_free
     from ..store.cleared import read_cleared
     from ..store.runtimedir import write_runtime_plan
@@ -197,7 +197,7 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
         return None
     if rp.gpu_choice is not None:
         return None   # its GPUs are chosen anew at each start (lokid.planning.gpuchoice)
-    from ..core.portunit import marked_socket
+    from ..core.launch.portunit import marked_socket
     from ..core.record import replace
 
     if rp.socket != marked_socket(name, environ):
@@ -238,8 +238,8 @@ def _reuse(state_dir: str, runtime_dir: str, name: str, invocation: str,
 
 def _check_name(name: str) -> None:
     """ConfigError for a name that is no preset name nor one of its replicas' (``NAME:k``,
-    :mod:`lokid.core.replicas`; ``../x`` would name files outside the runtime directory)."""
-    from ..core.replicas import check_instance_name
+    :mod:`lokid.core.serve.replicas`; ``../x`` would name files outside the runtime directory)."""
+    from ..core.serve.replicas import check_instance_name
 
     check_instance_name(name)
 
@@ -248,7 +248,7 @@ def _crash_loop(runtime_dir: str, name: str, under_systemd: bool) -> str:
     """Why this start must not run (the crash-loop rule), or ""."""
     import time
 
-    from ..core import crashloop
+    from ..core.launch import crashloop
     from ..core.names import engine_unit
     from ..store import exits
 
@@ -325,8 +325,8 @@ def prestart_step(config_dir: str, state_dir: str, runtime_dir: str, name: str) 
 
     Without ``INVOCATION_ID`` (run by hand) it plans and writes the runtime plan, and a
     refusal is an error as in any other command."""
-    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..core.errors import LokiError
+    from ..core.launch.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..store import exits, handoff
 
     invocation = os.environ.get("INVOCATION_ID", "")
@@ -370,8 +370,8 @@ def _plan_start(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     """This start's plan, settled and written, or why it cannot start as it is."""
     import time
 
-    from ..core.crashloop import EXIT_CONFIG
     from ..core.errors import LokiError, ModelNotPulledError
+    from ..core.launch.crashloop import EXIT_CONFIG
     from ..store import handoff
 
     planned_at = time.time_ns()
@@ -397,8 +397,8 @@ def engine(config_dir: str, state_dir: str, runtime_dir: str, name: str,
     """Supervise the engine of this invocation, as its prestart step planned it (or plan
     first, when none ran: the local runner; or once its model is pulled: ``pulled``); the
     exit status for systemd. ``spawn``: how the engine starts (``supervisor.supervise``)."""
-    from ..core.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..core.errors import LokiError, ModelNotPulledError
+    from ..core.launch.crashloop import EXIT_CONFIG, EXIT_CRASH_LOOP, crashloop_message
     from ..host.notify import Notifier
     from ..store import handoff
 
@@ -543,8 +543,8 @@ def _load_the_rest(planned_here: bool, argv: Sequence[str] | None = None) -> Non
     modules: imported only at READY, they were gone, and a ready engine lost its token's
     clearing. Imported here, they are in memory whatever apt does next; the start does
     not wait for them (the engine loads meanwhile, or answers already)."""
-    from ..core import crashloop  # noqa: F401
     from ..core.errors import StateError  # noqa: F401
+    from ..core.launch import crashloop  # noqa: F401
     from ..store import cleared, exits, plancache, state  # noqa: F401
     from . import argcheck  # noqa: F401
 
@@ -553,7 +553,7 @@ def _load_the_rest(planned_here: bool, argv: Sequence[str] | None = None) -> Non
         from ..host import rpcprobe  # noqa: F401
 
     if planned_here:   # plancache.inputs_paths, for a plan this step made itself
-        from ..core import config  # noqa: F401
+        from ..core.config import files as config  # noqa: F401
         from ..host import probe  # noqa: F401
 
 
@@ -562,8 +562,8 @@ def stopped(state_dir: str, runtime_dir: str, name: str,
     """ExecStopPost=: count a failure, or forgive an operator's stop while loading."""
     import time
 
-    from ..core.crashloop import Failure, exit_reason
     from ..core.errors import LokiError
+    from ..core.launch.crashloop import Failure, exit_reason
     from ..store import exits
 
     _check_name(name)

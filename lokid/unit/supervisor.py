@@ -31,7 +31,7 @@ through a Python pipe a stalled reader could block), then:
   waited 10 s and then cut anyway (issue 45, item 12); an idle engine exits at the
   first in milliseconds, so the second now follows after :data:`STOP_RESEND`. At a shutdown, a ready
   engine gets its SIGTERM once the gateway is gone, so the requests the gateway
-  lets end run on it (:mod:`lokid.core.drainmark`);
+  lets end run on it (:mod:`lokid.core.launch.drainmark`);
 - if the engine dies on its own, report it (``unexpected_exit_fails``: as a
   failure even with status 0, so that ``Restart=on-failure`` applies); one that
   exits with a status before it was ready is asked ``refused`` (the caller's:
@@ -58,9 +58,9 @@ import os
 import signal
 import time
 
-from ..core import drainmark
 from ..core.address import engine_url
 from ..core.errors import EngineError
+from ..core.launch import drainmark
 from ..host.notify import Notifier
 from ..host.proc import die_with_parent, group_members, progress_counters, resident_kib
 from ..host.spawn import spawn as spawn_plain

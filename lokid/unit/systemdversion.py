@@ -23,7 +23,7 @@ import os
 import shutil
 import subprocess
 
-from ..core.journalfilter import systemd_version
+from ..core.telemetry.journalfilter import systemd_version
 
 TIMEOUT = 5.0   # seconds: it prints one constant string; a hang must not hold a boot
 

@@ -43,7 +43,7 @@ def workers_after_exit(name: str, argv: Sequence[str], rc: int, notifier: Any) -
     not answer now named in its STATUS= and the journal (llama.cpp aborts when a worker's
     connection drops, and its own line names no worker); ``rc`` returned as it is, so
     systemd's restart logic and the crash-loop rule apply."""
-    from ..core.crashloop import EXIT_CONFIG
+    from ..core.launch.crashloop import EXIT_CONFIG
 
     if rc in (0, EXIT_CONFIG) or not names_workers(argv):
         return rc

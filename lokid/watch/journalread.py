@@ -20,7 +20,7 @@ What a read gives, and what a fault gives its caller:
   own parser (each start, by invocation id, through its own :class:`EngineLog`), over at
   most :data:`MAX_WINDOW_ENTRIES` entries: past that the figures stop and
   ``truncated_at`` says where. Lines journald dropped in the window (its "Suppressed N
-  messages from UNIT" entries, :mod:`lokid.core.journalgap`; issue 45, item 9) are summed
+  messages from UNIT" entries, :mod:`lokid.core.telemetry.journalgap`; issue 45, item 9) are summed
   as ``missed_lines``, with ``requests_lower_bound``: the counts are at least, not exactly.
 
 Reads block (the journal files): the daemon runs them in a worker thread, each with its
@@ -34,8 +34,8 @@ import time
 from typing import Any
 
 from ..core.errors import InvalidArgsError
-from ..core.journalgap import dropped, match_dropped
 from ..core.names import SYSLOG_IDENTIFIER
+from ..core.telemetry.journalgap import dropped, match_dropped
 
 MAX_LINES = 10000
 MESSAGE_CHARS = 4096
@@ -111,8 +111,8 @@ def window(reader: Any, unit: str, since: float, kind: str = "",
            now: float | None = None, limit: int = MAX_WINDOW_ENTRIES) -> dict[str, Any]:
     """The figures of the unit's requests since ``since`` (seconds since the epoch), as
     the daemon's Stats computes them for a start, over every start in the window."""
-    from ..core.requestlog import EngineLog
-    from ..core.telemetry import summarize
+    from ..core.telemetry.figures import summarize
+    from ..core.telemetry.requestlog import EngineLog
 
     now = time.time() if now is None else now
     reader.add_match(_SYSTEMD_UNIT=unit)

@@ -3,7 +3,7 @@
 A reusable component (the daemon runs it; ``lokid watch`` runs it alone). It
 reads the journal of every ``loki-engine@*.service`` (matched by their
 common slice, ``system-loki\\x2dengine.slice``), tracks each start by
-``_SYSTEMD_INVOCATION_ID`` and feeds its lines to :mod:`lokid.core.enginelog`.
+``_SYSTEMD_INVOCATION_ID`` and feeds its lines to :mod:`lokid.core.telemetry.enginelog`.
 When an invocation becomes ready (the supervisor's "ready at" entry) its load
 is judged: if automatic speculation was on and the model or its draft did not
 fully reach the GPU, --fit pushed layers to RAM to make room for the draft —
@@ -12,7 +12,7 @@ and the next start runs without automatic speculation. The journal gets a
 structured entry (``MESSAGE_ID`` :data:`MESSAGE_AUTO_CUT`) saying so.
 
 A start whose engine runs on the CPU although it has a GPU backend or says it offloaded
-(issue 44, item 3: :meth:`lokid.core.enginelog.Load.on_cpu`) is said at its "ready at"
+(issue 44, item 3: :meth:`lokid.core.telemetry.enginelog.Load.on_cpu`) is said at its "ready at"
 entry whatever its speculation, as a structured entry (``MESSAGE_ID``
 :data:`MESSAGE_ON_CPU`, ``LOKI_REASON``) and to ``on_cpu`` (the daemon: a preset with
 ``cpu_fallback = "fail"`` is stopped there); an engine that ran 10-100x slower looked
@@ -20,7 +20,7 @@ healthy before. On an automatic launch it also cuts automatic speculation (the
 layers-in-RAM verdict counts it).
 
 Lines journald dropped (its ``Suppressed N messages from loki-engine@P.service`` entry,
-read by :mod:`lokid.core.journalgap`; issue 45, item 9) go to ``on_gap`` (the daemon's
+read by :mod:`lokid.core.telemetry.journalgap`; issue 45, item 9) go to ``on_gap`` (the daemon's
 meters: counts become a lower bound, requests in flight unknown) and are said once per
 start, with what they cost lokid, as a structured entry (``MESSAGE_ID``
 :data:`MESSAGE_LINES_LOST`); later drops of that start are counted, not said again.
@@ -42,9 +42,7 @@ from typing import Any
 
 from systemd import journal
 
-from ..core.enginelog import LoadTracker
 from ..core.errors import StalePlanError, StateError
-from ..core.journalgap import JOURNAL_DROPPED, dropped, match_dropped
 from ..core.names import (
     ENGINE_SLICE,
     MESSAGE_AUTO_CUT,
@@ -54,6 +52,8 @@ from ..core.names import (
     SYSLOG_IDENTIFIER,
     preset_of_unit,
 )
+from ..core.telemetry.enginelog import LoadTracker
+from ..core.telemetry.journalgap import JOURNAL_DROPPED, dropped, match_dropped
 from ..store.runtimedir import read_runtime_plan
 from ..store.state import StateDB
 
@@ -334,7 +334,7 @@ def invocation_lines(reader: Any, invocation: str, until: float, head: int = REP
 def invocation_drops(reader: Any, invocation: str, until: float) -> list[tuple[int, float]]:
     """journald's word that it dropped lines of start ``invocation`` up to ``until``: (lines
     dropped, when said) each, oldest first (a replay after the daemon's restart keeps a
-    start's counts a lower bound, :mod:`lokid.core.journalgap`)."""
+    start's counts a lower bound, :mod:`lokid.core.telemetry.journalgap`)."""
     reader.add_match(MESSAGE_ID=JOURNAL_DROPPED, _TRANSPORT="driver",
                      OBJECT_SYSTEMD_INVOCATION_ID=invocation)
     reader.seek_head()

@@ -4,8 +4,8 @@ Under systemd the lines come from the journal the daemon follows for its
 verdicts (:mod:`lokid.watch.journalwatch`); under the local runner, from the
 engine's pipe. Either way they reach :meth:`Meters.feed` with the preset, the
 start (invocation) and the time of the line. Each start gets its own
-:class:`~lokid.core.requestlog.EngineLog` (what the lines say) and
-:class:`~lokid.core.telemetry.StartStats` (the windows and totals); a new start
+:class:`~lokid.core.telemetry.requestlog.EngineLog` (what the lines say) and
+:class:`~lokid.core.telemetry.figures.StartStats` (the windows and totals); a new start
 of a preset replaces the old one's figures. The kind of speculation a draft
 line counts for comes from the start's runtime plan.
 
@@ -24,7 +24,7 @@ parser cannot read is never in flight, so it counts as ended at once (what a cha
 format looks like).
 
 A request that ended without printing a timing line at all is not counted
-(:attr:`lokid.core.requestlog.EngineLog.untimed`): embeddings and rerank print none, and
+(:attr:`lokid.core.telemetry.requestlog.EngineLog.untimed`): embeddings and rerank print none, and
 three of them made the warning say "its Stats are blind" of an engine whose log is read
 (issue 48, item 4). A completion whose timing lines lokid cannot parse is still counted.
 
@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.errors import StalePlanError
-from ..core.requestlog import EngineLog
-from ..core.telemetry import StartStats
+from ..core.telemetry.figures import StartStats
+from ..core.telemetry.requestlog import EngineLog
 from ..store.runtimedir import read_runtime_plan
 
 

@@ -161,7 +161,7 @@ class Record:
     sight: Mapping[str, Any] = field(default_factory=dict)
     # its need per device (the Memory property: needs, sources), {} without a plan
     memory: Mapping[str, Any] = field(default_factory=dict)
-    # which of the preset's engines (issue 47, lokid.core.replicas): 1 is its own, whose
+    # which of the preset's engines (issue 47, lokid.core.serve.replicas): 1 is its own, whose
     # series carry no replica label (as before replicas existed); 2 and up add
     # replica="k" to every series of that engine
     replica: int = 1

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..core.usage import REFUSED_PREFIX
+from ..core.serve.usage import REFUSED_PREFIX
 from .promfile import escape_help, escape_label, format_value
 
 MAX_PAIRS = 1000

@@ -56,8 +56,8 @@ upstream_model serve.keep rpc api_key_file cpu_fallback example aliases serve.re
 serve.max_replicas"
 
 # The values of the keys that take one of a fixed set, as lokid's configuration checks
-# them (lokid/core/config.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS, and
-# lokid/core/external.py: KINDS; a test keeps
+# them (lokid/core/config/files.py: SPEC_MODES, SPEC_SAMPLINGS, EFFORT_LEVELS, and
+# lokid/core/config/external.py: KINDS; a test keeps
 # them equal).
 _lokictl_values() {
     case "$1" in

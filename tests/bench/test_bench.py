@@ -24,8 +24,9 @@ import pytest
 from support.enginekit import free_port, running, write_config, write_preset
 
 from lokid.bench import measure, protocol
-from lokid.core import benchrules, errors
-from lokid.core.iosample import IOSample
+from lokid.core import errors
+from lokid.core.bench import rules as benchrules
+from lokid.core.bench.iosample import IOSample
 from lokid.planning.gather import make_plan
 from lokid.store.state import StateDB
 

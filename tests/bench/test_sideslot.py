@@ -25,7 +25,8 @@ from support.daemonproc import daemon_on_bus
 from support.enginekit import free_port, running, write_config, write_preset
 
 from lokid.bench import protocol
-from lokid.core import benchrules, errors
+from lokid.core import errors
+from lokid.core.bench import rules as benchrules
 from lokid.planning.gather import make_plan
 from lokid.store.state import StateDB
 

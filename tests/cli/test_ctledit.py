@@ -198,7 +198,8 @@ def test_bash_completion_of_the_edit_verbs(tmp_path: Path) -> None:
 def test_bash_completion_of_the_values_of_keys_with_a_fixed_set(tmp_path: Path) -> None:
     """After "=", the values lokid's configuration accepts (its own tuples: one source),
     however bash splits the word; nothing for a free value, nothing for unset."""
-    from lokid.core import config, external
+    from lokid.core.config import external
+    from lokid.core.config import files as config
 
     (tmp_path / "presets").mkdir()
     (tmp_path / "presets" / "qwen.toml").write_text('model = "m"\n')
@@ -235,8 +236,8 @@ def test_the_completions_keys_are_those_lokictl_set_knows() -> None:
 
 
 def test_lokictl_set_knows_every_preset_key_but_the_secrets_table() -> None:
-    from lokid.core.config import CHAT_KEYS, PRESET_KEYS, SPEC_KEYS
-    from lokid.core.serve import SERVE_KEYS
+    from lokid.core.config.files import CHAT_KEYS, PRESET_KEYS, SPEC_KEYS
+    from lokid.core.serve.tables import SERVE_KEYS
     from lokid.ctl import edit as ctledit
 
     tables = {"spec": SPEC_KEYS, "chat": CHAT_KEYS, "serve": SERVE_KEYS}

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lokid.core.errors import ConfigError
-from lokid.core.replicas import check_instance_name
+from lokid.core.serve.replicas import check_instance_name
 
 # Audit events that read or change a path (os.stat has none: nothing is read by it).
 CHILD = r"""

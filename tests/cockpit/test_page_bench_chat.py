@@ -18,7 +18,7 @@ import pytest
 from support.cockpitkit import Browser
 from support.lokid_install import LokidSystem, unit
 
-from lokid.core.benchrules import DEFAULT_PREDICT, DEFAULT_PROMPT
+from lokid.core.bench.rules import DEFAULT_PREDICT, DEFAULT_PROMPT
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 

@@ -1,6 +1,7 @@
 """The pure core is the package ``lokid/core`` itself: no I/O edge, nothing above it.
 
-Every module found in ``lokid/core/`` is checked (no list to keep in step), and
+Every module found under ``lokid/core/``, its topics' sub-packages included (issue 49
+grouped it by topic), is checked (no list to keep in step), and
 every import form counts: ``import x``, ``from x import y``, relative imports
 (``from . import x``, ``from ..planning import y``, resolved against the
 module's package), imports inside functions or ``if TYPE_CHECKING:``, and
@@ -12,6 +13,7 @@ proved on planted modules: each forbidden form must be caught.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,19 +69,37 @@ def violations(source: str, module: str) -> set[str]:
 
 
 def core_modules() -> list[str]:
-    return sorted(p.stem for p in CORE.glob("*.py"))
+    """Every module under the core, recursively, dotted below it (``launch.plan``); a
+    sub-package by its own name (``launch``)."""
+    found = []
+    for p in CORE.rglob("*.py"):
+        parts = p.relative_to(CORE).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return sorted(found)
+
+
+def core_path(module: str) -> Path:
+    path = CORE.joinpath(*module.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def test_the_core_is_the_package_and_holds_the_rules() -> None:
-    # A guard against checking an empty or moved package: the pure modules are here.
-    assert {"config", "plan", "spec", "flags", "errors", "runtimeplan", "benchrules",
-            "enginelog", "attempt", "modelinfo", "caps", "names"} <= set(core_modules())
+    # A guard against checking an empty or moved package: the pure modules are here, in
+    # the topics too (a check of the top directory alone would see none of them).
+    assert {"config.files", "launch.plan", "launch.spec", "launch.flags", "errors",
+            "launch.runtimeplan", "bench.rules", "telemetry.enginelog", "launch.attempt",
+            "model.modelinfo", "launch.caps", "names", "place.need", "fleet.route",
+            "serve.tables", "launch"} <= set(core_modules())
 
 
 @pytest.mark.parametrize("module", core_modules())
 def test_core_module_imports_nothing_impure(module: str) -> None:
-    path = CORE / f"{module}.py"
-    assert violations(path.read_text(), f"{CORE_PACKAGE}.{module}") == set()
+    path = core_path(module)
+    # a package's relative imports start from the package itself
+    name = f"{CORE_PACKAGE}.{module}" + (".__init__" if path.name == "__init__.py" else "")
+    assert violations(path.read_text(), name) == set()
 
 
 PLANTED = [
@@ -116,14 +136,16 @@ def test_a_planted_module_fails_the_real_check(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """End to end: a module planted in a copy of the package makes the check fail."""
     copy = tmp_path / "core"
-    copy.mkdir()
-    for p in CORE.glob("*.py"):
-        (copy / p.name).write_text(p.read_text())
+    shutil.copytree(CORE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "planted.py").write_text('"""planted"""\nfrom ..planning import gather\n')
+    # one level down, ``...planning`` is what climbs out of the core
+    (copy / "launch" / "planted.py").write_text('"""planted"""\nfrom ...planning import x\n')
     monkeypatch.setattr(sys.modules[__name__], "CORE", copy)
-    assert "planted" in core_modules()
-    with pytest.raises(AssertionError):
-        test_core_module_imports_nothing_impure("planted")
+    assert {"planted", "launch.planted"} <= set(core_modules())
+    for planted in ("planted", "launch.planted"):
+        with pytest.raises(AssertionError):
+            test_core_module_imports_nothing_impure(planted)
+    test_core_module_imports_nothing_impure("launch.plan")   # the real one passes
 
 
 def test_importing_the_whole_core_loads_no_edge() -> None:

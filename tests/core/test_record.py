@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lokid.core.attempt import Mark
+from lokid.core.launch.attempt import Mark
+from lokid.core.launch.runtimeplan import RuntimePlan
 from lokid.core.record import FrozenError, field, record, replace
-from lokid.core.runtimeplan import RuntimePlan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,8 +89,9 @@ def test_replace_copies_a_record_with_changes_and_is_dataclasses_replace_otherwi
 
 
 START_PATH = ("lokid.cli", "lokid.unit.steps", "lokid.unit.supervisor", "lokid.store.state",
-              "lokid.store.plancache", "lokid.store.handoff", "lokid.core.runtimeplan",
-              "lokid.planning.endpoint", "lokid.core.crashloop", "lokid.core.portunit")
+              "lokid.store.plancache", "lokid.store.handoff", "lokid.core.launch.runtimeplan",
+              "lokid.planning.endpoint", "lokid.core.launch.crashloop",
+              "lokid.core.launch.portunit")
 
 
 def test_a_start_spawns_its_engine_without_the_heavy_imports() -> None:

@@ -14,7 +14,7 @@ import pytest
 from support.daemonproc import daemon_on_bus
 from support.enginekit import write_config
 
-from lokid.core import keys as corekeys
+from lokid.core.serve import keys as corekeys
 from lokid.ctl.client import CtlError
 from lokid.ctl.keys import duration, expiry, options
 from lokid.ctl.main import parse_args

@@ -30,7 +30,7 @@ def test_every_interface_and_member_is_described() -> None:
 
 def test_every_key_of_the_bench_reply_is_documented() -> None:
     from lokid.bench.measure import Outcome
-    from lokid.core.benchrules import Result
+    from lokid.core.bench.rules import Result
 
     (bench,) = [m for m in documented()["org.lokid.Lokid1.Manager"] if m.get("name") == "Bench"]
     text = next(a.get("value", "") for a in bench if a.get("name") == DOCSTRING)

@@ -138,7 +138,7 @@ async def test_a_recorded_verdict_is_served_and_signalled(running: Running, tmp_
     # what the journal watcher does for an auto launch with layers in RAM:
     # record the failure for the mark the next start would use, then tell the daemon
     view = running.daemon.registry.get("mtp")
-    from lokid.core.plan import build_plan, config_fingerprint
+    from lokid.core.launch.plan import build_plan, config_fingerprint
     from lokid.planning.gather import gather
 
     inputs = gather(running.daemon.registry.config_dir, "mtp")

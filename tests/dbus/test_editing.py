@@ -28,7 +28,7 @@ from support import models as gen
 from support.daemonkit import Running, daemon_on
 from support.enginekit import free_port, write_config, write_preset
 
-from lokid.core.attempt import Mark
+from lokid.core.launch.attempt import Mark
 from lokid.core.names import BUS_NAME, OBJECT_PATH, PRESET_INTERFACE, preset_object_path
 from lokid.core.names import MANAGER_INTERFACE as MANAGER
 from lokid.store.state import SavedBench, StateDB

@@ -21,8 +21,8 @@ from support.daemonkit import Running, daemon_on
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import app_on_loopback
 
+from lokid.core.config.external import BENCH_REFUSAL
 from lokid.core.errors import ENGINE_FAILED
-from lokid.core.external import BENCH_REFUSAL
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE
 from lokid.core.names import preset_object_path as path_of
 

@@ -85,7 +85,7 @@ def test_a_gpu_pinned_by_uuid_is_corrected(tmp_path: Path) -> None:
 
 
 def test_buffer_lines_measure_the_gpu_the_start_sees(tmp_path: Path) -> None:
-    from lokid.core.requestlog import EngineLog
+    from lokid.core.telemetry.requestlog import EngineLog
 
     # the recorded H200 line's form; the start has CUDA_VISIBLE_DEVICES=2
     log = EngineLog()
@@ -110,9 +110,9 @@ def test_the_host_figure_is_what_the_engine_holds_not_the_models_page_cache(
     cgroup's memory.stat says it holds (the runner's held_memory: tests/dbus/
     test_daemon_systemd.py reads a real unit's), MemoryCurrent only where that is
     unknown."""
-    from lokid.core.iosample import IOSample
+    from lokid.core.bench.iosample import IOSample
     from lokid.core.place.footprint import CGROUP
-    from lokid.core.requestlog import EngineLog
+    from lokid.core.telemetry.requestlog import EngineLog
 
     log = EngineLog()
     log.feed("0.00.241.592 I load_tensors:        CUDA0 model buffer size =   920.22 MiB", 0.0)
@@ -203,8 +203,8 @@ def test_a_start_on_the_cpu_is_told_and_stopped_by_the_daemon_only_when_not_take
 
 
 def _runtime_plan(name: str, invocation: str) -> Any:
-    from lokid.core.attempt import Mark
-    from lokid.core.runtimeplan import RuntimePlan
+    from lokid.core.launch.attempt import Mark
+    from lokid.core.launch.runtimeplan import RuntimePlan
 
     return RuntimePlan(name, ("/e",), {}, "127.0.0.1", 8080, Mark("f", "/e", 1),
                        invocation=invocation)

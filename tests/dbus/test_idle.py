@@ -23,7 +23,7 @@ from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, PRESET_INTERFACE, preset_object_path
-from lokid.core.requestlog import EngineLog
+from lokid.core.telemetry.requestlog import EngineLog
 from lokid.ctl.commands import idle_text, serve_text
 from lokid.dbus.idle import idle_deadline
 

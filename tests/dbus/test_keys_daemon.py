@@ -2,7 +2,7 @@
 runner) on a private real dbus-daemon, callers as other users where it matters.
 
 What the store promises, seen from the bus: the key crosses once and the file never holds
-it (only its hash, which :class:`lokid.core.keys.Lookup`, the gateway's own check, then
+it (only its hash, which :class:`lokid.core.serve.keys.Lookup`, the gateway's own check, then
 finds); 0640 and 0750; an operator's comments kept; a broken hand edit named by its line
 and left byte for byte; two writers at once both land, and a program holding the
 directory's flock is waited for; every method refused to a caller without the right.
@@ -30,8 +30,8 @@ from support.daemonkit import Running, daemon_on
 from support.enginekit import write_config
 from support.polkit_standin import PolkitStandIn
 
-from lokid.core import keys as corekeys
 from lokid.core.names import ERROR_PREFIX, KEYS_INTERFACE, OBJECT_PATH
+from lokid.core.serve import keys as corekeys
 from lokid.dbus import access
 from lokid.dbus.keys import KeysInterface, keys_file
 from lokid.dbus.team import FACTORIES

@@ -28,7 +28,7 @@ from support.enginekit import free_port, write_config, write_preset
 from support.hubstand import hub_running
 from support.models import write_llama
 
-from lokid.core import pulled
+from lokid.core.model import pulled
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH, preset_object_path
 
 pytestmark = pytest.mark.engine

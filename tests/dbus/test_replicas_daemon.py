@@ -214,7 +214,7 @@ def test_a_preset_is_idle_only_when_every_replica_is(tmp_path: Path) -> None:
     (tests/data/engine-logs: launch_slot_ and release), fed to the real meters."""
     from types import SimpleNamespace
 
-    from lokid.core.serve import Serve
+    from lokid.core.serve.tables import Serve
     from lokid.dbus.idle import IdleStops
     from lokid.runners.runner import READY, EngineState
     from lokid.watch.meter import Meters

@@ -19,8 +19,8 @@ import pytest
 from support.enginekit import write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
-from lokid.core.keys import digest
 from lokid.core.place.need import DEFAULT_PARALLEL
+from lokid.core.serve.keys import digest
 from lokid.gateway.server import Gateway
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -17,7 +17,7 @@ import pytest
 from support.enginekit import write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
-from lokid.core.keys import digest
+from lokid.core.serve.keys import digest
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

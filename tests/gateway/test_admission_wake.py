@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from lokid.core.fairshare import RECENT
-from lokid.core.keys import BATCH, Identity
+from lokid.core.serve.fairshare import RECENT
+from lokid.core.serve.keys import BATCH, Identity
 from lokid.gateway import admission as admission_mod
 from lokid.gateway.admission import Admission
 from lokid.gateway.context import IDENTITY_KEY

@@ -28,7 +28,7 @@ from support.gatewaykit import gateway_on, until
 
 from lokid.core.fleet.peers import Peer
 from lokid.core.fleet.route import LOCAL
-from lokid.core.prefixes import chain
+from lokid.core.serve.prefixes import chain
 from lokid.gateway import peers as peers_mod
 from lokid.gateway.report import PRESET_KEY
 from lokid.gateway.server import Gateway

@@ -165,7 +165,7 @@ async def test_lokictl_set_aliases_and_a_clash_refused(running: Running, gateway
 
 async def test_a_keys_scope_matches_a_presets_name_or_any_alias(
         running: Running, bus_address: str, tmp_path: Path) -> None:
-    from lokid.core.keys import digest
+    from lokid.core.serve.keys import digest
 
     keys = tmp_path / "keys.toml"
     keys.write_text(f'[keys.mini]\nhash = "{digest("sk-mini")}"\nmodels = ["gpt-4o-mini"]\n'

@@ -16,7 +16,7 @@ import pytest
 from support.enginekit import free_port, write_config, write_preset
 
 from lokid.core.errors import ConfigError
-from lokid.core.serve import GatewayConfig
+from lokid.core.serve.tables import GatewayConfig
 from lokid.gateway.settings import read_keys, settings_of
 
 

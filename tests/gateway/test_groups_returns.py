@@ -1,5 +1,5 @@
 """How soon a group member's clients come back (lokid.gateway.groups): what the swap rule's
-pause is for (lokid.core.swaps, issue 31). Each request for a preset with nothing of its
+pause is for (lokid.core.serve.swaps, issue 31). Each request for a preset with nothing of its
 own in flight or waiting notes how long after its last request ended it came; the holder
 carries the shortest of the last few, and a request that joins others is no return."""
 
@@ -9,7 +9,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from lokid.core.swaps import RETURNS_KEPT
+from lokid.core.serve.swaps import RETURNS_KEPT
 from lokid.gateway.groups import Group
 from lokid.gateway.presets import Preset
 

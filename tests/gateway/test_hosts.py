@@ -21,10 +21,10 @@ from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
+from lokid.core.config.tomlread import Checker, parse_toml
 from lokid.core.errors import ConfigError
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
-from lokid.core.serve import parse_gateway
-from lokid.core.tomlread import Checker, parse_toml
+from lokid.core.serve.tables import parse_gateway
 from lokid.gateway.hosts import Hosts, host_name
 
 KEY = "client-key-hosts"

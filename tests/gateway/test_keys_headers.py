@@ -20,7 +20,7 @@ from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import app_on_loopback, gateway_on, until
 
 from lokid.core.fleet.peers import Peer
-from lokid.core.keys import CLIENT_KEY_HEADERS
+from lokid.core.serve.keys import CLIENT_KEY_HEADERS
 from lokid.gateway import peers as peers_mod
 from lokid.gateway.peers import HOP_HEADER
 from lokid.gateway.relay import forwarded

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lokid.core import keys as core_keys
 from lokid.core.errors import ConfigError
-from lokid.core.keys import ANONYMOUS, digest
+from lokid.core.serve import keys as core_keys
+from lokid.core.serve.keys import ANONYMOUS, digest
 from lokid.gateway import keys as gw_keys
 from lokid.gateway.keys import Keyring, named_keys_held
 from lokid.gateway.replies import GatewayError
@@ -190,7 +190,7 @@ def test_a_thousand_keys_cost_one_hash_a_request(tmp_path: Path,
 
 
 def test_named_keys_at_start_let_the_gateway_listen_beyond_loopback(tmp_path: Path) -> None:
-    from lokid.core.serve import GatewayConfig
+    from lokid.core.serve.tables import GatewayConfig
     from lokid.gateway.settings import settings_of
 
     path = tmp_path / "keys.toml"

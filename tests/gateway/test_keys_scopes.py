@@ -19,7 +19,7 @@ from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import app_on_loopback, gateway_on, until
 
 from lokid.core.fleet.peers import Peer
-from lokid.core.keys import digest
+from lokid.core.serve.keys import digest
 from lokid.gateway import peers as peers_mod
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -19,8 +19,8 @@ import pytest
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
-from lokid.core.keys import digest, new_secret
 from lokid.core.names import BUS_NAME, OBJECT_PATH
+from lokid.core.serve.keys import digest, new_secret
 from lokid.host.buscall import call
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -199,7 +199,7 @@ async def test_without_the_daemons_totals_budgets_count_from_the_start(
     budget comes."""
     from dbus_fast.aio import MessageBus
 
-    from lokid.core.keys import Identity, Limits
+    from lokid.core.serve.keys import Identity, Limits
     from lokid.gateway.limits import Limiter, LimitReached
 
     bus = await MessageBus(bus_address=bus_address).connect()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from lokid.core.keys import ANONYMOUS, Identity, Limits, legacy_identity
+from lokid.core.serve.keys import ANONYMOUS, Identity, Limits, legacy_identity
 from lokid.gateway.limits import SPAN, Limiter, LimitReached, Window
 
 NOON = datetime(2026, 12, 7, 12, 3, 0, tzinfo=UTC).timestamp()

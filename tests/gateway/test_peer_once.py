@@ -20,9 +20,9 @@ import pytest
 from support.enginekit import free_port, write_config
 from support.gatewaykit import gateway_on, until
 
-from lokid.core.affinity import Affinity, Replica
 from lokid.core.fleet.peers import Peer
-from lokid.core.prefixes import chain
+from lokid.core.serve.affinity import Affinity, Replica
+from lokid.core.serve.prefixes import chain
 from lokid.gateway.server import Gateway
 
 pytestmark = [pytest.mark.slow]
@@ -34,7 +34,7 @@ MESSAGES = [{"role": "user", "content": "Hello"}]
 def names() -> dict[str, str]:
     """The peers' names, mode → name, such that the closing one is asked first: two
     idle replicas of a prompt never seen are chosen by a hash of the prompt over their
-    names (lokid.core.affinity, issue 47), no longer the first listed."""
+    names (lokid.core.serve.affinity, issue 47), no longer the first listed."""
     for i in range(100):
         close, ok = f"close{i}", f"ok{i}"
         first = Affinity().choose(chain("shared", {"model": "shared", "messages": MESSAGES}),

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lokid.core.affinity import LISTED
 from lokid.core.fleet.peers import Peer
 from lokid.core.fleet.route import LOCAL, Model
-from lokid.core.prefixes import Chain, chain, hex_of
+from lokid.core.serve.affinity import LISTED
+from lokid.core.serve.prefixes import Chain, chain, hex_of
 from lokid.gateway.peers import TOLD, Peers, told
 
 SYSTEM = "You answer in French. " * 40

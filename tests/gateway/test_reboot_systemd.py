@@ -7,7 +7,7 @@ a preset of a slow generated model (tens of tokens a second) started by hand. Th
 client is this test, on the host's end of the bridge: it streams 6,000 tokens, and
 once the stream is under way the container is rebooted. A shutdown stops the gateway
 and the engine at once; the gateway lets the stream end (its drain), and the engine's
-stop waits for the gateway to be gone (lokid.core.drainmark). Without that wait the
+stop waits for the gateway to be gone (lokid.core.launch.drainmark). Without that wait the
 engine stopped first, and the client read "failed mid-answer" after a few events."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def host(tmp_path: Path) -> Iterator[FleetHost]:
 
 def test_at_a_reboot_the_engine_is_not_stopped_under_the_gateways_stream(
         host: FleetHost) -> None:
-    """What the engine's wait guarantees (lokid.core.drainmark): the engine is stopped
+    """What the engine's wait guarantees (lokid.core.launch.drainmark): the engine is stopped
     only once the gateway has stopped. Whether the stream then ends in full is printed,
     not asserted: alone it always did (12 runs), in two full `make test` runs the
     gateway ended it at once (a truncated event; the shutdown's console is printed),

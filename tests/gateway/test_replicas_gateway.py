@@ -37,9 +37,9 @@ from support.enginekit import free_ports, write_config, write_preset
 from support.gatewaykit import gateway_on, until
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
-from lokid.core.prefixes import chain
-from lokid.core.scaling import NEVER
-from lokid.core.scaling import hold as hold_down
+from lokid.core.serve.prefixes import chain
+from lokid.core.serve.scaling import NEVER
+from lokid.core.serve.scaling import hold as hold_down
 from lokid.gateway.groups import swap_cost
 from lokid.gateway.peers import HOP_HEADER
 from lokid.gateway.replicas import LOOK
@@ -123,7 +123,7 @@ async def slot_held(c: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator
 
 def chat(who: str, turn: int, **more: Any) -> dict[str, Any]:
     # each conversation its own opening (a system prompt shared by all is the affinity
-    # rule's business, lokid.core.affinity; here: which engine of the preset, and back)
+    # rule's business, lokid.core.serve.affinity; here: which engine of the preset, and back)
     messages: list[dict[str, Any]] = []
     for k in range(1, turn + 1):
         messages.append({"role": "user", "content": f"{who}: {OPENING if k == 1 else ''}"

@@ -1,10 +1,10 @@
 """lokid.gateway.replicas.compute_of: where the scaling rule finds an engine of a preset
 computes, from what the daemon announces (``Memory``, ``Devices``, ``RunningArgv``;
-issue 47, rule 2b of lokid.core.scaling)."""
+issue 47, rule 2b of lokid.core.serve.scaling)."""
 
 from __future__ import annotations
 
-from lokid.core.scaling import Compute
+from lokid.core.serve.scaling import Compute
 from lokid.gateway.presets import Preset
 from lokid.gateway.replicas import compute_of
 

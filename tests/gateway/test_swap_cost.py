@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lokid.core.swaps import DEFAULT_COST, PAUSE
+from lokid.core.serve.swaps import DEFAULT_COST, PAUSE
 from lokid.gateway.groups import swap_cost
 from lokid.gateway.placer import need_of
 from lokid.gateway.presets import Preset

@@ -22,7 +22,7 @@ from support.enginekit import write_config, write_preset
 from support.gatewaykit import gateway_on
 from test_usage import start
 
-from lokid.core.keys import legacy_identity
+from lokid.core.serve.keys import legacy_identity
 from lokid.gateway.server import Gateway
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -14,7 +14,7 @@ import pytest
 from support.gatewaykit import until
 from test_peers import Host, all_up, chat, client, fleet  # noqa: F401 (fleet: a fixture)
 
-from lokid.core.keys import legacy_identity
+from lokid.core.serve.keys import legacy_identity
 from lokid.gateway.usage import utc_day
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -1,6 +1,6 @@
 """What a waiting request is told and what the daemon is told of it (issue 46, item 4):
 :class:`lokid.gateway.waitnotes.Teller`'s words and :meth:`lokid.gateway.waiting.Waiting.rows`
-over a real :class:`lokid.core.fairshare.FairShare` (the gate's rule); the groups, the
+over a real :class:`lokid.core.serve.fairshare.FairShare` (the gate's rule); the groups, the
 placement and the presets are their plain state, as the gateway's own hold it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from lokid.core.fairshare import DEFAULT_PACE, FairShare
-from lokid.core.waiting import Row
+from lokid.core.serve.fairshare import DEFAULT_PACE, FairShare
+from lokid.core.serve.waiting import Row
 from lokid.gateway.context import TICKET_KEY
 from lokid.gateway.waiting import Waiting
 from lokid.gateway.waitnotes import Teller

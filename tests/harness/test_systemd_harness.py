@@ -100,10 +100,10 @@ def test_lokid_imports_with_debian_python(systemd_container: Container) -> None:
     # Debian package of lokid will run on.
     r = systemd_container.run([
         "python3", "-c",
-        "import sys; sys.path.insert(0, '/opt/lokid'); import lokid.core.plan; "
+        "import sys; sys.path.insert(0, '/opt/lokid'); import lokid.core.launch.plan; "
         "import httpx, systemd.daemon, dbus_fast; "
-        "print(lokid.core.plan.__file__)"])
-    assert r.stdout.strip() == "/opt/lokid/lokid/core/plan.py"
+        "print(lokid.core.launch.plan.__file__)"])
+    assert r.stdout.strip() == "/opt/lokid/lokid/core/launch/plan.py"
 
 
 @pytest.mark.engine

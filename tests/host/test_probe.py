@@ -1,4 +1,5 @@
-"""lokid.core.caps, lokid.host.probe: the real engine's --help/--version, and recorded ones."""
+"""lokid.core.launch.caps, lokid.host.probe: the real engine's --help/--version, and recorded
+ones."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 import pytest
 from support.engine_data import B11434, B11434_HELP, DATA
 
-from lokid.core.caps import gpu_backends, parse_flags, parse_version
 from lokid.core.errors import EngineError
+from lokid.core.launch.caps import gpu_backends, parse_flags, parse_version
 from lokid.host import probe
 
 pytestmark = pytest.mark.engine

@@ -28,7 +28,7 @@ pull that ends 0 there is a unit systemd 252 accepted with every property (one i
 know would refuse the whole StartTransientUnit), started by Debian 12's dbus-fast.
 
 What this found, fixed in the product: on Debian 12 every pull failed before its unit
-existed (dbus-fast 1.84 refuses a tuple as a struct's value: lokid.core.pullunit now gives
+existed (dbus-fast 1.84 refuses a tuple as a struct's value: lokid.core.model.pullunit now gives
 lists); a pull again right after ``--cancel`` was refused as Busy until the daemon's next
 read of the status file (lokid.dbus.pulls now reads it at the call, quietly: the old
 pull's "stopped", signalled under the unit name the new pull reuses, ended the new

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from support.users import run_as
 
-from lokid.core.attempt import Mark
 from lokid.core.errors import PortBusyError
-from lokid.core.runtimeplan import RuntimePlan
+from lokid.core.launch.attempt import Mark
+from lokid.core.launch.runtimeplan import RuntimePlan
 from lokid.planning.endpoint import check_port_free
 from lokid.store.runtimedir import write_runtime_plan
 

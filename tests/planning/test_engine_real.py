@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from support.enginekit import free_port, running, write_config, write_preset
 
-from lokid.core.plan import Plan
+from lokid.core.launch.plan import Plan
 from lokid.planning.gather import make_plan
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -13,9 +13,9 @@ import pytest
 from support.enginekit import write_config, write_preset
 from support.users import run_as
 
-from lokid.core import config as cfg
+from lokid.core.config import files as cfg
 from lokid.core.errors import LokiError
-from lokid.core.plan import build_plan
+from lokid.core.launch.plan import build_plan
 from lokid.planning.gather import gather
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from support.enginekit import write_config, write_preset
 
-from lokid.core.plan import build_plan
+from lokid.core.launch.plan import build_plan
 from lokid.planning.gather import gather
 from lokid.unit.planview import plan_now
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from support.enginekit import write_config, write_preset
 
-from lokid.core.attempt import Mark
-from lokid.core.runtimeplan import RuntimePlan
+from lokid.core.launch.attempt import Mark
+from lokid.core.launch.runtimeplan import RuntimePlan
 from lokid.host.nvml import GpuMemory
 from lokid.planning.gpuchoice import choosing, claimed, place
 from lokid.store.runtimedir import read_runtime_plan, write_runtime_plan

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from support.enginekit import free_port, write_config, write_preset
 
-from lokid.core.plan import build_plan
-from lokid.core.portunit import HELD_ENV
-from lokid.core.runtimeplan import RuntimePlan
+from lokid.core.launch.plan import build_plan
+from lokid.core.launch.portunit import HELD_ENV
+from lokid.core.launch.runtimeplan import RuntimePlan
 from lokid.planning.gather import gather
 
 pytestmark = pytest.mark.engine
@@ -82,7 +82,7 @@ def test_the_unit_plans_by_the_generators_mark_and_the_local_runner_never(
                               environ={HELD_ENV: "loki-port@steady.socket"}))
     assert other.socket == ""
     # the runtime plan keeps it (the engine's health probe and port check read it)
-    from lokid.core.attempt import Mark
+    from lokid.core.launch.attempt import Mark
 
     rp = RuntimePlan.of(marked, Mark("f", "/e", 1))
     assert RuntimePlan.from_json(json.loads(json.dumps(rp.to_json()))).socket == \

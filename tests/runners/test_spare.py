@@ -18,7 +18,7 @@ from support import REPO
 from support.daemonproc import daemon_process
 from support.enginekit import free_port, tiny_config
 
-from lokid.core.crashloop import EXIT_CONFIG
+from lokid.core.launch.crashloop import EXIT_CONFIG
 from lokid.core.names import BUS_NAME, MANAGER_INTERFACE, OBJECT_PATH
 from lokid.host.proc import children
 from lokid.planning.endpoint import health_status

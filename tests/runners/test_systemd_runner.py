@@ -16,7 +16,7 @@ from dbus_fast import DBusError, PropertyAccess
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import ServiceInterface, dbus_property, method
 
-from lokid.core.iosample import IOSample
+from lokid.core.bench.iosample import IOSample
 from lokid.runners.systemd_runner import SYSTEMD, SYSTEMD_PATH, UNKNOWN, SystemdRunner
 
 UNIT_PATH = SYSTEMD_PATH + "/unit/loki_2dengine_40demo_2eservice"

@@ -12,8 +12,8 @@ import pytest
 from support.smallfs import fill, remount, small_tmpfs
 from support.users import throwaway_user
 
-from lokid.core import keys as corekeys
 from lokid.core.errors import BusyError, ConfigError, InvalidArgsError, LokiError
+from lokid.core.serve import keys as corekeys
 from lokid.store.keystore import KeyStore, Options
 
 

@@ -10,19 +10,21 @@ from typing import Any
 import pytest
 
 import lokid
-from lokid.core.attempt import Mark
-from lokid.core.runtimeplan import RuntimePlan
+from lokid.core.launch.attempt import Mark
+from lokid.core.launch.runtimeplan import RuntimePlan
 from lokid.store import plancache
 
 
 def test_the_key_covers_every_module_that_plans() -> None:
     """After issue 21 moved gather.py and probe.py out of the store, the key still named
-    them there (files that do not exist, so an edited planner kept an old plan)."""
+    them there (files that do not exist, so an edited planner kept an old plan). Issue 49
+    grouped the core by topic: the key walks its sub-packages, the plan's own included."""
     files = plancache._planner_files()
     assert all(os.path.exists(f) for f in files), [f for f in files if not os.path.exists(f)]
     package = os.path.dirname(lokid.__file__)
     for module in ("planning/gather.py", "planning/endpoint.py", "host/probe.py",
-                   "core/plan.py", "core/spec.py"):
+                   "core/launch/plan.py", "core/launch/spec.py", "core/config/files.py",
+                   "core/errors.py", "core/launch"):
         assert os.path.join(package, module) in files, module
 
 

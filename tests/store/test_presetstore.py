@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lokid.core import config as cfg
-from lokid.core import presetedit
+from lokid.core.config import files as cfg
+from lokid.core.config import presetedit
 from lokid.core.errors import BusyError, ConfigError
 from lokid.store import presetstore
 from lokid.store.presetstore import STALE_TMP_SECONDS, PresetStore

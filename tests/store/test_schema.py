@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lokid.core.attempt import Mark, Verdict
 from lokid.core.errors import StateError
+from lokid.core.launch.attempt import Mark, Verdict
 from lokid.store import schema
 from lokid.store.state import SavedBench, StateDB, StateReader
 
@@ -45,8 +45,10 @@ def release_010_db(state_dir: Path) -> Path:
 
 def release_010_module() -> types.ModuleType:
     """Release 0.1.0's state module, its imports pointed at today's same-named parts
-    (lokid.core.attempt and lokid.core.errors are unchanged since; journal_log moved)."""
+    (lokid.core.errors is unchanged since; attempt is grouped under lokid.core.launch,
+    issue 49; journal_log moved)."""
     source = (RELEASE_010 / "state_py.txt").read_text()
+    source = source.replace("from ..core.attempt import", "from lokid.core.launch.attempt import")
     source = source.replace("from ..core.", "from lokid.core.").replace(
         "from .journallog import", "from lokid.host.journallog import")
     module = types.ModuleType("lokid_state_010")

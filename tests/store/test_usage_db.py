@@ -1,5 +1,5 @@
 """The usage database (lokid.store.usage) on real files, and the rules it keeps
-(lokid.core.usage): a damaged file set aside, a newer schema never written, the counts
+(lokid.core.serve.usage): a damaged file set aside, a newer schema never written, the counts
 in memory bounded and read with the file's, the retention and lokid.toml's [usage]."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from lokid.core import usage as rules
-from lokid.core.config import load_global
+from lokid.core.config.files import load_global
 from lokid.core.errors import ConfigError, InvalidArgsError
+from lokid.core.serve import usage as rules
 from lokid.store import usage as store_mod
 from lokid.store.usage import UsageStore
 

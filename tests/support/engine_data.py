@@ -12,7 +12,7 @@ the newer features removed: :func:`caps_without` says which, in each test.
 
 from __future__ import annotations
 
-from lokid.core.caps import EngineCaps, parse_caps
+from lokid.core.launch.caps import EngineCaps, parse_caps
 
 from . import DATA as TEST_DATA
 

@@ -50,7 +50,7 @@ def free_port() -> int:
 
 def free_ports(count: int) -> int:
     """The first of ``count`` consecutive ports free on loopback now (a preset's replicas
-    listen on its port + k - 1, lokid.core.replicas)."""
+    listen on its port + k - 1, lokid.core.serve.replicas)."""
     for _ in range(200):
         base = free_port()
         if base + count > 65536:

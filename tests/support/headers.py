@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lokid.core.modelinfo import ModelInfo
+from lokid.core.model.modelinfo import ModelInfo
 
 PLAIN = ModelInfo(path="/m/plain.gguf", file_size=8 * 2**30, arch="llama", name="plain",
                   block_count=32, context_length=32768, nextn_predict_layers=0,

@@ -78,8 +78,8 @@ def test_generator_command_takes_systemds_three_directories(tmp_path: Path) -> N
 def test_the_preset_on_a_held_port_is_reported_and_both_still_generated(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from lokid.core.attempt import Mark
-    from lokid.core.runtimeplan import RuntimePlan
+    from lokid.core.launch.attempt import Mark
+    from lokid.core.launch.runtimeplan import RuntimePlan
     from lokid.store.runtimedir import write_runtime_plan
 
     monkeypatch.delenv("SYSTEMD_SCOPE", raising=False)  # stderr, not the kernel log

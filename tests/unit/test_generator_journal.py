@@ -1,8 +1,8 @@
 """lokid.unit.generator: the engines' journal filter, written only for a systemd that knows it.
 
-``LogFilterPatterns=`` (lokid.core.journalfilter, issue 45, item 9) exists from systemd 253
-on; systemd 252 (Debian 12) logs "Unknown key" for each line at every load of every engine
-instance. The generator learns the running version from ``systemctl --version``
+``LogFilterPatterns=`` (lokid.core.telemetry.journalfilter, issue 45, item 9) exists from
+systemd 253 on; systemd 252 (Debian 12) logs "Unknown key" for each line at every load of
+every engine instance. The generator learns the running version from ``systemctl --version``
 (lokid.unit.systemdversion) and writes the engine template's drop-in for 253 and later
 only, nothing when the version cannot be learnt. Here the drop-in is compared whole with a
 golden file for 257, and ``lokid generate`` runs with a stand-in ``systemctl`` on PATH (a
@@ -21,7 +21,7 @@ import pytest
 from support import DATA
 from support.enginekit import write_config, write_preset
 
-from lokid.core.journalfilter import DROPIN_NAME, PATTERNS, filter_dropin, systemd_version
+from lokid.core.telemetry.journalfilter import DROPIN_NAME, PATTERNS, filter_dropin, systemd_version
 from lokid.unit.generator import journal_dropin
 
 # systemctl --version's first two lines on Debian 12 (measured on this Debian 12 host) and

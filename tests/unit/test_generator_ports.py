@@ -12,7 +12,7 @@ import pytest
 from support import REPO
 from support.enginekit import free_port, write_config, write_preset
 
-from lokid.core.portunit import HELD_ENV, UNIT_RUNTIME_DIR, engine_socket
+from lokid.core.launch.portunit import HELD_ENV, UNIT_RUNTIME_DIR, engine_socket
 from lokid.unit.generator import PORT_SOCKET_TEMPLATE_PATH, generate
 
 ON_DEMAND = '\n[serve]\non_demand = true\n'
@@ -100,7 +100,7 @@ def test_a_host_name_or_a_port_held_by_another_preset_gets_no_port_unit(
 
 
 def test_the_shipped_relay_reaches_the_socket_the_engine_is_planned_on() -> None:
-    """units/loki-port@.service's ExecStart= and lokid.core.portunit name one path."""
+    """units/loki-port@.service's ExecStart= and lokid.core.launch.portunit name one path."""
     unit = configparser.ConfigParser(strict=False, interpolation=None)
     unit.read_string((REPO / "units" / "loki-port@.service").read_text())
     exec_start = unit["Service"]["ExecStart"].split()

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from test_unit import AUTO, Dirs, EngineHelper, ready_start, run_helper
 
-from lokid.core.crashloop import Failure
-from lokid.core.portunit import HELD_ENV, port_socket
+from lokid.core.launch.crashloop import Failure
+from lokid.core.launch.portunit import HELD_ENV, port_socket
 from lokid.store import cleared, exits, plancache
 from lokid.store.runtimedir import read_runtime_plan
 from lokid.unit import keptstart

@@ -5,7 +5,7 @@ The plan adds ``-lv 4`` to an automatic launch on a GPU engine for its load line
 prints its per-request trace lines, two of them per prompt in its prompt cache: 33
 lines for the first request, 76 after 20 distinct prompts, and more as the cache fills
 (up to ``--cache-ram``, 8 GiB by default). journald drops those lines
-(``LogFilterPatterns=~…``, systemd >= 253): the patterns live in lokid.core.journalfilter,
+(``LogFilterPatterns=~…``, systemd >= 253): the patterns live in lokid.core.telemetry.journalfilter,
 and the unit generator writes them into a drop-in of ``loki-engine@.service`` where the
 running systemd knows the key (tests/unit/test_generator.py; 252 logs "Unknown key" for
 each, tests/unit/test_logfilter_bookworm_systemd.py).
@@ -32,9 +32,9 @@ from support import REPO
 from support.enginekit import engine_binary, free_port, running
 from support.models import write_glm4moe_mtp
 
-from lokid.core.enginelog import LoadTracker
-from lokid.core.journalfilter import FIRST_SYSTEMD, filter_dropin
-from lokid.core.requestlog import EngineLog
+from lokid.core.telemetry.enginelog import LoadTracker
+from lokid.core.telemetry.journalfilter import FIRST_SYSTEMD, filter_dropin
+from lokid.core.telemetry.requestlog import EngineLog
 
 UNIT = REPO / "units" / "loki-engine@.service"
 REQUESTS = 50

@@ -22,7 +22,7 @@ import pytest
 from support.lokid_install import GENERATED_DIR, LokidSystem, install, unit
 from support.systemd_harness import Container
 
-from lokid.core.journalfilter import DROPIN_NAME, FIRST_SYSTEMD, systemd_version
+from lokid.core.telemetry.journalfilter import DROPIN_NAME, FIRST_SYSTEMD, systemd_version
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]
 

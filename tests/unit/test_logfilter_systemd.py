@@ -29,7 +29,7 @@ from support.models import write_glm4moe_mtp
 from support.systemd_harness import Container
 from test_logfilter import BOUND, PROMPTS, REQUESTS, per_request
 
-from lokid.core.journalfilter import DROPIN_NAME, PATTERNS, systemd_version
+from lokid.core.telemetry.journalfilter import DROPIN_NAME, PATTERNS, systemd_version
 from lokid.unit.generator import journal_dropin
 
 pytestmark = [pytest.mark.systemd, pytest.mark.engine, pytest.mark.slow]

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
 
+from lokid.core.config.secrets import Secret
 from lokid.core.errors import ConfigError
-from lokid.core.secrets import Secret
 from lokid.host.credentials import secret_env
 from lokid.planning.gather import gather, make_plan
 from lokid.unit.generator import generate

@@ -361,7 +361,7 @@ def test_lokid_plan_shows_what_the_next_start_runs(dirs: Dirs, models: Any) -> N
     """`lokid plan` reads the attempt verdict as the next start will, and changes nothing:
     a token left by a launch that never answered cuts auto; one whose engine is loading
     now is shown as such."""
-    from lokid.core.attempt import LOADING_NOW
+    from lokid.core.launch.attempt import LOADING_NOW
     from lokid.unit.planview import plan_now
 
     dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')
@@ -649,7 +649,7 @@ def test_the_daemons_view_of_a_ready_engine_whose_token_is_not_cleared_yet(
     never answered: the next start's plan shown without speculation, and nothing read it
     again (seen once under load in the layers-in-RAM daemon test). A ready engine's token
     is its own: the view is the plan with automatic speculation and no pending note."""
-    from lokid.core.attempt import LOADING_NOW
+    from lokid.core.launch.attempt import LOADING_NOW
     from lokid.dbus.registry import Registry
 
     dirs.preset("p", f'model = "{models.mtp_full}"\n{AUTO}')

@@ -4,7 +4,7 @@ that its engine runs on the CPU, or ends the start failed with it (issue 44, ite
 Real processes all through: the real CPU engine (b11434, built with the RPC backend) at
 ``-lv 4 -ngl 99`` prints "offloaded 3/3 layers to GPU" with CPU buffers only, which is a
 real start on the CPU on this machine; its lines are judged by the daemon's rule
-(:class:`lokid.core.enginelog.LoadTracker`), the note is left by the daemon's own
+(:class:`lokid.core.telemetry.enginelog.LoadTracker`), the note is left by the daemon's own
 :class:`lokid.dbus.oncpu.OnCpu`, and ``lokid engine`` reads it under a real sd_notify
 socket. The same under systemd with the daemon: tests/dbus/test_daemon_systemd.py."""
 
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from test_unit import Dirs, EngineHelper
 
-from lokid.core.enginelog import LoadTracker
+from lokid.core.telemetry.enginelog import LoadTracker
 from lokid.dbus.oncpu import OnCpu
 from lokid.planning.endpoint import health_status
 from lokid.store.oncpunote import Note, note_path, write_note

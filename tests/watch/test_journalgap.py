@@ -23,8 +23,8 @@ from support.enginekit import free_port, running
 from support.journalfiles import write_journal
 from systemd import journal
 
-from lokid.core.journalgap import JOURNAL_DROPPED, dropped
 from lokid.core.names import ENGINE_SLICE, MESSAGE_LINES_LOST
+from lokid.core.telemetry.journalgap import JOURNAL_DROPPED, dropped
 from lokid.dbus.idle import IdleStops
 from lokid.runners.runner import READY, EngineState
 from lokid.watch.journalwatch import JournalWatcher
@@ -170,7 +170,7 @@ def test_a_gap_without_the_slot_count_stays_unknown_until_the_engine_says_idle()
     """The rule, on recorded lines (the engine's, above): with no ``n_slots`` line read
     (lost with the rest), no number of slots seen again makes the count known; the
     engine's own "all slots are idle" does, and so does its stop."""
-    from lokid.core.requestlog import EngineLog
+    from lokid.core.telemetry.requestlog import EngineLog
 
     log = EngineLog()
     log.gap()

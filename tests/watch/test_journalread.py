@@ -11,8 +11,8 @@ from support.journalfiles import write_journal
 from systemd import journal
 
 from lokid.core.errors import InvalidArgsError
-from lokid.core.journalgap import JOURNAL_DROPPED
-from lokid.core.requestlog import EngineLog
+from lokid.core.telemetry.journalgap import JOURNAL_DROPPED
+from lokid.core.telemetry.requestlog import EngineLog
 from lokid.watch.journalread import MESSAGE_CHARS, match_unit, read_unit, window
 
 UNIT = "loki-engine@demo.service"

@@ -215,7 +215,7 @@ def test_a_parser_defect_on_one_line_costs_that_line_only(tmp_path: Path) -> Non
     """Beyond the bounds: whatever a line makes the load parser raise (a defect of ours,
     simulated by a tracker failing on one line), the batch's other lines still reach the
     load and telemetry; it is counted and logged once."""
-    from lokid.core.enginelog import LoadTracker
+    from lokid.core.telemetry.enginelog import LoadTracker
     from lokid.watch.journalwatch import Invocation, LoadJudge
 
     class Defective(LoadTracker):

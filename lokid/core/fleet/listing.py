@@ -28,11 +28,11 @@ A peer is another host, maybe broken, maybe lying. Rules, each for a failure it 
   state a word, ``in_flight`` a count, ``on_demand`` and ``fits`` booleans, ``status``
   at most :data:`MAX_STATUS` printable characters; and what a client picks a model by
   (issue 46, item 5): ``alias_of`` a model id (the rule above), ``context_length`` a
-  count, ``capabilities`` the known words only (:data:`lokid.core.modeltraits
+  count, ``capabilities`` the known words only (:data:`lokid.core.model.modeltraits
   .CAPABILITIES`). An alias is an entry of its own, so it counts in :data:`MAX_MODELS`
   and its id follows the id rule. Anything else a peer writes there is dropped: no text
   of a peer's reaches a client beyond a model id and its status;
-- what cache-affine routing reads (issue 47, item 2; :mod:`lokid.core.affinity`):
+- what cache-affine routing reads (issue 47, item 2; :mod:`lokid.core.serve.affinity`):
   ``slots`` a count up to :data:`MAX_SLOTS`, and ``prefixes``, the fingerprints of the
   prompts the peer's engine holds, each 16 hex digits, at most :data:`MAX_PREFIXES` (a
   longer list, or one with anything else in it, is dropped whole: a peer that lists
@@ -51,7 +51,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..modeltraits import CAPABILITIES
+from ..model.modeltraits import CAPABILITIES
 from .route import READY, Model
 
 MAX_BYTES = 1024 * 1024

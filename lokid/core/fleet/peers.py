@@ -33,9 +33,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from .. import secrets
-from ..external import url_problem
-from ..tomlread import Checker, tname
+from ..config import secrets
+from ..config.external import url_problem
+from ..config.tomlread import Checker, tname
 
 PEER_KEYS = ("name", "url", "api_key_file")
 PEER_KEY_CREDENTIAL_PREFIX = "peer-key."

@@ -15,7 +15,7 @@ from its placement); a peer that is down has no view. The rule, in order:
    never started. Peers serve a model this host has only when it cannot (broken,
    failed, unresponsive, stopping, or waiting for memory here), by the rules below.
 3. **Ready replicas first**: among the hosts where the model's engine is ready, the
-   one cache-affine routing chooses (:mod:`lokid.core.affinity`, issue 47: the one
+   one cache-affine routing chooses (:mod:`lokid.core.serve.affinity`, issue 47: the one
    known to hold the longest prefix of the prompt, within a bound on its load, a spill
    to the least loaded when it is full, a new prompt by its hash); without a prompt
    known, the one with the fewest requests in flight, a tie to the peer listed first.
@@ -51,8 +51,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..affinity import Affinity, Choice, Replica
-from ..prefixes import Chain
+from ..serve.affinity import Affinity, Choice, Replica
+from ..serve.prefixes import Chain
 
 LOCAL = ""          # the host name of this gateway in a Route
 READY, LOADING = "ready", "loading"

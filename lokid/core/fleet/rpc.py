@@ -29,7 +29,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..tomlread import Checker, tname
+from ..config.tomlread import Checker, tname
 
 MAX_WORKERS = 16
 DEFAULT_PORT = 50052

@@ -38,7 +38,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ..tomlread import Checker, parse_toml, tname
+from ..config.tomlread import Checker, parse_toml, tname
 
 WORKER_KEYS = ("listen", "heads", "devices", "threads", "cache", "server")
 DEFAULT_PORT = 50052

@@ -46,7 +46,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..modelinfo import ModelInfo
+from ..model.modelinfo import ModelInfo
 from .policy import size_text
 
 # ggml type name -> (elements per block, bytes per block): the types llama.cpp accepts

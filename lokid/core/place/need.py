@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..flags import flag_value, has_flag
-from ..modelinfo import ModelInfo
+from ..launch.flags import flag_value, has_flag
+from ..model.modelinfo import ModelInfo
 from .estimate import Estimate, estimate
 from .footprint import ESTIMATE, SOURCE_WORDS, Footprint
 from .policy import HOST, Need, size_text

@@ -29,7 +29,7 @@ The rules, each against a failure seen in the peers or in lokid's groups:
   engine of its plan is *closed* together (``Plan.closing``: the edge gives them no new
   request, so they drain; one closed alone drains while the others are busy again).
   An engine closed for a whole drain but its head start is evicted anyway (``cut``),
-  as a group's holder is (:mod:`lokid.core.swaps`); one the edge did not close never is;
+  as a group's holder is (:mod:`lokid.core.serve.swaps`); one the edge did not close never is;
 - an eviction is worth its cost, three ways:
   - no engine is evicted while it is younger (since its READY) than its own measured
     load, unless the request it is evicted for has waited longer than that;
@@ -67,8 +67,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..replicas import is_replica
-from ..swaps import DEFAULT_COST, MAX_WAIT, NEVER, PAUSE
+from ..serve.replicas import is_replica
+from ..serve.swaps import DEFAULT_COST, MAX_WAIT, NEVER, PAUSE
 
 HOST = "host"
 # in a map of rooms that could not be read: every GPU the host's list does not name (the

@@ -24,8 +24,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..serve import span_setting
-from ..tomlread import Checker, tname
+from ..config.tomlread import Checker, tname
+from ..serve.tables import span_setting
 
 PLACEMENT_KEYS = ("enabled", "host_memory", "reserve", "max_wait")
 MAX_SIZE = 1 << 50   # 1 PiB: more is a typing error, not a machine
