@@ -477,12 +477,19 @@ def check_port_conflicts(config_dir: str, plan: Plan, glob: cfg.GlobalConfig | N
     """ConfigError when another preset that could start holds where ``plan`` would
     listen (``glob``: lokid.toml when the caller has read it already; ``runtime_dir``:
     where the runtime plans say who started on a port last, "" for none known)."""
+    check_listen_conflicts(config_dir, plan.preset, plan.host, plan.port, glob, runtime_dir)
+
+
+def check_listen_conflicts(config_dir: str, preset: str, host: str, port: int,
+                           glob: cfg.GlobalConfig | None = None, runtime_dir: str = "") -> None:
+    """:func:`check_port_conflicts` for a preset that has no plan yet (its model is still
+    to be pulled), by where it will listen."""
     glob = cfg.load_global(config_dir) if glob is None else glob
     presets, _ = cfg.load_presets(config_dir)
     found = listeners(glob, presets)
-    path = cfg.preset_path(config_dir, plan.preset)
-    found[plan.preset] = conflicts.Endpoint(plan.host, plan.port, path)
-    clash = conflicts.port_conflicts(found, last_starts(runtime_dir, found)).get(plan.preset)
+    path = cfg.preset_path(config_dir, preset)
+    found[preset] = conflicts.Endpoint(host, port, path)
+    clash = conflicts.port_conflicts(found, last_starts(runtime_dir, found)).get(preset)
     if clash is not None:
         raise ConfigError(clash, path)
 

@@ -9,13 +9,22 @@ without the checks of the moment (a port busy, the attempt state): a preset whos
 engine runs now is checked as its next start. An external preset is parsed. Each RPC
 worker asked is checked as ``lokid rpc-worker`` would run it. The first line of each
 item says ``ok`` or why not; the exit status is 0 when all are ok.
+
+Two rules make it say what a start would do (both were missed, and found by the guide's
+tested examples, issue 49):
+- two presets on one port: the second by name is refused, as its start would be (the
+  config's own conflict, not the moment's: who started there last is not asked), where
+  each alone planned fine and ``check`` said ok to a preset that could never start;
+- a preset whose model is a hub reference not pulled yet is ok, said so: its start pulls
+  it first. ``check`` refused it, so the Ansible collection's ``lokid_file`` (which runs
+  ``check`` on a candidate) refused to deploy a preset the daemon would serve.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core.errors import LokiError
+from ..core.errors import LokiError, ModelNotPulledError
 
 
 def check(config_dir: str, presets: Sequence[str] | None = None,
@@ -23,14 +32,15 @@ def check(config_dir: str, presets: Sequence[str] | None = None,
     """(all ok, the lines to print)."""
     from ..core.config import files as cfg
     from ..core.config.secrets import mask_argv
+    from ..core.launch.conflicts import listen_address
     from ..core.launch.plan import build_plan
-    from ..planning.gather import gather
+    from ..planning.gather import check_listen_conflicts, check_port_conflicts, gather
     from .rpcworker import worker_command, worker_names
 
     lines: list[str] = []
     ok = True
     try:
-        cfg.load_global(config_dir)
+        glob = cfg.load_global(config_dir)
         lines.append("lokid.toml: ok")
     except LokiError as e:
         return False, [f"lokid.toml: {e}"]
@@ -45,7 +55,13 @@ def check(config_dir: str, presets: Sequence[str] | None = None,
             if preset.external is not None:
                 lines.append(f"preset {name}: ok (an external API at {preset.external.url})")
                 continue
-            plan = build_plan(gather(config_dir, name, for_unit=True, preset=preset))
+            try:
+                plan = build_plan(gather(config_dir, name, for_unit=True, preset=preset))
+            except ModelNotPulledError as e:
+                check_listen_conflicts(config_dir, name, *listen_address(preset, glob), glob)
+                lines.append(f"preset {name}: ok: {e}")
+                continue
+            check_port_conflicts(config_dir, plan, glob)
             lines.append(f"preset {name}: ok: {' '.join(mask_argv(plan.argv))}")
         except LokiError as e:
             ok = False

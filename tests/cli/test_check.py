@@ -46,3 +46,37 @@ def test_check_plans_each_preset_and_names_what_is_wrong(tmp_path: Path, engine:
     assert r.returncode == 0 and "gone" not in r.stdout and "rpc worker" not in r.stdout
     r = check(config, "--rpc", "w")
     assert r.returncode == 0 and "preset" not in r.stdout
+
+
+def test_check_refuses_two_presets_on_one_port_as_their_starts_would(
+        tmp_path: Path, engine: str, models: Any) -> None:
+    """Each alone plans fine; together the second by name could never start (its start
+    refuses the port the first holds), and check said ok to both (issue 49's guide)."""
+    config = write_config(tmp_path, engine, [models.dir])
+    on_demand = '\n[serve]\non_demand = true\n'
+    write_preset(config, "alpha", 'model = "llama.gguf"\n' + on_demand)
+    write_preset(config, "beta", 'model = "llama.gguf"\n' + on_demand)
+    r = check(config)
+    assert r.returncode == 2, r.stdout
+    assert "preset alpha: ok: " in r.stdout
+    assert "preset beta: " in r.stdout and "belongs to preset alpha" in r.stdout, r.stdout
+    write_preset(config, "beta", 'model = "llama.gguf"\nport = 18556\n' + on_demand)
+    r = check(config)
+    assert r.returncode == 0, r.stdout
+
+
+def test_a_model_not_pulled_yet_is_ok_and_said(tmp_path: Path, engine: str,
+                                               models: Any) -> None:
+    """A preset naming a hub reference is served by the daemon (its start pulls the model
+    first): check says so and passes, or the Ansible collection would refuse to deploy it.
+    Its port is checked all the same, by where it will listen."""
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "ref", 'model = "org/repo:Q4_K_M"\nport = 18557\n')
+    r = check(config)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "preset ref: ok: org/repo:Q4_K_M is not pulled yet: a start pulls it into " \
+        f"{models.dir} first" in r.stdout, r.stdout
+    write_preset(config, "other", 'model = "llama.gguf"\nport = 18557\n')
+    r = check(config)
+    assert r.returncode == 2 and "preset ref: " in r.stdout
+    assert "belongs to preset other" in r.stdout, r.stdout
