@@ -28,9 +28,9 @@ A preset that never served a request since the daemon started has no counters.
 
 Staleness: node_exporter keeps serving a file as long as it exists. The daemon
 rewrites it whenever a figure or a state changes and at least every
-:data:`REFRESH` seconds, with ``lokid_textfile_timestamp_seconds`` (an alert on
-``time() - lokid_textfile_timestamp_seconds > 60`` finds a daemon that stopped
-writing), and removes it when it stops cleanly: no file, no lokid series.
+:data:`REFRESH` seconds, with ``lokid_textfile_timestamp_seconds`` (the shipped alert
+LokidMetricsStale, ``time() - lokid_textfile_timestamp_seconds > 120``, finds a daemon
+that stopped writing), and removes it when it stops cleanly: no file, no lokid series.
 """
 
 from __future__ import annotations
