@@ -18,6 +18,7 @@ import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import gateway_on, until
+from support.sse import data_lines
 
 from lokid.core.names import BUS_NAME, OBJECT_PATH
 from lokid.core.serve.keys import digest, new_secret
@@ -116,9 +117,9 @@ async def stream_tokens(c: httpx.AsyncClient, secret: str, max_tokens: int) -> i
     async with c.stream("POST", "/v1/chat/completions", json=chat(max_tokens, True),
                         headers=as_key(secret)) as r:
         assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                event = json.loads(line[6:])
+        async for data in data_lines(r):
+            if data.startswith("{"):
+                event = json.loads(data)
                 if "timings" in event:
                     figures = event
     assert figures is not None, "no timings in the stream"

@@ -23,6 +23,7 @@ import pytest
 from support.daemonkit import Running, daemon_on, private_bus
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import gateway_on, until
+from support.sse import data_lines
 
 from lokid.core.fleet.peers import Peer
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
@@ -172,9 +173,8 @@ async def test_a_stream_through_two_gateways_ends_in_full(
                                        json=chat("beta", stream=True, max_tokens=12)) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                events.append(line[len("data: "):])
+        async for data in data_lines(r):
+            events.append(data)
     assert events[-1] == "[DONE]", events[-3:]
     chunks = [json.loads(e) for e in events[:-1]]
     assert not any("error" in e for e in chunks), chunks

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from support.daemonkit import Running
 from support.enginekit import free_port, write_config, write_preset
+from support.sse import data_lines
 
 from lokid.gateway.server import Gateway
 
@@ -105,17 +106,16 @@ async def test_control_transcription_and_decision_routes_reach_the_engine(
         chat = {"model": "alpha", "messages": [{"role": "user", "content": "Hello"}],
                 "max_tokens": 400, "ignore_eos": True, "stream": True}
         async with c.stream("POST", "/v1/chat/completions", json=chat) as stream:
-            lines = stream.aiter_lines()
-            async for line in lines:
-                if line.startswith("data: "):
-                    completion = json.loads(line[len("data: "):])["id"]
-                    break
+            events = data_lines(stream)
+            async for data in events:
+                completion = json.loads(data)["id"]
+                break
             r = await c.post("/v1/chat/completions/control", json={
                 "model": "alpha", "id": completion, "action": "reasoning_end"})
             assert r.status_code == 200, r.text
             assert r.json()["message"] == "reasoning control not enabled for this completion"
-            rest = [line async for line in lines if line.startswith("data: ")]
-            assert rest[-1] == "data: [DONE]"
+            rest = [data async for data in events]
+            assert rest[-1] == "[DONE]"
         r = await c.post("/v1/chat/completions/control", json={
             "model": "alpha", "id": completion, "action": "reasoning_end"})
         assert r.json() == {"success": False, "message": "no active completion for this id"}

@@ -31,6 +31,7 @@ import pytest
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import health_answered
 from support.models import write_slow_llama
+from support.sse import data_lines
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -90,16 +91,10 @@ async def stream(port: int, started: asyncio.Event, events: list[dict[str, Any]]
     async with httpx.AsyncClient(timeout=300) as c:
         async with c.stream("POST", f"http://127.0.0.1:{port}/completion", json=body) as r:
             assert r.status_code == 200, await r.aread()
-            # lines cut at b"\n" only: the random model's text may hold U+2028 or U+0085,
-            # where httpx's aiter_lines() cuts an event in two
-            rest = b""
-            async for data in r.aiter_bytes():
-                *lines, rest = (rest + data).split(b"\n")
-                for line in lines:
-                    if line.startswith(b"data: "):
-                        events.append(json.loads(line[6:]))
-                        if len(events) == 5:
-                            started.set()
+            async for data in data_lines(r):
+                events.append(json.loads(data))
+                if len(events) == 5:
+                    started.set()
 
 
 async def said(lines: list[str], text: str, count: int = 1) -> None:

@@ -30,6 +30,7 @@ import pytest
 from support.enginekit import free_port, write_config, write_preset
 from support.gatewaykit import health_answered
 from support.models import write_slow_llama
+from support.sse import data_lines
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -73,11 +74,10 @@ async def stream(port: int, model: str, tokens: int, started: asyncio.Event,
     async with httpx.AsyncClient(timeout=300) as c:
         async with c.stream("POST", f"http://127.0.0.1:{port}/completion", json=body) as r:
             assert r.status_code == 200, await r.aread()
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(json.loads(line[6:]))
-                    if len(events) == 5:
-                        started.set()
+            async for data in data_lines(r):
+                events.append(json.loads(data))
+                if len(events) == 5:
+                    started.set()
 
 
 async def stopped(proc: asyncio.subprocess.Process) -> tuple[int, str]:

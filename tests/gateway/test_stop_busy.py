@@ -27,6 +27,7 @@ import httpx
 import pytest
 from support.enginekit import free_port, write_config, write_preset
 from support.models import write_slow_llama
+from support.sse import data_lines
 
 from lokid.core.names import MANAGER_INTERFACE, OBJECT_PATH
 from lokid.gateway.server import Gateway
@@ -55,11 +56,10 @@ async def stream(url: str, started: asyncio.Event, events: list[dict[str, Any]])
     async with httpx.AsyncClient(timeout=300) as c:
         async with c.stream("POST", f"{url}/completion", json=body) as r:
             assert r.status_code == 200, await r.aread()
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(json.loads(line[6:]))
-                    if len(events) == 5:
-                        started.set()
+            async for data in data_lines(r):
+                events.append(json.loads(data))
+                if len(events) == 5:
+                    started.set()
     return time.monotonic()
 
 
