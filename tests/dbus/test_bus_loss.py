@@ -313,3 +313,28 @@ async def test_a_lost_bus_nobody_waits_for_logs_no_traceback(bus: Bus) -> None:
     gc.collect()
     await asyncio.sleep(0)
     assert not [c for c in seen if "never retrieved" in str(c.get("message"))], (why, seen)
+
+
+async def test_a_send_nobody_awaits_logs_no_traceback_when_the_bus_is_gone(bus: Bus) -> None:
+    """A signal is sent (its future dropped, as every emission is) just after the bus
+    died: the write fails with EPIPE and the writer sets that error on the send's
+    future. Nobody awaits it, so asyncio logged "Future exception was never retrieved"
+    with a traceback (CI, stop 55: the daemon's bus-loss exit). The loss is
+    :meth:`SafeMessageBus.lost`'s to say, once."""
+    import gc
+
+    seen: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: seen.append(context))
+    conn = await SafeMessageBus(bus_address=bus.address).connect()
+    bus.proc.kill()
+    bus.proc.wait(10)
+    futures = [conn.send(Message(message_type=MessageType.SIGNAL, path="/org/lokid/Test",
+                                 interface="org.lokid.Test", member="Ping"))
+               for _ in range(3)]
+    why = await asyncio.wait_for(conn.lost(), 10)
+    failed = [f for f in futures if f.done() and not f.cancelled() and f.exception()]
+    assert failed, ("no send failed: the test no longer reaches the failed write", why)
+    del futures, failed, conn
+    gc.collect()
+    await asyncio.sleep(0)
+    assert not [c for c in seen if "never retrieved" in str(c.get("message"))], (why, seen)
