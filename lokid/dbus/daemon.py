@@ -107,8 +107,8 @@ class Daemon:
         self.manager = ManagerInterface(self)
         self.exported: dict[str, PresetInterface] = {}
         self.spec_in_use: dict[str, list[str]] = {}
-        # preset → (argv, env) of its running start (its runtime plan), for PendingRestart
-        self.running_cmd: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {}
+        # preset → its running start's runtime plan: PendingRestart, RunningArgv, its URL
+        self.running: dict[str, RuntimePlan] = {}
         self.signalled: dict[str, str] = {}   # preset → the state EngineStateChanged last said
         self.last_errors = LastErrors()       # the engine's last error line, per preset
         self.notifier = Notifier()
@@ -145,16 +145,17 @@ class Daemon:
     def pending_restart(self, name: str) -> bool:
         """Whether the running start's command line (argv and environment) differs from
         the one the preset's next start would run: an edit waits for a restart."""
-        running = self.running_cmd.get(name)
+        running = self.running.get(name)
         view = self.registry.presets.get(name)
         if running is None or view is None or view.plan is None:
             return False
-        return (tuple(view.plan.argv), dict(view.plan.env)) != running
+        plan, now = view.plan, (tuple(running.argv), dict(running.env))
+        return (tuple(plan.argv), dict(plan.env)) != now
 
     def running_argv(self, name: str) -> list[str]:
         """The command line of the running start (its runtime plan), [] when none runs."""
-        running = self.running_cmd.get(name)
-        return list(running[0]) if running is not None else []
+        running = self.running.get(name)
+        return list(running.argv) if running is not None else []
 
     def active_presets(self) -> list[str]:
         if self.runner is None:
@@ -395,13 +396,12 @@ class Daemon:
             pending = self.pending_restart(name)
             rp = self._running_plan(name) if state.state in LIVE else None
             self.spec_in_use[name] = list(rp.spec_types) if rp is not None else []
-            running_before = self.running_cmd.get(name)
+            running_before = self.running.pop(name, None)
             if rp is not None:
-                self.running_cmd[name] = (tuple(rp.argv), dict(rp.env))
-            else:
-                self.running_cmd.pop(name, None)
-            if self.running_cmd.get(name) != running_before:
+                self.running[name] = rp
+            if rp != running_before:   # another start: its command line, where it answers
                 changed["RunningArgv"] = mask_argv(self.running_argv(name))  # to everyone
+                changed["Stats"] = self.telemetry.stats_variant(name)
             if self.spec_in_use[name] != before:
                 changed["SpecActive"] = self.spec_in_use[name]
             if self.pending_restart(name) != pending:

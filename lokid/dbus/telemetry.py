@@ -27,6 +27,7 @@ import logging
 from typing import Any, Protocol
 
 from ..core.errors import LokiError
+from ..core.launch.runtimeplan import RuntimePlan
 from ..core.serve.replicas import is_replica, preset_of, split_instance
 from ..host.nvml import GpuMemory
 from ..runners.runner import INACTIVE, READY, EngineState, Runner
@@ -50,6 +51,7 @@ class TelemetryHost(Protocol):
     runtime_dir: str
     registry: Registry
     exported: dict[str, PresetInterface]
+    running: dict[str, RuntimePlan]   # each running start's runtime plan
     stopping: asyncio.Event
 
     @property
@@ -116,19 +118,37 @@ class Telemetry:
         self.idle.announce_in_flight(name)
         self.sight.request_seen(name)
 
+    def stats_variant(self, name: str) -> Any:
+        """:meth:`stats` as the ``Stats`` property's value."""
+        from .variants import json_variant
+
+        return json_variant(self.stats(name))
+
     def stats(self, name: str) -> dict[str, Any]:
         """The preset's telemetry for its current start (``{}`` before any), with the URL
-        its engine answers at (the plan's address; a wildcard as loopback) and the UNIX
-        socket it listens on where systemd holds that address (the gateway's way in:
-        lokid.gateway.sockets)."""
+        its engine answers at (a wildcard as loopback) and the UNIX socket it listens on
+        where systemd holds that address (the gateway's way in: lokid.gateway.sockets).
+
+        The address is the running start's (its runtime plan) while one runs, else the
+        next start's plan. The plan alone was wrong twice: a preset whose start pulls
+        its model has no plan until the model is there, so its engine was ready with no
+        URL and a request waited for one until it gave up (issue 49, the README's first
+        request); and a port edited while the engine runs pointed the gateway at the
+        new port before any engine listened there.
+        """
         from ..core.address import engine_url
 
         out = self.meters.snapshot(name)
         view = self.daemon.registry.presets.get(name)
-        if view is not None and view.listen is not None:
+        running = self.daemon.running.get(name)
+        if running is not None:
+            out["url"] = engine_url(running.host, running.port)
+        elif view is not None and view.listen is not None:
             out["url"] = engine_url(*view.listen)
-        if view is not None and view.plan is not None and view.plan.socket:
-            out["socket"] = view.plan.socket
+        socket = running.socket if running is not None else (
+            view.plan.socket if view is not None and view.plan is not None else "")
+        if socket:
+            out["socket"] = socket
         if view is not None and view.auto_blocked:
             out["verdict"] = view.auto_blocked
         runner = self.daemon.runner

@@ -105,6 +105,31 @@ async def test_a_start_pulls_the_model_first_and_the_engine_answers_on_it(
     await running.wait_event("chat", "inactive")
 
 
+async def test_the_gateway_learns_where_a_pulled_model_s_engine_answers(
+        running: Running, ports: dict[str, int]) -> None:
+    """The gateway's own mirror of the presets (lokid.gateway.presets, on the bus as the
+    gateway is) sees the engine ready *with its URL*: the preset had no plan, so no
+    address, until its pull ended, and the daemon said the URL only with the engine's
+    figures; a ready engine that logged nothing more left the README's first request
+    waiting for an address until it gave up (issue 49, under real systemd)."""
+    from lokid.gateway.presets import Presets
+
+    seen = Presets(running.client)
+    await seen.attach()
+    assert not seen.presets["chat"].url   # not pulled: nowhere to answer yet
+    manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+    await manager.call_start_preset("chat")
+    await running.wait_event("chat", "ready", timeout=120)
+    deadline = asyncio.get_running_loop().time() + 10
+    chat = seen.presets["chat"]
+    while not (chat.state == "ready" and chat.url) and \
+            asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert (chat.state, chat.url) == ("ready", f"http://127.0.0.1:{ports['chat']}")
+    await manager.call_stop_preset("chat")
+    await running.wait_event("chat", "inactive")
+
+
 async def test_a_model_pulled_with_its_projector_is_planned_with_it(
         running: Running, config: Path, models: Path, tmp_path: Path, hub: str) -> None:
     proc = await asyncio.create_subprocess_exec(
