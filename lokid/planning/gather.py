@@ -430,14 +430,17 @@ def make_plan(config_dir: str, name: str, environ: Mapping[str, str] | None = No
 def listeners(config: cfg.GlobalConfig,
               presets: Mapping[str, cfg.Preset]) -> dict[str, conflicts.Endpoint]:
     """Where each preset that could start would listen: the valid ones whose model file
-    is found (one stat each; no header read), as :func:`lokid.core.launch.conflicts.port_conflicts`
-    wants them; and each of its replicas past the first, up to its ``max_replicas``
-    (``NAME:k`` on port + k - 1, :mod:`lokid.core.serve.replicas`): a preset set on a replica's
-    port is refused before the gateway ever scales up onto it."""
+    is found (one stat each; no header read) and that are no example, as
+    :func:`lokid.core.launch.conflicts.port_conflicts` wants them; and each of its
+    replicas past the first, up to its ``max_replicas`` (``NAME:k`` on port + k - 1,
+    :mod:`lokid.core.serve.replicas`): a preset set on a replica's port is refused before
+    the gateway ever scales up onto it."""
     from ..core.serve.replicas import instance, replica_port
 
     out = {}
     for name, preset in presets.items():
+        if preset.example:   # never started (example = true): holds no port
+            continue
         if preset.external is None and cfg.resolve_file(preset.model,
                                                         config.model_dirs) is not None:
             host, port = conflicts.listen_address(preset, config)

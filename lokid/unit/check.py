@@ -18,6 +18,10 @@ tested examples, issue 49):
 - a preset whose model is a hub reference not pulled yet is ok, said so: its start pulls
   it first. ``check`` refused it, so the Ansible collection's ``lokid_file`` (which runs
   ``check`` on a candidate) refused to deploy a preset the daemon would serve.
+- a preset marked ``example = true`` (the package's example.toml, its model missing by
+  design) is said to be one and not planned: it never starts, so it fails nothing. On a
+  fresh install, ``check`` exited 2 for the package's own file (found walking the guide
+  under systemd, issue 49).
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ def check(config_dir: str, presets: Sequence[str] | None = None,
     for name in names:
         try:
             preset = cfg.load_preset(config_dir, name)
+            if preset.example:
+                lines.append(f"preset {name}: an example (example = true), never started: "
+                             "remove that line to serve it")
+                continue
             if preset.external is not None:
                 lines.append(f"preset {name}: ok (an external API at {preset.external.url})")
                 continue

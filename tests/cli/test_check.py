@@ -80,3 +80,27 @@ def test_a_model_not_pulled_yet_is_ok_and_said(tmp_path: Path, engine: str,
     r = check(config)
     assert r.returncode == 2 and "preset ref: " in r.stdout
     assert "belongs to preset other" in r.stdout, r.stdout
+
+
+def test_an_example_preset_is_said_and_fails_nothing(tmp_path: Path, engine: str,
+                                                     models: Any) -> None:
+    """The package's example.toml (``example = true``, its model missing by design) made
+    ``lokid check`` exit 2 on every fresh install (the guide walked under systemd, issue
+    49). It is said to be an example, and holds no port: a real preset on the port it
+    would take is ok, even with its model present."""
+    assert Path(models.llama).name == "llama.gguf"
+    config = write_config(tmp_path, engine, [models.dir])
+    write_preset(config, "example", 'example = true\nmodel = "absent.gguf"\nport = 18558\n')
+    write_preset(config, "real", 'model = "llama.gguf"\nport = 18558\n')
+    r = check(config)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "preset example: an example (example = true), never started: remove that line " \
+        "to serve it" in r.stdout, r.stdout
+    assert "preset real: ok: " in r.stdout, r.stdout
+    write_preset(config, "example", 'example = true\nmodel = "llama.gguf"\nport = 18558\n')
+    r = check(config)
+    assert r.returncode == 0 and "preset real: ok: " in r.stdout, r.stdout
+    # the mark removed: a preset as any other, and the port is refused again
+    write_preset(config, "example", 'model = "llama.gguf"\nport = 18558\n')
+    r = check(config)
+    assert r.returncode == 2 and "belongs to preset" in r.stdout, r.stdout
