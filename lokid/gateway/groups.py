@@ -76,7 +76,7 @@ from ..core.serve.swaps import (
 )
 from .ondemand import LOADING, READY, STOPPING, Starter
 from .presets import Preset, Presets
-from .replies import UNAVAILABLE, GatewayError
+from .replies import UNAVAILABLE, GatewayError, public
 from .slots import SlotCache
 from .staleflight import StaleFigures
 
@@ -210,6 +210,7 @@ class Group:
         admits go on."""
         if self.swapping:
             return Decision()
+        self._drop_strays()
         d = decide(self.holder(now), [Waiting(w.key, w.preset, w.since)
                                       for w in self.waiting if not self._held_back(w)],
                    now, self.max_wait, self.costs())
@@ -221,6 +222,32 @@ class Group:
                 self.interactive[waiter.preset] += 1
             waiter.admitted.set_result(None)
         return d
+
+    def _drop_strays(self) -> None:
+        """Answer the requests waiting for a preset that is no longer this group's: broken
+        by an edit, removed, or moved out of the group since they came. The rule went on
+        swapping to such a preset: each swap stopped the running member (the other model,
+        taken down by a broken file) and the request waited out ``max_wait`` (found
+        walking the guide under systemd: a typo saved while a request arrived, issue 49)."""
+        for w in list(self.waiting):
+            preset = self.presets.presets.get(w.preset)
+            broken = self.presets.broken.get(w.preset)
+            if preset is not None and preset.group == self.name and broken is None:
+                continue
+            self.waiting.remove(w)
+            if broken is not None:
+                error = GatewayError(503, f"preset {w.preset!r} is broken: {public(broken)}",
+                                     UNAVAILABLE, "model_broken")
+            elif preset is None:
+                error = GatewayError(404, f"no model {w.preset!r}: its preset was removed "
+                                     "while the request waited", code="model_not_found")
+            else:
+                error = GatewayError(503, f"preset {w.preset!r} left group {self.name} while "
+                                     "the request waited; send it again", UNAVAILABLE,
+                                     "model_swap_failed")
+            log.warning("group %s: a request for %s answered %d: %s", self.name, w.preset,
+                        error.status, error.message)
+            w.admitted.set_exception(error)
 
     def _held_back(self, w: _Waiter) -> bool:
         """Whether ``w``, a batch key's request for another preset than the holder, is
@@ -248,6 +275,10 @@ class Group:
                     await self._swap(d)
                 finally:
                     self.swapping = False
+                # a swap with nothing left to stop awaits nothing: never the whole event
+                # loop's (a request for a preset broken meanwhile spun here, and the
+                # gateway answered no one: _drop_strays)
+                await asyncio.sleep(0)
             elif not d.admit:
                 self._ask_engine()
                 await self._changed(d.again_at)

@@ -174,3 +174,37 @@ async def test_clients_at_work_on_both_presets_swap_once(
     assert "loading beta costs 1.0 s (not measured yet: estimated from its memory need, " \
         in said[0], said
     assert "4 requests waited for it, the longest" in said[0], said
+
+
+async def test_a_request_waiting_for_a_preset_broken_meanwhile_is_answered_and_stops_nothing(
+        running: Running, gateway: Gateway, config: Path) -> None:
+    """beta's request waits for alpha's stream (the group's turn); meanwhile beta's file
+    is saved with a typo. The request is answered at once with why beta is broken, and
+    alpha is never stopped for it: the rule went on swapping to the broken preset, which
+    stopped alpha each time, and the request waited out max_wait (issue 49, found walking
+    the guide under systemd)."""
+    await alpha_running(running, gateway)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as c:  # type: ignore[attr-defined]
+        started = asyncio.Event()
+        stream = asyncio.create_task(stream_through(c, running, started))
+        await asyncio.wait_for(started.wait(), 30)
+        beta = asyncio.create_task(beta_after(c))
+        deadline = time.monotonic() + 10
+        while not gateway.groups.groups.get("gpu0") or not gateway.groups.groups["gpu0"].waiting:
+            assert time.monotonic() < deadline, "beta's request never waited for its turn"
+            await asyncio.sleep(0.02)
+        path = config / "presets" / "beta.toml"
+        path.write_text(path.read_text().replace("ctx = ", "ctxx = "))
+        manager = await running.iface(OBJECT_PATH, MANAGER_INTERFACE)
+        await manager.call_reload()
+        r, answered = await asyncio.wait_for(beta, 10)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "model_broken" and "ctxx" in r.text, r.text
+        assert not stream.done()   # answered while alpha's stream still ran
+        text, ended, _ = await stream
+    assert f'"tokens_predicted":{TOKENS}'.encode() in text
+    assert answered < ended
+    await asyncio.sleep(0.5)
+    assert running.daemon.engine_state("alpha").state == "ready"
+    assert not [ev for ev in running.events if ev[0] == "alpha" and ev[1] == "stopping"]
+    assert gateway.groups.groups["gpu0"].swaps == 0
