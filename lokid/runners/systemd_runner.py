@@ -96,6 +96,10 @@ class SystemdRunner(Runner):
         # Jobs of engine units that ended before their StartUnit/StopUnit reply was
         # handled (the signal and the reply can be read in one go): job path → result.
         self.ended: dict[str, str] = {}
+        # the units whose missing disk-read counter was said: a fact of the host, said
+        # once per unit (it was at every READY, by the footprint's reading, and again
+        # at every benchmark)
+        self.no_thrash_said: set[str] = set()
         self.background = Background(log)
 
     async def _call(self, path: str, interface: str, member: str, signature: str = "",
@@ -270,8 +274,10 @@ class SystemdRunner(Runner):
             return IOSample(read, None if memory == UNKNOWN else memory, label)
 
         if await sample() is None:
-            log.info("no thrash hint for %s: systemd does not count its disk reads "
-                     "(IOReadBytes unknown: no io controller, or IOAccounting off)", unit)
+            if unit not in self.no_thrash_said:
+                self.no_thrash_said.add(unit)
+                log.info("no thrash hint for %s: systemd does not count its disk reads "
+                         "(IOReadBytes unknown: no io controller, or IOAccounting off)", unit)
             return None
         return sample
 

@@ -42,10 +42,22 @@ def alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on loopback now, never one this process handed out before: the kernel
+    may give the same port to two binds in a row once the first socket is closed, and two
+    presets a test meant apart were then on one port (test_editing's refused create,
+    "port … belongs to preset example")."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise AssertionError("no loopback port left that this test process has not used")
 
 
 def free_ports(count: int) -> int:
