@@ -23,7 +23,7 @@ the terminal (issue 49's closing note quotes them), never asserted. A step a rea
 miss fails here with what happened, the journals and the daemon's view attached.
 
 Its first run (issue 49) found the README's first request unanswered for 300 s while the
-engine was ready: not seen again in a dozen runs since, with or without the fix it led to
+engine was ready: not seen again in seven runs since, with or without the fix it led to
 (the Stats url of a running start is its own address: tests/dbus/test_engine_url.py);
 a run alongside the full suite on this host's network is the suspect. The chat's client
 timeout is kept short so that a hang fails in minutes with the diagnosis.
